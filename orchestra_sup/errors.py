@@ -1,0 +1,171 @@
+"""The error taxonomy of orchestra-sup.
+
+A shallow hierarchy: every error the product raises on purpose is an `OrchestraError`, and each
+family below it draws one line (see the class docstrings). Messages are built by the classes from
+structured arguments, so the CLI can print `str(exc)` as the one line a user sees.
+
+On the wire an error is never free text alone: `protocol.frames.Error` carries an `ErrorCode`
+plus the message, and `RemoteError.from_frame` turns it back into an exception on the caller's side.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """Stable codes for errors that cross a process boundary (the `Error` frame's `code`)."""
+
+    BAD_FRAME = "bad_frame"
+    UNEXPECTED = "unexpected"
+    STALE_GENERATION = "stale_generation"
+    VERSION_SKEW = "version_skew"
+    BAD_REQUEST = "bad_request"
+    NOT_FOUND = "not_found"
+    PEER_DOWN = "peer_down"
+    TIMEOUT = "timeout"
+    SHARD_FULL = "shard_full"
+    FORBIDDEN = "forbidden"
+    PATH_ESCAPE = "path_escape"
+    GIT = "git"
+    CONFLICT = "conflict"
+    INTERNAL = "internal"
+
+
+class OrchestraError(Exception):
+    """Base of every error orchestra-sup raises on purpose; `str()` is one line for a user."""
+
+
+class ConfigError(OrchestraError):
+    """A config file, CLI option or plan is invalid; raised before anything starts."""
+
+
+class PlanError(ConfigError):
+    """A plan is refused before any task runs: unknown key, duplicate id, missing dependency,
+    cycle, or a value of the wrong type. `task` names the task when the problem is in one."""
+
+    def __init__(self, problem: str, *, task: str | None = None, source: str | None = None):
+        self.problem = problem
+        self.task = task
+        self.source = source
+        where = f"{source}: " if source else ""
+        who = f"task {task!r}: " if task else ""
+        super().__init__(f"{where}{who}{problem}")
+
+
+class ProtocolError(OrchestraError):
+    """A frame could not be decoded or does not belong on the channel it arrived on.
+
+    Raised by `protocol.codec.Codec.decode`; receivers answer it with an `Error` frame where a reply
+    is possible and never let it stop their loop.
+    """
+
+    def __init__(self, code: ErrorCode, detail: str):
+        self.code = code
+        self.detail = detail
+        super().__init__(f"{code}: {detail}")
+
+
+class SupervisionError(OrchestraError):
+    """The supervisor could not start, identify or stop a child, or its run directory is taken."""
+
+
+class RunDirBusy(SupervisionError):
+    """Another live tree holds the run directory's lock (`start` refuses to share one)."""
+
+    def __init__(self, run_dir: str, pid: int | None):
+        self.run_dir = run_dir
+        self.pid = pid
+        owner = f" (supervisor pid {pid})" if pid else ""
+        super().__init__(f"run directory {run_dir} is owned by a live tree{owner}")
+
+
+class ChildStartError(SupervisionError):
+    """A child exited or missed its handshake deadline while starting."""
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+        super().__init__(f"child {name} failed to start: {reason}")
+
+
+class TreeUnreachable(OrchestraError):
+    """`ctl` found no tree at the run directory, or the tree did not answer within the timeout."""
+
+
+class RemoteError(OrchestraError):
+    """A peer answered a request with an `Error` frame; `code` says which kind."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        self.code = code
+        self.message = message
+        super().__init__(message)
+
+
+class RelayError(OrchestraError):
+    """A relayed call did not complete.
+
+    `PeerDown` means the call was never delivered (safe to retry); `CallTimeout` means the outcome
+    is unknown (the peer may have acted).
+    """
+
+
+class PeerDown(RelayError):
+    """The peer is not connected (down or restarting); the call was not delivered."""
+
+    def __init__(self, peer: str):
+        self.peer = peer
+        super().__init__(f"{peer} is down; the call was not delivered")
+
+
+class CallTimeout(RelayError):
+    """No reply before the deadline: the outcome is unknown, the peer may have acted."""
+
+    def __init__(self, peer: str, what: str, timeout_s: float):
+        self.peer = peer
+        super().__init__(
+            f"{what} to {peer} got no reply within {timeout_s:g} s; the outcome is unknown"
+        )
+
+
+class StateError(OrchestraError):
+    """The state plane could not open or write its LMDB environment."""
+
+
+class WorkspaceError(OrchestraError):
+    """The workspace is not usable: missing, not a directory, not a git repository, or no commit."""
+
+
+class PathEscape(OrchestraError):
+    """A read tool's path would leave the workspace: `..`, an absolute path, or a symlink whose
+    target resolves outside it."""
+
+    code = ErrorCode.PATH_ESCAPE
+
+    def __init__(self, path: str):
+        self.path = path
+        super().__init__(f"path {path!r} leaves the workspace")
+
+
+class CommitConflict(OrchestraError):
+    """A sandbox's change does not apply on the workspace's current head (something that landed
+    since the sandbox was made touches the same lines); nothing was written."""
+
+    code = ErrorCode.CONFLICT
+
+    def __init__(self, lane: str, detail: str):
+        self.lane = lane
+        self.detail = detail
+        super().__init__(f"commit from lane {lane} conflicts with the workspace head: {detail}")
+
+
+class GitError(OrchestraError):
+    """A git command failed; the message names the command and git's own last line."""
+
+    code = ErrorCode.GIT
+
+    def __init__(self, args: list[str], returncode: int, stderr: str):
+        self.args_ = args
+        self.returncode = returncode
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {returncode}"
+        super().__init__(f"git {' '.join(args[:2])} failed: {last}")

@@ -1,0 +1,1 @@
+"""The wire protocol: frames, their codec and the protocol version."""

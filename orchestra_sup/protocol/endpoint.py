@@ -1,0 +1,262 @@
+"""One ZeroMQ socket driven from an asyncio event loop.
+
+This is the lean integration `notes/performance.md` points at, instead of `zmq.asyncio`: the socket
+stays a plain (non-blocking) pyzmq socket, its edge-triggered `FD` is watched with
+`loop.add_reader`, and every wake-up drains all queued messages with `recv_multipart(NOBLOCK)` until
+`zmq.Again`. Because a send can consume the FD's edge, every send schedules one more drain.
+
+Topology (circus-style): every process binds one ROUTER (with `ROUTER_MANDATORY`, so a send to a
+peer that is not connected fails at once, and `ROUTER_HANDOVER`, so a restarted peer reclaims its
+routing id); peers connect DEALERs whose routing id is their name. Requests carry a message id and
+replies carry it back as `corr`; a reply whose request is no longer pending is stale and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from orchestra_sup.errors import (
+    CallTimeout,
+    ErrorCode,
+    PeerDown,
+    ProtocolError,
+    RemoteError,
+)
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Endpoint", bytes | None, f.Envelope], None]
+"""Called on the loop for every request or one-way frame: (endpoint, peer routing id or None for a
+DEALER, envelope). It must not block; slow work goes to a task that replies when done."""
+
+
+class Endpoint:
+    """A ROUTER or DEALER socket on the running loop.
+
+    Counters `bad_frames` and `stale_replies` count what was dropped. Construction does not touch
+    the loop; `start()` must be called from the loop thread.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        kind: int,
+        *,
+        name: str,
+        generation: int,
+        codec: Codec,
+        handler: Handler | None = None,
+        identity: str | None = None,
+    ):
+        self.name = name
+        self.generation = generation
+        self.kind = kind
+        self.codec = codec
+        self.handler = handler
+        self.sock: zmq.Socket = ctx.socket(kind)
+        self.sock.linger = 0
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        if kind == zmq.ROUTER:
+            self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 10)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
+        self._ids = itertools.count(1)
+        self._pending: dict[str, tuple[asyncio.Future[f.Envelope], bytes | None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_scheduled = False
+        self.bad_frames = 0
+        self.stale_replies = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def bind(self, addr: str) -> None:
+        self.sock.bind(addr)
+
+    def connect(self, addr: str) -> None:
+        self.sock.connect(addr)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+        self._schedule_drain()
+
+    def close(self) -> None:
+        if self._loop is not None and not self.sock.closed:
+            self._loop.remove_reader(self.sock.getsockopt(zmq.FD))
+        for fut, _peer in self._pending.values():
+            if not fut.done():
+                fut.set_exception(PeerDown(self.name))
+        self._pending.clear()
+        self.sock.close(linger=0)
+
+    # --- sending ---------------------------------------------------------------------------------
+
+    def next_id(self) -> str:
+        return f"{self.name}.{self.generation}.{next(self._ids)}"
+
+    def send(
+        self,
+        body: f.Body,
+        *,
+        to: bytes | None = None,
+        corr: str | None = None,
+        ttl_s: float | None = None,
+        dest_gen: int | None = None,
+        msg_id: str | None = None,
+    ) -> str:
+        """Send one frame without blocking; returns its message id.
+
+        Raises `PeerDown` when a ROUTER has no connection to `to`, or when a DEALER's queue is full.
+        """
+        msg_id = msg_id or self.next_id()
+        env = f.Envelope(
+            v=PROTOCOL_VERSION,
+            id=msg_id,
+            corr=corr,
+            sender=self.name,
+            gen=self.generation,
+            ttl_s=ttl_s,
+            dest_gen=dest_gen,
+            body=body,
+        )
+        data = self.codec.encode(env)
+        try:
+            if to is None:
+                self.sock.send(data, zmq.NOBLOCK)
+            else:
+                self.sock.send_multipart([to, data], zmq.NOBLOCK)
+        except (zmq.Again, zmq.error.ZMQError) as exc:
+            if isinstance(exc, zmq.Again) or exc.errno == zmq.EHOSTUNREACH:
+                raise PeerDown(to.decode() if to else "peer") from exc
+            raise
+        finally:
+            self._schedule_drain()
+        return msg_id
+
+    def reply(self, request: f.Envelope, peer: bytes | None, body: f.Body) -> None:
+        """Answer `request`; a peer that has gone away is logged and forgotten."""
+        try:
+            self.send(body, to=peer, corr=request.id)
+        except PeerDown:
+            log.info("%s: reply to %s dropped, peer gone", self.name, request.sender)
+
+    async def request(
+        self,
+        body: f.Body,
+        *,
+        to: bytes | None = None,
+        timeout_s: float,
+        dest_gen: int | None = None,
+    ) -> f.Body:
+        """Send a request and wait for its reply body.
+
+        Raises `PeerDown` if it cannot be delivered (or the peer is declared down while waiting),
+        `CallTimeout` after `timeout_s` seconds without a reply (outcome unknown), and
+        `RemoteError` when the peer answers with an `Error` frame.
+        """
+        assert self._loop is not None, "endpoint not started"
+        fut: asyncio.Future[f.Envelope] = self._loop.create_future()
+        msg_id = self.next_id()
+        self._pending[msg_id] = (fut, to)
+        try:
+            self.send(body, to=to, ttl_s=timeout_s, dest_gen=dest_gen, msg_id=msg_id)
+            async with asyncio.timeout(timeout_s):
+                env = await fut
+        except TimeoutError as exc:
+            peer = to.decode() if to else "peer"
+            raise CallTimeout(peer, type(body).__name__, timeout_s) from exc
+        finally:
+            self._pending.pop(msg_id, None)
+        if isinstance(env.body, f.Error):
+            raise RemoteError(env.body.code, env.body.message)
+        return env.body
+
+    def fail_pending(self, to: bytes | None, exc: Exception) -> None:
+        """Fail every pending request addressed to `to` (None: all of them) with `exc`."""
+        for _msg_id, (fut, peer) in list(self._pending.items()):
+            if (to is None or peer == to) and not fut.done():
+                fut.set_exception(exc)
+
+    # --- receiving -------------------------------------------------------------------------------
+
+    def _schedule_drain(self) -> None:
+        if self._loop is not None and not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock = self.sock
+        while not sock.closed:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._dispatch(parts)
+
+    def _dispatch(self, parts: list[bytes]) -> None:
+        peer = parts[0] if self.kind == zmq.ROUTER and len(parts) > 1 else None
+        try:
+            env = self.codec.decode(parts[-1])
+        except ProtocolError as exc:
+            self.bad_frames += 1
+            log.warning("%s: refused frame from %r: %s", self.name, peer, exc)
+            if self.kind != zmq.ROUTER or peer is not None:
+                try:
+                    self.send(f.Error(code=exc.code, message=str(exc)), to=peer)
+                except PeerDown:
+                    pass
+            return
+        if env.corr is not None:
+            pending = self._pending.get(env.corr)
+            if pending is None:
+                self.stale_replies += 1
+                return
+            fut = pending[0]
+            if not fut.done():
+                fut.set_result(env)
+            return
+        if env.dest_gen is not None and env.dest_gen != self.generation:
+            self.reply(
+                env,
+                peer,
+                f.Error(
+                    code=ErrorCode.STALE_GENERATION,
+                    message=(
+                        f"frame for {self.name} generation {env.dest_gen}, "
+                        f"this is generation {self.generation}"
+                    ),
+                ),
+            )
+            return
+        if self.handler is None:
+            return
+        try:
+            self.handler(self, peer, env)
+        except Exception as exc:  # a handler bug must not stop the loop for everyone else
+            log.exception("%s: handler failed on %s", self.name, type(env.body).__name__)
+            self.reply(env, peer, f.Error(code=ErrorCode.INTERNAL, message=repr(exc)))
+
+
+def error_frame(exc: BaseException) -> f.Error:
+    """Map an exception raised while serving a request to the `Error` frame that answers it."""
+    code: Any = getattr(exc, "code", None)
+    if isinstance(exc, PeerDown):
+        code = ErrorCode.PEER_DOWN
+    elif isinstance(exc, CallTimeout):
+        code = ErrorCode.TIMEOUT
+    if not isinstance(code, ErrorCode):
+        code = ErrorCode.INTERNAL
+    return f.Error(code=code, message=str(exc))

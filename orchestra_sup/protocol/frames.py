@@ -1,0 +1,371 @@
+"""Every frame that crosses a process boundary.
+
+One ZeroMQ message carries one msgpack-encoded `Envelope`; its `body` is one member of a closed,
+tagged union (msgspec `Struct, tag=...`). Tags are explicit and stable: they are the wire names,
+and renaming a class must not change them. New fields are appended with defaults so that peers of
+two releases can read each other during a rollover (msgspec's schema-evolution rules).
+
+Frames carry no behaviour. Each channel's vocabulary is a union alias below; a receiver that gets
+a body outside its channel answers `Error(code="unexpected")`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from orchestra_sup.errors import ErrorCode
+
+
+class Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
+    """Base of every frame body."""
+
+
+# --- shared values -------------------------------------------------------------------------------
+
+
+class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One task of a plan, as validated by `coordinator.plan.parse_plan`.
+
+    `timeout_s` is wall-clock seconds for the command (None: no limit).
+    """
+
+    id: str
+    run: str
+    needs: list[str] = []
+    timeout_s: float | None = None
+    commit: bool = False
+
+
+class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole plan: a name and its tasks in file order."""
+
+    name: str
+    tasks: list[TaskSpec]
+
+
+class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One task's outcome, as `ctl plan --json` prints it. `duration_s` is seconds."""
+
+    id: str
+    status: str
+    exit_code: int | None = None
+    attempts: int = 0
+    shard: str | None = None
+    lane: str | None = None
+    sandbox: str | None = None
+    duration_s: float = 0.0
+    output_tail: str = ""
+    commit: str | None = None
+    error: str | None = None
+
+
+class PlanReport(Frame, tag="plan_report"):
+    """A plan and its tasks; `ok` is true when every task succeeded."""
+
+    plan: str
+    id: str
+    done: bool
+    ok: bool
+    tasks: list[TaskReport]
+
+
+class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """How a child last exited: exactly one of `signal` and `status` is set."""
+
+    signal: int | None = None
+    status: int | None = None
+
+
+class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One child as the supervisor's control record has it. `uptime_s` is seconds (0 if down)."""
+
+    name: str
+    role: str
+    pid: int | None
+    generation: int
+    state: str
+    restarts: int
+    operator_restarts: int
+    uptime_s: float
+    last_exit: ExitInfo | None = None
+    endpoint: str = ""
+    capacity: int = 0
+    loop_lag_p99_ms: float | None = None
+
+
+class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One live lane as its shard reports it."""
+
+    lane: str
+    task: str | None
+    plan: str | None
+    shard: str
+    state: str
+    sandbox: str | None
+
+
+class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lane reports to the coordinator when it ends.
+
+    `status` is "succeeded", "failed" or "cancelled"; `error` says why when it is not "succeeded".
+    """
+
+    lane: str
+    plan: str
+    task: str
+    shard: str
+    status: str
+    exit_code: int | None
+    duration_s: float
+    output_tail: str
+    sandbox: str | None
+    commit: str | None
+    error: str | None
+
+
+# --- control channel: supervisor <-> child ----------------------------------------------------------
+
+
+class Hello(Frame, tag="hello"):
+    """First frame of a child to the supervisor. The child is running only once it is welcomed."""
+
+    role: str
+    name: str
+    generation: int
+    release: str
+    proto_min: int
+    proto_max: int
+    pid: int
+
+
+class Welcome(Frame, tag="welcome"):
+    """The supervisor accepts a `Hello`."""
+
+    generation: int
+
+
+class Reject(Frame, tag="reject"):
+    """The supervisor refuses a `Hello`; the child exits with `reason` in its log."""
+
+    reason: str
+
+
+class Heartbeat(Frame, tag="heartbeat"):
+    """Periodic liveness from a child, carrying its event-loop lag (milliseconds)."""
+
+    loop_lag_p50_ms: float
+    loop_lag_p99_ms: float
+    loop_lag_max_ms: float
+    load: int = 0
+
+
+class PeerState(msgspec.Struct, frozen=True, kw_only=True):
+    """One peer in a `Roster`: where it listens, which generation, whether it is up."""
+
+    name: str
+    role: str
+    generation: int
+    up: bool
+    endpoint: str
+    capacity: int = 0
+
+
+class Roster(Frame, tag="roster"):
+    """The supervisor's view of every peer, pushed to each child whenever it changes."""
+
+    peers: list[PeerState]
+
+
+class Ack(Frame, tag="ack"):
+    """A request was carried out and has nothing more to say."""
+
+
+class Error(Frame, tag="error"):
+    """A request failed; `code` says which kind (see `errors.ErrorCode`)."""
+
+    code: ErrorCode
+    message: str
+
+
+# --- sandbox channel: shard -> custodian ---------------------------------------------------------
+
+
+class SandboxCreate(Frame, tag="sandbox_create"):
+    """Ask the custodian for a checkout of the workspace's current head for `lane`."""
+
+    lane: str
+
+
+class SandboxReady(Frame, tag="sandbox_ready"):
+    """A sandbox exists at `path`, checked out at `rev`."""
+
+    lane: str
+    path: str
+    rev: str
+
+
+class SandboxCommit(Frame, tag="sandbox_commit"):
+    """Commit the lane's sandbox changes into the workspace's current branch."""
+
+    lane: str
+    message: str
+
+
+class CommitDone(Frame, tag="commit_done"):
+    """`commit` is the new workspace commit, or None when the sandbox had no change."""
+
+    lane: str
+    commit: str | None
+
+
+# --- relay: coordinator -> custodian / shards ------------------------------------------------------
+
+
+class ToolCall(Frame, tag="tool_call"):
+    """One coordinator tool call. `params` are the tool's named string parameters; `key` is the
+    idempotency key of a send (None for reads)."""
+
+    tool: str
+    params: dict[str, str] = {}
+    key: str | None = None
+
+
+class ToolResult(Frame, tag="tool_result"):
+    """A tool's answer: a JSON-shaped value whose shape each tool documents."""
+
+    value: Any
+
+
+# --- lane plane: coordinator -> shard ------------------------------------------------------------
+
+
+class LaneStart(Frame, tag="lane_start"):
+    """Start `task` of `plan` as lane `lane`; refused with `shard_full` when the shard is full."""
+
+    lane: str
+    plan: str
+    task: TaskSpec
+    attempt: int = 1
+
+
+class LaneCancel(Frame, tag="lane_cancel"):
+    """Stop lane `lane` now, its whole process group with it."""
+
+    lane: str
+
+
+class ListLanes(Frame, tag="list_lanes"):
+    """Ask a shard for its live lanes."""
+
+
+class LaneList(Frame, tag="lane_list"):
+    lanes: list[LaneInfo]
+
+
+# --- inbox: shard outbox -> coordinator inbox -----------------------------------------------------
+
+
+class InboxPut(Frame, tag="inbox_put"):
+    """A durable message for the coordinator; `msg_id` is unique and used to de-duplicate."""
+
+    msg_id: str
+    result: LaneResult
+
+
+class InboxAck(Frame, tag="inbox_ack"):
+    """The coordinator committed `msg_id` to its inbox; the sender may drop it from its outbox."""
+
+    msg_id: str
+
+
+# --- ctl: operator -> supervisor (-> coordinator) --------------------------------------------------
+
+
+class CtlStatus(Frame, tag="ctl_status"):
+    pass
+
+
+class StatusReply(Frame, tag="status_reply"):
+    supervisor_pid: int
+    version: str
+    run_dir: str
+    state_dir: str
+    workspace: str
+    children: list[ChildInfo]
+
+
+class CtlRestart(Frame, tag="ctl_restart"):
+    name: str
+
+
+class CtlStop(Frame, tag="ctl_stop"):
+    pass
+
+
+class CtlSubmit(Frame, tag="ctl_submit"):
+    plan: PlanSpec
+
+
+class PlanAccepted(Frame, tag="plan_accepted"):
+    id: str
+
+
+class CtlPlan(Frame, tag="ctl_plan"):
+    """Ask for plan `id`; with `wait_s` > 0 the answer is held until the plan is done or that
+    many seconds have passed (a long poll)."""
+
+    id: str
+    wait_s: float = 0.0
+
+
+class CtlLanes(Frame, tag="ctl_lanes"):
+    pass
+
+
+class CtlCancel(Frame, tag="ctl_cancel"):
+    lane: str
+
+
+Control = Hello | Welcome | Reject | Heartbeat | Roster
+Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
+Relay = ToolCall | ToolResult
+LanePlane = LaneStart | LaneCancel | ListLanes | LaneList
+Inbox = InboxPut | InboxAck
+Ctl = (
+    CtlStatus
+    | StatusReply
+    | CtlRestart
+    | CtlStop
+    | CtlSubmit
+    | PlanAccepted
+    | CtlPlan
+    | PlanReport
+    | CtlLanes
+    | CtlCancel
+)
+Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Ack | Error
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """The one thing a ZeroMQ message carries.
+
+    - `v`: protocol version of the sender.
+    - `id`: message id, unique per sender incarnation.
+    - `corr`: the `id` this frame answers, or None for a request or a one-way frame.
+    - `sender`, `gen`: who sent it and which generation of it.
+    - `ttl_s`: seconds the sender will wait for an answer (None: no reply expected or no limit).
+    - `dest_gen`: the generation of the receiver the sender means (None: any); a receiver of another
+      generation refuses the frame with `stale_generation`, so a request queued for a process that
+      died is never acted on by its replacement.
+    """
+
+    v: int
+    id: str
+    corr: str | None
+    sender: str
+    gen: int
+    ttl_s: float | None
+    dest_gen: int | None
+    body: Body
