@@ -1,8 +1,9 @@
 """Encoding and strict decoding of `Envelope` frames.
 
-One encoder and one typed decoder are built once per process and shared by every socket. Decoding
-is strict: garbage bytes, an unknown tag, a wrong field type, an oversized frame or a version outside
-our range raise `ProtocolError` with a stable code, so a receiver can answer and go on.
+One encoder and one typed decoder are built once per process and shared by every socket.
+Decoding is strict: garbage bytes, an unknown tag, a wrong field type, an oversized frame or a
+version outside our range raise `ProtocolError` with a stable code, so a receiver can answer
+and go on.
 """
 
 from __future__ import annotations

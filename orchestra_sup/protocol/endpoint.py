@@ -14,6 +14,7 @@ replies carry it back as `corr`; a reply whose request is no longer pending is s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -214,10 +215,8 @@ class Endpoint:
             self.bad_frames += 1
             log.warning("%s: refused frame from %r: %s", self.name, peer, exc)
             if self.kind != zmq.ROUTER or peer is not None:
-                try:
+                with contextlib.suppress(PeerDown):
                     self.send(f.Error(code=exc.code, message=str(exc)), to=peer)
-                except PeerDown:
-                    pass
             return
         if env.corr is not None:
             pending = self._pending.get(env.corr)

@@ -125,7 +125,7 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None
 
 
-# --- control channel: supervisor <-> child ----------------------------------------------------------
+# --- control channel: supervisor <-> child -------------------------------------------------------
 
 
 class Hello(Frame, tag="hello"):
@@ -220,7 +220,7 @@ class CommitDone(Frame, tag="commit_done"):
     commit: str | None
 
 
-# --- relay: coordinator -> custodian / shards ------------------------------------------------------
+# --- relay: coordinator -> custodian / shards ----------------------------------------------------
 
 
 class ToolCall(Frame, tag="tool_call"):
@@ -248,6 +248,7 @@ class LaneStart(Frame, tag="lane_start"):
     plan: str
     task: TaskSpec
     attempt: int = 1
+    plan_name: str = ""
 
 
 class LaneCancel(Frame, tag="lane_cancel"):
@@ -264,7 +265,7 @@ class LaneList(Frame, tag="lane_list"):
     lanes: list[LaneInfo]
 
 
-# --- inbox: shard outbox -> coordinator inbox -----------------------------------------------------
+# --- inbox: shard outbox -> coordinator inbox ----------------------------------------------------
 
 
 class InboxPut(Frame, tag="inbox_put"):
@@ -280,7 +281,7 @@ class InboxAck(Frame, tag="inbox_ack"):
     msg_id: str
 
 
-# --- ctl: operator -> supervisor (-> coordinator) --------------------------------------------------
+# --- ctl: operator -> supervisor (-> coordinator) ------------------------------------------------
 
 
 class CtlStatus(Frame, tag="ctl_status"):

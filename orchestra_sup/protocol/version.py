@@ -1,8 +1,8 @@
 """Protocol versioning.
 
 A peer speaks every version in `[PROTOCOL_MIN, PROTOCOL_MAX]`; two peers can work together when
-their ranges overlap. The handshake (`Hello`) carries the range, and a frame whose `v` is outside the
-receiver's range is refused with `version_skew`.
+their ranges overlap. The handshake (`Hello`) carries the range, and a frame whose `v` is outside
+the receiver's range is refused with `version_skew`.
 """
 
 PROTOCOL_MIN = 1

@@ -1,0 +1,346 @@
+"""The `orchestra-sup` command: a thin adapter that parses, sends, and renders.
+
+Exit statuses: 0 success; 1 a plan had a task that did not succeed, or a request failed;
+2 bad input (a plan, a config, a path); 3 the tree is unreachable (ctl) or restart intensity was
+exceeded (start). Bad input is one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from orchestra_sup import __version__, render
+from orchestra_sup.client import CtlClient
+from orchestra_sup.config import default_run_dir, load_settings, resolve_paths
+from orchestra_sup.coordinator.plan import load_plan
+from orchestra_sup.errors import (
+    ConfigError,
+    OrchestraError,
+    RemoteError,
+    RunDirBusy,
+    TreeUnreachable,
+    WorkspaceError,
+)
+from orchestra_sup.protocol import frames as f
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+app = typer.Typer(
+    help="A supervisor that gives an agent platform's coordinator, tree custodian and worker "
+    "shards their own OS processes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=True,
+)
+ctl_app = typer.Typer(help="Talk to a running tree.", no_args_is_help=True)
+app.add_typer(ctl_app, name="ctl")
+
+out = Console(soft_wrap=True)
+T = TypeVar("T")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the tree to answer.")
+]
+WorkspaceOpt = Annotated[
+    Path | None, typer.Option("--workspace", help="The git repository the custodian owns.")
+]
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="Durable state directory.")]
+ShardsOpt = Annotated[int | None, typer.Option("--shards", help="Number of worker shards.")]
+LanesOpt = Annotated[
+    int | None, typer.Option("--lanes-per-shard", help="Lanes one shard hosts at most.")
+]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file.")]
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"orchestra-sup: {message}", err=True)
+    return typer.Exit(code)
+
+
+def guarded(fn: Callable[[], T]) -> T:
+    """Run `fn`, turning the product's errors into one line and the documented exit status."""
+    try:
+        return fn()
+    except (ConfigError, WorkspaceError, RunDirBusy) as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    except TreeUnreachable as exc:
+        raise fail(str(exc), EXIT_UNREACHABLE) from None
+    except RemoteError as exc:
+        raise fail(str(exc), EXIT_FAILED) from None
+    except OrchestraError as exc:
+        raise fail(str(exc), EXIT_FAILED) from None
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+# --- start / run --------------------------------------------------------------------------------
+
+
+@app.command()
+def start(
+    config: ConfigOpt = None,
+    workspace: WorkspaceOpt = None,
+    state_dir: StateOpt = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Sockets and lock.")] = None,
+    shards: ShardsOpt = None,
+    lanes_per_shard: LanesOpt = None,
+) -> None:
+    """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
+
+    Example: orchestra-sup start --workspace ~/src/project --shards 4
+    """
+    from orchestra_sup.supervisor.root import RootSupervisor
+    from orchestra_sup.supervisor.runlock import RunLock
+
+    def prepare() -> tuple[Any, Any]:
+        settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
+        paths = resolve_paths(state_dir, run_dir, workspace)
+        if paths.workspace is not None:
+            _check_workspace(paths.workspace, paths.state_dir)
+        RunLock(paths.run_dir).release()  # refuse a live tree's run dir before starting anything
+        return settings, paths
+
+    settings, paths = guarded(prepare)
+    logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
+    code = guarded(lambda: asyncio.run(RootSupervisor(paths, settings).run()))
+    raise typer.Exit(code)
+
+
+def _check_workspace(path: Path, state_dir: Path) -> None:
+    from orchestra_sup.custodian.workspace import open_workspace
+
+    asyncio.run(open_workspace(path, state_dir))
+
+
+@app.command()
+def run(
+    plan: Annotated[Path, typer.Argument(help="The plan (TOML).")],
+    workspace: WorkspaceOpt = None,
+    shards: ShardsOpt = None,
+    lanes_per_shard: LanesOpt = None,
+    state_dir: StateOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Start a tree, run PLAN on it, print the outcome, stop the tree.
+
+    Exits 0 when every task succeeded, 1 when any did not, 2 on bad input.
+    Example: orchestra-sup run examples/selfcheck.toml --workspace .
+    """
+    from orchestra_sup.oneshot import private_tree, wait_plan
+
+    def prepare() -> tuple[f.PlanSpec, Path, Path | None]:
+        spec = load_plan(plan)
+        load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
+        state = state_dir or Path(tempfile.mkdtemp(prefix="orchestra-sup-run-"))
+        paths = resolve_paths(state, default_run_dir(), workspace)
+        if paths.workspace is not None:
+            _check_workspace(paths.workspace, paths.state_dir)
+        return spec, paths.state_dir, paths.workspace
+
+    spec, state, ws = guarded(prepare)
+
+    def go() -> f.PlanReport:
+        with private_tree(
+            workspace=ws,
+            state_dir=state,
+            shards=shards,
+            lanes_per_shard=lanes_per_shard,
+            config=config,
+        ) as client:
+            accepted = client.request(f.CtlSubmit(plan=spec), timeout_s=timeout)
+            assert isinstance(accepted, f.PlanAccepted)
+            return wait_plan(client, accepted.id, timeout_s=timeout)
+
+    report = guarded(go)
+    if as_json:
+        print_json(render.plan_json(report))
+    else:
+        render.plan_table(report, out)
+        out.print(f"state: {state}")
+    raise typer.Exit(0 if report.ok else EXIT_FAILED)
+
+
+# --- ctl ------------------------------------------------------------------------------------------
+
+
+class CtlContext:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    def ask(self, body: f.Body, timeout: float) -> f.Body:
+        def go() -> f.Body:
+            with CtlClient(self.run_dir) as client:
+                return client.request(body, timeout_s=timeout)
+
+        return guarded(go)
+
+
+@ctl_app.callback()
+def ctl_main(
+    ctx: typer.Context,
+    run_dir: Annotated[
+        Path | None, typer.Option("--run-dir", help="The tree's run directory.")
+    ] = None,
+) -> None:
+    """Talk to the tree whose run directory is RUN_DIR (default: as `start` picks it)."""
+    ctx.obj = CtlContext((run_dir or default_run_dir()).absolute())
+
+
+@ctl_app.command()
+def status(ctx: typer.Context, as_json: JsonOpt = False, timeout: TimeoutOpt = 10.0) -> None:
+    """Show the supervisor and every child. Answered by the supervisor itself.
+
+    Example: orchestra-sup ctl status --json
+    """
+    reply = ctx.obj.ask(f.CtlStatus(), timeout)
+    assert isinstance(reply, f.StatusReply)
+    if as_json:
+        print_json(render.status_json(reply))
+    else:
+        render.status_table(reply, out)
+
+
+@ctl_app.command()
+def restart(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="coordinator, custodian or shard-K.")],
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Restart one child gracefully: new pid, generation + 1; the others keep theirs.
+
+    Example: orchestra-sup ctl restart shard-1
+    """
+    ctx.obj.ask(f.CtlRestart(name=name), timeout)
+    _done(as_json, {"restarted": name}, f"restarted {name}")
+
+
+@ctl_app.command()
+def stop(ctx: typer.Context, as_json: JsonOpt = False, timeout: TimeoutOpt = 10.0) -> None:
+    """Stop the tree as SIGTERM does (children in reverse start order).
+
+    Example: orchestra-sup ctl stop
+    """
+    ctx.obj.ask(f.CtlStop(), timeout)
+    _done(as_json, {"stopping": True}, "stopping")
+
+
+@ctl_app.command()
+def submit(
+    ctx: typer.Context,
+    plan: Annotated[Path, typer.Argument(help="The plan (TOML).")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the plan is done.")] = False,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Submit PLAN to the running tree; print its id, or with --wait its outcome.
+
+    Example: orchestra-sup ctl submit examples/selfcheck.toml --wait
+    """
+    spec = guarded(lambda: load_plan(plan))
+    accepted = ctx.obj.ask(f.CtlSubmit(plan=spec), timeout)
+    assert isinstance(accepted, f.PlanAccepted)
+    if not wait:
+        _done(as_json, {"id": accepted.id}, accepted.id)
+        return
+    _show_plan(ctx, accepted.id, True, as_json, timeout)
+
+
+@ctl_app.command("plan")
+def plan_cmd(
+    ctx: typer.Context,
+    plan_id: Annotated[str, typer.Argument(metavar="ID", help="The plan id.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until the plan is done.")] = False,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Show one plan and its tasks.
+
+    Example: orchestra-sup ctl plan 3f2a9c1b7d44 --wait --json
+    """
+    _show_plan(ctx, plan_id, wait, as_json, timeout)
+
+
+def _show_plan(ctx: typer.Context, plan_id: str, wait: bool, as_json: bool, timeout: float) -> None:
+    from orchestra_sup.oneshot import wait_plan
+
+    if wait:
+
+        def go() -> f.PlanReport:
+            with CtlClient(ctx.obj.run_dir) as client:
+                return wait_plan(client, plan_id, timeout_s=timeout)
+
+        report = guarded(go)
+    else:
+        reply = ctx.obj.ask(f.CtlPlan(id=plan_id), timeout)
+        assert isinstance(reply, f.PlanReport)
+        report = reply
+    if as_json:
+        print_json(render.plan_json(report))
+    else:
+        render.plan_table(report, out)
+    if wait:
+        raise typer.Exit(0 if report.ok else EXIT_FAILED)
+
+
+@ctl_app.command()
+def lanes(ctx: typer.Context, as_json: JsonOpt = False, timeout: TimeoutOpt = 10.0) -> None:
+    """List live lanes on every shard.
+
+    Example: orchestra-sup ctl lanes --json
+    """
+    reply = ctx.obj.ask(f.CtlLanes(), timeout)
+    assert isinstance(reply, f.LaneList)
+    if as_json:
+        print_json(render.lanes_json(reply))
+    else:
+        render.lanes_table(reply, out)
+
+
+@ctl_app.command()
+def cancel(
+    ctx: typer.Context,
+    lane: Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`).")],
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+) -> None:
+    """Stop a lane now, its whole process group with it; its task becomes cancelled.
+
+    Example: orchestra-sup ctl cancel 3f2a9c1b7d44-build-1
+    """
+    ctx.obj.ask(f.CtlCancel(lane=lane), timeout)
+    _done(as_json, {"cancelled": lane}, f"cancelled {lane}")
+
+
+def _done(as_json: bool, value: dict[str, Any], text: str) -> None:
+    if as_json:
+        print_json(value)
+    else:
+        typer.echo(text)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()

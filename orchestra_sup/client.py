@@ -1,0 +1,81 @@
+"""The operator's side of the ctl endpoint: one blocking request at a time, under a timeout.
+
+Used by `orchestra-sup ctl` and `orchestra-sup run`. It never waits longer than asked: a tree that
+is missing, or that does not answer in time, raises `TreeUnreachable` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+import zmq
+
+from orchestra_sup.errors import RemoteError, TreeUnreachable
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
+from orchestra_sup.supervisor.runlock import is_owned
+
+_ids = itertools.count(1)
+
+
+class CtlClient:
+    """A DEALER connected to `<run_dir>/ctl.ipc`.
+
+    Raises `TreeUnreachable` at construction when no live tree owns `run_dir`.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        if not is_owned(run_dir) or not (run_dir / "ctl.ipc").exists():
+            raise TreeUnreachable(f"no tree is running at {run_dir}")
+        self.codec = Codec()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(f"ipc://{run_dir / 'ctl.ipc'}")
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+    def __enter__(self) -> CtlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, body: f.Body, timeout_s: float) -> f.Body:
+        """Send `body`, return the reply body.
+
+        Raises `TreeUnreachable` when no reply comes within `timeout_s` seconds and `RemoteError`
+        when the tree answers with an `Error` frame.
+        """
+        msg_id = f"ctl.{os.getpid()}.{next(_ids)}"
+        env = f.Envelope(
+            v=PROTOCOL_VERSION,
+            id=msg_id,
+            corr=None,
+            sender="ctl",
+            gen=0,
+            ttl_s=timeout_s,
+            dest_gen=None,
+            body=body,
+        )
+        self.sock.send(self.codec.encode(env))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.sock.poll(left_ms, zmq.POLLIN):
+                raise TreeUnreachable(
+                    f"the tree at {self.run_dir} did not answer within {timeout_s:g} s"
+                )
+            reply = self.codec.decode(self.sock.recv())
+            if reply.corr != msg_id:
+                continue  # a late answer to an earlier request
+            if isinstance(reply.body, f.Error):
+                raise RemoteError(reply.body.code, reply.body.message)
+            return reply.body

@@ -1,0 +1,173 @@
+"""Configuration: the tree's settings and where its files live.
+
+Settings come from an optional TOML file, then CLI flags override them. Every value is validated
+once, here; an unknown key or a bad value raises `ConfigError` naming the key and the value.
+
+```toml
+[supervisor]
+max_restarts = 5          # restarts allowed within max_seconds before escalation
+max_seconds = 30.0        # the intensity window, seconds (monotonic clock)
+shutdown_timeout_s = 5.0  # SIGTERM -> SIGKILL grace for each child, seconds
+watchdog_s = 10.0         # a child silent (no heartbeat) this long is killed and restarted
+backoff_initial_s = 0.1   # delay before a repeated restart, doubling ...
+backoff_max_s = 5.0       # ... up to this cap
+
+[shards]
+count = 2                 # worker-host shards
+lanes_per_shard = 8       # lanes one shard hosts at most
+```
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from orchestra_sup.errors import ConfigError
+
+IPC_PATH_MAX = 100
+"""Longest socket path we use: AF_UNIX paths are limited to 107 bytes, and the run directory is the
+prefix of every `ipc://` endpoint."""
+
+
+class SupervisorSettings(msgspec.Struct, frozen=True, kw_only=True):
+    max_restarts: int = 5
+    max_seconds: float = 30.0
+    shutdown_timeout_s: float = 5.0
+    watchdog_s: float = 10.0
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 5.0
+
+
+class ShardSettings(msgspec.Struct, frozen=True, kw_only=True):
+    count: int = 2
+    lanes_per_shard: int = 8
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    supervisor: SupervisorSettings = SupervisorSettings()
+    shards: ShardSettings = ShardSettings()
+
+
+_LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
+    ("supervisor", "max_restarts"): (int, 0, 10_000),
+    ("supervisor", "max_seconds"): (float, 0.001, 86_400),
+    ("supervisor", "shutdown_timeout_s"): (float, 0, 3_600),
+    ("supervisor", "watchdog_s"): (float, 0.1, 3_600),
+    ("supervisor", "backoff_initial_s"): (float, 0, 60),
+    ("supervisor", "backoff_max_s"): (float, 0, 3_600),
+    ("shards", "count"): (int, 1, 256),
+    ("shards", "lanes_per_shard"): (int, 1, 100_000),
+}
+
+
+def _check(section: str, key: str, value: Any) -> Any:
+    spec = _LIMITS.get((section, key))
+    if spec is None:
+        raise ConfigError(f"[{section}] unknown key {key!r}")
+    kind, low, high = spec
+    ok_type = isinstance(value, int | float) if kind is float else isinstance(value, int)
+    if isinstance(value, bool) or not ok_type:
+        raise ConfigError(f"[{section}] {key} = {value!r}: expected {kind.__name__}")
+    if not low <= value <= high:
+        raise ConfigError(f"[{section}] {key} = {value!r}: must be between {low:g} and {high:g}")
+    return kind(value)
+
+
+def settings_from_mapping(data: dict[str, Any]) -> Settings:
+    """Validate a parsed TOML mapping. Raises `ConfigError` naming the key and the value."""
+    sections: dict[str, dict[str, Any]] = {}
+    for section, body in data.items():
+        if section not in ("supervisor", "shards"):
+            raise ConfigError(f"unknown section [{section}]")
+        if not isinstance(body, dict):
+            raise ConfigError(f"[{section}] must be a table, got {body!r}")
+        sections[section] = {k: _check(section, k, v) for k, v in body.items()}
+    sup = SupervisorSettings(**sections.get("supervisor", {}))
+    if sup.backoff_max_s < sup.backoff_initial_s:
+        raise ConfigError(
+            f"[supervisor] backoff_max_s = {sup.backoff_max_s!r}: "
+            f"below backoff_initial_s = {sup.backoff_initial_s!r}"
+        )
+    return Settings(supervisor=sup, shards=ShardSettings(**sections.get("shards", {})))
+
+
+def load_settings(
+    path: Path | None, *, shards: int | None = None, lanes_per_shard: int | None = None
+) -> Settings:
+    """Read `path` (None: defaults) and apply CLI overrides. Raises `ConfigError`."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"config {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {path}: {exc}") from exc
+    try:
+        overrides = {"count": shards, "lanes_per_shard": lanes_per_shard}
+        for key, value in overrides.items():
+            if value is not None:
+                data.setdefault("shards", {})[key] = value
+        return settings_from_mapping(data)
+    except ConfigError as exc:
+        where = f"config {path}: " if path else ""
+        raise ConfigError(f"{where}{exc}") from exc
+
+
+class Paths(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one tree keeps its files.
+
+    - `state_dir`: durable state (LMDB environments, sandboxes, the default workspace).
+    - `run_dir`: sockets and the lock; mode 0700.
+    - `workspace`: the git repository the custodian owns; None means `state_dir/workspace`, created.
+    """
+
+    state_dir: Path
+    run_dir: Path
+    workspace: Path | None
+
+    def endpoint(self, name: str) -> str:
+        return f"ipc://{self.run_dir / (name + '.ipc')}"
+
+
+def default_state_dir() -> Path:
+    """`$STATE_DIRECTORY` (systemd), else `$XDG_STATE_HOME/orchestra-sup`, else
+    `~/.local/state/orchestra-sup`."""
+    if os.environ.get("STATE_DIRECTORY"):
+        return Path(os.environ["STATE_DIRECTORY"].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "orchestra-sup"
+
+
+def default_run_dir() -> Path:
+    """`$ORCHESTRA_SUP_RUN_DIR`, else `$RUNTIME_DIRECTORY` (systemd), else
+    `$XDG_RUNTIME_DIR/orchestra-sup`, else `/tmp/orchestra-sup-<uid>`."""
+    if os.environ.get("ORCHESTRA_SUP_RUN_DIR"):
+        return Path(os.environ["ORCHESTRA_SUP_RUN_DIR"])
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "orchestra-sup"
+    return Path(f"/tmp/orchestra-sup-{os.getuid()}")
+
+
+def resolve_paths(state_dir: Path | None, run_dir: Path | None, workspace: Path | None) -> Paths:
+    """Fill in defaults and make paths absolute. Raises `ConfigError` when the run directory is
+    too long for a socket path or the workspace exists but is not a directory."""
+    run = (run_dir or default_run_dir()).absolute()
+    longest = run / "coordinator.ipc"
+    if len(str(longest)) > IPC_PATH_MAX:
+        raise ConfigError(
+            f"run directory {run} is too long for a socket path "
+            f"({len(str(longest))} > {IPC_PATH_MAX} bytes); pick a shorter --run-dir"
+        )
+    ws = workspace.absolute() if workspace is not None else None
+    if ws is not None and not ws.is_dir():
+        what = "does not exist" if not ws.exists() else "is not a directory"
+        raise ConfigError(f"workspace {ws} {what}")
+    return Paths(state_dir=(state_dir or default_state_dir()).absolute(), run_dir=run, workspace=ws)

@@ -1,0 +1,1 @@
+"""The coordinator: parses plans and schedules their tasks onto shard lanes."""

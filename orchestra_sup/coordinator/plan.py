@@ -1,0 +1,260 @@
+"""Plan files: parse and validate a TOML plan into a `PlanSpec`, refusing a bad one before it runs.
+
+A plan looks like this::
+
+    name = "selfcheck"            # required, non-empty string
+
+    [[task]]
+    id = "lint"                   # required, unique, matches [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
+    run = "ruff check ."          # required, non-empty shell command
+    needs = ["other-id"]          # optional: ids of tasks that must succeed first
+    timeout_s = 60                # optional: positive wall seconds (int or float)
+    commit = false                # optional: commit the task's sandbox changes
+
+Every problem is reported as one `PlanError` whose message names the task (by id, or by position
+as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
+and column), unknown keys, missing or empty required keys, values of the wrong type, a duplicate
+id, a dependency on a missing task or on the task itself, and a dependency cycle (named in order,
+"dependency cycle a -> b -> a"). Tasks keep their file order in `PlanSpec.tasks`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from orchestra_sup.errors import PlanError
+from orchestra_sup.protocol.frames import PlanSpec, TaskSpec
+
+__all__ = ["load_plan", "parse_plan", "topological_order"]
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What a task id must match, in full."""
+
+_TOP_KEYS = frozenset({"name", "task"})
+_TASK_KEYS = frozenset({"id", "run", "needs", "timeout_s", "commit"})
+
+_TOML_TYPES: dict[type, str] = {
+    str: "string",
+    bool: "boolean",
+    int: "integer",
+    float: "float",
+    list: "array",
+    dict: "table",
+}
+
+
+def _describe(value: Any) -> str:
+    """`value` as a short, one-line repr with its TOML type, for error messages."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = _TOML_TYPES.get(type(value), type(value).__name__)
+    return f"{text} ({kind})"
+
+
+def load_plan(path: Path) -> PlanSpec:
+    """Read and parse the plan file at `path`.
+
+    Raises:
+        PlanError: the file is missing, unreadable or not UTF-8 (the message names the path), or
+            the plan is invalid (see `parse_plan`).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(f"cannot read plan file: {exc.strerror or exc}", source=str(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise PlanError(
+            f"plan file is not UTF-8 text (byte {exc.start})", source=str(path)
+        ) from exc
+    return parse_plan(text, source=str(path))
+
+
+def parse_plan(text: str, *, source: str = "<plan>") -> PlanSpec:
+    """Parse and validate plan TOML `text`; `source` names it in error messages (a path).
+
+    Returns the `PlanSpec` with tasks in file order; `timeout_s` is converted to float seconds.
+
+    Raises:
+        PlanError: the first problem found, one line naming the task and the key or value.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(f"invalid TOML: {exc}", source=source) from exc
+
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise PlanError(
+                f"unknown top-level key {key!r} (expected 'name' and [[task]] tables)",
+                source=source,
+            )
+
+    if "name" not in data:
+        raise PlanError("missing required key 'name'", source=source)
+    name = data["name"]
+    if not isinstance(name, str):
+        raise PlanError(f"key 'name' must be a string, got {_describe(name)}", source=source)
+    if not name.strip():
+        raise PlanError("key 'name' must not be empty", source=source)
+
+    raw_tasks = data.get("task")
+    if raw_tasks is None or raw_tasks == []:
+        raise PlanError("no tasks: add at least one [[task]] table", source=source)
+    if not isinstance(raw_tasks, list):
+        raise PlanError(
+            f"'task' must be an array of [[task]] tables, got {_describe(raw_tasks)}",
+            source=source,
+        )
+
+    tasks: list[TaskSpec] = []
+    position: dict[str, int] = {}
+    for number, raw in enumerate(raw_tasks, start=1):
+        task = _parse_task(raw, number, source)
+        if task.id in position:
+            raise PlanError(
+                f"duplicate id (task #{number}; first defined as task #{position[task.id]})",
+                task=task.id,
+                source=source,
+            )
+        position[task.id] = number
+        tasks.append(task)
+
+    plan = PlanSpec(name=name, tasks=tasks)
+    topological_order(plan, source=source)  # dependency and cycle checks
+    return plan
+
+
+def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
+    """Validate the `number`-th (1-based) [[task]] table and build its `TaskSpec`."""
+    label = f"#{number}"
+    if not isinstance(raw, dict):
+        raise PlanError(
+            f"must be a [[task]] table, got {_describe(raw)}", task=label, source=source
+        )
+
+    if "id" not in raw:
+        raise PlanError("missing required key 'id'", task=label, source=source)
+    task_id = raw["id"]
+    if not isinstance(task_id, str):
+        raise PlanError(
+            f"key 'id' must be a string, got {_describe(task_id)}", task=label, source=source
+        )
+    if not ID_PATTERN.fullmatch(task_id):
+        raise PlanError(
+            f"key 'id' value {task_id!r} must match {ID_PATTERN.pattern}",
+            task=label,
+            source=source,
+        )
+
+    def refuse(problem: str) -> PlanError:
+        return PlanError(problem, task=task_id, source=source)
+
+    for key in raw:
+        if key not in _TASK_KEYS:
+            raise refuse(f"unknown key {key!r} (allowed: {', '.join(sorted(_TASK_KEYS))})")
+
+    if "run" not in raw:
+        raise refuse("missing required key 'run'")
+    run = raw["run"]
+    if not isinstance(run, str):
+        raise refuse(f"key 'run' must be a string, got {_describe(run)}")
+    if not run.strip():
+        raise refuse("key 'run' must not be empty")
+
+    needs_raw = raw.get("needs", [])
+    if not isinstance(needs_raw, list):
+        raise refuse(f"key 'needs' must be an array of task ids, got {_describe(needs_raw)}")
+    needs: list[str] = []
+    for dep in needs_raw:
+        if not isinstance(dep, str):
+            raise refuse(f"key 'needs' must hold task id strings, got {_describe(dep)}")
+        if dep == task_id:
+            raise refuse("needs itself")
+        if dep in needs:
+            raise refuse(f"key 'needs' lists {dep!r} twice")
+        needs.append(dep)
+
+    timeout_s: float | None = None
+    if "timeout_s" in raw:
+        value = raw["timeout_s"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise refuse(f"key 'timeout_s' must be a number of seconds, got {_describe(value)}")
+        if not math.isfinite(value) or value <= 0:
+            raise refuse(f"key 'timeout_s' must be a positive finite number, got {value!r}")
+        timeout_s = float(value)
+
+    commit = raw.get("commit", False)
+    if not isinstance(commit, bool):
+        raise refuse(f"key 'commit' must be a boolean, got {_describe(commit)}")
+
+    return TaskSpec(id=task_id, run=run, needs=needs, timeout_s=timeout_s, commit=commit)
+
+
+def topological_order(plan: PlanSpec, *, source: str | None = None) -> list[str]:
+    """Task ids in an order where every task comes after all it needs.
+
+    Stable: among tasks that are ready at the same time, file order wins (a plan without
+    dependencies comes back in file order).
+
+    Raises:
+        PlanError: a task needs a task that is not in the plan, needs itself, or the tasks form a
+            cycle; the message names the cycle in order ("dependency cycle a -> b -> a", where
+            each task needs the next).
+    """
+    index = {task.id: i for i, task in enumerate(plan.tasks)}
+    for task in plan.tasks:
+        for dep in task.needs:
+            if dep == task.id:
+                raise PlanError("needs itself", task=task.id, source=source)
+            if dep not in index:
+                raise PlanError(f"needs unknown task {dep!r}", task=task.id, source=source)
+
+    waiting = {task.id: len(set(task.needs)) for task in plan.tasks}
+    dependents: dict[str, list[str]] = {task.id: [] for task in plan.tasks}
+    for task in plan.tasks:
+        for dep in dict.fromkeys(task.needs):
+            dependents[dep].append(task.id)
+
+    ready = [index[tid] for tid, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        tid = plan.tasks[heapq.heappop(ready)].id
+        order.append(tid)
+        for child in dependents[tid]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(ready, index[child])
+
+    if len(order) < len(plan.tasks):
+        cycle = _find_cycle(plan, set(order), index)
+        raise PlanError(
+            f"dependency cycle {' -> '.join([*cycle, cycle[0]])}", task=cycle[0], source=source
+        )
+    return order
+
+
+def _find_cycle(plan: PlanSpec, done: set[str], index: dict[str, int]) -> list[str]:
+    """One cycle among the tasks not in `done`, starting at its member first in file order.
+
+    Every such task still needs at least one other such task, so following the first unfinished
+    need from any of them must come back to a task already seen.
+    """
+    needs = {task.id: task.needs for task in plan.tasks}
+    start = next(task.id for task in plan.tasks if task.id not in done)
+    path: list[str] = []
+    seen: dict[str, int] = {}
+    node = start
+    while node not in seen:
+        seen[node] = len(path)
+        path.append(node)
+        node = next(dep for dep in needs[node] if dep not in done)
+    cycle = path[seen[node] :]
+    first = min(range(len(cycle)), key=lambda i: index[cycle[i]])
+    return cycle[first:] + cycle[:first]

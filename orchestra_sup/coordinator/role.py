@@ -1,0 +1,272 @@
+"""The coordinator: decides which task runs where, and records what happened.
+
+It holds no sandbox, no tree and no lane (ARCHITECTURE.md §11.6): it places each ready task's lane
+on a shard (`placement.place`), and learns the outcome from its durable inbox. Its default policy
+is the plan runner (`runner.PlanRecord`).
+
+State (LMDB, `<state_dir>/coordinator`): `plans` (one `PlanRecord` per plan, written behind on
+every change, awaited on submission) and `inbox` (every `InboxPut` ever committed, keyed by message
+id: acknowledged only after commit, so a shard re-sends until it lands, and de-duplicated by id, so
+it lands once). On start every inbox entry is applied again, which is idempotent, so a crash
+between committing a result and recording its plan loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import msgspec
+
+from orchestra_sup.coordinator.placement import ShardView, place
+from orchestra_sup.coordinator.runner import LIVE, PlanRecord, TaskStatus
+from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
+from orchestra_sup.node.runtime import Node
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.state.store import Store
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 10.0
+
+
+class Coordinator:
+    """The `coordinator` role. See the module docstring."""
+
+    def __init__(self) -> None:
+        self.node: Node | None = None
+        self.store: Store | None = None
+        self.plans: dict[str, PlanRecord] = {}
+        self.inbox_ids: set[str] = set()
+        self._committing: dict[str, asyncio.Future[None]] = {}
+        self.shards: dict[str, ShardView] = {}
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._enc = msgspec.msgpack.Encoder()
+        self._plan_dec = msgspec.msgpack.Decoder(PlanRecord)
+        self._put_dec = msgspec.msgpack.Decoder(f.InboxPut)
+
+    async def open(self, node: Node) -> None:
+        self.node = node
+        self.store = Store(node.paths.state_dir / "coordinator", ["plans", "inbox"])
+        self.store.start()
+        for _key, value in self.store.items("plans"):
+            plan = self._plan_dec.decode(value)
+            self.plans[plan.id] = plan
+        for key, value in self.store.items("inbox"):
+            self.inbox_ids.add(key.decode())
+            self._apply(self._put_dec.decode(value).result, pump=False)
+
+    def load(self) -> int:
+        return sum(not p.done for p in self.plans.values())
+
+    async def close(self) -> None:
+        assert self.store is not None
+        self.store.close()
+
+    # --- roster ----------------------------------------------------------------------------------
+
+    def on_roster(self, changed: list[f.PeerState]) -> None:
+        for peer in changed:
+            if peer.role != "shard":
+                continue
+            self.shards[peer.name] = ShardView(
+                name=peer.name, generation=peer.generation, up=peer.up, capacity=peer.capacity
+            )
+            for plan in self.plans.values():
+                lost = plan.lose_shard(peer.name, peer.generation if peer.up else None)
+                if lost:
+                    log.warning("plan %s: %s lost with %s", plan.id, ", ".join(lost), peer.name)
+                    self._persist(plan)
+                    self._maybe_done(plan)
+        self._pump()
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        assert self.node is not None
+        body = env.body
+        match body:
+            case f.InboxPut():
+                if body.msg_id in self.inbox_ids:
+                    ep.reply(env, peer, f.InboxAck(msg_id=body.msg_id))
+                else:
+                    self.node.answer(ep, peer, env, self._commit_inbox(body))
+            case f.CtlSubmit():
+                self.node.answer(ep, peer, env, self._submit(body.plan))
+            case f.CtlPlan():
+                self.node.answer(ep, peer, env, self._plan(body))
+            case f.CtlCancel():
+                self.node.answer(ep, peer, env, self._cancel(body.lane))
+            case f.SandboxCreate():
+                ep.reply(
+                    env,
+                    peer,
+                    f.Error(
+                        code=ErrorCode.FORBIDDEN, message="the coordinator never holds a sandbox"
+                    ),
+                )
+            case _:
+                ep.reply(
+                    env,
+                    peer,
+                    f.Error(
+                        code=ErrorCode.UNEXPECTED,
+                        message=f"the coordinator does not serve {type(body).__name__}",
+                    ),
+                )
+
+    async def _commit_inbox(self, put: f.InboxPut) -> f.Body:
+        """Commit, then acknowledge, then act (never acknowledge what could still be lost)."""
+        assert self.store is not None
+        pending = self._committing.get(put.msg_id)
+        if pending is None:
+            pending = self.store.put_durable("inbox", put.msg_id.encode(), self._enc.encode(put))
+            self._committing[put.msg_id] = pending
+            try:
+                await pending
+            finally:
+                self._committing.pop(put.msg_id, None)
+            self.inbox_ids.add(put.msg_id)
+            self._apply(put.result, pump=True)
+        else:
+            await asyncio.shield(pending)
+        return f.InboxAck(msg_id=put.msg_id)
+
+    async def _submit(self, spec: f.PlanSpec) -> f.Body:
+        assert self.store is not None
+        plan = PlanRecord.new(uuid.uuid4().hex[:12], spec, time.time())
+        await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
+        self.plans[plan.id] = plan
+        log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
+        self._pump()
+        return f.PlanAccepted(id=plan.id)
+
+    async def _plan(self, req: f.CtlPlan) -> f.Body:
+        plan = self.plans.get(req.id)
+        if plan is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no plan {req.id!r}")
+        if not plan.done and req.wait_s > 0:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(plan.id, []).append(waiter)
+            try:
+                async with asyncio.timeout(req.wait_s):
+                    await waiter
+            except TimeoutError:
+                pass
+            finally:
+                waiters = self._waiters.get(plan.id, [])
+                if waiter in waiters:
+                    waiters.remove(waiter)
+        return plan.report()
+
+    async def _cancel(self, lane: str) -> f.Body:
+        assert self.node is not None
+        for plan in self.plans.values():
+            for rec in plan.tasks.values():
+                if rec.lane == lane and rec.status in LIVE and rec.shard is not None:
+                    await self.node.call(
+                        rec.shard, f.LaneCancel(lane=lane), timeout_s=START_TIMEOUT_S
+                    )
+                    return f.Ack()
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+
+    # --- the plan runner -------------------------------------------------------------------------
+
+    def _apply(self, result: f.LaneResult, *, pump: bool) -> None:
+        plan = self.plans.get(result.plan)
+        if plan is None or not plan.apply(result):
+            return
+        log.info("plan %s: task %s %s", plan.id, result.task, result.status)
+        self._persist(plan)
+        self._maybe_done(plan)
+        if pump:
+            self._pump()
+
+    def _persist(self, plan: PlanRecord) -> None:
+        assert self.store is not None
+        self.store.put("plans", plan.id.encode(), self._enc.encode(plan))
+
+    def _maybe_done(self, plan: PlanRecord) -> None:
+        if plan.skip_blocked():
+            self._persist(plan)
+        if plan.done:
+            for waiter in self._waiters.pop(plan.id, []):
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _loads(self) -> None:
+        for view in self.shards.values():
+            view.load = 0
+        for plan in self.plans.values():
+            for rec in plan.tasks.values():
+                view = self.shards.get(rec.shard or "")
+                if rec.status in LIVE and view is not None and rec.shard_gen == view.generation:
+                    view.load += 1
+
+    def _pump(self) -> None:
+        """Start every ready task that has a place to go, oldest plan first."""
+        assert self.node is not None
+        self._loads()
+        for plan in sorted(self.plans.values(), key=lambda p: p.submitted_at):
+            if plan.done:
+                continue
+            if plan.skip_blocked():
+                self._persist(plan)
+                self._maybe_done(plan)
+            for spec in plan.ready():
+                shard = place(list(self.shards.values()))
+                if shard is None:
+                    return
+                rec = plan.tasks[spec.id]
+                rec.attempts += 1
+                rec.status = TaskStatus.STARTING
+                rec.lane = f"{plan.id}-{spec.id}-{rec.attempts}"
+                rec.shard, rec.shard_gen = shard.name, shard.generation
+                shard.load += 1
+                self._persist(plan)
+                start = f.LaneStart(
+                    lane=rec.lane,
+                    plan=plan.id,
+                    task=spec,
+                    attempt=rec.attempts,
+                    plan_name=plan.spec.name,
+                )
+                self.node.spawn(self._start(plan, spec.id, start, shard.name))
+
+    async def _start(self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str) -> None:
+        assert self.node is not None
+        rec = plan.tasks[task_id]
+        try:
+            await self.node.call(shard, start, timeout_s=START_TIMEOUT_S)
+        except (PeerDown, RemoteError) as exc:
+            if rec.lane != start.lane or rec.status is not TaskStatus.STARTING:
+                return  # already resolved (its shard was lost meanwhile)
+            if isinstance(exc, RemoteError) and exc.code not in (
+                ErrorCode.SHARD_FULL,
+                ErrorCode.PEER_DOWN,
+                ErrorCode.STALE_GENERATION,
+            ):
+                rec.status, rec.error = TaskStatus.FAILED, f"{shard} refused the lane: {exc}"
+            else:
+                rec.status, rec.attempts = TaskStatus.PENDING, rec.attempts - 1
+                rec.lane = rec.shard = rec.shard_gen = None
+                if isinstance(exc, RemoteError) and exc.code is ErrorCode.SHARD_FULL:
+                    await asyncio.sleep(0.2)  # the shard's own count is ahead of ours
+            self._persist(plan)
+            self._maybe_done(plan)
+            self._pump()
+            return
+        except CallTimeout as exc:  # the lane may or may not exist
+            if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
+                rec.status = TaskStatus.FAILED
+                rec.error = f"starting lane {start.lane} on {shard}: {exc}"
+                self._persist(plan)
+                self._maybe_done(plan)
+                self._pump()
+            return
+        if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
+            rec.status = TaskStatus.RUNNING
+            self._persist(plan)

@@ -1,0 +1,1 @@
+"""The tree custodian: owns the git workspace, hands out lane sandboxes and serves read tools."""

@@ -1,0 +1,437 @@
+"""The custodian's git workspace and the per-lane sandboxes cloned from it.
+
+Everything goes through the `git` CLI started with `asyncio.create_subprocess_exec` (no shell), so
+no call blocks the event loop. Every git command runs with
+
+* `-c core.hooksPath=/dev/null`: no repository hook (of the workspace or of a sandbox) ever runs
+  inside the custodian;
+* `-c core.fsmonitor=false`: a sandbox's config cannot name an fsmonitor program for us to run;
+* `-c commit.gpgSign=false`: commits never wait on a signing agent;
+* an environment without the variables that would point git at another repository (`GIT_DIR`,
+  `GIT_WORK_TREE`, `GIT_INDEX_FILE`, ...), without a terminal prompt and with the fixed identity
+  `orchestra-sup <orchestra-sup@localhost>` wherever a commit is written, so a machine with no git
+  identity configured works.
+
+Trust boundary: a lane owns the *contents* of its sandbox's working tree, and nothing in it can
+make the custodian follow a symlink out of the sandbox (git commits symlinks as symlinks and never
+follows them) or land a `.git` path in the workspace (`Workspace.commit_sandbox` refuses). The
+sandbox's own `.git` directory is trusted: a lane that rewrites `.git/config` there could declare
+filter drivers that `git add` runs, so lanes must not be given write access to it beyond what git
+itself does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from orchestra_sup.errors import CommitConflict, GitError, WorkspaceError
+
+IDENTITY_NAME = "orchestra-sup"
+IDENTITY_EMAIL = "orchestra-sup@localhost"
+
+_GIT_CONFIG = (
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "commit.gpgSign=false",
+)
+
+# Variables that would make git act on another repository or inject config; never inherited.
+_ENV_DROP = frozenset(
+    {
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_NAMESPACE",
+        "GIT_PREFIX",
+        "GIT_CONFIG",
+        "GIT_CONFIG_PARAMETERS",
+        "GIT_CONFIG_COUNT",
+        "GIT_AUTHOR_NAME",
+        "GIT_AUTHOR_EMAIL",
+        "GIT_AUTHOR_DATE",
+        "GIT_COMMITTER_NAME",
+        "GIT_COMMITTER_EMAIL",
+        "GIT_COMMITTER_DATE",
+    }
+)
+
+_AUTHOR_ENV = {"GIT_AUTHOR_NAME": IDENTITY_NAME, "GIT_AUTHOR_EMAIL": IDENTITY_EMAIL}
+_COMMITTER_ENV = {"GIT_COMMITTER_NAME": IDENTITY_NAME, "GIT_COMMITTER_EMAIL": IDENTITY_EMAIL}
+
+
+@dataclass(frozen=True)
+class _Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _git_env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _ENV_DROP and not k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))
+    }
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["GIT_EDITOR"] = ":"
+    if extra:
+        env.update(extra)
+    return env
+
+
+async def _git(
+    cwd: Path,
+    *args: str,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> _Result:
+    """Run `git -C cwd <hardening config> args...` and return its exit code and output.
+
+    Raises `GitError(list(args), returncode, stderr)` when `check` is true and git exits non-zero.
+    Cancelling the caller lets the running git command finish (its output is still drained) before
+    the cancellation propagates, so no single git command is ever killed half-way.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        "-C",
+        str(cwd),
+        *_GIT_CONFIG,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_git_env(env),
+    )
+    communicate = asyncio.ensure_future(proc.communicate())
+    try:
+        out, err = await asyncio.shield(communicate)
+    except asyncio.CancelledError:
+        await communicate
+        raise
+    assert proc.returncode is not None
+    result = _Result(proc.returncode, os.fsdecode(out), err.decode("utf-8", errors="replace"))
+    if check and result.returncode != 0:
+        raise GitError(list(args), result.returncode, result.stderr)
+    return result
+
+
+async def _toplevel(path: Path) -> str | None:
+    """The realpath of the working tree `path` belongs to, or None if it is in none."""
+    res = await _git(path, "rev-parse", "--show-toplevel", check=False)
+    if res.returncode != 0 or not res.stdout.strip():
+        return None
+    return os.path.realpath(res.stdout.rstrip("\n"))
+
+
+async def _is_checkout_root(path: Path) -> bool:
+    """True when `path` is the top level of a git working tree (not merely inside one)."""
+    top = await _toplevel(path)
+    return top is not None and top == os.path.realpath(path)
+
+
+async def _validate_repo(path: Path) -> Path:
+    """Check that `path` is the top level of a non-bare git repository with at least one commit.
+
+    Returns the realpath of the top level. Raises `WorkspaceError` (one line, naming `path`)
+    otherwise. Never creates or modifies anything.
+    """
+    if not os.path.lexists(path) or not path.exists():
+        raise WorkspaceError(f"workspace {path} does not exist")
+    if not path.is_dir():
+        raise WorkspaceError(f"workspace {path} is not a directory")
+    kind = await _git(path, "rev-parse", "--is-bare-repository", "--is-inside-git-dir", check=False)
+    if kind.returncode != 0:
+        raise WorkspaceError(f"workspace {path} is not a git repository")
+    is_bare, inside_git_dir = [*kind.stdout.split(), "", ""][:2]
+    if is_bare == "true":
+        raise WorkspaceError(f"workspace {path} is a bare git repository; it needs a working tree")
+    if inside_git_dir == "true":
+        raise WorkspaceError(f"workspace {path} is a .git directory, not a working tree")
+    top = await _toplevel(path)
+    if top is None:
+        raise WorkspaceError(f"workspace {path} is not a git repository")
+    if top != os.path.realpath(path):
+        raise WorkspaceError(
+            f"workspace {path} is a subdirectory of the git repository {top}; give its top level"
+        )
+    head = await _git(path, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
+    if head.returncode != 0:
+        raise WorkspaceError(f"workspace {path} has no commit yet; commit something first")
+    return Path(top)
+
+
+async def _remove_tree(path: Path) -> None:
+    if os.path.lexists(path):
+        await asyncio.to_thread(shutil.rmtree, path)
+
+
+async def open_workspace(path: Path | None, state_dir: Path) -> Workspace:
+    """Open the custodian's workspace.
+
+    With `path` None the workspace is `state_dir / "workspace"`: created on first use as a fresh
+    repository (`git init -q -b main` plus one empty commit by orchestra-sup; built in a sibling
+    `.workspace.partial` directory and renamed into place, so a crash never leaves half a
+    repository), and reused as it is on every later call.
+
+    With `path` given, it must be the top level of an existing, non-bare git repository that has at
+    least one commit; nothing is ever initialised there. The workspace root is the realpath of that
+    top level.
+
+    Raises `WorkspaceError` (a one-line message naming the path) when the path does not exist, is
+    not a directory, is not in a git repository, is a subdirectory of one, is bare or a `.git`
+    directory, or has no commit yet; `GitError` if creating the default workspace fails.
+    """
+    if path is not None:
+        return Workspace(await _validate_repo(Path(path)))
+    default = Path(state_dir) / "workspace"
+    if not os.path.lexists(default):
+        default.parent.mkdir(parents=True, exist_ok=True)
+        partial = default.with_name(".workspace.partial")
+        await _remove_tree(partial)
+        partial.mkdir()
+        await _git(partial, "init", "-q", "-b", "main")
+        await _git(
+            partial,
+            "commit",
+            "--quiet",
+            "--allow-empty",
+            "-m",
+            "orchestra-sup: initial empty commit",
+            env=_AUTHOR_ENV | _COMMITTER_ENV,
+        )
+        os.rename(partial, default)
+    return Workspace(await _validate_repo(default))
+
+
+def _has_git_component(path: str) -> bool:
+    """True if any component of the slash-separated `path` is `.git` (any case, as git compares)."""
+    return any(part.lower() == ".git" for part in PurePosixPath(path).parts)
+
+
+def _parse_status_z(out: str) -> list[tuple[str, str]]:
+    """Parse `git status --porcelain=v1 -z` output into `(XY, path)` pairs.
+
+    A rename or copy yields two pairs (the new path, then the original one), so a caller checking
+    paths sees both.
+    """
+    entries: list[tuple[str, str]] = []
+    fields = out.split("\0")
+    i = 0
+    while i < len(fields):
+        field = fields[i]
+        i += 1
+        if len(field) < 4:
+            continue
+        xy, name = field[:2], field[3:]
+        entries.append((xy, name))
+        if "R" in xy or "C" in xy:
+            if i < len(fields):
+                entries.append((xy, fields[i]))
+            i += 1
+    return entries
+
+
+class Workspace:
+    """The custodian's git repository (`root`, a realpath) and the lane sandboxes cloned from it.
+
+    A sandbox is a `git clone --shared --no-checkout` of the workspace at a directory of the
+    caller's choosing, checked out detached at the workspace HEAD of that moment. It lives outside
+    the workspace's working tree and registers nothing in the workspace (no worktree entry, no
+    ref); it borrows the workspace's object store through `objects/info/alternates`, so the
+    workspace must not be garbage-collected with `--prune=now` while sandboxes based on commits
+    that left its history are in use.
+
+    Concurrency: this class does NOT serialise its callers. `create_sandbox` reads HEAD and
+    `commit_sandbox` reads and moves it, so the caller (the custodian) must run every
+    `create_sandbox` and `commit_sandbox` through one serial queue. `head` is safe at any time.
+
+    Every git failure that is not described otherwise raises `GitError`.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"Workspace(root={str(self.root)!r})"
+
+    async def head(self) -> str:
+        """The full (40 or 64 hex digit) sha of the workspace's HEAD commit.
+
+        Raises `GitError` if HEAD does not name a commit.
+        """
+        res = await _git(self.root, "rev-parse", "--verify", "HEAD^{commit}")
+        return res.stdout.strip()
+
+    async def create_sandbox(self, lane: str, dest: Path) -> tuple[str, str]:
+        """Create lane `lane`'s sandbox at directory `dest`; return `(str(dest), base sha)`.
+
+        `dest` must not exist yet (its parents are created) and must lie outside the workspace's
+        working tree. The clone is built in the sibling `.<name>.partial` and renamed to `dest`
+        once checked out, so `dest` either does not exist or is a complete sandbox.
+
+        Idempotent: if `dest` already is the top level of a git checkout it is returned as it is,
+        with its current HEAD sha (a lane re-asking after a restart gets its sandbox back, edits
+        included).
+
+        Raises `WorkspaceError` if `dest` is inside the workspace, or exists and is not the top
+        level of a git checkout; `GitError` if cloning or checking out fails.
+        """
+        dest = Path(dest)
+        real_dest = Path(os.path.realpath(dest))
+        if real_dest.is_relative_to(os.path.realpath(self.root)):
+            raise WorkspaceError(
+                f"sandbox {dest} for lane {lane} is inside the workspace {self.root}"
+            )
+        if os.path.lexists(dest):
+            if not await _is_checkout_root(dest):
+                raise WorkspaceError(
+                    f"sandbox {dest} for lane {lane} exists and is not a git checkout"
+                )
+            res = await _git(dest, "rev-parse", "--verify", "HEAD^{commit}")
+            return str(dest), res.stdout.strip()
+        rev = await self.head()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(f".{dest.name}.partial")
+        await _remove_tree(partial)
+        await _git(
+            dest.parent,
+            "clone",
+            "--quiet",
+            "--shared",
+            "--no-checkout",
+            "--",
+            str(self.root),
+            str(partial.absolute()),
+        )
+        await _git(partial, "checkout", "--quiet", "--detach", rev)
+        os.rename(partial, dest)
+        return str(dest), rev
+
+    async def commit_sandbox(self, lane: str, sandbox: Path, message: str) -> str | None:
+        """Commit every change in `sandbox` and land it on the workspace's current branch.
+
+        Steps: refuse `.git` paths (see below); `git add -A` (untracked files included, ignored
+        ones not); commit as orchestra-sup with `message` (a blank message becomes
+        `"lane <lane>"`); `git fetch` that commit into the workspace; fast-forward
+        (`merge --ff-only`) when the workspace HEAD is its ancestor, else `cherry-pick` it (author
+        kept; a change already present lands as an empty commit). A successful call therefore
+        lands exactly one commit.
+
+        Returns the new workspace HEAD sha, or None when the sandbox has no change at all (nothing
+        is committed anywhere).
+
+        Raises:
+          * `WorkspaceError` if `sandbox` is not the top level of a git checkout, is the workspace
+            itself, or would add a path with a component named `.git` (any case) or a nested
+            repository (which git would record as a gitlink); nothing is staged or committed.
+          * `CommitConflict(lane, detail)` if the cherry-pick conflicts; `detail` names the
+            conflicting files. The cherry-pick is aborted, so the workspace's HEAD, index and
+            working tree are exactly as before.
+          * `GitError` for any other git failure (for example, uncommitted changes in the
+            workspace that the landing would overwrite; git refuses before touching anything).
+
+        After a `CommitConflict` or a landing `GitError` the sandbox's new commit is undone with
+        `git reset --mixed HEAD~1`: the lane's changes are back as uncommitted edits, so a retry
+        commits them again rather than finding "no change".
+        """
+        sandbox = Path(os.path.abspath(sandbox))
+        if os.path.realpath(sandbox) == os.path.realpath(self.root):
+            raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is the workspace itself")
+        if not await _is_checkout_root(sandbox):
+            raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is not a git checkout")
+
+        status = await _git(sandbox, "status", "--porcelain=v1", "-z", "--untracked-files=all")
+        self._refuse_git_paths(lane, sandbox, _parse_status_z(status.stdout))
+
+        await _git(sandbox, "add", "-A")
+        staged = await _git(sandbox, "diff", "--cached", "--quiet", check=False)
+        if staged.returncode == 0:
+            return None
+        if staged.returncode != 1:
+            raise GitError(["diff", "--cached"], staged.returncode, staged.stderr)
+        await self._refuse_new_gitlinks(lane, sandbox)
+
+        text = message if message.strip() else f"lane {lane}"
+        await _git(sandbox, "commit", "--quiet", "-m", text, env=_AUTHOR_ENV | _COMMITTER_ENV)
+        try:
+            return await self._land(lane, sandbox)
+        except (CommitConflict, GitError):
+            await _git(sandbox, "reset", "--quiet", "--mixed", "HEAD~1")
+            raise
+
+    @staticmethod
+    def _refuse_git_paths(lane: str, sandbox: Path, entries: list[tuple[str, str]]) -> None:
+        """Raise `WorkspaceError` for a `.git` path or an untracked nested repository."""
+        for xy, name in entries:
+            if _has_git_component(name):
+                raise WorkspaceError(
+                    f"lane {lane} tries to commit the .git path {name!r} from sandbox {sandbox}"
+                )
+            # With --untracked-files=all git lists single files; only a nested repository is
+            # reported as a directory (trailing slash), and `add` would record it as a gitlink.
+            if xy == "??" and name.endswith("/"):
+                raise WorkspaceError(
+                    f"lane {lane} tries to commit the nested git repository {name!r} "
+                    f"from sandbox {sandbox}"
+                )
+
+    @staticmethod
+    async def _refuse_new_gitlinks(lane: str, sandbox: Path) -> None:
+        """Unstage and raise `WorkspaceError` if the staged change adds a gitlink (mode 160000)."""
+        raw = await _git(sandbox, "diff", "--cached", "--raw", "-z", "--no-renames")
+        fields = raw.stdout.split("\0")
+        for meta, name in zip(fields[0::2], fields[1::2], strict=False):
+            modes = meta.lstrip(":").split()
+            if len(modes) >= 2 and modes[1] == "160000" and modes[0] != "160000":
+                await _git(sandbox, "reset", "--quiet")
+                raise WorkspaceError(
+                    f"lane {lane} tries to commit the nested git repository {name!r} "
+                    f"from sandbox {sandbox}"
+                )
+
+    async def _land(self, lane: str, sandbox: Path) -> str:
+        """Bring the sandbox's HEAD commit onto the workspace's branch; return the new HEAD."""
+        await _git(self.root, "fetch", "--quiet", "--no-tags", str(sandbox), "HEAD")
+        fetched = (await _git(self.root, "rev-parse", "--verify", "FETCH_HEAD^{commit}")).stdout
+        fetched = fetched.strip()
+        ancestor = await _git(
+            self.root, "merge-base", "--is-ancestor", "HEAD", fetched, check=False
+        )
+        if ancestor.returncode == 0:
+            await _git(self.root, "merge", "--quiet", "--ff-only", fetched)
+            return await self.head()
+        if ancestor.returncode != 1:
+            raise GitError(["merge-base", "--is-ancestor"], ancestor.returncode, ancestor.stderr)
+
+        pick = await _git(
+            self.root,
+            "cherry-pick",
+            "--keep-redundant-commits",
+            fetched,
+            check=False,
+            env=_COMMITTER_ENV,
+        )
+        if pick.returncode == 0:
+            return await self.head()
+        in_progress = await _git(
+            self.root, "rev-parse", "--quiet", "--verify", "CHERRY_PICK_HEAD", check=False
+        )
+        if in_progress.returncode != 0:
+            # git refused before starting (e.g. local changes would be overwritten).
+            raise GitError(["cherry-pick", fetched], pick.returncode, pick.stderr)
+        unmerged = await _git(self.root, "diff", "--name-only", "--diff-filter=U", "-z")
+        files = sorted({f for f in unmerged.stdout.split("\0") if f})
+        await _git(self.root, "cherry-pick", "--abort")
+        if not files:
+            raise GitError(["cherry-pick", fetched], pick.returncode, pick.stderr)
+        raise CommitConflict(lane, "conflicting files: " + ", ".join(files))

@@ -1,0 +1,1 @@
+"""The runtime every child process shares: handshake, heartbeats, peers, signals."""

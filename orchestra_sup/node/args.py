@@ -1,0 +1,31 @@
+"""What the supervisor tells a child when it starts it (one JSON argument on its command line)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a child needs to join its tree.
+
+    `supervisor_pid` lets the child notice it was orphaned before `PR_SET_PDEATHSIG` took hold;
+    `heartbeat_s` is the interval of its heartbeats, seconds.
+    """
+
+    role: str
+    name: str
+    generation: int
+    run_dir: str
+    state_dir: str
+    workspace: str | None
+    lanes_per_shard: int
+    supervisor_pid: int
+    heartbeat_s: float = 0.5
+
+
+def encode(args: ChildArgs) -> str:
+    return msgspec.json.encode(args).decode()
+
+
+def decode(text: str) -> ChildArgs:
+    return msgspec.json.decode(text, type=ChildArgs)

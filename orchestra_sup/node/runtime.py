@@ -1,0 +1,257 @@
+"""The runtime of one child process: join the tree, serve, heartbeat, stop on SIGTERM.
+
+A child (coordinator, custodian or shard) is a `Role` plugged into a `Node`. The node:
+
+1. sets `PR_SET_PDEATHSIG` and exits at once if its supervisor is already gone;
+2. lets the role open what it owns (`Role.open`), then binds its ROUTER at
+   `<run_dir>/<name>.ipc` (mode 0600) and connects a DEALER to the supervisor;
+3. says `Hello` and waits for `Welcome` under a deadline: only then is it running;
+4. heartbeats its loop lag, keeps the `Roster` of peers, and hands every request to the role;
+5. on SIGTERM or SIGINT, lets the role stop (`Role.close`) and exits 0.
+
+Requests to peers go through `Node.call`, which refuses at once when the roster says the peer is
+down and stamps the peer's generation on the frame, so a replacement never acts on a request meant
+for the process it replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, Protocol
+
+import zmq
+
+from orchestra_sup import linux
+from orchestra_sup.config import Paths
+from orchestra_sup.errors import PeerDown
+from orchestra_sup.node.args import ChildArgs
+from orchestra_sup.node.looplag import LoopLag
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.endpoint import Endpoint, error_frame
+from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class Role(Protocol):
+    """What a child process does. All methods run on the node's loop thread."""
+
+    async def open(self, node: Node) -> None:
+        """Open what the role owns (state, workspace) before the handshake. Raising here makes
+        the child exit non-zero before it ever counts as running."""
+
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        """Serve one request or one-way frame. Must not block: use `Node.answer` for slow work."""
+
+    def on_roster(self, changed: list[f.PeerState]) -> None:
+        """Peers in `changed` went up, went down or changed generation."""
+
+    def load(self) -> int:
+        """A number that grows with the role's work (lanes, queue depth); sent in heartbeats."""
+
+    async def close(self) -> None:
+        """Stop the role's work and flush its state; called once on SIGTERM."""
+
+
+class Node:
+    """The child side of the tree. See the module docstring for the lifecycle."""
+
+    def __init__(self, args: ChildArgs, role: Role):
+        self.args = args
+        self.role = role
+        self.name = args.name
+        self.generation = args.generation
+        self.paths = Paths(
+            state_dir=Path(args.state_dir),
+            run_dir=Path(args.run_dir),
+            workspace=Path(args.workspace) if args.workspace else None,
+        )
+        self.codec = Codec()
+        self.ctx = zmq.Context()
+        self.control = Endpoint(
+            self.ctx,
+            zmq.DEALER,
+            name=self.name,
+            generation=self.generation,
+            codec=self.codec,
+            handler=self._on_control,
+            identity=self.name,
+        )
+        self.server = Endpoint(
+            self.ctx,
+            zmq.ROUTER,
+            name=self.name,
+            generation=self.generation,
+            codec=self.codec,
+            handler=self._on_request,
+        )
+        self.peers: dict[str, f.PeerState] = {}
+        self._links: dict[str, Endpoint] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.lag = LoopLag()
+        self.stopping = asyncio.Event()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        linux.set_parent_death_signal()
+        if os.getppid() != self.args.supervisor_pid:
+            return 1  # orphaned before the death signal was armed
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        await self.role.open(self)
+        endpoint = self.paths.run_dir / f"{self.name}.ipc"
+        self.server.bind(f"ipc://{endpoint}")
+        os.chmod(endpoint, 0o600)
+        self.server.start()
+        self.control.connect(self.paths.endpoint("supervisor"))
+        self.control.start()
+        hello = f.Hello(
+            role=self.args.role,
+            name=self.name,
+            generation=self.generation,
+            release=sys.executable,
+            proto_min=PROTOCOL_MIN,
+            proto_max=PROTOCOL_MAX,
+            pid=os.getpid(),
+        )
+        reply = await self.control.request(hello, timeout_s=HANDSHAKE_TIMEOUT_S)
+        if isinstance(reply, f.Reject):
+            log.error("%s: supervisor rejected the handshake: %s", self.name, reply.reason)
+            return 1
+        self.spawn(self.lag.run())
+        self.spawn(self._heartbeat())
+        await self.stopping.wait()
+        await self.role.close()
+        for task in self._tasks:
+            task.cancel()
+        for ep in (*self._links.values(), self.server, self.control):
+            ep.close()
+        self.ctx.term()
+        return 0
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run `coro` as a task owned by this node (cancelled on stop, errors logged)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: task failed", self.name, exc_info=task.exception())
+
+    def answer(
+        self,
+        ep: Endpoint,
+        peer: bytes | None,
+        env: f.Envelope,
+        work: Coroutine[Any, Any, f.Body],
+    ) -> None:
+        """Run `work` off the receive loop and reply with its result, or with the `Error` frame
+        its exception maps to."""
+
+        async def run() -> None:
+            try:
+                body = await work
+            except Exception as exc:
+                body = error_frame(exc)
+            ep.reply(env, peer, body)
+
+        self.spawn(run())
+
+    async def _heartbeat(self) -> None:
+        while True:
+            p50, p99, worst = self.lag.figures()
+            beat = f.Heartbeat(
+                loop_lag_p50_ms=p50,
+                loop_lag_p99_ms=p99,
+                loop_lag_max_ms=worst,
+                load=self.role.load(),
+            )
+            with contextlib.suppress(PeerDown):
+                self.control.send(beat)
+            await asyncio.sleep(self.args.heartbeat_s)
+
+    # --- peers -----------------------------------------------------------------------------------
+
+    def peer_up(self, name: str) -> bool:
+        peer = self.peers.get(name)
+        return peer is not None and peer.up
+
+    def link(self, name: str) -> Endpoint:
+        """The DEALER this node uses to call `name` (created on first use)."""
+        ep = self._links.get(name)
+        if ep is None:
+            peer = self.peers.get(name)
+            if peer is None:
+                raise PeerDown(name)
+            ep = Endpoint(
+                self.ctx,
+                zmq.DEALER,
+                name=self.name,
+                generation=self.generation,
+                codec=self.codec,
+                handler=self._on_request,
+                identity=self.name,
+            )
+            ep.connect(peer.endpoint)
+            ep.start()
+            self._links[name] = ep
+        return ep
+
+    async def call(self, name: str, body: f.Body, *, timeout_s: float) -> f.Body:
+        """Request `body` from peer `name` and return its reply.
+
+        Raises `PeerDown` at once when the roster says `name` is down (or when it goes down while
+        waiting), `CallTimeout` after `timeout_s` seconds, `RemoteError` for an `Error` reply.
+        """
+        peer = self.peers.get(name)
+        if peer is None or not peer.up:
+            raise PeerDown(name)
+        return await self.link(name).request(body, timeout_s=timeout_s, dest_gen=peer.generation)
+
+    def send_to(self, name: str, body: f.Body) -> None:
+        """Send a one-way frame to `name`; raises `PeerDown` when it is down."""
+        peer = self.peers.get(name)
+        if peer is None or not peer.up:
+            raise PeerDown(name)
+        self.link(name).send(body, dest_gen=peer.generation)
+
+    # --- dispatch --------------------------------------------------------------------------------
+
+    def _on_control(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        if isinstance(env.body, f.Roster):
+            self._apply_roster(env.body)
+            return
+        self.role.handle(ep, peer, env)
+
+    def _on_request(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        self.role.handle(ep, peer, env)
+
+    def _apply_roster(self, roster: f.Roster) -> None:
+        changed: list[f.PeerState] = []
+        for state in roster.peers:
+            old = self.peers.get(state.name)
+            self.peers[state.name] = state
+            if old == state:
+                continue
+            changed.append(state)
+            lost = old is not None and (not state.up or old.generation != state.generation)
+            link = self._links.get(state.name)
+            if lost and link is not None:
+                link.fail_pending(None, PeerDown(state.name))
+        if changed:
+            self.role.on_roster(changed)

@@ -1,0 +1,105 @@
+"""How ctl replies look: JSON for programs (stable shapes), rich tables for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from orchestra_sup.protocol import frames as f
+
+
+def status_json(reply: f.StatusReply) -> dict[str, Any]:
+    return {
+        "supervisor": {
+            "pid": reply.supervisor_pid,
+            "version": reply.version,
+            "run_dir": reply.run_dir,
+            "state_dir": reply.state_dir,
+            "workspace": reply.workspace,
+        },
+        "children": msgspec.to_builtins(reply.children),
+    }
+
+
+def plan_json(report: f.PlanReport) -> dict[str, Any]:
+    out = msgspec.to_builtins(report)
+    out.pop("t", None)
+    return out
+
+
+def lanes_json(reply: f.LaneList) -> dict[str, Any]:
+    return {"lanes": msgspec.to_builtins(reply.lanes)}
+
+
+def status_table(reply: f.StatusReply, console: Console) -> None:
+    console.print(
+        f"supervisor pid {reply.supervisor_pid}, version {reply.version}, run dir {reply.run_dir}"
+    )
+    table = Table(
+        "name",
+        "role",
+        "pid",
+        "gen",
+        "state",
+        "restarts",
+        "op restarts",
+        "uptime s",
+        "last exit",
+        "lag p99 ms",
+    )
+    for c in reply.children:
+        last = "-"
+        if c.last_exit is not None:
+            last = (
+                f"signal {c.last_exit.signal}"
+                if c.last_exit.signal is not None
+                else f"status {c.last_exit.status}"
+            )
+        table.add_row(
+            c.name,
+            c.role,
+            str(c.pid or "-"),
+            str(c.generation),
+            c.state,
+            str(c.restarts),
+            str(c.operator_restarts),
+            f"{c.uptime_s:.1f}",
+            last,
+            "-" if c.loop_lag_p99_ms is None else f"{c.loop_lag_p99_ms:.1f}",
+        )
+    console.print(table)
+
+
+def plan_table(report: f.PlanReport, console: Console) -> None:
+    verdict = "running" if not report.done else ("ok" if report.ok else "FAILED")
+    console.print(f"plan {report.plan} ({report.id}): {verdict}")
+    table = Table("task", "status", "exit", "attempts", "shard", "s", "commit", "error")
+    for t in report.tasks:
+        table.add_row(
+            t.id,
+            t.status,
+            "-" if t.exit_code is None else str(t.exit_code),
+            str(t.attempts),
+            t.shard or "-",
+            f"{t.duration_s:.2f}",
+            (t.commit or "-")[:10],
+            t.error or "",
+        )
+    console.print(table)
+
+
+def lanes_table(reply: f.LaneList, console: Console) -> None:
+    table = Table("lane", "task", "plan", "shard", "state", "sandbox")
+    for lane in reply.lanes:
+        table.add_row(
+            lane.lane,
+            lane.task or "-",
+            lane.plan or "-",
+            lane.shard,
+            lane.state,
+            lane.sandbox or "-",
+        )
+    console.print(table)

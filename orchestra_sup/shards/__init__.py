@@ -1,0 +1,1 @@
+"""Worker shards: run lanes (one shell command each) in their own process groups."""

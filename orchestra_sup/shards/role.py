@@ -1,0 +1,290 @@
+"""A worker-host shard: hosts at most `lanes_per_shard` lanes and reports what they did.
+
+A lane is registered (so `cancel` can find it) before its task is spawned, then: ask the custodian
+for a sandbox, run the task's command there (`shards.shell.run_shell`: own process group, output
+drained as it comes, the whole group killed on timeout or cancel), ask the custodian to commit when
+the task says so, and hand the result to the outbox.
+
+The outbox is durable (ARCHITECTURE.md §5, invariant 8): a result is committed to this shard's LMDB
+before it is sent, and dropped only when the coordinator acknowledges it, which it does after its
+own commit. Until then it is re-sent whenever the coordinator comes (back) up and every
+`RESEND_S` seconds; the message id is derived from the lane id, so the coordinator de-duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown, RelayError, RemoteError
+from orchestra_sup.node.runtime import Node
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.shards.shell import ShellOutcome, run_shell
+from orchestra_sup.state.store import Store
+
+log = logging.getLogger(__name__)
+
+RESEND_S = 2.0
+CUSTODIAN_WAIT_S = 60.0
+"""How long a lane waits for a custodian that is down (restarting) before it fails."""
+CALL_TIMEOUT_S = 55.0
+
+ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
+"""Variables a lane command inherits from the shard; everything else is scrubbed."""
+
+
+class Lane:
+    """One lane's record in its shard: what it runs and where it stands."""
+
+    def __init__(self, start: f.LaneStart):
+        self.start = start
+        self.id = start.lane
+        self.state = "starting"
+        self.sandbox: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.cancel_requested = False
+
+
+class Shard:
+    """The `shard` role. See the module docstring."""
+
+    def __init__(self) -> None:
+        self.node: Node | None = None
+        self.store: Store | None = None
+        self.lanes: dict[str, Lane] = {}
+        self.outbox: dict[str, f.InboxPut] = {}
+        self._sending: set[str] = set()
+        self._custodian_up = asyncio.Event()
+        self._closing = False
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(f.InboxPut)
+
+    @property
+    def capacity(self) -> int:
+        assert self.node is not None
+        return self.node.args.lanes_per_shard
+
+    async def open(self, node: Node) -> None:
+        self.node = node
+        self.store = Store(node.paths.state_dir / node.name, ["outbox"])
+        self.store.start()
+        for key, value in self.store.items("outbox"):
+            self.outbox[key.decode()] = self._decoder.decode(value)
+        node.spawn(self._resend_loop())
+
+    def load(self) -> int:
+        return len(self.lanes)
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert self.store is not None
+        self.store.close()
+
+    def on_roster(self, changed: list[f.PeerState]) -> None:
+        for peer in changed:
+            if peer.name == "custodian":
+                (self._custodian_up.set if peer.up else self._custodian_up.clear)()
+            if peer.name == "coordinator" and peer.up:
+                self._flush_outbox()
+
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        body = env.body
+        match body:
+            case f.LaneStart():
+                ep.reply(env, peer, self._admit(body))
+            case f.LaneCancel(lane=lane_id):
+                lane = self.lanes.get(lane_id)
+                if lane is None or lane.task is None:
+                    ep.reply(
+                        env,
+                        peer,
+                        f.Error(
+                            code=ErrorCode.NOT_FOUND,
+                            message=f"no live lane {lane_id!r} on this shard",
+                        ),
+                    )
+                    return
+                lane.cancel_requested = True
+                lane.task.cancel()
+                ep.reply(env, peer, f.Ack())
+            case f.ListLanes():
+                ep.reply(
+                    env, peer, f.LaneList(lanes=[self._info(lane) for lane in self.lanes.values()])
+                )
+            case _:
+                ep.reply(
+                    env,
+                    peer,
+                    f.Error(
+                        code=ErrorCode.UNEXPECTED,
+                        message=f"a shard does not serve {type(body).__name__}",
+                    ),
+                )
+
+    # --- lanes -----------------------------------------------------------------------------------
+
+    def _admit(self, start: f.LaneStart) -> f.Body:
+        assert self.node is not None
+        if start.lane in self.lanes or f"result:{start.lane}" in self.outbox:
+            return f.Ack()  # a re-sent start: the lane id is its idempotency key
+        if len(self.lanes) >= self.capacity:
+            return f.Error(
+                code=ErrorCode.SHARD_FULL,
+                message=f"{self.node.name} is full ({self.capacity} lanes)",
+            )
+        lane = Lane(start)
+        self.lanes[lane.id] = lane  # registered before it is spawned: a cancel always finds it
+        lane.task = self.node.spawn(self._run(lane))
+        return f.Ack()
+
+    def _info(self, lane: Lane) -> f.LaneInfo:
+        assert self.node is not None
+        return f.LaneInfo(
+            lane=lane.id,
+            task=lane.start.task.id,
+            plan=lane.start.plan,
+            shard=self.node.name,
+            state=lane.state,
+            sandbox=lane.sandbox,
+        )
+
+    async def _run(self, lane: Lane) -> None:
+        assert self.node is not None
+        started = time.monotonic()
+        spec = lane.start.task
+        outcome: ShellOutcome | None = None
+        status, error, commit = "failed", None, None
+        try:
+            ready = await self._custodian(f.SandboxCreate(lane=lane.id))
+            assert isinstance(ready, f.SandboxReady)
+            lane.sandbox = ready.path
+            lane.state = "running"
+            outcome = await run_shell(
+                spec.run, cwd=Path(ready.path), env=self._lane_env(lane), timeout_s=spec.timeout_s
+            )
+            status, error = _judge(outcome, spec.timeout_s)
+            if status == "succeeded" and spec.commit:
+                done = await self._custodian(
+                    f.SandboxCommit(
+                        lane=lane.id,
+                        message=(
+                            f"{lane.start.plan_name}/{spec.id}: "
+                            f"lane {lane.id} of plan {lane.start.plan}"
+                        ),
+                    )
+                )
+                assert isinstance(done, f.CommitDone)
+                commit = done.commit
+        except asyncio.CancelledError:
+            if self._closing:
+                raise
+            status, error = "cancelled", "cancelled by request"
+        except OrchestraError as exc:
+            status, error = "failed", str(exc)
+        except OSError as exc:  # the command could not be spawned (its sandbox is gone, ...)
+            status, error = "failed", f"cannot run the command: {exc}"
+        result = f.LaneResult(
+            lane=lane.id,
+            plan=lane.start.plan,
+            task=spec.id,
+            shard=self.node.name,
+            status=status,
+            exit_code=outcome.exit_code if outcome else None,
+            duration_s=round(time.monotonic() - started, 3),
+            output_tail=outcome.output_tail if outcome else "",
+            sandbox=lane.sandbox,
+            commit=commit,
+            error=error,
+        )
+        lane.state = status
+        await self._deliver(result)
+        self.lanes.pop(lane.id, None)
+
+    def _lane_env(self, lane: Lane) -> dict[str, str]:
+        env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env.update(
+            ORCHESTRA_LANE=lane.id,
+            ORCHESTRA_PLAN=lane.start.plan,
+            ORCHESTRA_TASK=lane.start.task.id,
+            ORCHESTRA_ATTEMPT=str(lane.start.attempt),
+            ORCHESTRA_PYTHON=sys.executable,
+        )
+        return env
+
+    async def _custodian(self, body: f.Body) -> f.Body:
+        """Call the custodian, waiting (up to `CUSTODIAN_WAIT_S`) while it is down."""
+        assert self.node is not None
+        deadline = time.monotonic() + CUSTODIAN_WAIT_S
+        while True:
+            try:
+                return await self.node.call("custodian", body, timeout_s=CALL_TIMEOUT_S)
+            except PeerDown:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                self._custodian_up.clear()
+                async with asyncio.timeout(remaining):
+                    await self._custodian_up.wait()
+
+    # --- outbox ----------------------------------------------------------------------------------
+
+    async def _deliver(self, result: f.LaneResult) -> None:
+        assert self.store is not None
+        put = f.InboxPut(msg_id=f"result:{result.lane}", result=result)
+        self.outbox[put.msg_id] = put
+        await self.store.put_durable("outbox", put.msg_id.encode(), self._encoder.encode(put))
+        self._send(put.msg_id)
+
+    def _flush_outbox(self) -> None:
+        for msg_id in list(self.outbox):
+            self._send(msg_id)
+
+    def _send(self, msg_id: str) -> None:
+        assert self.node is not None
+        if msg_id in self._sending or not self.node.peer_up("coordinator"):
+            return
+        self._sending.add(msg_id)
+        self.node.spawn(self._send_one(msg_id))
+
+    async def _send_one(self, msg_id: str) -> None:
+        assert self.node is not None and self.store is not None
+        try:
+            put = self.outbox.get(msg_id)
+            if put is None:
+                return
+            reply = await self.node.call("coordinator", put, timeout_s=10.0)
+            if isinstance(reply, f.InboxAck) and reply.msg_id == msg_id:
+                self.outbox.pop(msg_id, None)
+                self.store.delete("outbox", msg_id.encode())
+        except (RelayError, RemoteError) as exc:
+            log.info("outbox: %s not delivered yet: %s", msg_id, exc)
+        finally:
+            self._sending.discard(msg_id)
+
+    async def _resend_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RESEND_S)
+            self._flush_outbox()
+
+
+def _judge(outcome: ShellOutcome, timeout_s: float | None) -> tuple[str, str | None]:
+    """A command's status and error line from how it ended."""
+    if outcome.timed_out:
+        return "failed", f"timed out after {timeout_s:g} s; its process group was killed"
+    if outcome.exit_code == 0:
+        return "succeeded", None
+    if outcome.signal is not None:
+        return "failed", f"killed by signal {outcome.signal}"
+    return "failed", f"exited with status {outcome.exit_code}"

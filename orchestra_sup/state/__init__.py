@@ -1,0 +1,1 @@
+"""The state plane: LMDB stores written behind the event loop."""

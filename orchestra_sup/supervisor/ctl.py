@@ -1,0 +1,127 @@
+"""The ctl endpoint: what `orchestra-sup ctl` asks of a running tree.
+
+Answered by the supervisor itself: `status` (from the control record, never waiting on a child),
+`restart`, `stop`. Forwarded to the coordinator as a task, so a slow or wedged coordinator never
+holds up the supervisor: `submit`, `plan`, `cancel`. Fanned out to every shard: `lanes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from orchestra_sup import __version__
+from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.endpoint import Endpoint, error_frame
+from orchestra_sup.supervisor.spec import ChildState
+
+if TYPE_CHECKING:
+    from orchestra_sup.supervisor.root import Child, RootSupervisor
+
+DEFAULT_FORWARD_TIMEOUT_S = 10.0
+
+
+class CtlService:
+    """Serves `Ctl*` frames on the supervisor's ctl ROUTER."""
+
+    def __init__(self, sup: RootSupervisor):
+        self.sup = sup
+
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        body = env.body
+        match body:
+            case f.CtlStatus():
+                ep.reply(env, peer, self.status())
+            case f.CtlStop():
+                ep.reply(env, peer, f.Ack())
+                asyncio.get_running_loop().call_soon(self.sup.request_stop)
+            case f.CtlRestart(name=name):
+                child = self.sup.by_name.get(name)
+                if child is None:
+                    names = ", ".join(self.sup.by_name)
+                    ep.reply(
+                        env,
+                        peer,
+                        f.Error(
+                            code=ErrorCode.NOT_FOUND,
+                            message=f"no child named {name!r} (children: {names})",
+                        ),
+                    )
+                    return
+                self._answer(ep, peer, env, self._restart(child))
+            case f.CtlSubmit() | f.CtlPlan() | f.CtlCancel():
+                self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
+            case f.CtlLanes():
+                self._answer(ep, peer, env, self._lanes(env.ttl_s))
+            case _:
+                ep.reply(
+                    env,
+                    peer,
+                    f.Error(
+                        code=ErrorCode.UNEXPECTED,
+                        message=f"{type(body).__name__} is not a ctl request",
+                    ),
+                )
+
+    def status(self) -> f.StatusReply:
+        paths = self.sup.paths
+        return f.StatusReply(
+            supervisor_pid=os.getpid(),
+            version=__version__,
+            run_dir=str(paths.run_dir),
+            state_dir=str(paths.state_dir),
+            workspace=str(paths.workspace or paths.state_dir / "workspace"),
+            children=[c.info(paths) for c in self.sup.children],
+        )
+
+    def _answer(
+        self,
+        ep: Endpoint,
+        peer: bytes | None,
+        env: f.Envelope,
+        work: Coroutine[Any, Any, f.Body],
+    ) -> None:
+        async def run() -> None:
+            try:
+                body = await work
+            except Exception as exc:
+                body = error_frame(exc)
+            ep.reply(env, peer, body)
+
+        self.sup.spawn(run())
+
+    async def _restart(self, child: Child) -> f.Body:
+        if child.state not in (ChildState.RUNNING, ChildState.EXITED, ChildState.BACKOFF):
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                f"{child.name} is {child.state}; try again when it is running",
+            )
+        await self.sup.operator_restart(child)
+        return f.Ack()
+
+    async def _forward(self, name: str, body: f.Body, ttl_s: float | None) -> f.Body:
+        child = self.sup.by_name[name]
+        assert self.sup.control is not None
+        if child.state is not ChildState.RUNNING:
+            raise RemoteError(ErrorCode.PEER_DOWN, f"{name} is {child.state}; try again shortly")
+        timeout = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
+        try:
+            return await self.sup.control.request(
+                body, to=name.encode(), timeout_s=timeout, dest_gen=child.generation
+            )
+        except RemoteError as exc:
+            return f.Error(code=exc.code, message=exc.message)
+
+    async def _lanes(self, ttl_s: float | None) -> f.Body:
+        shards = [c for c in self.sup.children if c.spec.role == "shard"]
+        replies = await asyncio.gather(
+            *(self._forward(c.name, f.ListLanes(), ttl_s) for c in shards), return_exceptions=True
+        )
+        lanes: list[f.LaneInfo] = []
+        for reply in replies:
+            if isinstance(reply, f.LaneList):
+                lanes.extend(reply.lanes)
+        return f.LaneList(lanes=lanes)

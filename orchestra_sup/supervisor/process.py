@@ -1,0 +1,135 @@
+"""The supervisor's seam onto the OS: start, identify, signal and reap child processes.
+
+A process is identified by (pid, create time) and held through a pidfd, so a signal can only ever
+reach the process this supervisor started (`pidfd_send_signal` cannot hit a recycled pid).
+Exits are noticed by the pidfd turning readable on the event loop; there is no polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+
+import psutil
+
+from orchestra_sup.protocol.frames import ExitInfo
+
+log = logging.getLogger(__name__)
+
+
+class ChildProcess:
+    """One started child: its pid, create time (seconds since the epoch, as psutil reports) and
+    an open pidfd. Always reaped: `reap()` collects the exit status exactly once."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]):
+        self.popen = popen
+        self.pid = popen.pid
+        self.pidfd: int | None = os.pidfd_open(popen.pid)
+        try:
+            self.create_time = psutil.Process(popen.pid).create_time()
+        except psutil.NoSuchProcess:
+            self.create_time = 0.0
+        self.exit: ExitInfo | None = None
+
+    @classmethod
+    def spawn(cls, argv: list[str], env: dict[str, str] | None = None) -> ChildProcess:
+        """Start `argv` as the leader of its own process group, stdin from /dev/null and
+        stdout/stderr inherited (the supervisor's log). Raises `OSError` when exec fails."""
+        popen = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, process_group=0, close_fds=True, env=env
+        )
+        return cls(popen)
+
+    def watch(self, loop_add_reader: Callable[..., None], callback: Callable[[], None]) -> None:
+        """Call `callback` on the loop when the process exits."""
+        assert self.pidfd is not None
+        loop_add_reader(self.pidfd, callback)
+
+    def signal(self, sig: int) -> bool:
+        """Send `sig` through the pidfd; False when the process has already exited."""
+        if self.pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def reap(self, loop_remove_reader: Callable[[int], object]) -> ExitInfo | None:
+        """Collect the exit status if the process has exited (None while it runs)."""
+        if self.exit is not None:
+            return self.exit
+        assert self.pidfd is not None
+        try:
+            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            info = None
+            self.exit = ExitInfo(status=None, signal=None)
+        if info is None and self.exit is None:
+            return None
+        if info is not None:
+            if info.si_code == os.CLD_EXITED:
+                self.exit = ExitInfo(status=info.si_status, signal=None)
+                self.popen.returncode = info.si_status
+            else:
+                self.exit = ExitInfo(status=None, signal=info.si_status)
+                self.popen.returncode = -info.si_status
+        loop_remove_reader(self.pidfd)
+        os.close(self.pidfd)
+        self.pidfd = None
+        return self.exit
+
+
+def kill_orphans(known: set[int]) -> int:
+    """SIGKILL every process reparented to this (subreaper) supervisor that is not a known child,
+    with its descendants; returns how many were signalled.
+
+    These are what is left of a dead child's subtree (a lane command whose shard was killed).
+    Each is identified by (pid, create time) when listed and checked again just before the
+    signal, so a pid recycled in between is never hit.
+    """
+    me = psutil.Process()
+    victims: list[psutil.Process] = []
+    for proc in me.children(recursive=False):
+        if proc.pid in known:
+            continue
+        try:
+            victims.extend([proc, *proc.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            continue
+    count = 0
+    for proc in victims:
+        try:
+            if proc.is_running():  # compares the create time psutil recorded
+                proc.send_signal(signal.SIGKILL)
+                count += 1
+        except psutil.NoSuchProcess:
+            continue
+    if count:
+        log.info("killed %d orphaned process(es) of the tree", count)
+    return count
+
+
+def reap_orphans(known: set[int], on_child: Callable[[int], None]) -> None:
+    """Reap every exited child that is not a known one; hand known ones to `on_child(pid)`.
+
+    Peeks with `WNOWAIT` so a known child's status is left for its pidfd (no SIGCHLD race).
+    """
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == 0:
+            return
+        if info.si_pid in known:
+            on_child(info.si_pid)
+            if info.si_pid in known:  # the handler did not reap it: stop, or we would spin
+                return
+            continue
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)

@@ -1,0 +1,51 @@
+"""Fixtures for integration tests: a subreaping test process, a git repo, real trees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup import linux
+from tests.integration.harness import Tree, leftovers, make_repo, reap_zombies
+
+
+@pytest.fixture(scope="session", autouse=True)
+def subreaper() -> None:
+    linux.set_child_subreaper()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "ws")
+
+
+@pytest.fixture
+def tree_factory(tmp_path: Path) -> Iterator[Callable[..., Tree]]:
+    trees: list[Tree] = []
+
+    def make(
+        workspace: Path | None = None,
+        shards: int = 2,
+        lanes: int = 8,
+        config: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+        base: Path | None = None,
+        run_dir: Path | None = None,
+    ) -> Tree:
+        tree = Tree(base or tmp_path, workspace, shards, lanes, config, extra_env, run_dir)
+        trees.append(tree)
+        return tree
+
+    yield make
+    for tree in trees:
+        tree.cleanup()
+    for proc in leftovers():
+        proc.kill()
+    reap_zombies()
+
+
+@pytest.fixture
+def tree(tree_factory: Callable[..., Tree], repo: Path) -> Tree:
+    return tree_factory(workspace=repo)

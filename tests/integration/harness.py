@@ -1,0 +1,213 @@
+"""Harness for real trees: `orchestra-sup start` as a subprocess, driven over its real ctl socket.
+
+The test process makes itself a child subreaper, so anything the tree leaves behind (a lane's
+grandchild, a daemon that double-forked) is reparented here and `assert_no_leftovers` sees it;
+nothing can hide by escaping to PID 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from orchestra_sup.client import CtlClient
+from orchestra_sup.protocol import frames as f
+
+READY_TIMEOUT_S = 30.0
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    (path / "README").write_text("seed\n")
+    git(path, "add", "README")
+    git(path, "commit", "-q", "-m", "seed")
+    return path
+
+
+def wait_until(pred: Callable[[], object], timeout_s: float, what: str) -> object:
+    """Re-check `pred` until it is truthy or the deadline passes (then fail naming `what`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Tree:
+    """One running tree: its supervisor process, directories and a ctl client."""
+
+    def __init__(
+        self,
+        base: Path,
+        workspace: Path | None,
+        shards: int,
+        lanes: int,
+        config: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+        run_dir: Path | None = None,
+    ):
+        self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="osup-t", dir="/tmp"))
+        self.state_dir = base / "state"
+        self.workspace = workspace
+        self.log_path = base / "tree.log"
+        base.mkdir(parents=True, exist_ok=True)
+        notify_path = self.run_dir / "notify.sock"
+        notify_path.unlink(missing_ok=True)
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(notify_path))
+        argv = [
+            sys.executable,
+            "-m",
+            "orchestra_sup",
+            "start",
+            "--run-dir",
+            str(self.run_dir),
+            "--state-dir",
+            str(self.state_dir),
+            "--shards",
+            str(shards),
+            "--lanes-per-shard",
+            str(lanes),
+        ]
+        if workspace is not None:
+            argv += ["--workspace", str(workspace)]
+        if config is not None:
+            argv += ["--config", str(config)]
+        env = dict(os.environ, NOTIFY_SOCKET=str(notify_path), **(extra_env or {}))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL
+            )
+        self._await_ready()
+
+    def _await_ready(self) -> None:
+        self.notify.settimeout(READY_TIMEOUT_S)
+        while True:
+            try:
+                data = self.notify.recv(4096)
+            except TimeoutError:
+                raise AssertionError(f"tree not ready; log:\n{self.log()}") from None
+            if b"READY=1" in data.split(b"\n"):
+                return
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def ctl(self, body: f.Body, timeout_s: float = 10.0) -> f.Body:
+        with CtlClient(self.run_dir) as client:
+            return client.request(body, timeout_s=timeout_s)
+
+    def status(self) -> f.StatusReply:
+        reply = self.ctl(f.CtlStatus())
+        assert isinstance(reply, f.StatusReply)
+        return reply
+
+    def child(self, name: str) -> f.ChildInfo:
+        return next(c for c in self.status().children if c.name == name)
+
+    def pids(self) -> dict[str, int | None]:
+        return {c.name: c.pid for c in self.status().children}
+
+    def submit(self, plan: f.PlanSpec) -> str:
+        reply = self.ctl(f.CtlSubmit(plan=plan))
+        assert isinstance(reply, f.PlanAccepted)
+        return reply.id
+
+    def wait_plan(self, plan_id: str, timeout_s: float = 60.0) -> f.PlanReport:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"plan {plan_id} not done within {timeout_s:g} s"
+            report = self.ctl(f.CtlPlan(id=plan_id, wait_s=min(5.0, left)), timeout_s=left + 5)
+            assert isinstance(report, f.PlanReport)
+            if report.done:
+                return report
+
+    def wait_running(self, name: str, generation: int, timeout_s: float = 20.0) -> f.ChildInfo:
+        def check() -> f.ChildInfo | None:
+            child = self.child(name)
+            ok = child.state == "running" and child.generation >= generation
+            return child if ok else None
+
+        return wait_until(check, timeout_s, f"{name} running at generation {generation}")  # type: ignore[return-value]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            self.notify.close()
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.notify.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def reap_zombies() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def leftovers() -> list[psutil.Process]:
+    """Live descendants of the test process (zombies are reaped first)."""
+    reap_zombies()
+    alive = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def assert_no_leftovers(timeout_s: float = 10.0) -> None:
+    """Every process the tree started is gone (orphans included, thanks to the subreaper)."""
+    try:
+        wait_until(lambda: not leftovers(), timeout_s, "the tree's processes to exit")
+    except AssertionError:
+        procs = [(p.pid, p.cmdline()) for p in leftovers()]
+        for p in leftovers():
+            p.kill()
+        raise AssertionError(f"processes left behind: {procs}") from None
+
+
+def plan(name: str, *tasks: f.TaskSpec) -> f.PlanSpec:
+    return f.PlanSpec(name=name, tasks=list(tasks))
+
+
+def task(id: str, run: str, needs: list[str] | None = None, **kw: object) -> f.TaskSpec:
+    return f.TaskSpec(id=id, run=run, needs=needs or [], **kw)  # type: ignore[arg-type]

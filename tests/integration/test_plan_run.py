@@ -1,0 +1,112 @@
+"""Plans on real trees: real processes, sockets, git and LMDB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, assert_no_leftovers, git, plan, task, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_plan_with_chain_failure_commit_and_both_shards(tree: Tree, repo: Path) -> None:
+    """A 7-task plan: a dependency chain, a committed change its dependent sees, a failure with
+    a skipped dependent, lanes spread over both shards, one sandbox per lane."""
+    spec = plan(
+        "e2e",
+        task("gen", "printf 'v1\\n' > gen.txt", commit=True),
+        task("check", 'test "$(cat gen.txt)" = v1 && echo saw-commit', needs=["gen"]),
+        task("chain", "echo chained", needs=["check"]),
+        # four tasks are ready at once; least-loaded placement alternates between the shards
+        task("w1", "echo w1"),
+        task("w2", "echo w2"),
+        task("bad", "echo failing >&2; exit 7"),
+        task("after-bad", "echo never", needs=["bad"]),
+    )
+    report = tree.wait_plan(tree.submit(spec))
+    by_id = {t.id: t for t in report.tasks}
+    assert report.done and not report.ok
+    for ok in ("gen", "check", "chain", "w1", "w2"):
+        assert by_id[ok].status == "succeeded", by_id[ok]
+        assert by_id[ok].attempts == 1
+    assert "saw-commit" in by_id["check"].output_tail
+    assert by_id["bad"].status == "failed" and by_id["bad"].exit_code == 7
+    assert "failing" in by_id["bad"].output_tail
+    assert by_id["after-bad"].status == "skipped"
+    assert "bad" in (by_id["after-bad"].error or "")
+
+    commit = by_id["gen"].commit
+    assert commit is not None
+    assert git(repo, "rev-parse", "HEAD") == commit
+    assert (repo / "gen.txt").read_text() == "v1\n"
+    assert "e2e/gen" in git(repo, "log", "-1", "--format=%s")
+
+    ran = [t for t in report.tasks if t.status != "skipped"]
+    sandboxes = [t.sandbox for t in ran]
+    assert None not in sandboxes and len(set(sandboxes)) == len(ran)
+    for sandbox in sandboxes:
+        assert not Path(sandbox).is_relative_to(repo)  # type: ignore[arg-type]
+    assert {t.shard for t in ran} == {"shard-0", "shard-1"}
+
+
+def test_task_printing_megabytes_finishes(tree: Tree) -> None:
+    """A command printing 20 MB on stdout and 5 MB on stderr neither stalls nor bloats."""
+    spec = plan(
+        "loud",
+        task(
+            "loud",
+            "head -c 20000000 /dev/zero | tr '\\0' x; head -c 5000000 /dev/zero >&2; "
+            "echo; echo done",
+        ),
+    )
+    report = tree.wait_plan(tree.submit(spec), timeout_s=90)
+    (loud,) = report.tasks
+    assert loud.status == "succeeded"
+    assert loud.output_tail.rstrip().endswith("done")
+    assert len(loud.output_tail) <= 8192
+
+
+def test_stop_mid_plan_leaves_no_process(tree: Tree) -> None:
+    """SIGTERM while lanes run commands with background children: exit 0, nothing left."""
+    spec = plan(
+        "busy",
+        task("a", "sleep 300 & sleep 300"),
+        task("b", "(sleep 300 &) ; sleep 300"),
+        task("c", "sleep 300"),
+    )
+    tree.submit(spec)
+
+    def running() -> bool:
+        reply = tree.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        return sum(lane.state == "running" for lane in reply.lanes) == 3
+
+    wait_until(running, 20, "three running lanes")
+    assert tree.stop() == 0
+    assert_no_leftovers()
+
+
+def test_cancel_stops_the_lane_and_its_group(tree: Tree) -> None:
+    """`ctl cancel` kills the lane's whole process group at once; the task is cancelled."""
+    spec = plan("cancel", task("long", "sleep 300 & sleep 300"), task("dep", "true", ["long"]))
+    plan_id = tree.submit(spec)
+
+    def live_lane() -> str | None:
+        reply = tree.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        lanes = [lane for lane in reply.lanes if lane.state == "running"]
+        return lanes[0].lane if lanes else None
+
+    lane = wait_until(live_lane, 20, "the lane to run")
+    assert tree.ctl(f.CtlCancel(lane=lane)) == f.Ack()  # type: ignore[arg-type]
+    report = tree.wait_plan(plan_id, timeout_s=10)
+    by_id = {t.id: t for t in report.tasks}
+    assert by_id["long"].status == "cancelled"
+    assert by_id["dep"].status == "skipped"
+    reply = tree.ctl(f.CtlLanes())
+    assert isinstance(reply, f.LaneList) and reply.lanes == []
+    assert tree.stop() == 0
+    assert_no_leftovers()

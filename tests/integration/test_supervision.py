@@ -1,0 +1,147 @@
+"""Restarts on real trees: a failure stays inside its own process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, assert_no_leftovers, plan, task, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_sigkill_shard_restarts_only_that_shard(tree: Tree) -> None:
+    """SIGKILL of shard-0: it comes back with a new pid and generation 2; the others keep
+    their pids, and a plan submitted afterwards runs."""
+    before = tree.pids()
+    os.kill(before["shard-0"], signal.SIGKILL)  # type: ignore[arg-type]
+    shard = tree.wait_running("shard-0", 2)
+    assert shard.pid != before["shard-0"]
+    assert shard.restarts == 1 and shard.operator_restarts == 0
+    assert shard.last_exit == f.ExitInfo(signal=signal.SIGKILL, status=None)
+    after = tree.pids()
+    for name in ("coordinator", "custodian", "shard-1"):
+        assert after[name] == before[name], name
+    report = tree.wait_plan(tree.submit(plan("after", task("a", "true"), task("b", "true"))))
+    assert report.ok
+
+
+@pytest.mark.parametrize("role", ["coordinator", "custodian"])
+def test_sigkill_coordinator_or_custodian_restarts_it_alone(tree: Tree, role: str) -> None:
+    """SIGKILL of the coordinator or the custodian restarts it alone; shards keep their pids."""
+    before = tree.pids()
+    os.kill(before[role], signal.SIGKILL)  # type: ignore[arg-type]
+    tree.wait_running(role, 2)
+    after = tree.pids()
+    assert after[role] != before[role]
+    for name, pid in before.items():
+        if name != role:
+            assert after[name] == pid, name
+    assert tree.wait_plan(tree.submit(plan("after", task("a", "true")))).ok
+
+
+def test_lane_on_killed_shard_is_reported_and_plan_completes(tree: Tree) -> None:
+    """A lane whose shard dies is reported failed as a lost worker process; the plan does not
+    hang, and the lane's command does not outlive its shard."""
+    plan_id = tree.submit(plan("lost", task("long", "sleep 300"), task("dep", "true", ["long"])))
+
+    def running_lane() -> f.LaneInfo | None:
+        reply = tree.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        return next((lane for lane in reply.lanes if lane.state == "running"), None)
+
+    lane = wait_until(running_lane, 20, "the lane to run")
+    assert isinstance(lane, f.LaneInfo)
+    shard_pid = tree.pids()[lane.shard]
+    sleeper = next(
+        p for p in psutil.Process(shard_pid).children(recursive=True) if "sleep" in p.name()
+    )
+    os.kill(shard_pid, signal.SIGKILL)  # type: ignore[arg-type]
+    report = tree.wait_plan(plan_id, timeout_s=20)
+    by_id = {t.id: t for t in report.tasks}
+    assert by_id["long"].status == "failed"
+    assert "worker process lost" in (by_id["long"].error or "")
+    assert by_id["dep"].status == "skipped"
+    wait_until(lambda: not sleeper.is_running(), 10, "the lane's command to be killed")
+
+
+def test_ctl_restart_is_graceful_and_counted_apart(tree: Tree) -> None:
+    """`ctl restart coordinator`: new pid, generation + 1, counted as an operator restart; every
+    other child keeps its pid."""
+    before = tree.pids()
+    assert tree.ctl(f.CtlRestart(name="coordinator")) == f.Ack()
+    child = tree.child("coordinator")
+    assert child.state == "running" and child.generation == 2
+    assert child.pid != before["coordinator"]
+    assert child.operator_restarts == 1 and child.restarts == 0
+    assert child.last_exit == f.ExitInfo(signal=None, status=0)
+    after = tree.pids()
+    for name, pid in before.items():
+        if name != "coordinator":
+            assert after[name] == pid
+
+
+def test_ctl_restart_unknown_child_is_refused(tree: Tree) -> None:
+    """Restarting a name that is not a child is a typed not_found error naming the children."""
+    from orchestra_sup.errors import ErrorCode, RemoteError
+
+    with pytest.raises(RemoteError) as info:
+        tree.ctl(f.CtlRestart(name="shard-9"))
+    assert info.value.code is ErrorCode.NOT_FOUND
+    assert "shard-0" in info.value.message
+
+
+def test_stop_via_ctl_exits_zero_and_leaves_nothing(tree: Tree) -> None:
+    """`ctl stop` stops the tree as SIGTERM does."""
+    assert tree.ctl(f.CtlStop()) == f.Ack()
+    assert tree.proc.wait(timeout=30) == 0
+    assert_no_leftovers()
+
+
+def test_second_start_on_live_run_dir_is_refused(tree: Tree, tmp_path: Path) -> None:
+    """A second `start` on a run directory a live tree owns exits 2 with one line."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestra_sup",
+            "start",
+            "--run-dir",
+            str(tree.run_dir),
+            "--state-dir",
+            str(tmp_path / "other"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "owned by a live tree" in proc.stderr and str(tree.proc.pid) in proc.stderr
+    assert tree.status().supervisor_pid == tree.proc.pid
+
+
+def test_stale_run_dir_of_a_crashed_tree_is_taken_over(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """SIGKILL of the supervisor takes its children down (parent-death signal); a new tree on
+    the same run directory takes the stale one over."""
+    first = tree_factory(workspace=repo, base=tmp_path / "a")
+    children = [psutil.Process(pid) for pid in first.pids().values() if pid]
+    first.stop(signal.SIGKILL)
+    wait_until(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children),
+        10,
+        "children to die with their supervisor",
+    )
+    assert (first.run_dir / "supervisor.lock").exists()
+    second = tree_factory(workspace=repo, base=tmp_path / "b", run_dir=first.run_dir)
+    assert second.status().supervisor_pid == second.proc.pid

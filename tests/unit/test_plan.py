@@ -1,0 +1,320 @@
+"""Tests for `orchestra_sup.coordinator.plan`: parsing, every refusal, and topological order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from orchestra_sup.coordinator.plan import load_plan, parse_plan, topological_order
+from orchestra_sup.errors import PlanError
+from orchestra_sup.protocol.frames import PlanSpec, TaskSpec
+
+VALID = """\
+name = "selfcheck"
+
+[[task]]
+id = "lint"
+run = "ruff check ."
+timeout_s = 60
+
+[[task]]
+id = "test"
+run = "pytest -q"
+needs = ["lint"]
+timeout_s = 2.5
+commit = true
+
+[[task]]
+id = "docs.build_1-x"
+run = "make docs"
+"""
+
+
+def _refused(text: str, source: str = "plan.toml") -> PlanError:
+    """Parse `text`, expecting a PlanError; check it is one line and names the source."""
+    with pytest.raises(PlanError) as info:
+        parse_plan(text, source=source)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{source}: ")
+    return info.value
+
+
+def _plan(*tasks: str, name: str = 'name = "p"') -> str:
+    """A plan text from a name line and [[task]] bodies."""
+    return name + "\n" + "".join(f"[[task]]\n{body}\n" for body in tasks)
+
+
+# --- valid plans ----------------------------------------------------------------------------------
+
+
+def test_valid_plan_round_trips() -> None:
+    """A valid plan parses to the expected PlanSpec in file order and survives msgpack encoding."""
+    plan = parse_plan(VALID)
+    assert plan == PlanSpec(
+        name="selfcheck",
+        tasks=[
+            TaskSpec(id="lint", run="ruff check .", needs=[], timeout_s=60.0, commit=False),
+            TaskSpec(id="test", run="pytest -q", needs=["lint"], timeout_s=2.5, commit=True),
+            TaskSpec(id="docs.build_1-x", run="make docs"),
+        ],
+    )
+    assert isinstance(plan.tasks[0].timeout_s, float)
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(plan), type=PlanSpec)
+    assert decoded == plan
+
+
+def test_load_plan_reads_file(tmp_path: Path) -> None:
+    """load_plan parses the file it is given, the same as parse_plan on its text."""
+    path = tmp_path / "plan.toml"
+    path.write_text(VALID, encoding="utf-8")
+    assert load_plan(path) == parse_plan(VALID)
+
+
+def test_id_edge_cases_accepted() -> None:
+    """Ids of one character and of 64 characters with `_ . -` are accepted."""
+    long_id = "A" + "b_.-" * 15 + "xyz"
+    assert len(long_id) == 64
+    plan = parse_plan(_plan('id = "a"\nrun = "x"', f'id = "{long_id}"\nrun = "x"'))
+    assert [t.id for t in plan.tasks] == ["a", long_id]
+
+
+# --- refusals: file and TOML ----------------------------------------------------------------------
+
+
+def test_missing_file_names_path(tmp_path: Path) -> None:
+    """A missing plan file is a PlanError naming the path."""
+    path = tmp_path / "nope.toml"
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    assert str(path) in str(info.value)
+    assert "No such file" in str(info.value)
+
+
+def test_unreadable_file_names_path(tmp_path: Path) -> None:
+    """A directory or non-UTF-8 file given as the plan is a PlanError naming the path."""
+    with pytest.raises(PlanError, match="cannot read plan file") as info:
+        load_plan(tmp_path)
+    assert str(tmp_path) in str(info.value)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b'name = "\xff"\n')
+    with pytest.raises(PlanError, match="not UTF-8") as info:
+        load_plan(binary)
+    assert str(binary) in str(info.value)
+
+
+def test_invalid_toml_names_line() -> None:
+    """Invalid TOML is refused with the line tomllib points at."""
+    err = _refused('name = "p"\n[[task]]\nid = "a"\nrun = \n')
+    assert "invalid TOML" in str(err)
+    assert "line 4" in str(err)
+
+
+def test_default_source_label() -> None:
+    """Without a source, messages are prefixed with <plan>."""
+    with pytest.raises(PlanError, match=r"^<plan>: "):
+        parse_plan("oops")
+
+
+# --- refusals: top level --------------------------------------------------------------------------
+
+
+def test_unknown_top_level_key() -> None:
+    """An unknown top-level key is refused by name."""
+    err = _refused(_plan('id = "a"\nrun = "x"', name='name = "p"\nowner = "me"'))
+    assert "unknown top-level key 'owner'" in str(err)
+
+
+def test_missing_name() -> None:
+    """A plan without `name` is refused."""
+    err = _refused(_plan('id = "a"\nrun = "x"', name=""))
+    assert "missing required key 'name'" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('name = ""', "key 'name' must not be empty"),
+        ('name = "  "', "key 'name' must not be empty"),
+        ("name = 3", "key 'name' must be a string, got 3 (integer)"),
+    ],
+)
+def test_bad_name(line: str, expected: str) -> None:
+    """An empty or non-string `name` is refused, naming the value."""
+    assert expected in str(_refused(_plan('id = "a"\nrun = "x"', name=line)))
+
+
+@pytest.mark.parametrize("text", ['name = "p"\n', 'name = "p"\ntask = []\n'])
+def test_no_tasks(text: str) -> None:
+    """A plan without any [[task]] is refused."""
+    assert "no tasks" in str(_refused(text))
+
+
+def test_task_not_an_array_of_tables() -> None:
+    """`task` as a single table or an array of non-tables is refused."""
+    err = _refused('name = "p"\n[task]\nid = "a"\nrun = "x"\n')
+    assert "'task' must be an array of [[task]] tables" in str(err)
+    err = _refused('name = "p"\ntask = [1]\n')
+    assert "task '#1'" in str(err)
+    assert "must be a [[task]] table, got 1 (integer)" in str(err)
+
+
+# --- refusals: one task ---------------------------------------------------------------------------
+
+
+def test_unknown_task_key_names_task_and_key() -> None:
+    """An unknown key in a task is refused, naming the task and the key."""
+    err = _refused(_plan('id = "a"\nrun = "x"\nneeds_all = []'))
+    assert err.task == "a"
+    assert "task 'a'" in str(err)
+    assert "unknown key 'needs_all'" in str(err)
+
+
+def test_missing_id_names_position() -> None:
+    """A task without `id` is refused, named by its position in the file."""
+    err = _refused(_plan('id = "a"\nrun = "x"', 'run = "y"'))
+    assert err.task == "#2"
+    assert "task '#2': missing required key 'id'" in str(err)
+
+
+def test_missing_run_names_task() -> None:
+    """A task without `run` is refused, naming the task."""
+    err = _refused(_plan('id = "a"\ncommit = true'))
+    assert "task 'a': missing required key 'run'" in str(err)
+
+
+def test_empty_run() -> None:
+    """A blank `run` is refused, naming the task."""
+    err = _refused(_plan('id = "a"\nrun = "   "'))
+    assert "task 'a': key 'run' must not be empty" in str(err)
+
+
+@pytest.mark.parametrize(
+    "id_value",
+    ['"a b"', '"-lead"', '".hidden"', '"caf\u00e9"', '""', '"' + "x" * 65 + '"'],
+)
+def test_bad_id_pattern(id_value: str) -> None:
+    """An id outside [A-Za-z0-9][A-Za-z0-9_.-]{0,63} is refused, naming the value."""
+    err = _refused(_plan(f'id = {id_value}\nrun = "x"'))
+    assert "key 'id' value" in str(err)
+    assert id_value.strip('"')[:20] in str(err)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('id = 7\nrun = "x"', "key 'id' must be a string, got 7 (integer)"),
+        ('id = "a"\nrun = ["x"]', "key 'run' must be a string, got ['x'] (array)"),
+        ('id = "a"\nrun = "x"\nneeds = "b"', "key 'needs' must be an array of task ids, got 'b'"),
+        ('id = "a"\nrun = "x"\nneeds = [1]', "key 'needs' must hold task id strings, got 1"),
+        (
+            'id = "a"\nrun = "x"\ntimeout_s = "5"',
+            "key 'timeout_s' must be a number of seconds, got '5'",
+        ),
+        (
+            'id = "a"\nrun = "x"\ntimeout_s = true',
+            "key 'timeout_s' must be a number of seconds, got True",
+        ),
+        (
+            'id = "a"\nrun = "x"\ntimeout_s = 0',
+            "key 'timeout_s' must be a positive finite number, got 0",
+        ),
+        ('id = "a"\nrun = "x"\ntimeout_s = -1.5', "must be a positive finite number, got -1.5"),
+        ('id = "a"\nrun = "x"\ntimeout_s = inf', "must be a positive finite number, got inf"),
+        (
+            'id = "a"\nrun = "x"\ncommit = "yes"',
+            "key 'commit' must be a boolean, got 'yes' (string)",
+        ),
+    ],
+)
+def test_wrong_types_name_key_and_value(body: str, expected: str) -> None:
+    """A value of the wrong type or range is refused, naming the key and the value."""
+    assert expected in str(_refused(_plan(body)))
+
+
+# --- refusals: across tasks -----------------------------------------------------------------------
+
+
+def test_duplicate_id() -> None:
+    """Two tasks with one id are refused, naming the id and both positions."""
+    err = _refused(_plan('id = "a"\nrun = "x"', 'id = "b"\nrun = "y"', 'id = "a"\nrun = "z"'))
+    assert "task 'a': duplicate id" in str(err)
+    assert "#3" in str(err) and "#1" in str(err)
+
+
+def test_missing_dependency() -> None:
+    """A dependency on a task not in the plan is refused, naming both."""
+    err = _refused(_plan('id = "a"\nrun = "x"', 'id = "b"\nrun = "y"\nneeds = ["a", "zz"]'))
+    assert "task 'b': needs unknown task 'zz'" in str(err)
+
+
+def test_self_dependency() -> None:
+    """A task needing itself is refused, naming it."""
+    err = _refused(_plan('id = "a"\nrun = "x"\nneeds = ["a"]'))
+    assert "task 'a': needs itself" in str(err)
+
+
+def test_repeated_dependency() -> None:
+    """A dependency listed twice in one task is refused."""
+    err = _refused(_plan('id = "a"\nrun = "x"', 'id = "b"\nrun = "y"\nneeds = ["a", "a"]'))
+    assert "task 'b': key 'needs' lists 'a' twice" in str(err)
+
+
+def test_cycle_named_in_order() -> None:
+    """A three-task cycle is refused, naming its tasks in dependency order."""
+    err = _refused(
+        _plan(
+            'id = "free"\nrun = "x"',
+            'id = "a"\nrun = "x"\nneeds = ["b"]',
+            'id = "b"\nrun = "x"\nneeds = ["free", "c"]',
+            'id = "c"\nrun = "x"\nneeds = ["a"]',
+        )
+    )
+    assert "dependency cycle a -> b -> c -> a" in str(err)
+    assert err.task == "a"
+
+
+def test_cycle_reached_through_a_dependent() -> None:
+    """A cycle behind a task that merely depends on it is named without that task."""
+    err = _refused(
+        _plan(
+            'id = "top"\nrun = "x"\nneeds = ["y"]',
+            'id = "x"\nrun = "x"\nneeds = ["y"]',
+            'id = "y"\nrun = "x"\nneeds = ["x"]',
+        )
+    )
+    assert str(err).endswith("dependency cycle x -> y -> x")
+
+
+# --- topological order ----------------------------------------------------------------------------
+
+
+def test_topological_order_is_stable() -> None:
+    """Dependencies come first; among ready tasks, file order wins."""
+    plan = parse_plan(
+        _plan(
+            'id = "d"\nrun = "x"\nneeds = ["b", "c"]',
+            'id = "c"\nrun = "x"',
+            'id = "b"\nrun = "x"\nneeds = ["a"]',
+            'id = "a"\nrun = "x"',
+            'id = "e"\nrun = "x"',
+        )
+    )
+    assert topological_order(plan) == ["c", "a", "b", "d", "e"]
+    independent = parse_plan(_plan('id = "z"\nrun = "x"', 'id = "m"\nrun = "x"'))
+    assert topological_order(independent) == ["z", "m"]
+
+
+def test_topological_order_refuses_hand_built_bad_plans() -> None:
+    """topological_order itself refuses a missing dependency or a cycle in a hand-built plan."""
+    missing = PlanSpec(name="p", tasks=[TaskSpec(id="a", run="x", needs=["q"])])
+    with pytest.raises(PlanError, match="needs unknown task 'q'"):
+        topological_order(missing)
+    cyclic = PlanSpec(
+        name="p",
+        tasks=[TaskSpec(id="a", run="x", needs=["b"]), TaskSpec(id="b", run="x", needs=["a"])],
+    )
+    with pytest.raises(PlanError, match="dependency cycle a -> b -> a"):
+        topological_order(cyclic)
