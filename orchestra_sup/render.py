@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from orchestra_sup.protocol import frames as f
 
@@ -76,7 +76,8 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
 def plan_table(report: f.PlanReport, console: Console) -> None:
     verdict = "running" if not report.done else ("ok" if report.ok else "FAILED")
     console.print(f"plan {report.plan} ({report.id}): {verdict}")
-    table = Table("task", "status", "exit", "attempts", "shard", "s", "commit", "error")
+    table = Table("status", "exit", "attempts", "shard", "s", "commit", "error")
+    table.columns.insert(0, Column("task", no_wrap=True))
     for t in report.tasks:
         table.add_row(
             t.id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestra_sup.protocol import frames as f
@@ -101,7 +102,15 @@ def test_cancel_stops_the_lane_and_its_group(tree: Tree) -> None:
         return lanes[0].lane if lanes else None
 
     lane = wait_until(live_lane, 20, "the lane to run")
+    shards = [pid for name, pid in tree.pids().items() if name.startswith("shard")]
+    group = [p for pid in shards for p in psutil.Process(pid).children(recursive=True)]
+    assert len([p for p in group if p.name() == "sleep"]) == 2
     assert tree.ctl(f.CtlCancel(lane=lane)) == f.Ack()  # type: ignore[arg-type]
+    wait_until(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in group),
+        5,
+        "every process of the lane's group to be killed",
+    )
     report = tree.wait_plan(plan_id, timeout_s=10)
     by_id = {t.id: t for t in report.tasks}
     assert by_id["long"].status == "cancelled"

@@ -1,0 +1,173 @@
+"""The `orchestra-sup` command as a user runs it: real subprocesses, real exit statuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import Tree, assert_no_leftovers, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestra_sup", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ('name = "p"\n[[task]]\nid = "a"\nrun = "true"\ncolour = "red"\n', ["'a'", "colour"]),
+        (
+            'name = "p"\n[[task]]\nid = "a"\nrun = "true"\nneeds = ["b"]\n'
+            '[[task]]\nid = "b"\nrun = "true"\nneeds = ["a"]\n',
+            ["cycle", "a -> b -> a"],
+        ),
+        (
+            'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n[[task]]\nid = "a"\nrun = "x"\n',
+            ["'a'", "duplicate"],
+        ),
+        ('name = "p"\n[[task]]\nid = "a"\nrun = "true"\nneeds = ["ghost"]\n', ["'a'", "ghost"]),
+    ],
+    ids=["unknown-key", "cycle", "duplicate-id", "missing-dependency"],
+)
+def test_bad_plan_is_one_line_exit_2(tmp_path: Path, text: str, needles: list[str]) -> None:
+    """`run` refuses a bad plan before anything starts: one line naming the task, exit 2."""
+    plan = write(tmp_path / "plan.toml", text)
+    proc = cli("run", str(plan), "--state-dir", str(tmp_path / "state"))
+    assert_one_line_error(proc, 2, *needles)
+    assert not (tmp_path / "state").exists()
+
+
+def test_workspace_that_is_not_a_directory(tmp_path: Path) -> None:
+    """A workspace path that is a file is refused with one line, exit 2."""
+    plan = write(tmp_path / "plan.toml", 'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n')
+    not_dir = write(tmp_path / "file", "x")
+    assert_one_line_error(cli("run", str(plan), "--workspace", str(not_dir)), 2, str(not_dir))
+    assert_one_line_error(
+        cli("start", "--workspace", str(not_dir), "--run-dir", str(tmp_path / "r")),
+        2,
+        "not a directory",
+    )
+
+
+def test_workspace_that_is_not_a_git_repository(tmp_path: Path) -> None:
+    """A plain directory as workspace is refused (never `git init`-ed behind the user's back)."""
+    plan = write(tmp_path / "plan.toml", 'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n')
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert_one_line_error(cli("run", str(plan), "--workspace", str(plain)), 2, str(plain))
+    assert not (plain / ".git").exists()
+
+
+def test_bad_config_names_key_and_value(tmp_path: Path) -> None:
+    """`start` refuses an unknown config key and a bad value, naming both, exit 2."""
+    cfg = write(tmp_path / "c.toml", "[shards]\ncount = 0\n")
+    assert_one_line_error(
+        cli("start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")), 2, "count", "0"
+    )
+    cfg = write(tmp_path / "c.toml", "[supervisor]\nmax_restart = 3\n")
+    assert_one_line_error(
+        cli("start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")), 2, "max_restart"
+    )
+
+
+def test_ctl_with_no_tree(tmp_path: Path) -> None:
+    """Every ctl command with no tree at the run directory: one line, exit 3."""
+    for args in (["status"], ["lanes", "--json"], ["stop"], ["restart", "shard-0"]):
+        proc = cli("ctl", "--run-dir", str(tmp_path / "nothing"), *args)
+        assert_one_line_error(proc, 3, "no tree is running")
+
+
+def test_run_json_on_a_default_workspace(tmp_path: Path) -> None:
+    """`run --json` with no workspace: the custodian makes a fresh repository in the state
+    directory; the JSON has the documented shape; exit 1 because one task failed."""
+    plan = write(
+        tmp_path / "plan.toml",
+        'name = "p"\n[[task]]\nid = "ok"\nrun = "echo hi > hi.txt"\ncommit = true\n'
+        '[[task]]\nid = "no"\nrun = "exit 4"\n',
+    )
+    proc = cli("run", str(plan), "--state-dir", str(tmp_path / "s"), "--json", "--shards", "1")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report) >= {"plan", "id", "ok", "tasks"} and report["ok"] is False
+    keys = {
+        "id",
+        "status",
+        "exit_code",
+        "attempts",
+        "shard",
+        "lane",
+        "sandbox",
+        "duration_s",
+        "output_tail",
+        "commit",
+        "error",
+    }
+    for t in report["tasks"]:
+        assert set(t) >= keys
+    by_id = {t["id"]: t for t in report["tasks"]}
+    assert by_id["ok"]["status"] == "succeeded" and by_id["ok"]["commit"]
+    assert by_id["no"]["exit_code"] == 4
+    assert (tmp_path / "s" / "workspace" / "hi.txt").read_text() == "hi\n"
+    assert_no_leftovers()
+
+
+def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None:
+    """status/submit/plan/lanes/cancel/stop as a user types them, with --json shapes."""
+    run_dir = str(tree.run_dir)
+    status = json.loads(cli("ctl", "--run-dir", run_dir, "status", "--json").stdout)
+    assert set(status["supervisor"]) >= {"pid", "version"}
+    assert status["supervisor"]["pid"] == tree.proc.pid
+    names = [c["name"] for c in status["children"]]
+    assert names == ["custodian", "coordinator", "shard-0", "shard-1"]
+    for c in status["children"]:
+        assert {"name", "role", "pid", "generation", "state", "restarts"} <= set(c)
+        assert c["state"] == "running" and c["generation"] == 1
+
+    plan = write(tmp_path / "p.toml", 'name = "p"\n[[task]]\nid = "slow"\nrun = "sleep 300"\n')
+    submitted = cli("ctl", "--run-dir", run_dir, "submit", str(plan), "--json")
+    plan_id = json.loads(submitted.stdout)["id"]
+
+    def lanes() -> list[dict[str, object]]:
+        out = cli("ctl", "--run-dir", run_dir, "lanes", "--json")
+        return [lane for lane in json.loads(out.stdout)["lanes"] if lane["state"] == "running"]
+
+    (lane,) = wait_until(lanes, 20, "the lane to run")  # type: ignore[misc]
+    assert set(lane) == {"lane", "task", "plan", "shard", "state", "sandbox"}
+    assert lane["plan"] == plan_id and lane["task"] == "slow"
+    pending = json.loads(cli("ctl", "--run-dir", run_dir, "plan", plan_id, "--json").stdout)
+    assert pending["tasks"][0]["status"] == "running"
+
+    assert cli("ctl", "--run-dir", run_dir, "cancel", str(lane["lane"])).returncode == 0
+    waited = cli("ctl", "--run-dir", run_dir, "plan", plan_id, "--wait", "--json")
+    assert waited.returncode == 1
+    assert json.loads(waited.stdout)["tasks"][0]["status"] == "cancelled"
+
+    assert cli("ctl", "--run-dir", run_dir, "stop").returncode == 0
+    assert tree.proc.wait(timeout=30) == 0
+    assert_no_leftovers()
