@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -119,3 +120,44 @@ def test_cancel_stops_the_lane_and_its_group(tree: Tree) -> None:
     assert isinstance(reply, f.LaneList) and reply.lanes == []
     assert tree.stop() == 0
     assert_no_leftovers()
+
+
+def test_timeout_kills_the_group_and_fails_the_task(tree: Tree) -> None:
+    """`timeout_s` kills the command's whole process group and fails the task, saying so."""
+    spec = plan("slow", task("slow", "sleep 300 & sleep 300", timeout_s=0.5))
+    report = tree.wait_plan(tree.submit(spec), timeout_s=20)
+    (slow,) = report.tasks
+    assert slow.status == "failed"
+    assert "timed out" in (slow.error or "")
+    assert tree.stop() == 0
+    assert_no_leftovers()
+
+
+def test_conflicting_commit_is_the_task_error(tree: Tree, repo: Path) -> None:
+    """Two lanes from the same head edit the same line: the first lands, the second fails with
+    a conflict, and the workspace holds exactly the first."""
+    spec = plan(
+        "clash",
+        task("one", "echo one > README", commit=True),
+        task("two", "sleep 0.5; echo two > README", commit=True),
+    )
+    report = tree.wait_plan(tree.submit(spec), timeout_s=30)
+    by_id = {t.id: t for t in report.tasks}
+    assert by_id["one"].status == "succeeded" and by_id["one"].commit
+    assert by_id["two"].status == "failed"
+    assert "conflict" in (by_id["two"].error or "")
+    assert (repo / "README").read_text() == "one\n"
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_lane_bound_is_respected(tree_factory: Callable[..., Tree], repo: Path) -> None:
+    """With one shard of one lane, four independent tasks run one at a time and all succeed."""
+    tree = tree_factory(workspace=repo, shards=1, lanes=1)
+    marker = repo.parent / "concurrency"
+    marker.mkdir()
+    # each task holds a directory entry while it runs; a second concurrent lane would see it
+    mine = f"{marker}/$ORCHESTRA_TASK"
+    body = f'test -z "$(ls {marker})" && touch {mine} && sleep 0.2 && rm {mine}'
+    spec = plan("bound", *(task(f"t{i}", body) for i in range(4)))
+    report = tree.wait_plan(tree.submit(spec), timeout_s=30)
+    assert report.ok, report

@@ -145,3 +145,67 @@ def test_stale_run_dir_of_a_crashed_tree_is_taken_over(
     assert (first.run_dir / "supervisor.lock").exists()
     second = tree_factory(workspace=repo, base=tmp_path / "b", run_dir=first.run_dir)
     assert second.status().supervisor_pid == second.proc.pid
+
+
+def test_status_answers_while_the_coordinator_is_wedged(tree: Tree) -> None:
+    """`ctl status` is answered by the supervisor even while the coordinator is stopped dead;
+    a request the coordinator must answer fails within its timeout instead of hanging."""
+    from orchestra_sup.errors import ErrorCode, RemoteError
+
+    pid = tree.pids()["coordinator"]
+    os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    try:
+        reply = tree.ctl(f.CtlStatus(), timeout_s=2.0)
+        assert isinstance(reply, f.StatusReply)
+        with pytest.raises(RemoteError) as info:
+            tree.ctl(f.CtlPlan(id="nope"), timeout_s=1.0)
+        assert info.value.code is ErrorCode.TIMEOUT
+        assert isinstance(tree.ctl(f.CtlStatus(), timeout_s=2.0), f.StatusReply)
+    finally:
+        os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
+
+
+def test_custodian_serves_read_tools_and_refuses_coordinator_sandboxes(tree: Tree) -> None:
+    """Over the custodian's real socket: read_file and list_dir answer, a path escape is a typed
+    error, and a sandbox asked for by the coordinator is refused."""
+    import zmq
+
+    from orchestra_sup.errors import ErrorCode
+    from orchestra_sup.protocol.codec import Codec
+    from orchestra_sup.protocol.version import PROTOCOL_VERSION
+
+    codec = Codec()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.setsockopt(zmq.IDENTITY, b"coordinator-test")
+    sock.connect(f"ipc://{tree.run_dir / 'custodian.ipc'}")
+
+    def ask(body: f.Body, sender: str = "coordinator") -> f.Body:
+        env = f.Envelope(
+            v=PROTOCOL_VERSION,
+            id=f"t{id(body)}",
+            corr=None,
+            sender=sender,
+            gen=1,
+            ttl_s=5.0,
+            dest_gen=None,
+            body=body,
+        )
+        sock.send(codec.encode(env))
+        assert sock.poll(10_000), "custodian did not answer"
+        return codec.decode(sock.recv()).body
+
+    try:
+        read = ask(f.ToolCall(tool="read_file", params={"path": "README"}))
+        assert isinstance(read, f.ToolResult) and read.value["text"] == "seed\n"
+        listing = ask(f.ToolCall(tool="list_dir", params={"path": ""}))
+        assert isinstance(listing, f.ToolResult)
+        assert [e["name"] for e in listing.value["entries"]] == ["README"]
+        escape = ask(f.ToolCall(tool="read_file", params={"path": "../../etc/passwd"}))
+        assert isinstance(escape, f.Error) and escape.code is ErrorCode.PATH_ESCAPE
+        refused = ask(f.SandboxCreate(lane="sneaky"))
+        assert isinstance(refused, f.Error) and refused.code is ErrorCode.FORBIDDEN
+    finally:
+        sock.close()
+        ctx.term()
