@@ -103,16 +103,22 @@ def load_settings(
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
+            with path.open("rb") as fh:
+                data = tomllib.load(fh)
         except OSError as exc:
             raise ConfigError(f"config {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config {path}: not UTF-8 ({exc.reason})") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: {exc}") from exc
     try:
         overrides = {"count": shards, "lanes_per_shard": lanes_per_shard}
         for key, value in overrides.items():
             if value is not None:
-                data.setdefault("shards", {})[key] = value
+                shards_table = data.setdefault("shards", {})
+                if not isinstance(shards_table, dict):
+                    raise ConfigError(f"[shards] must be a table, got {shards_table!r}")
+                shards_table[key] = value
         return settings_from_mapping(data)
     except ConfigError as exc:
         where = f"config {path}: " if path else ""
@@ -160,11 +166,11 @@ def resolve_paths(state_dir: Path | None, run_dir: Path | None, workspace: Path 
     """Fill in defaults and make paths absolute. Raises `ConfigError` when the run directory is
     too long for a socket path or the workspace exists but is not a directory."""
     run = (run_dir or default_run_dir()).absolute()
-    longest = run / "coordinator.ipc"
-    if len(str(longest)) > IPC_PATH_MAX:
+    longest = len(os.fsencode(run / "coordinator.ipc"))
+    if longest > IPC_PATH_MAX:
         raise ConfigError(
             f"run directory {run} is too long for a socket path "
-            f"({len(str(longest))} > {IPC_PATH_MAX} bytes); pick a shorter --run-dir"
+            f"({longest} > {IPC_PATH_MAX} bytes); pick a shorter --run-dir"
         )
     ws = workspace.absolute() if workspace is not None else None
     if ws is not None and not ws.is_dir():

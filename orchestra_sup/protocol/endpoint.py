@@ -214,7 +214,10 @@ class Endpoint:
         except ProtocolError as exc:
             self.bad_frames += 1
             log.warning("%s: refused frame from %r: %s", self.name, peer, exc)
-            if self.kind != zmq.ROUTER or peer is not None:
+            # Only the serving (ROUTER) side answers: if both sides answered what they cannot
+            # decode, two peers that refuse each other's frames (a version skew) would bounce
+            # Error frames at each other forever.
+            if self.kind == zmq.ROUTER and peer is not None:
                 with contextlib.suppress(PeerDown):
                     self.send(f.Error(code=exc.code, message=str(exc)), to=peer)
             return

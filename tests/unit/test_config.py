@@ -1,0 +1,400 @@
+"""Tests for `orchestra_sup.config`: settings validation and where a tree keeps its files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.config import (
+    IPC_PATH_MAX,
+    Paths,
+    Settings,
+    ShardSettings,
+    SupervisorSettings,
+    default_run_dir,
+    default_state_dir,
+    load_settings,
+    resolve_paths,
+    settings_from_mapping,
+)
+from orchestra_sup.errors import ConfigError
+
+ENV_VARS = (
+    "ORCHESTRA_SUP_RUN_DIR",
+    "RUNTIME_DIRECTORY",
+    "XDG_RUNTIME_DIR",
+    "STATE_DIRECTORY",
+    "XDG_STATE_HOME",
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """No path-related variable set, and HOME pointing at a scratch directory."""
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return monkeypatch
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "orchestra.toml"
+    path.write_text(text)
+    return path
+
+
+def _refused(tmp_path: Path, text: str, **overrides: int) -> str:
+    path = _toml(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, **overrides)
+    message = str(info.value)
+    assert str(path) in message
+    return message
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+def test_defaults_without_a_file() -> None:
+    """With no file and no flags, every setting has its documented default."""
+    s = load_settings(None)
+    assert s == Settings()
+    assert s.supervisor == SupervisorSettings(
+        max_restarts=5,
+        max_seconds=30.0,
+        shutdown_timeout_s=5.0,
+        watchdog_s=10.0,
+        backoff_initial_s=0.1,
+        backoff_max_s=5.0,
+    )
+    assert s.shards == ShardSettings(count=2, lanes_per_shard=8)
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    """An empty config file is valid and gives the defaults."""
+    assert load_settings(_toml(tmp_path, "")) == Settings()
+
+
+def test_file_values_are_read(tmp_path: Path) -> None:
+    """Every key of both sections is read from the file; ints are accepted for float keys and
+    become floats."""
+    path = _toml(
+        tmp_path,
+        """
+        [supervisor]
+        max_restarts = 2
+        max_seconds = 10
+        shutdown_timeout_s = 1.5
+        watchdog_s = 3.0
+        backoff_initial_s = 0.5
+        backoff_max_s = 2.0
+
+        [shards]
+        count = 3
+        lanes_per_shard = 16
+        """,
+    )
+    s = load_settings(path)
+    assert s.supervisor == SupervisorSettings(
+        max_restarts=2,
+        max_seconds=10.0,
+        shutdown_timeout_s=1.5,
+        watchdog_s=3.0,
+        backoff_initial_s=0.5,
+        backoff_max_s=2.0,
+    )
+    assert type(s.supervisor.max_seconds) is float
+    assert s.shards == ShardSettings(count=3, lanes_per_shard=16)
+
+
+def test_partial_section_keeps_other_defaults(tmp_path: Path) -> None:
+    """Keys left out of a section keep their defaults."""
+    s = load_settings(_toml(tmp_path, "[shards]\ncount = 5\n"))
+    assert s.shards == ShardSettings(count=5, lanes_per_shard=8)
+    assert s.supervisor == SupervisorSettings()
+
+
+def test_cli_overrides_without_a_file() -> None:
+    """The --shards and --lanes-per-shard overrides apply on top of the defaults."""
+    s = load_settings(None, shards=4, lanes_per_shard=3)
+    assert s.shards == ShardSettings(count=4, lanes_per_shard=3)
+    assert s.supervisor == SupervisorSettings()
+
+
+def test_cli_overrides_beat_the_file(tmp_path: Path) -> None:
+    """A CLI override wins over the file's value; an override left None keeps the file's."""
+    path = _toml(tmp_path, "[shards]\ncount = 2\nlanes_per_shard = 6\n")
+    s = load_settings(path, shards=7)
+    assert s.shards == ShardSettings(count=7, lanes_per_shard=6)
+
+
+def test_cli_override_is_validated() -> None:
+    """An out-of-range CLI override is refused like a file value, naming the key and value."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, shards=0)
+    assert "count" in str(info.value)
+    assert "0" in str(info.value)
+    assert not str(info.value).startswith("config ")
+
+
+BAD_VALUES = [
+    # (case, toml text, key, value as it should appear)
+    ("string for int", '[supervisor]\nmax_restarts = "5"\n', "max_restarts", "'5'"),
+    ("bool for int", "[shards]\ncount = true\n", "count", "True"),
+    ("bool for float", "[supervisor]\nmax_seconds = false\n", "max_seconds", "False"),
+    ("float for int", "[shards]\nlanes_per_shard = 2.5\n", "lanes_per_shard", "2.5"),
+    ("array for int", "[shards]\ncount = [1]\n", "count", "[1]"),
+    ("string for float", '[supervisor]\nwatchdog_s = "10s"\n', "watchdog_s", "'10s'"),
+    ("int below range", "[shards]\ncount = 0\n", "count", "0"),
+    ("int above range", "[shards]\ncount = 257\n", "count", "257"),
+    ("negative", "[supervisor]\nmax_restarts = -1\n", "max_restarts", "-1"),
+    ("float below range", "[supervisor]\nwatchdog_s = 0.05\n", "watchdog_s", "0.05"),
+    ("float above range", "[supervisor]\nmax_seconds = 86401.0\n", "max_seconds", "86401.0"),
+    ("nan", "[supervisor]\nmax_seconds = nan\n", "max_seconds", "nan"),
+    ("infinity", "[supervisor]\nshutdown_timeout_s = inf\n", "shutdown_timeout_s", "inf"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "value"),
+    [row[1:] for row in BAD_VALUES],
+    ids=[row[0] for row in BAD_VALUES],
+)
+def test_bad_value_names_key_and_value(tmp_path: Path, text: str, key: str, value: str) -> None:
+    """A value of the wrong type or out of range raises ConfigError naming the file, the key and
+    the value."""
+    message = _refused(tmp_path, text)
+    assert f"{key} = {value}" in message
+
+
+@pytest.mark.parametrize(
+    ("key", "low", "high"),
+    [
+        ("supervisor.max_restarts", 0, 10_000),
+        ("supervisor.max_seconds", 0.001, 86_400),
+        ("supervisor.shutdown_timeout_s", 0, 3_600),
+        ("supervisor.watchdog_s", 0.1, 3_600),
+        ("supervisor.backoff_initial_s", 0, 60),
+        ("shards.count", 1, 256),
+        ("shards.lanes_per_shard", 1, 100_000),
+    ],
+)
+def test_range_bounds_are_inclusive(key: str, low: float, high: float) -> None:
+    """Each key accepts both ends of its documented range."""
+    section, name = key.split(".")
+    for value in (low, high):
+        body = {name: value}
+        if name == "backoff_initial_s":
+            body["backoff_max_s"] = max(value, 5.0)
+        s = settings_from_mapping({section: body})
+        assert getattr(getattr(s, section), name) == value
+
+
+def test_unknown_section(tmp_path: Path) -> None:
+    """An unknown section raises ConfigError naming it."""
+    message = _refused(tmp_path, "[supervisr]\nmax_restarts = 1\n")
+    assert "[supervisr]" in message
+
+
+def test_unknown_key(tmp_path: Path) -> None:
+    """An unknown key raises ConfigError naming the section and the key."""
+    message = _refused(tmp_path, "[shards]\nlanes = 4\n")
+    assert "[shards]" in message
+    assert "'lanes'" in message
+
+
+def test_key_of_the_other_section_is_unknown(tmp_path: Path) -> None:
+    """A real key in the wrong section is unknown there."""
+    message = _refused(tmp_path, "[shards]\nmax_restarts = 4\n")
+    assert "'max_restarts'" in message
+
+
+def test_section_that_is_not_a_table(tmp_path: Path) -> None:
+    """A section given as a plain value raises ConfigError naming it and the value."""
+    message = _refused(tmp_path, "shards = 2\n")
+    assert "[shards]" in message
+    assert "2" in message
+
+
+def test_backoff_max_below_initial(tmp_path: Path) -> None:
+    """backoff_max_s below backoff_initial_s raises ConfigError naming both keys and values."""
+    message = _refused(tmp_path, "[supervisor]\nbackoff_initial_s = 2.0\nbackoff_max_s = 1.0\n")
+    assert "backoff_max_s = 1.0" in message
+    assert "backoff_initial_s = 2.0" in message
+
+
+def test_backoff_max_equal_to_initial_is_fine() -> None:
+    """backoff_max_s equal to backoff_initial_s is allowed (a constant delay)."""
+    s = settings_from_mapping({"supervisor": {"backoff_initial_s": 1.0, "backoff_max_s": 1.0}})
+    assert s.supervisor.backoff_max_s == s.supervisor.backoff_initial_s == 1.0
+
+
+def test_invalid_toml_names_path(tmp_path: Path) -> None:
+    """A file that is not TOML raises ConfigError naming the path."""
+    _refused(tmp_path, "[supervisor\nmax_restarts = = 3\n")
+
+
+def test_missing_file_names_path(tmp_path: Path) -> None:
+    """A config file that does not exist raises ConfigError naming the path and the reason."""
+    path = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+    assert "No such file" in str(info.value)
+
+
+def test_directory_as_file_names_path(tmp_path: Path) -> None:
+    """A config path that is a directory raises ConfigError naming the path."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_non_utf8_file_names_path(tmp_path: Path) -> None:
+    """A config file that is not UTF-8 (so not TOML) raises ConfigError naming the path."""
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"# r\xe9glages\n[shards]\ncount = 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+
+
+def test_override_with_shards_not_a_table(tmp_path: Path) -> None:
+    """A file whose `shards` is a plain value is refused with ConfigError even with --shards."""
+    _refused(tmp_path, "shards = 2\n", shards=3)
+
+
+# --- paths ---------------------------------------------------------------------------------------
+
+
+def test_resolve_paths_makes_everything_absolute(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Relative state, run and workspace paths are made absolute against the current directory."""
+    (tmp_path / "ws").mkdir()
+    clean_env.chdir(tmp_path)
+    paths = resolve_paths(Path("state"), Path("run"), Path("ws"))
+    assert paths == Paths(
+        state_dir=tmp_path / "state", run_dir=tmp_path / "run", workspace=tmp_path / "ws"
+    )
+    assert paths.endpoint("shard-0") == f"ipc://{tmp_path / 'run' / 'shard-0.ipc'}"
+
+
+def test_resolve_paths_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without arguments the env-derived defaults are used and the workspace stays None."""
+    clean_env.setenv("ORCHESTRA_SUP_RUN_DIR", str(tmp_path / "r"))
+    clean_env.setenv("STATE_DIRECTORY", str(tmp_path / "s"))
+    assert resolve_paths(None, None, None) == Paths(
+        state_dir=tmp_path / "s", run_dir=tmp_path / "r", workspace=None
+    )
+
+
+def test_run_dir_too_long(tmp_path: Path) -> None:
+    """A run directory whose socket paths would pass IPC_PATH_MAX raises ConfigError naming it."""
+    run = Path("/tmp") / ("x" * (IPC_PATH_MAX - len("/tmp/") - len("/coordinator.ipc") + 1))
+    with pytest.raises(ConfigError) as info:
+        resolve_paths(tmp_path, run, None)
+    assert str(run) in str(info.value)
+    assert "too long" in str(info.value)
+
+
+def test_run_dir_at_the_limit_is_fine(tmp_path: Path) -> None:
+    """A run directory whose longest socket path is exactly IPC_PATH_MAX is accepted."""
+    run = Path("/tmp") / ("x" * (IPC_PATH_MAX - len("/tmp/") - len("/coordinator.ipc")))
+    assert len(str(run / "coordinator.ipc")) == IPC_PATH_MAX
+    assert resolve_paths(tmp_path, run, None).run_dir == run
+
+
+def test_run_dir_too_long_in_bytes(tmp_path: Path) -> None:
+    """The socket-path limit counts bytes: a short-looking non-ASCII run dir is refused."""
+    run = Path("/tmp") / ("é" * 50)
+    assert len(str(run / "coordinator.ipc")) <= IPC_PATH_MAX
+    assert len(os.fsencode(run / "coordinator.ipc")) > 107
+    with pytest.raises(ConfigError):
+        resolve_paths(tmp_path, run, None)
+
+
+def test_workspace_missing(tmp_path: Path) -> None:
+    """A workspace that does not exist raises ConfigError naming it."""
+    ws = tmp_path / "missing"
+    with pytest.raises(ConfigError) as info:
+        resolve_paths(tmp_path / "s", tmp_path / "r", ws)
+    assert str(ws) in str(info.value)
+    assert "does not exist" in str(info.value)
+
+
+def test_workspace_is_a_file(tmp_path: Path) -> None:
+    """A workspace that is a file raises ConfigError naming it."""
+    ws = tmp_path / "file"
+    ws.write_text("not a dir")
+    with pytest.raises(ConfigError) as info:
+        resolve_paths(tmp_path / "s", tmp_path / "r", ws)
+    assert str(ws) in str(info.value)
+    assert "not a directory" in str(info.value)
+
+
+RUN_DIR_TABLE = [
+    # (case, env, expected; "{uid}" is replaced by the real uid)
+    (
+        "ORCHESTRA_SUP_RUN_DIR wins",
+        {
+            "ORCHESTRA_SUP_RUN_DIR": "/o",
+            "RUNTIME_DIRECTORY": "/r",
+            "XDG_RUNTIME_DIR": "/x",
+        },
+        "/o",
+    ),
+    ("RUNTIME_DIRECTORY next", {"RUNTIME_DIRECTORY": "/r", "XDG_RUNTIME_DIR": "/x"}, "/r"),
+    ("RUNTIME_DIRECTORY first of a list", {"RUNTIME_DIRECTORY": "/r1:/r2"}, "/r1"),
+    ("XDG_RUNTIME_DIR next", {"XDG_RUNTIME_DIR": "/x"}, "/x/orchestra-sup"),
+    ("nothing set", {}, "/tmp/orchestra-sup-{uid}"),
+    (
+        "empty values are ignored",
+        {"ORCHESTRA_SUP_RUN_DIR": "", "RUNTIME_DIRECTORY": "", "XDG_RUNTIME_DIR": "/x"},
+        "/x/orchestra-sup",
+    ),
+    ("all empty", {"ORCHESTRA_SUP_RUN_DIR": "", "XDG_RUNTIME_DIR": ""}, "/tmp/orchestra-sup-{uid}"),
+]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [row[1:] for row in RUN_DIR_TABLE],
+    ids=[row[0] for row in RUN_DIR_TABLE],
+)
+def test_default_run_dir(clean_env: pytest.MonkeyPatch, env: dict[str, str], expected: str) -> None:
+    """default_run_dir: ORCHESTRA_SUP_RUN_DIR > RUNTIME_DIRECTORY > XDG_RUNTIME_DIR >
+    /tmp/orchestra-sup-<uid>."""
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    assert default_run_dir() == Path(expected.format(uid=os.getuid()))
+
+
+STATE_DIR_TABLE = [
+    ("STATE_DIRECTORY wins", {"STATE_DIRECTORY": "/s", "XDG_STATE_HOME": "/x"}, "/s"),
+    ("STATE_DIRECTORY first of a list", {"STATE_DIRECTORY": "/s1:/s2"}, "/s1"),
+    ("XDG_STATE_HOME next", {"XDG_STATE_HOME": "/x"}, "/x/orchestra-sup"),
+    (
+        "empty STATE_DIRECTORY ignored",
+        {"STATE_DIRECTORY": "", "XDG_STATE_HOME": "/x"},
+        "/x/orchestra-sup",
+    ),
+    ("nothing set", {}, "{home}/.local/state/orchestra-sup"),
+]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [row[1:] for row in STATE_DIR_TABLE],
+    ids=[row[0] for row in STATE_DIR_TABLE],
+)
+def test_default_state_dir(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    """default_state_dir: STATE_DIRECTORY > XDG_STATE_HOME/orchestra-sup >
+    ~/.local/state/orchestra-sup."""
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    assert default_state_dir() == Path(expected.format(home=tmp_path / "home"))
