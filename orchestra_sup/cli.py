@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -25,9 +26,9 @@ from orchestra_sup.config import default_run_dir, load_settings, resolve_paths
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import (
     ConfigError,
+    DirBusy,
     OrchestraError,
     RemoteError,
-    RunDirBusy,
     TreeUnreachable,
     WorkspaceError,
 )
@@ -47,7 +48,8 @@ app = typer.Typer(
 ctl_app = typer.Typer(help="Talk to a running tree.", no_args_is_help=True)
 app.add_typer(ctl_app, name="ctl")
 
-out = Console(soft_wrap=True)
+# Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
+out = Console(width=None if sys.stdout.isatty() else 200)
 T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
@@ -74,7 +76,7 @@ def guarded(fn: Callable[[], T]) -> T:
     """Run `fn`, turning the product's errors into one line and the documented exit status."""
     try:
         return fn()
-    except (ConfigError, WorkspaceError, RunDirBusy) as exc:
+    except (ConfigError, WorkspaceError, DirBusy) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     except TreeUnreachable as exc:
         raise fail(str(exc), EXIT_UNREACHABLE) from None
@@ -105,20 +107,26 @@ def start(
     Example: orchestra-sup start --workspace ~/src/project --shards 4
     """
     from orchestra_sup.supervisor.root import RootSupervisor
-    from orchestra_sup.supervisor.runlock import RunLock
+    from orchestra_sup.supervisor.runlock import RunLock, StateLock
 
     def prepare() -> tuple[Any, Any]:
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
         paths = resolve_paths(state_dir, run_dir, workspace)
         if paths.workspace is not None:
             _check_workspace(paths.workspace, paths.state_dir)
-        RunLock(paths.run_dir).release()  # refuse a live tree's run dir before starting anything
+        # refuse a live tree's directories before starting anything
+        RunLock(paths.run_dir).release()
+        StateLock(paths.state_dir).release()
         return settings, paths
 
     settings, paths = guarded(prepare)
     logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
     code = guarded(lambda: asyncio.run(RootSupervisor(paths, settings).run()))
     raise typer.Exit(code)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _check_workspace(path: Path, state_dir: Path) -> None:
@@ -148,13 +156,15 @@ def run(
     def prepare() -> tuple[f.PlanSpec, Path, Path | None]:
         spec = load_plan(plan)
         load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
-        state = state_dir or Path(tempfile.mkdtemp(prefix="orchestra-sup-run-"))
-        paths = resolve_paths(state, default_run_dir(), workspace)
+        paths = resolve_paths(state_dir or Path(tempfile.gettempdir()), None, workspace)
         if paths.workspace is not None:
             _check_workspace(paths.workspace, paths.state_dir)
-        return spec, paths.state_dir, paths.workspace
+        state = paths.state_dir if state_dir else Path(tempfile.mkdtemp(prefix="osup-run-"))
+        return spec, state, paths.workspace
 
     spec, state, ws = guarded(prepare)
+    # SIGTERM unwinds like Ctrl-C, so the private tree is stopped, not orphaned
+    signal.signal(signal.SIGTERM, _interrupt)
 
     def go() -> f.PlanReport:
         with private_tree(
@@ -168,7 +178,10 @@ def run(
             assert isinstance(accepted, f.PlanAccepted)
             return wait_plan(client, accepted.id, timeout_s=timeout)
 
-    report = guarded(go)
+    try:
+        report = guarded(go)
+    except KeyboardInterrupt:
+        raise fail("interrupted; the tree was stopped", 130) from None
     if as_json:
         print_json(render.plan_json(report))
     else:
@@ -180,13 +193,24 @@ def run(
 # --- ctl ------------------------------------------------------------------------------------------
 
 
-class CtlContext:
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
+RunDirOpt = Annotated[
+    Path | None,
+    typer.Option("--run-dir", help="The tree's run directory (also accepted before the command)."),
+]
 
-    def ask(self, body: f.Body, timeout: float) -> f.Body:
+
+class CtlContext:
+    """What every ctl command shares: where the tree is."""
+
+    def __init__(self, run_dir: Path | None):
+        self.group_run_dir = run_dir
+
+    def run_dir(self, override: Path | None) -> Path:
+        return (override or self.group_run_dir or default_run_dir()).absolute()
+
+    def ask(self, body: f.Body, timeout: float, run_dir: Path | None) -> f.Body:
         def go() -> f.Body:
-            with CtlClient(self.run_dir) as client:
+            with CtlClient(self.run_dir(run_dir)) as client:
                 return client.request(body, timeout_s=timeout)
 
         return guarded(go)
@@ -200,16 +224,21 @@ def ctl_main(
     ] = None,
 ) -> None:
     """Talk to the tree whose run directory is RUN_DIR (default: as `start` picks it)."""
-    ctx.obj = CtlContext((run_dir or default_run_dir()).absolute())
+    ctx.obj = CtlContext(run_dir)
 
 
 @ctl_app.command()
-def status(ctx: typer.Context, as_json: JsonOpt = False, timeout: TimeoutOpt = 10.0) -> None:
+def status(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
     """Show the supervisor and every child. Answered by the supervisor itself.
 
     Example: orchestra-sup ctl status --json
     """
-    reply = ctx.obj.ask(f.CtlStatus(), timeout)
+    reply = ctx.obj.ask(f.CtlStatus(), timeout, run_dir)
     assert isinstance(reply, f.StatusReply)
     if as_json:
         print_json(render.status_json(reply))
@@ -223,22 +252,28 @@ def restart(
     name: Annotated[str, typer.Argument(help="coordinator, custodian or shard-K.")],
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
 ) -> None:
     """Restart one child gracefully: new pid, generation + 1; the others keep theirs.
 
     Example: orchestra-sup ctl restart shard-1
     """
-    ctx.obj.ask(f.CtlRestart(name=name), timeout)
+    ctx.obj.ask(f.CtlRestart(name=name), timeout, run_dir)
     _done(as_json, {"restarted": name}, f"restarted {name}")
 
 
 @ctl_app.command()
-def stop(ctx: typer.Context, as_json: JsonOpt = False, timeout: TimeoutOpt = 10.0) -> None:
+def stop(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
     """Stop the tree as SIGTERM does (children in reverse start order).
 
     Example: orchestra-sup ctl stop
     """
-    ctx.obj.ask(f.CtlStop(), timeout)
+    ctx.obj.ask(f.CtlStop(), timeout, run_dir)
     _done(as_json, {"stopping": True}, "stopping")
 
 
@@ -249,18 +284,19 @@ def submit(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the plan is done.")] = False,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
 ) -> None:
     """Submit PLAN to the running tree; print its id, or with --wait its outcome.
 
     Example: orchestra-sup ctl submit examples/selfcheck.toml --wait
     """
     spec = guarded(lambda: load_plan(plan))
-    accepted = ctx.obj.ask(f.CtlSubmit(plan=spec), timeout)
+    accepted = ctx.obj.ask(f.CtlSubmit(plan=spec), timeout, run_dir)
     assert isinstance(accepted, f.PlanAccepted)
     if not wait:
         _done(as_json, {"id": accepted.id}, accepted.id)
         return
-    _show_plan(ctx, accepted.id, True, as_json, timeout)
+    _show_plan(ctx, accepted.id, True, as_json, timeout, run_dir)
 
 
 @ctl_app.command("plan")
@@ -270,26 +306,34 @@ def plan_cmd(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until the plan is done.")] = False,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
 ) -> None:
     """Show one plan and its tasks.
 
     Example: orchestra-sup ctl plan 3f2a9c1b7d44 --wait --json
     """
-    _show_plan(ctx, plan_id, wait, as_json, timeout)
+    _show_plan(ctx, plan_id, wait, as_json, timeout, run_dir)
 
 
-def _show_plan(ctx: typer.Context, plan_id: str, wait: bool, as_json: bool, timeout: float) -> None:
+def _show_plan(
+    ctx: typer.Context,
+    plan_id: str,
+    wait: bool,
+    as_json: bool,
+    timeout: float,
+    run_dir: Path | None,
+) -> None:
     from orchestra_sup.oneshot import wait_plan
 
     if wait:
 
         def go() -> f.PlanReport:
-            with CtlClient(ctx.obj.run_dir) as client:
+            with CtlClient(ctx.obj.run_dir(run_dir)) as client:
                 return wait_plan(client, plan_id, timeout_s=timeout)
 
         report = guarded(go)
     else:
-        reply = ctx.obj.ask(f.CtlPlan(id=plan_id), timeout)
+        reply = ctx.obj.ask(f.CtlPlan(id=plan_id), timeout, run_dir)
         assert isinstance(reply, f.PlanReport)
         report = reply
     if as_json:
@@ -301,12 +345,17 @@ def _show_plan(ctx: typer.Context, plan_id: str, wait: bool, as_json: bool, time
 
 
 @ctl_app.command()
-def lanes(ctx: typer.Context, as_json: JsonOpt = False, timeout: TimeoutOpt = 10.0) -> None:
+def lanes(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
     """List live lanes on every shard.
 
     Example: orchestra-sup ctl lanes --json
     """
-    reply = ctx.obj.ask(f.CtlLanes(), timeout)
+    reply = ctx.obj.ask(f.CtlLanes(), timeout, run_dir)
     assert isinstance(reply, f.LaneList)
     if as_json:
         print_json(render.lanes_json(reply))
@@ -320,12 +369,13 @@ def cancel(
     lane: Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`).")],
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
 ) -> None:
     """Stop a lane now, its whole process group with it; its task becomes cancelled.
 
     Example: orchestra-sup ctl cancel 3f2a9c1b7d44-build-1
     """
-    ctx.obj.ask(f.CtlCancel(lane=lane), timeout)
+    ctx.obj.ask(f.CtlCancel(lane=lane), timeout, run_dir)
     _done(as_json, {"cancelled": lane}, f"cancelled {lane}")
 
 
@@ -343,4 +393,20 @@ def version() -> None:
 
 
 def main() -> None:
-    app()
+    """Run the CLI. Usage errors are one line and exit 2, like every other bad input."""
+    try:
+        code = app(standalone_mode=False)
+    except _ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        typer.echo(f"orchestra-sup: {exc.format_message()}{hint}", err=True)
+        sys.exit(EXIT_USAGE)
+    except typer.Abort:
+        typer.echo("orchestra-sup: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+# typer vendors click in recent releases and re-exports only some of it; BadParameter's bases
+# give its ClickException (usage errors and bad values) whichever click is underneath.
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")

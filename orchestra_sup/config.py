@@ -68,14 +68,26 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
 def _check(section: str, key: str, value: Any) -> Any:
     spec = _LIMITS.get((section, key))
     if spec is None:
-        raise ConfigError(f"[{section}] unknown key {key!r}")
+        known = ", ".join(k for s, k in _LIMITS if s == section)
+        raise ConfigError(f"[{section}] unknown key {key!r} (known: {known})")
     kind, low, high = spec
     ok_type = isinstance(value, int | float) if kind is float else isinstance(value, int)
+    shown = _toml_value(value)
     if isinstance(value, bool) or not ok_type:
-        raise ConfigError(f"[{section}] {key} = {value!r}: expected {kind.__name__}")
+        expected = "a number" if kind is float else "an integer"
+        raise ConfigError(f"[{section}] {key} = {shown}: expected {expected}")
     if not low <= value <= high:
-        raise ConfigError(f"[{section}] {key} = {value!r}: must be between {low:g} and {high:g}")
+        raise ConfigError(f"[{section}] {key} = {shown}: must be between {low:g} and {high:g}")
     return kind(value)
+
+
+def _toml_value(value: Any) -> str:
+    """`value` as it would be written in the TOML file (true, not True)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
 
 
 def settings_from_mapping(data: dict[str, Any]) -> Settings:
@@ -83,7 +95,7 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
     sections: dict[str, dict[str, Any]] = {}
     for section, body in data.items():
         if section not in ("supervisor", "shards"):
-            raise ConfigError(f"unknown section [{section}]")
+            raise ConfigError(f"unknown section [{section}] (known: [supervisor], [shards])")
         if not isinstance(body, dict):
             raise ConfigError(f"[{section}] must be a table, got {body!r}")
         sections[section] = {k: _check(section, k, v) for k, v in body.items()}
@@ -163,8 +175,11 @@ def default_run_dir() -> Path:
 
 
 def resolve_paths(state_dir: Path | None, run_dir: Path | None, workspace: Path | None) -> Paths:
-    """Fill in defaults and make paths absolute. Raises `ConfigError` when the run directory is
-    too long for a socket path or the workspace exists but is not a directory."""
+    """Fill in defaults and make paths absolute.
+
+    Raises `ConfigError` when the run directory is too long for a socket path, the workspace is
+    missing or not a directory, the state directory is a file, or it lies inside the workspace.
+    """
     run = (run_dir or default_run_dir()).absolute()
     longest = len(os.fsencode(run / "coordinator.ipc"))
     if longest > IPC_PATH_MAX:
@@ -176,4 +191,12 @@ def resolve_paths(state_dir: Path | None, run_dir: Path | None, workspace: Path 
     if ws is not None and not ws.is_dir():
         what = "does not exist" if not ws.exists() else "is not a directory"
         raise ConfigError(f"workspace {ws} {what}")
-    return Paths(state_dir=(state_dir or default_state_dir()).absolute(), run_dir=run, workspace=ws)
+    state = (state_dir or default_state_dir()).absolute()
+    if state.exists() and not state.is_dir():
+        raise ConfigError(f"state directory {state} is not a directory")
+    if ws is not None and Path(os.path.realpath(state)).is_relative_to(os.path.realpath(ws)):
+        raise ConfigError(
+            f"state directory {state} is inside the workspace {ws}; put it outside, or every "
+            "sandbox would be a copy inside the tree it was cut from"
+        )
+    return Paths(state_dir=state, run_dir=run, workspace=ws)

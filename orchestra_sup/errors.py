@@ -70,14 +70,15 @@ class SupervisionError(OrchestraError):
     """The supervisor could not start, identify or stop a child, or its run directory is taken."""
 
 
-class RunDirBusy(SupervisionError):
-    """Another live tree holds the run directory's lock (`start` refuses to share one)."""
+class DirBusy(SupervisionError):
+    """Another live tree holds the lock of a run or state directory (`start` refuses to share
+    either); `what` is "run directory" or "state directory"."""
 
-    def __init__(self, run_dir: str, pid: int | None):
-        self.run_dir = run_dir
+    def __init__(self, what: str, directory: str, pid: int | None):
+        self.directory = directory
         self.pid = pid
         owner = f" (supervisor pid {pid})" if pid else ""
-        super().__init__(f"run directory {run_dir} is owned by a live tree{owner}")
+        super().__init__(f"{what} {directory} is owned by a live tree{owner}")
 
 
 class ChildStartError(SupervisionError):
@@ -167,5 +168,8 @@ class GitError(OrchestraError):
     def __init__(self, args: list[str], returncode: int, stderr: str):
         self.args_ = args
         self.returncode = returncode
-        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {returncode}"
-        super().__init__(f"git {' '.join(args[:2])} failed: {last}")
+        lines = stderr.strip().splitlines()
+        # git's own diagnosis is its first fatal/error line; hints and "Aborting" come after
+        cause = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), None)
+        detail = cause or (lines[-1] if lines else f"exit {returncode}")
+        super().__init__(f"git {' '.join(args[:2])} failed: {detail}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchestra_sup import linux
 from orchestra_sup.client import CtlClient
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.protocol import frames as f
@@ -65,24 +67,40 @@ def private_tree(
         argv += ["--config", str(config)]
     env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+        # If this process dies however it dies, the tree gets SIGTERM and stops itself: a private
+        # tree must never outlive the command that owns it.
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
     try:
         _await_ready(listener, proc, log_path)
         with CtlClient(run_dir) as client:
-            try:
-                yield client
-            finally:
-                try:
-                    client.request(f.CtlStop(), timeout_s=10.0)
-                except Exception:
-                    proc.terminate()
-        proc.wait(timeout=STOP_TIMEOUT_S)
+            yield client
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
         listener.close()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    linux.set_parent_death_signal(signal.SIGTERM)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the tree (it stops its children in reverse order), wait for it, and only if it
+    does not exit within `STOP_TIMEOUT_S` seconds, SIGKILL it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _await_ready(listener: socket.socket, proc: subprocess.Popen[bytes], log_path: Path) -> None:

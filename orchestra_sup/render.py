@@ -39,7 +39,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         f"supervisor pid {reply.supervisor_pid}, version {reply.version}, run dir {reply.run_dir}"
     )
     table = Table(
-        "name",
+        Column("name", no_wrap=True),
         "role",
         "pid",
         "gen",
@@ -76,8 +76,16 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
 def plan_table(report: f.PlanReport, console: Console) -> None:
     verdict = "running" if not report.done else ("ok" if report.ok else "FAILED")
     console.print(f"plan {report.plan} ({report.id}): {verdict}")
-    table = Table("status", "exit", "attempts", "shard", "s", "commit", "error")
-    table.columns.insert(0, Column("task", no_wrap=True))
+    table = Table(
+        Column("task", no_wrap=True),
+        Column("status", no_wrap=True),
+        "exit",
+        "attempts",
+        Column("shard", no_wrap=True),
+        "s",
+        "commit",
+        "error",
+    )
     for t in report.tasks:
         table.add_row(
             t.id,
@@ -93,7 +101,14 @@ def plan_table(report: f.PlanReport, console: Console) -> None:
 
 
 def lanes_table(reply: f.LaneList, console: Console) -> None:
-    table = Table("lane", "task", "plan", "shard", "state", "sandbox")
+    table = Table(
+        Column("lane", no_wrap=True),
+        "task",
+        "plan",
+        Column("shard", no_wrap=True),
+        "state",
+        Column("sandbox", overflow="fold"),
+    )
     for lane in reply.lanes:
         table.add_row(
             lane.lane,

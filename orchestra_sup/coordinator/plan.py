@@ -27,10 +27,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from orchestra_sup.errors import PlanError
 from orchestra_sup.protocol.frames import PlanSpec, TaskSpec
 
-__all__ = ["load_plan", "parse_plan", "topological_order"]
+__all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", "validate_plan"]
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a task id must match, in full."""
@@ -87,7 +89,30 @@ def parse_plan(text: str, *, source: str = "<plan>") -> PlanSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(f"invalid TOML: {exc}", source=source) from exc
+    return plan_from_mapping(data, source=source)
 
+
+def validate_plan(spec: PlanSpec, *, source: str = "<submitted plan>") -> PlanSpec:
+    """Check a `PlanSpec` that arrived over the wire exactly as a plan file is checked.
+
+    The coordinator calls this on every submission: the CLI's own check is a convenience, not a
+    boundary, and a plan stored without it could poison the coordinator at every start.
+
+    Raises:
+        PlanError: as `parse_plan` does.
+    """
+    data = msgspec.to_builtins(spec)
+    # TOML has no null: an unset optional is an absent key there
+    data["task"] = [{k: v for k, v in t.items() if v is not None} for t in data.pop("tasks")]
+    return plan_from_mapping(data, source=source)
+
+
+def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSpec:
+    """Validate a plan already parsed into plain values (as TOML gives them); see `parse_plan`.
+
+    Raises:
+        PlanError: the first problem found.
+    """
     for key in data:
         if key not in _TOP_KEYS:
             raise PlanError(

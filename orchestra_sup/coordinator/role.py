@@ -21,8 +21,9 @@ import uuid
 import msgspec
 
 from orchestra_sup.coordinator.placement import ShardView, place
+from orchestra_sup.coordinator.plan import validate_plan
 from orchestra_sup.coordinator.runner import LIVE, PlanRecord, TaskStatus
-from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
+from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, PlanError, RemoteError
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
@@ -52,12 +53,19 @@ class Coordinator:
         self.node = node
         self.store = Store(node.paths.state_dir / "coordinator", ["plans", "inbox"])
         self.store.start()
-        for _key, value in self.store.items("plans"):
-            plan = self._plan_dec.decode(value)
+        for key, value in self.store.items("plans"):
+            try:
+                plan = self._plan_dec.decode(value)
+            except msgspec.DecodeError as exc:  # one bad record must not stop the coordinator
+                log.error("plan %r: unreadable record skipped: %s", key, exc)
+                continue
             self.plans[plan.id] = plan
         for key, value in self.store.items("inbox"):
             self.inbox_ids.add(key.decode())
-            self._apply(self._put_dec.decode(value).result, pump=False)
+            try:
+                self._apply(self._put_dec.decode(value).result, pump=False)
+            except msgspec.DecodeError as exc:
+                log.error("inbox %r: unreadable entry skipped: %s", key, exc)
 
     def load(self) -> int:
         return sum(not p.done for p in self.plans.values())
@@ -137,6 +145,10 @@ class Coordinator:
 
     async def _submit(self, spec: f.PlanSpec) -> f.Body:
         assert self.store is not None
+        try:
+            spec = validate_plan(spec)
+        except PlanError as exc:
+            raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
         plan = PlanRecord.new(uuid.uuid4().hex[:12], spec, time.time())
         await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
         self.plans[plan.id] = plan

@@ -59,7 +59,7 @@ class Custodian:
         assert self.node is not None
         body = env.body
         match body:
-            case f.SandboxCreate() if env.sender == "coordinator":
+            case f.SandboxCreate() if peer is not None and peer.startswith(b"coordinator."):
                 ep.reply(
                     env,
                     peer,

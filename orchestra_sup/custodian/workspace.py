@@ -213,6 +213,11 @@ async def open_workspace(path: Path | None, state_dir: Path) -> Workspace:
     return Workspace(await _validate_repo(default))
 
 
+def _trailer(lane: str) -> str:
+    """The line every lane commit carries: the lane id is the commit's idempotency key."""
+    return f"Orchestra-Lane: {lane}"
+
+
 def _has_git_component(path: str) -> bool:
     """True if any component of the slash-separated `path` is `.git` (any case, as git compares)."""
     return any(part.lower() == ".git" for part in PurePosixPath(path).parts)
@@ -340,6 +345,11 @@ class Workspace:
           * `GitError` for any other git failure (for example, uncommitted changes in the
             workspace that the landing would overwrite; git refuses before touching anything).
 
+        Idempotent per lane: every lane commit carries an `Orchestra-Lane: <lane>` trailer. A call
+        for a lane whose commit already landed returns that commit; one whose commit is in the
+        sandbox but never landed (the custodian died in between) lands it. So a shard re-sending
+        `SandboxCommit` to a restarted custodian can neither lose the work nor land it twice.
+
         After a `CommitConflict` or a landing `GitError` the sandbox's new commit is undone with
         `git reset --mixed HEAD~1`: the lane's changes are back as uncommitted edits, so a retry
         commits them again rather than finding "no change".
@@ -350,24 +360,54 @@ class Workspace:
         if not await _is_checkout_root(sandbox):
             raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is not a git checkout")
 
+        landed = await self._landed(lane)
+        if landed is not None:
+            return landed  # a retry after the custodian died mid-commit: it is already there
+
         status = await _git(sandbox, "status", "--porcelain=v1", "-z", "--untracked-files=all")
         self._refuse_git_paths(lane, sandbox, _parse_status_z(status.stdout))
 
         await _git(sandbox, "add", "-A")
         staged = await _git(sandbox, "diff", "--cached", "--quiet", check=False)
-        if staged.returncode == 0:
-            return None
-        if staged.returncode != 1:
+        if staged.returncode not in (0, 1):
             raise GitError(["diff", "--cached"], staged.returncode, staged.stderr)
-        await self._refuse_new_gitlinks(lane, sandbox)
-
-        text = message if message.strip() else f"lane {lane}"
-        await _git(sandbox, "commit", "--quiet", "-m", text, env=_AUTHOR_ENV | _COMMITTER_ENV)
+        if staged.returncode == 0:
+            # Nothing new; but an earlier attempt may have committed in the sandbox and died
+            # before landing: the lane's trailer on the sandbox HEAD says so.
+            head_msg = await _git(sandbox, "log", "-1", "--format=%B")
+            if _trailer(lane) not in head_msg.stdout.splitlines():
+                return None
+        else:
+            await self._refuse_new_gitlinks(lane, sandbox)
+            text = message if message.strip() else f"lane {lane}"
+            await _git(
+                sandbox,
+                "commit",
+                "--quiet",
+                "-m",
+                f"{text}\n\n{_trailer(lane)}",
+                env=_AUTHOR_ENV | _COMMITTER_ENV,
+            )
         try:
             return await self._land(lane, sandbox)
         except (CommitConflict, GitError):
             await _git(sandbox, "reset", "--quiet", "--mixed", "HEAD~1")
             raise
+
+    async def _landed(self, lane: str) -> str | None:
+        """The workspace commit that carries `lane`'s trailer, if one has landed."""
+        out = await _git(
+            self.root,
+            "log",
+            "--fixed-strings",
+            f"--grep={_trailer(lane)}",
+            "--format=%H%x00%B%x00",
+        )
+        fields = out.stdout.split("\0")
+        for sha, body in zip(fields[0::2], fields[1::2], strict=False):
+            if _trailer(lane) in body.splitlines():
+                return sha.strip()
+        return None
 
     @staticmethod
     def _refuse_git_paths(lane: str, sandbox: Path, entries: list[tuple[str, str]]) -> None:

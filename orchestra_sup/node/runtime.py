@@ -35,7 +35,7 @@ from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint, error_frame
+from orchestra_sup.protocol.endpoint import Endpoint, error_frame, routing_id
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Node:
             generation=self.generation,
             codec=self.codec,
             handler=self._on_control,
-            identity=self.name,
+            identity=routing_id(self.name, self.generation).decode(),
         )
         self.server = Endpoint(
             self.ctx,
@@ -111,6 +111,17 @@ class Node:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         await self.role.open(self)
+        try:
+            return await self._serve()
+        finally:
+            await self.role.close()
+            for task in self._tasks:
+                task.cancel()
+            for ep in (*self._links.values(), self.server, self.control):
+                ep.close()
+            self.ctx.term()
+
+    async def _serve(self) -> int:
         endpoint = self.paths.run_dir / f"{self.name}.ipc"
         self.server.bind(f"ipc://{endpoint}")
         os.chmod(endpoint, 0o600)
@@ -133,12 +144,6 @@ class Node:
         self.spawn(self.lag.run())
         self.spawn(self._heartbeat())
         await self.stopping.wait()
-        await self.role.close()
-        for task in self._tasks:
-            task.cancel()
-        for ep in (*self._links.values(), self.server, self.control):
-            ep.close()
-        self.ctx.term()
         return 0
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -205,7 +210,7 @@ class Node:
                 generation=self.generation,
                 codec=self.codec,
                 handler=self._on_request,
-                identity=self.name,
+                identity=routing_id(self.name, self.generation).decode(),
             )
             ep.connect(peer.endpoint)
             ep.start()

@@ -6,9 +6,13 @@ stays a plain (non-blocking) pyzmq socket, its edge-triggered `FD` is watched wi
 `zmq.Again`. Because a send can consume the FD's edge, every send schedules one more drain.
 
 Topology (circus-style): every process binds one ROUTER (with `ROUTER_MANDATORY`, so a send to a
-peer that is not connected fails at once, and `ROUTER_HANDOVER`, so a restarted peer reclaims its
-routing id); peers connect DEALERs whose routing id is their name. Requests carry a message id and
-replies carry it back as `corr`; a reply whose request is no longer pending is stale and dropped.
+peer that is not connected fails at once); peers connect DEALERs whose routing id is
+`<name>.<generation>` (`routing_id`). A new generation therefore connects under a new routing id,
+and no handover is allowed: a second connection claiming a routing id that is connected is
+refused by libzmq, so nobody can take over a live peer's id and cut it off.
+
+Requests carry a message id and replies carry it back as `corr`; a reply whose request is no
+longer pending is stale and dropped.
 """
 
 from __future__ import annotations
@@ -68,7 +72,6 @@ class Endpoint:
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
         if kind == zmq.ROUTER:
             self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if identity is not None:
             self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         self.sock.setsockopt(zmq.RECONNECT_IVL, 10)
@@ -140,7 +143,7 @@ class Endpoint:
                 self.sock.send_multipart([to, data], zmq.NOBLOCK)
         except (zmq.Again, zmq.error.ZMQError) as exc:
             if isinstance(exc, zmq.Again) or exc.errno == zmq.EHOSTUNREACH:
-                raise PeerDown(to.decode() if to else "peer") from exc
+                raise PeerDown(_peer_name(to)) from exc
             raise
         finally:
             self._schedule_drain()
@@ -176,7 +179,7 @@ class Endpoint:
             async with asyncio.timeout(timeout_s):
                 env = await fut
         except TimeoutError as exc:
-            peer = to.decode() if to else "peer"
+            peer = _peer_name(to)
             raise CallTimeout(peer, type(body).__name__, timeout_s) from exc
         finally:
             self._pending.pop(msg_id, None)
@@ -250,6 +253,17 @@ class Endpoint:
         except Exception as exc:  # a handler bug must not stop the loop for everyone else
             log.exception("%s: handler failed on %s", self.name, type(env.body).__name__)
             self.reply(env, peer, f.Error(code=ErrorCode.INTERNAL, message=repr(exc)))
+
+
+def routing_id(name: str, generation: int) -> bytes:
+    """The routing id a process of `name` at `generation` connects its DEALERs with."""
+    return f"{name}.{generation}".encode()
+
+
+def _peer_name(routing: bytes | None) -> str:
+    if routing is None:
+        return "peer"
+    return routing.decode(errors="replace").rsplit(".", 1)[0]
 
 
 def error_frame(exc: BaseException) -> f.Error:

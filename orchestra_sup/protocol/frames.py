@@ -11,7 +11,7 @@ a body outside its channel answers `Error(code="unexpected")`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -116,7 +116,7 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     plan: str
     task: str
     shard: str
-    status: str
+    status: Literal["succeeded", "failed", "cancelled"]
     exit_code: int | None
     duration_s: float
     output_tail: str

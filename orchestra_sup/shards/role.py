@@ -22,7 +22,14 @@ from pathlib import Path
 
 import msgspec
 
-from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown, RelayError, RemoteError
+from orchestra_sup.errors import (
+    ErrorCode,
+    OrchestraError,
+    PeerDown,
+    RelayError,
+    RemoteError,
+    StateError,
+)
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
@@ -32,6 +39,7 @@ from orchestra_sup.state.store import Store
 log = logging.getLogger(__name__)
 
 RESEND_S = 2.0
+TAIL_BYTES = 4096
 CUSTODIAN_WAIT_S = 60.0
 """How long a lane waits for a custodian that is down (restarting) before it fails."""
 CALL_TIMEOUT_S = 55.0
@@ -50,6 +58,13 @@ class Lane:
         self.sandbox: str | None = None
         self.task: asyncio.Task[None] | None = None
         self.cancel_requested = False
+        self.tail = bytearray()
+
+    def output(self, _stream: str, chunk: bytes) -> None:
+        """Keep the last `TAIL_BYTES` of the command's output as it comes, so a lane that is
+        cancelled mid-run still reports what it printed."""
+        self.tail += chunk
+        del self.tail[: max(0, len(self.tail) - TAIL_BYTES)]
 
 
 class Shard:
@@ -171,7 +186,12 @@ class Shard:
             lane.sandbox = ready.path
             lane.state = "running"
             outcome = await run_shell(
-                spec.run, cwd=Path(ready.path), env=self._lane_env(lane), timeout_s=spec.timeout_s
+                spec.run,
+                cwd=Path(ready.path),
+                env=self._lane_env(lane),
+                timeout_s=spec.timeout_s,
+                on_output=lane.output,
+                tail_bytes=TAIL_BYTES,
             )
             status, error = _judge(outcome, spec.timeout_s)
             if status == "succeeded" and spec.commit:
@@ -202,14 +222,16 @@ class Shard:
             status=status,
             exit_code=outcome.exit_code if outcome else None,
             duration_s=round(time.monotonic() - started, 3),
-            output_tail=outcome.output_tail if outcome else "",
+            output_tail=outcome.output_tail if outcome else lane.tail.decode(errors="replace"),
             sandbox=lane.sandbox,
             commit=commit,
             error=error,
         )
         lane.state = status
-        await self._deliver(result)
-        self.lanes.pop(lane.id, None)
+        try:
+            await self._deliver(result)
+        finally:
+            self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
 
     def _lane_env(self, lane: Lane) -> dict[str, str]:
         env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
@@ -244,7 +266,13 @@ class Shard:
         assert self.store is not None
         put = f.InboxPut(msg_id=f"result:{result.lane}", result=result)
         self.outbox[put.msg_id] = put
-        await self.store.put_durable("outbox", put.msg_id.encode(), self._encoder.encode(put))
+        try:
+            await self.store.put_durable("outbox", put.msg_id.encode(), self._encoder.encode(put))
+        except StateError as exc:
+            # Not durable, but not lost while this process lives: it is sent all the same.
+            log.error(
+                "lane %s: result not persisted (%s); sending it from memory", result.lane, exc
+            )
         self._send(put.msg_id)
 
     def _flush_outbox(self) -> None:

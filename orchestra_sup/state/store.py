@@ -60,7 +60,11 @@ class Store:
         self._dbs = {name: self.env.open_db(name.encode()) for name in dbs}
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._drain, name=f"persist:{path.name}")
+        # A daemon, so a process that fails before `close()` exits instead of hanging on it;
+        # every orderly path calls `close()`, which flushes.
+        self._thread = threading.Thread(
+            target=self._drain, name=f"persist:{path.name}", daemon=True
+        )
         self.batches = 0
         self.writes = 0
 

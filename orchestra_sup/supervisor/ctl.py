@@ -110,7 +110,7 @@ class CtlService:
         timeout = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
         try:
             return await self.sup.control.request(
-                body, to=name.encode(), timeout_s=timeout, dest_gen=child.generation
+                body, to=child.routing_id, timeout_s=timeout, dest_gen=child.generation
             )
         except RemoteError as exc:
             return f.Error(code=exc.code, message=exc.message)

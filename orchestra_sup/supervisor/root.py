@@ -34,12 +34,12 @@ from orchestra_sup.errors import ChildStartError
 from orchestra_sup.node.args import ChildArgs, encode
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.protocol.endpoint import Endpoint, routing_id
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN, compatible
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.intensity import Backoff, RestartIntensity
 from orchestra_sup.supervisor.process import ChildProcess, kill_orphans, reap_orphans
-from orchestra_sup.supervisor.runlock import RunLock
+from orchestra_sup.supervisor.runlock import RunLock, StateLock
 from orchestra_sup.supervisor.spec import ALLOWED, ChildSpec, ChildState, Restart
 
 log = logging.getLogger("orchestra_sup.supervisor")
@@ -75,6 +75,11 @@ class Child:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def routing_id(self) -> bytes:
+        """The routing id this generation of the child connects with."""
+        return routing_id(self.name, self.generation)
 
     def transition(self, new: ChildState) -> None:
         """The only writer of `state`; refuses a transition the lifecycle does not allow."""
@@ -148,7 +153,11 @@ class RootSupervisor:
         from orchestra_sup.supervisor.ctl import CtlService
 
         lock = RunLock(self.paths.run_dir)
-        self.paths.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            state_lock = StateLock(self.paths.state_dir)
+        except BaseException:
+            lock.release()
+            raise
         linux.set_child_subreaper()
         loop = asyncio.get_running_loop()
         self.ctx = zmq.Context()
@@ -202,6 +211,7 @@ class RootSupervisor:
             self.control.close()
             self.ctl.close()
             self.ctx.term()
+            state_lock.release()
             lock.release()
         return self._exit_code
 
@@ -372,16 +382,18 @@ class RootSupervisor:
 
     def _on_control(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
         body = env.body
-        child = self.by_name.get(env.sender)
+        # Who sent it is the connection's routing id (name.generation), never what the frame
+        # says: a heartbeat naming a child from some other socket keeps nothing alive.
+        child = next((c for c in self.children if c.routing_id == peer), None)
         match body:
             case f.Hello():
                 self._on_hello(ep, peer, env, body)
-            case f.Heartbeat() if child is not None and env.gen == child.generation:
+            case f.Heartbeat() if child is not None and child.state is ChildState.RUNNING:
                 child.last_beat = time.monotonic()
                 child.lag_p99_ms = round(body.loop_lag_p99_ms, 3)
                 child.load = body.load
             case f.Heartbeat():
-                pass  # from a generation that is gone
+                pass  # from a generation that is gone, or from no child at all
             case _:
                 log.warning("supervisor: unexpected %s from %s", type(body).__name__, env.sender)
 
@@ -397,6 +409,7 @@ class RootSupervisor:
             )
         elif (
             child.state is not ChildState.STARTING
+            or peer != routing_id(hello.name, hello.generation)
             or hello.generation != child.generation
             or child.proc is None
             or hello.pid != child.proc.pid
@@ -435,7 +448,7 @@ class RootSupervisor:
         for child in self.children:
             if child.state in (ChildState.RUNNING, ChildState.STOPPING):
                 with contextlib.suppress(Exception):
-                    self.control.send(roster, to=child.name.encode())
+                    self.control.send(roster, to=child.routing_id)
 
     async def _watchdog(self) -> None:
         limit = self.settings.supervisor.watchdog_s

@@ -1,9 +1,9 @@
-"""Ownership of a run directory: one live tree per run directory.
+"""Ownership of a tree's directories: one live tree per run directory and per state directory.
 
-The supervisor holds an exclusive `flock` on `<run_dir>/supervisor.lock` for its whole life and
-writes its pid there. The kernel drops the lock when the process dies however it dies, so a lock
-that can be taken is stale by construction and is taken over; no pid is ever signalled or trusted
-to decide that.
+The supervisor holds an exclusive `flock` on `<run_dir>/supervisor.lock` and on
+`<state_dir>/tree.lock` for its whole life and writes its pid in both. The kernel drops a lock
+when the process dies however it dies, so a lock that can be taken is stale by construction and is
+taken over; no pid is ever signalled or trusted to decide that.
 """
 
 from __future__ import annotations
@@ -12,43 +12,65 @@ import fcntl
 import os
 from pathlib import Path
 
-from orchestra_sup.errors import RunDirBusy, SupervisionError
+from orchestra_sup.errors import ConfigError, DirBusy
 
 
-class RunLock:
-    """The held lock. Raises `RunDirBusy` when a live tree owns `run_dir`, `SupervisionError` when
-    the directory cannot be made private (mode 0700)."""
+class DirLock:
+    """A held lock on `directory/name`; `what` names the directory in errors.
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
+    Raises `DirBusy` when a live tree holds it, `ConfigError` when the directory cannot be made
+    (a file is in the way, no permission, read-only file system).
+    """
+
+    def __init__(self, directory: Path, name: str, what: str, *, mode: int = 0o700):
+        self.directory = directory
         try:
-            run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(run_dir, 0o700)
+            directory.mkdir(parents=True, exist_ok=True, mode=mode)
+            if what == "run directory":
+                os.chmod(directory, mode)
+            self.path = directory / name
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise SupervisionError(f"run directory {run_dir}: {exc.strerror}") from exc
-        self.path = run_dir / "supervisor.lock"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            raise ConfigError(f"{what} {directory}: {exc.strerror}") from exc
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            owner = read_owner(run_dir)
+            owner = read_owner(self.path)
             os.close(self._fd)
-            raise RunDirBusy(str(run_dir), owner) from None
-        for stale in run_dir.glob("*.ipc"):
-            stale.unlink(missing_ok=True)
+            raise DirBusy(what, str(directory), owner) from None
         os.ftruncate(self._fd, 0)
         os.write(self._fd, f"{os.getpid()}\n".encode())
 
     def release(self) -> None:
-        for sock in self.run_dir.glob("*.ipc"):
-            sock.unlink(missing_ok=True)
         os.close(self._fd)
 
 
-def read_owner(run_dir: Path) -> int | None:
-    """The pid recorded by the tree that holds (or last held) `run_dir`, for messages only."""
+class RunLock(DirLock):
+    """The run directory's lock; taking it over also removes a crashed tree's stale sockets."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir, "supervisor.lock", "run directory")
+        for stale in run_dir.glob("*.ipc"):
+            stale.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        for sock in self.directory.glob("*.ipc"):
+            sock.unlink(missing_ok=True)
+        super().release()
+
+
+class StateLock(DirLock):
+    """The state directory's lock: two trees on one state would each think the other's lanes
+    were lost."""
+
+    def __init__(self, state_dir: Path):
+        super().__init__(state_dir, "tree.lock", "state directory", mode=0o755)
+
+
+def read_owner(lock_path: Path) -> int | None:
+    """The pid recorded by the tree that holds (or last held) a lock, for messages only."""
     try:
-        return int((run_dir / "supervisor.lock").read_text().split()[0])
+        return int(lock_path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
 

@@ -49,3 +49,11 @@ def tree_factory(tmp_path: Path) -> Iterator[Callable[..., Tree]]:
 @pytest.fixture
 def tree(tree_factory: Callable[..., Tree], repo: Path) -> Tree:
     return tree_factory(workspace=repo)
+
+
+@pytest.fixture(autouse=True)
+def reap_after_each_test() -> Iterator[None]:
+    """Orphans reparented to this (subreaping) process are reaped, so no zombie piles up for
+    a later test that counts this process's children."""
+    yield
+    reap_zombies()

@@ -171,3 +171,82 @@ def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None
     assert cli("ctl", "--run-dir", run_dir, "stop").returncode == 0
     assert tree.proc.wait(timeout=30) == 0
     assert_no_leftovers()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_interrupted_run_stops_its_tree(tmp_path: Path, how: str) -> None:
+    """SIGTERM to `run`, or Ctrl-C (SIGINT to its whole process group), stops the private tree
+    and its lanes; nothing is left running."""
+    import os
+    import signal
+
+    plan = write(
+        tmp_path / "p.toml", 'name = "p"\n[[task]]\nid = "s"\nrun = "echo up; sleep 300"\n'
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestra_sup",
+            "run",
+            str(plan),
+            "--state-dir",
+            str(tmp_path / "s"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+    def lane_running() -> bool:
+        import psutil
+
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        return any(p.name() == "sleep" for p in kids)
+
+    wait_until(lane_running, 30, "the lane's command to start")
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "orchestra-sup: interrupted; the tree was stopped"
+    assert "Traceback" not in err
+    assert_no_leftovers()
+
+
+def test_usage_errors_are_one_line(tmp_path: Path) -> None:
+    """A missing argument, an unknown command or a bad option value: one line, exit 2."""
+    assert_one_line_error(cli("ctl", "restart"), 2, "Missing argument")
+    assert_one_line_error(cli("stat"), 2, "No such command")
+    assert_one_line_error(cli("run", "x.toml", "--shards", "abc"), 2, "--shards")
+
+
+def test_ctl_run_dir_after_the_command(tmp_path: Path) -> None:
+    """`ctl status --run-dir DIR` works like `ctl --run-dir DIR status`."""
+    assert_one_line_error(cli("ctl", "status", "--run-dir", str(tmp_path / "x")), 3, str(tmp_path))
+
+
+def test_state_dir_problems_are_one_line(tmp_path: Path, repo: Path) -> None:
+    """A state directory that is a file, or that lies inside the workspace, is bad input."""
+    afile = write(tmp_path / "afile", "x")
+    run_dir = str(tmp_path / "r")
+    assert_one_line_error(
+        cli("start", "--state-dir", str(afile), "--run-dir", run_dir), 2, "not a directory"
+    )
+    assert_one_line_error(
+        cli(
+            "start",
+            "--workspace",
+            str(repo),
+            "--state-dir",
+            str(repo / "state"),
+            "--run-dir",
+            run_dir,
+        ),
+        2,
+        "inside the workspace",
+    )
+    assert not (repo / "state").exists()

@@ -93,7 +93,11 @@ def test_stop_mid_plan_leaves_no_process(tree: Tree) -> None:
 
 def test_cancel_stops_the_lane_and_its_group(tree: Tree) -> None:
     """`ctl cancel` kills the lane's whole process group at once; the task is cancelled."""
-    spec = plan("cancel", task("long", "sleep 300 & sleep 300"), task("dep", "true", ["long"]))
+    spec = plan(
+        "cancel",
+        task("long", "echo started; sleep 300 & sleep 300"),
+        task("dep", "true", ["long"]),
+    )
     plan_id = tree.submit(spec)
 
     def live_lane() -> str | None:
@@ -115,6 +119,7 @@ def test_cancel_stops_the_lane_and_its_group(tree: Tree) -> None:
     report = tree.wait_plan(plan_id, timeout_s=10)
     by_id = {t.id: t for t in report.tasks}
     assert by_id["long"].status == "cancelled"
+    assert "started" in by_id["long"].output_tail  # what it printed before the cancel is kept
     assert by_id["dep"].status == "skipped"
     reply = tree.ctl(f.CtlLanes())
     assert isinstance(reply, f.LaneList) and reply.lanes == []

@@ -178,7 +178,7 @@ def test_custodian_serves_read_tools_and_refuses_coordinator_sandboxes(tree: Tre
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
-    sock.setsockopt(zmq.IDENTITY, b"coordinator-test")
+    sock.setsockopt(zmq.IDENTITY, b"coordinator.99")
     sock.connect(f"ipc://{tree.run_dir / 'custodian.ipc'}")
 
     def ask(body: f.Body, sender: str = "coordinator") -> f.Body:
@@ -209,3 +209,92 @@ def test_custodian_serves_read_tools_and_refuses_coordinator_sandboxes(tree: Tre
     finally:
         sock.close()
         ctx.term()
+
+
+def _raw_dealer(path: Path, identity: bytes | None = None):  # type: ignore[no-untyped-def]
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    sock.connect(f"ipc://{path}")
+    return ctx, sock
+
+
+def test_forged_heartbeats_do_not_keep_a_frozen_child_alive(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """Heartbeats count only from the child's own connection: a stopped shard is killed by the
+    watchdog and restarted while a stranger sends heartbeats in its name."""
+    from orchestra_sup.protocol.codec import Codec
+    from orchestra_sup.protocol.version import PROTOCOL_VERSION
+
+    config = tmp_path / "fast.toml"
+    config.write_text("[supervisor]\nwatchdog_s = 1.0\n")
+    tree = tree_factory(workspace=repo, config=config)
+    victim = tree.pids()["shard-1"]
+    ctx, sock = _raw_dealer(tree.run_dir / "supervisor.ipc")
+    codec = Codec()
+    beat = f.Heartbeat(loop_lag_p50_ms=0, loop_lag_p99_ms=0, loop_lag_max_ms=0)
+    os.kill(victim, signal.SIGSTOP)  # type: ignore[arg-type]
+    try:
+
+        def restarted() -> bool:
+            env = f.Envelope(
+                v=PROTOCOL_VERSION,
+                id="x",
+                corr=None,
+                sender="shard-1",
+                gen=1,
+                ttl_s=None,
+                dest_gen=None,
+                body=beat,
+            )
+            sock.send(codec.encode(env))
+            child = tree.child("shard-1")
+            return child.generation == 2 and child.state == "running"
+
+        wait_until(restarted, 20, "the watchdog to restart the frozen shard-1")
+    finally:
+        sock.close()
+        ctx.term()
+    assert tree.child("shard-1").last_exit == f.ExitInfo(signal=signal.SIGKILL, status=None)
+
+
+def test_a_stranger_cannot_take_over_a_live_peers_routing_id(tree: Tree) -> None:
+    """A socket that connects to the custodian under shard-0's routing id and goes away does not
+    cut shard-0 off: its next lane still gets a sandbox at once."""
+    first = tree.wait_plan(tree.submit(plan("warm", task("a", "true"), task("b", "true"))))
+    assert first.ok and {t.shard for t in first.tasks} == {"shard-0", "shard-1"}
+    ctx, sock = _raw_dealer(tree.run_dir / "custodian.ipc", identity=b"shard-0.1")
+    sock.send(b"garbage")
+    sock.poll(200)
+    sock.close()
+    ctx.term()
+    report = tree.wait_plan(
+        tree.submit(plan("after", task("a", "true"), task("b", "true"))), timeout_s=20
+    )
+    assert report.ok, report
+
+
+def test_second_tree_on_a_live_state_dir_is_refused(tree: Tree, tmp_path: Path) -> None:
+    """Two trees on one state directory would each call the other's lanes lost: refused."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestra_sup",
+            "start",
+            "--run-dir",
+            str(tmp_path / "r2"),
+            "--state-dir",
+            str(tree.state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2
+    assert "state directory" in proc.stderr and "owned by a live tree" in proc.stderr

@@ -141,12 +141,12 @@ def test_cli_override_is_validated() -> None:
 
 BAD_VALUES = [
     # (case, toml text, key, value as it should appear)
-    ("string for int", '[supervisor]\nmax_restarts = "5"\n', "max_restarts", "'5'"),
-    ("bool for int", "[shards]\ncount = true\n", "count", "True"),
-    ("bool for float", "[supervisor]\nmax_seconds = false\n", "max_seconds", "False"),
+    ("string for int", '[supervisor]\nmax_restarts = "5"\n', "max_restarts", '"5"'),
+    ("bool for int", "[shards]\ncount = true\n", "count", "true"),
+    ("bool for float", "[supervisor]\nmax_seconds = false\n", "max_seconds", "false"),
     ("float for int", "[shards]\nlanes_per_shard = 2.5\n", "lanes_per_shard", "2.5"),
     ("array for int", "[shards]\ncount = [1]\n", "count", "[1]"),
-    ("string for float", '[supervisor]\nwatchdog_s = "10s"\n', "watchdog_s", "'10s'"),
+    ("string for float", '[supervisor]\nwatchdog_s = "10s"\n', "watchdog_s", '"10s"'),
     ("int below range", "[shards]\ncount = 0\n", "count", "0"),
     ("int above range", "[shards]\ncount = 257\n", "count", "257"),
     ("negative", "[supervisor]\nmax_restarts = -1\n", "max_restarts", "-1"),

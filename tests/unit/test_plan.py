@@ -318,3 +318,35 @@ def test_topological_order_refuses_hand_built_bad_plans() -> None:
     )
     with pytest.raises(PlanError, match="dependency cycle a -> b -> a"):
         topological_order(cyclic)
+
+
+def test_validate_plan_accepts_what_parse_plan_gives() -> None:
+    """A parsed plan passes the coordinator's re-validation unchanged."""
+    from orchestra_sup.coordinator.plan import validate_plan
+
+    spec = parse_plan(
+        'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n[[task]]\nid = "b"\nrun = "true"\n'
+        'needs = ["a"]\ntimeout_s = 5\ncommit = true\n'
+    )
+    assert validate_plan(spec) == spec
+
+
+@pytest.mark.parametrize(
+    ("tasks", "needle"),
+    [
+        ([TaskSpec(id="a", run="true", needs=["ghost"])], "ghost"),
+        ([TaskSpec(id="a", run="true", timeout_s=-1.0)], "timeout_s"),
+        ([TaskSpec(id="a", run="true"), TaskSpec(id="a", run="x")], "duplicate"),
+        ([TaskSpec(id="../x", run="true")], "id"),
+        ([TaskSpec(id="a", run="")], "run"),
+    ],
+)
+def test_validate_plan_refuses_what_a_file_could_not_say(
+    tasks: list[TaskSpec], needle: str
+) -> None:
+    """A PlanSpec sent straight to the ctl socket gets the same checks as a plan file."""
+    from orchestra_sup.coordinator.plan import validate_plan
+
+    with pytest.raises(PlanError) as info:
+        validate_plan(PlanSpec(name="p", tasks=tasks))
+    assert needle in str(info.value)

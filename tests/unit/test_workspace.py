@@ -342,3 +342,40 @@ def test_hooks_never_run(ws: Workspace, tmp_path: Path) -> None:
     (Path(path) / "a.txt").write_text("x\n")
     assert asyncio.run(ws.commit_sandbox("a", Path(path), "edit")) is not None
     assert not marker.exists()
+
+
+def test_commit_retried_after_it_landed_returns_the_same_commit(
+    ws: Workspace, tmp_path: Path
+) -> None:
+    """A second SandboxCommit for a lane (the shard re-sent it to a restarted custodian) lands
+    nothing new and answers the commit that already landed."""
+    sb, _ = asyncio.run(ws.create_sandbox("l1", tmp_path / "sb" / "l1"))
+    (Path(sb) / "new.txt").write_text("new\n")
+    first = asyncio.run(ws.commit_sandbox("l1", Path(sb), "add new"))
+    again = asyncio.run(ws.commit_sandbox("l1", Path(sb), "add new"))
+    assert first is not None and again == first
+    assert git(ws.root, "rev-parse", "HEAD") == first
+    assert git(ws.root, "rev-list", "--count", "HEAD") == "2"
+
+
+def test_commit_made_in_sandbox_but_never_landed_lands_on_retry(
+    ws: Workspace, tmp_path: Path
+) -> None:
+    """The custodian died between committing in the sandbox and landing: the retry finds the
+    lane's commit (by its trailer) and lands it instead of answering "no change"."""
+    sb, _ = asyncio.run(ws.create_sandbox("l2", tmp_path / "sb" / "l2"))
+    (Path(sb) / "work.txt").write_text("work\n")
+    git(Path(sb), "add", "-A")
+    git(Path(sb), "commit", "-q", "-m", "half done\n\nOrchestra-Lane: l2")
+    landed = asyncio.run(ws.commit_sandbox("l2", Path(sb), "half done"))
+    assert landed is not None
+    assert (ws.root / "work.txt").read_text() == "work\n"
+
+
+def test_lane_trailer_is_matched_exactly(ws: Workspace, tmp_path: Path) -> None:
+    """Lane l1-0's landed commit is not mistaken for lane l1's (its id is a prefix)."""
+    sb1, _ = asyncio.run(ws.create_sandbox("l1-0", tmp_path / "sb" / "l1-0"))
+    (Path(sb1) / "one.txt").write_text("1\n")
+    asyncio.run(ws.commit_sandbox("l1-0", Path(sb1), "one"))
+    sb2, _ = asyncio.run(ws.create_sandbox("l1", tmp_path / "sb" / "l1"))
+    assert asyncio.run(ws.commit_sandbox("l1", Path(sb2), "nothing")) is None
