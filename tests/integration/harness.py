@@ -185,7 +185,11 @@ def leftovers() -> list[psutil.Process]:
     """Live descendants of the test process (zombies are reaped first)."""
     reap_zombies()
     alive = []
-    for proc in psutil.Process().children(recursive=True):
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except (psutil.Error, OSError):  # one vanished mid-walk (psutil can leak FileNotFoundError)
+        return leftovers()
+    for proc in procs:
         try:
             if proc.status() != psutil.STATUS_ZOMBIE:
                 alive.append(proc)

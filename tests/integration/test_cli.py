@@ -202,15 +202,23 @@ def test_interrupted_run_stops_its_tree(tmp_path: Path, how: str) -> None:
     def lane_running() -> bool:
         import psutil
 
-        kids = psutil.Process(proc.pid).children(recursive=True)
-        return any(p.name() == "sleep" for p in kids)
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            return any(p.name() == "sleep" for p in kids)
+        except (psutil.Error, OSError):  # a process vanished while we walked the tree
+            return False
 
-    wait_until(lane_running, 30, "the lane's command to start")
-    if how == "sigterm":
-        proc.send_signal(signal.SIGTERM)
-    else:
-        os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        wait_until(lane_running, 30, "the lane's command to start")
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1] == "orchestra-sup: interrupted; the tree was stopped"
     assert "Traceback" not in err
