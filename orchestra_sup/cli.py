@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import msgspec
 import typer
 from rich.console import Console
 
@@ -47,6 +48,8 @@ app = typer.Typer(
 )
 ctl_app = typer.Typer(help="Talk to a running tree.", no_args_is_help=True)
 app.add_typer(ctl_app, name="ctl")
+bench_app = typer.Typer(help="Measure the tree (see bench/README.md).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 # Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
 out = Console(width=None if sys.stdout.isatty() else 200)
@@ -247,6 +250,25 @@ def status(
 
 
 @ctl_app.command()
+def tree(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Print the supervision tree: supervisors with their strategy and intensity, and children.
+
+    Example: orchestra-sup ctl tree
+    """
+    reply = ctx.obj.ask(f.CtlStatus(), timeout, run_dir)
+    assert isinstance(reply, f.StatusReply)
+    if as_json:
+        print_json(render.tree_json(reply))
+    else:
+        render.tree_text(reply, out)
+
+
+@ctl_app.command()
 def restart(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="coordinator, custodian or shard-K.")],
@@ -384,6 +406,32 @@ def _done(as_json: bool, value: dict[str, Any], text: str) -> None:
         print_json(value)
     else:
         typer.echo(text)
+
+
+@bench_app.command()
+def chaos(
+    duration: Annotated[
+        float, typer.Option("--duration", min=1.0, help="Seconds of random SIGKILLs.")
+    ] = 30.0,
+    tasks: Annotated[int, typer.Option("--tasks", min=50, help="Tasks per plan.")] = 60,
+    seed: Annotated[int | None, typer.Option("--seed", help="Random seed.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run plans while a random child is SIGKILLed every 1-3 s; count what was lost.
+
+    Exits 1 when anything was lost or duplicated, an orphan was left, or the supervisor died.
+    Example: orchestra-sup bench chaos --duration 20 --json
+    """
+    from orchestra_sup.bench.chaos import run_chaos
+
+    report = guarded(lambda: run_chaos(duration, tasks=tasks, seed=seed))
+    if as_json:
+        print_json(msgspec.to_builtins(report))
+    else:
+        for key, value in msgspec.to_builtins(report).items():
+            typer.echo(f"{key:>16}: {value}")
+    clean = report.lost == report.duplicated == report.orphans == 0 and report.supervisor_alive
+    raise typer.Exit(0 if clean else EXIT_FAILED)
 
 
 @app.command()

@@ -15,6 +15,10 @@ backoff_max_s = 5.0       # ... up to this cap
 [shards]
 count = 2                 # worker-host shards
 lanes_per_shard = 8       # lanes one shard hosts at most
+
+[lanes]
+max_worker_loss = 3       # a task whose worker process (shard) is lost this many times fails;
+                          # before that, each loss pauses it and it is re-placed
 ```
 """
 
@@ -48,9 +52,17 @@ class ShardSettings(msgspec.Struct, frozen=True, kw_only=True):
     lanes_per_shard: int = 8
 
 
+class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """`max_worker_loss`: losses of a task's worker process after which the task fails with the
+    failure class `worker_process_loss` (1: the first loss fails it; no re-placement)."""
+
+    max_worker_loss: int = 3
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     supervisor: SupervisorSettings = SupervisorSettings()
     shards: ShardSettings = ShardSettings()
+    lanes: LaneSettings = LaneSettings()
 
 
 _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
@@ -62,7 +74,9 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("supervisor", "backoff_max_s"): (float, 0, 3_600),
     ("shards", "count"): (int, 1, 256),
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
+    ("lanes", "max_worker_loss"): (int, 1, 100),
 }
+_SECTIONS = ("supervisor", "shards", "lanes")
 
 
 def _check(section: str, key: str, value: Any) -> Any:
@@ -94,8 +108,9 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
     """Validate a parsed TOML mapping. Raises `ConfigError` naming the key and the value."""
     sections: dict[str, dict[str, Any]] = {}
     for section, body in data.items():
-        if section not in ("supervisor", "shards"):
-            raise ConfigError(f"unknown section [{section}] (known: [supervisor], [shards])")
+        if section not in _SECTIONS:
+            known = ", ".join(f"[{name}]" for name in _SECTIONS)
+            raise ConfigError(f"unknown section [{section}] (known: {known})")
         if not isinstance(body, dict):
             raise ConfigError(f"[{section}] must be a table, got {body!r}")
         sections[section] = {k: _check(section, k, v) for k, v in body.items()}
@@ -105,7 +120,11 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             f"[supervisor] backoff_max_s = {sup.backoff_max_s!r}: "
             f"below backoff_initial_s = {sup.backoff_initial_s!r}"
         )
-    return Settings(supervisor=sup, shards=ShardSettings(**sections.get("shards", {})))
+    return Settings(
+        supervisor=sup,
+        shards=ShardSettings(**sections.get("shards", {})),
+        lanes=LaneSettings(**sections.get("lanes", {})),
+    )
 
 
 def load_settings(

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 from rich.console import Console
 from rich.table import Column, Table
+from rich.tree import Tree
 
 from orchestra_sup.protocol import frames as f
 
@@ -32,6 +33,58 @@ def plan_json(report: f.PlanReport) -> dict[str, Any]:
 
 def lanes_json(reply: f.LaneList) -> dict[str, Any]:
     return {"lanes": msgspec.to_builtins(reply.lanes)}
+
+
+def tree_json(reply: f.StatusReply) -> dict[str, Any]:
+    """The tree nested: {"name", "strategy", "max_restarts", "max_seconds", "children": [...]},
+    a worker being {"name", "role", "pid", "generation", "state"}."""
+    workers = {c.name: c for c in reply.children}
+    sups = {s.name: s for s in reply.supervisors}
+
+    def node(name: str) -> dict[str, Any]:
+        if name in sups:
+            s = sups[name]
+            return {
+                "name": s.name,
+                "strategy": s.strategy,
+                "max_restarts": s.max_restarts,
+                "max_seconds": s.max_seconds,
+                "children": [node(c) for c in s.children],
+            }
+        c = workers[name]
+        return {
+            "name": c.name,
+            "role": c.role,
+            "pid": c.pid,
+            "generation": c.generation,
+            "state": c.state,
+        }
+
+    roots = [s.name for s in reply.supervisors if s.parent is None]
+    return node(roots[0]) if roots else {}
+
+
+def tree_text(reply: f.StatusReply, console: Console) -> None:
+    tree = tree_json(reply)
+
+    def label(n: dict[str, Any]) -> str:
+        if "children" in n:
+            return (
+                f"{n['name']} (supervisor, {n['strategy']}, "
+                f"{n['max_restarts']} restarts in {n['max_seconds']:g} s)"
+            )
+        return f"{n['name']} pid={n['pid'] or '-'} gen={n['generation']} {n['state']}"
+
+    def add(branch: Tree, n: dict[str, Any]) -> None:
+        for child in n.get("children", []):
+            add(branch.add(label(child)), child)
+
+    if not tree:
+        console.print("(no supervision tree reported)")
+        return
+    root = Tree(f"orchestra-sup pid={reply.supervisor_pid} {reply.version} / {label(tree)}")
+    add(root, tree)
+    console.print(root)
 
 
 def status_table(reply: f.StatusReply, console: Console) -> None:
@@ -95,9 +148,18 @@ def plan_table(report: f.PlanReport, console: Console) -> None:
             t.shard or "-",
             f"{t.duration_s:.2f}",
             (t.commit or "-")[:10],
-            t.error or "",
+            _error_cell(t),
         )
     console.print(table)
+
+
+def _error_cell(t: f.TaskReport) -> str:
+    """The error, then how many warnings the task has (`--json` has them in full)."""
+    if not t.warnings:
+        return t.error or ""
+    n = len(t.warnings)
+    count = f"({n} warning{'s' if n != 1 else ''})"
+    return f"{t.error} {count}" if t.error else count
 
 
 def lanes_table(reply: f.LaneList, console: Console) -> None:

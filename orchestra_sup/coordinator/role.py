@@ -67,6 +67,12 @@ class Coordinator:
             except msgspec.DecodeError as exc:
                 log.error("inbox %r: unreadable entry skipped: %s", key, exc)
 
+    @property
+    def max_worker_loss(self) -> int:
+        """Losses of its worker process after which a task fails (`[lanes] max_worker_loss`)."""
+        assert self.node is not None
+        return self.node.args.max_worker_loss
+
     def load(self) -> int:
         return sum(not p.done for p in self.plans.values())
 
@@ -84,9 +90,17 @@ class Coordinator:
                 name=peer.name, generation=peer.generation, up=peer.up, capacity=peer.capacity
             )
             for plan in self.plans.values():
-                lost = plan.lose_shard(peer.name, peer.generation if peer.up else None)
+                lost = plan.lose_shard(
+                    peer.name, peer.generation if peer.up else None, self.max_worker_loss
+                )
                 if lost:
-                    log.warning("plan %s: %s lost with %s", plan.id, ", ".join(lost), peer.name)
+                    log.warning(
+                        "plan %s: %s lost with %s: %s",
+                        plan.id,
+                        ", ".join(lost),
+                        peer.name,
+                        ", ".join(f"{t} {plan.tasks[t].status}" for t in lost),
+                    )
                     self._persist(plan)
                     self._maybe_done(plan)
         self._pump()
@@ -232,20 +246,9 @@ class Coordinator:
                 shard = place(list(self.shards.values()))
                 if shard is None:
                     return
-                rec = plan.tasks[spec.id]
-                rec.attempts += 1
-                rec.status = TaskStatus.STARTING
-                rec.lane = f"{plan.id}-{spec.id}-{rec.attempts}"
-                rec.shard, rec.shard_gen = shard.name, shard.generation
+                start = plan.place(spec, shard.name, shard.generation)
                 shard.load += 1
                 self._persist(plan)
-                start = f.LaneStart(
-                    lane=rec.lane,
-                    plan=plan.id,
-                    task=spec,
-                    attempt=rec.attempts,
-                    plan_name=plan.spec.name,
-                )
                 self.node.spawn(self._start(plan, spec.id, start, shard.name))
 
     async def _start(self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str) -> None:
@@ -263,8 +266,7 @@ class Coordinator:
             ):
                 rec.status, rec.error = TaskStatus.FAILED, f"{shard} refused the lane: {exc}"
             else:
-                rec.status, rec.attempts = TaskStatus.PENDING, rec.attempts - 1
-                rec.lane = rec.shard = rec.shard_gen = None
+                plan.unplace(task_id)
                 if isinstance(exc, RemoteError) and exc.code is ErrorCode.SHARD_FULL:
                     await asyncio.sleep(0.2)  # the shard's own count is ahead of ours
             self._persist(plan)

@@ -7,6 +7,14 @@ start next.
 Task states: pending -> starting -> running -> succeeded | failed | cancelled, and
 pending -> skipped when a task it needs ended in anything but succeeded. `starting` means a
 `LaneStart` is in flight; reports show it as running.
+
+Losing the worker process (the shard a lane ran on exits) is an infrastructure failure, not a
+verdict on the work (ARCHITECTURE.md §7, §11 invariant 5): starting | running -> paused, and a
+paused task is ready again, so it is re-placed on a live shard (the restarted one included) and
+its step re-runs with a partial-work warning, since whatever the dead attempt did outside its
+sandbox may still be there. Every placement counts in `attempts`. The `max_worker_loss`-th loss
+of the same task fails it with the failure class `worker_process_loss` instead, so a command that
+kills its own shard cannot loop.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ class TaskStatus(enum.StrEnum):
     PENDING = "pending"
     STARTING = "starting"
     RUNNING = "running"
+    PAUSED = "paused"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -32,10 +41,35 @@ FINAL = frozenset(
     {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.SKIPPED, TaskStatus.CANCELLED}
 )
 LIVE = frozenset({TaskStatus.STARTING, TaskStatus.RUNNING})
+WAITING = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED})
+"""Not placed yet (pending) or no longer placed (paused): ready once every need succeeded."""
+
+
+class FailureClass(enum.StrEnum):
+    """Why a task failed, as a typed class (ARCHITECTURE.md §7); a report's `failure`.
+
+    Only `WORKER_PROCESS_LOSS` is produced today: the task's worker process was lost
+    `max_worker_loss` times. The others are named so that reports and strategies built later share
+    one vocabulary; an ordinary failure (a command exiting non-zero) has no class yet (None).
+    """
+
+    QUALITY_MISS = "quality_miss"
+    TOOL_FAILURE = "tool_failure"
+    BUDGET_EXHAUSTION = "budget_exhaustion"
+    TIMEOUT = "timeout"
+    PREFLIGHT_ESCALATION = "preflight_escalation"
+    WORKER_PROCESS_LOSS = "worker_process_loss"
+    QUOTA_BREACH = "quota_breach"
 
 
 class TaskRecord(msgspec.Struct, kw_only=True):
-    """One task's durable record. `shard_gen` is the generation of the shard its lane runs on."""
+    """One task's durable record. `shard_gen` is the generation of the shard its lane runs on.
+
+    `attempts` counts placements (1 + re-placements after losses); `worker_losses` counts the
+    worker processes lost under it; `failure` is its `FailureClass` when one applies; `warnings`
+    are said once each, in order (a partial-work warning per loss). Fields added after the first
+    release are appended with defaults, so records written before them still decode.
+    """
 
     status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
@@ -48,6 +82,9 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     output_tail: str = ""
     commit: str | None = None
     error: str | None = None
+    worker_losses: int = 0
+    failure: FailureClass | None = None
+    warnings: list[str] = msgspec.field(default_factory=list)
 
 
 class PlanRecord(msgspec.Struct, kw_only=True):
@@ -97,13 +134,39 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         return skipped
 
     def ready(self) -> list[f.TaskSpec]:
-        """Pending tasks whose needs have all succeeded, in file order."""
+        """Pending and paused tasks whose needs have all succeeded, in file order."""
         return [
             spec
             for spec in self.spec.tasks
-            if self.tasks[spec.id].status is TaskStatus.PENDING
+            if self.tasks[spec.id].status in WAITING
             and all(self.tasks[n].status is TaskStatus.SUCCEEDED for n in spec.needs)
         ]
+
+    def place(self, spec: f.TaskSpec, shard: str, generation: int) -> f.LaneStart:
+        """Put ready task `spec` on `shard` at `generation` as a new lane (one more attempt);
+        returns the `LaneStart` to send. The lane id names the attempt, so a result of an earlier
+        lane of the same task is told apart (and ignored) by `apply`."""
+        rec = self.tasks[spec.id]
+        rec.attempts += 1
+        rec.status = TaskStatus.STARTING
+        rec.lane = f"{self.id}-{spec.id}-{rec.attempts}"
+        rec.shard, rec.shard_gen = shard, generation
+        return f.LaneStart(
+            lane=rec.lane,
+            plan=self.id,
+            task=spec,
+            attempt=rec.attempts,
+            plan_name=self.spec.name,
+            warnings=list(rec.warnings),
+        )
+
+    def unplace(self, task_id: str) -> None:
+        """Take back a placement its shard never took (it was full or down before the lane
+        existed): the task waits again as it did before, and the attempt does not count."""
+        rec = self.tasks[task_id]
+        rec.status = TaskStatus.PAUSED if rec.worker_losses else TaskStatus.PENDING
+        rec.attempts -= 1
+        rec.lane = rec.shard = rec.shard_gen = None
 
     def apply(self, result: f.LaneResult) -> bool:
         """Record a lane's result; False (and no change) when it is stale: the task has moved on
@@ -120,18 +183,38 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.error = result.error
         return True
 
-    def lose_shard(self, shard: str, generation: int | None) -> list[str]:
-        """Fail every live task on `shard` whose lane ran on a generation other than
-        `generation` (None: the shard is down, so every generation); returns their ids."""
+    def lose_shard(self, shard: str, generation: int | None, max_worker_loss: int) -> list[str]:
+        """Pause every live task on `shard` whose lane ran on a generation other than
+        `generation` (None: the shard is down, so every generation); returns their ids.
+
+        A worker-process loss is not a verdict on the work (ARCHITECTURE.md §11 invariant 5): the
+        task is paused, so `ready` offers it again, with a partial-work warning for its re-run.
+        Its `max_worker_loss`-th loss (>= 1) fails it instead, with the failure class
+        `worker_process_loss`, so a command that kills its own shard cannot loop.
+        """
         lost: list[str] = []
         for task_id, rec in self.tasks.items():
-            if rec.status in LIVE and rec.shard == shard and rec.shard_gen != generation:
+            if rec.status not in LIVE or rec.shard != shard or rec.shard_gen == generation:
+                continue
+            rec.worker_losses += 1
+            interrupted = (
+                f"partial work: lane {rec.lane} was interrupted when {shard} "
+                f"(generation {rec.shard_gen}) was lost"
+            )
+            if rec.worker_losses >= max_worker_loss:
                 rec.status = TaskStatus.FAILED
+                rec.failure = FailureClass.WORKER_PROCESS_LOSS
+                rec.warnings.append(f"{interrupted}; not re-run")
                 rec.error = (
-                    f"worker process lost: {shard} (generation {rec.shard_gen}) exited while "
-                    f"lane {rec.lane} was running"
+                    f"worker process lost {rec.worker_losses} times (max_worker_loss = "
+                    f"{max_worker_loss}); last: {shard} (generation {rec.shard_gen}) exited "
+                    f"while lane {rec.lane} was running"
                 )
-                lost.append(task_id)
+            else:
+                rec.status = TaskStatus.PAUSED
+                rec.warnings.append(f"{interrupted}; re-running the step")
+                rec.lane = rec.shard = rec.shard_gen = None
+            lost.append(task_id)
         return lost
 
     def report(self) -> f.PlanReport:
@@ -156,6 +239,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     output_tail=rec.output_tail,
                     commit=rec.commit,
                     error=rec.error,
+                    failure=None if rec.failure is None else str(rec.failure),
+                    warnings=list(rec.warnings),
                 )
                 for spec in self.spec.tasks
                 for rec in (self.tasks[spec.id],)

@@ -9,7 +9,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a child needs to join its tree.
 
     `supervisor_pid` lets the child notice it was orphaned before `PR_SET_PDEATHSIG` took hold;
-    `heartbeat_s` is the interval of its heartbeats, seconds.
+    `heartbeat_s` is the interval of its heartbeats, seconds; `max_worker_loss` is the coordinator's
+    `[lanes] max_worker_loss` (losses of its worker process after which a task fails).
     """
 
     role: str
@@ -21,6 +22,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     lanes_per_shard: int
     supervisor_pid: int
     heartbeat_s: float = 0.5
+    max_worker_loss: int = 3
 
 
 def encode(args: ChildArgs) -> str:

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +31,7 @@ import zmq
 
 from orchestra_sup import linux
 from orchestra_sup.config import Paths
-from orchestra_sup.errors import PeerDown
+from orchestra_sup.errors import ErrorCode, PeerDown
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
@@ -241,7 +242,25 @@ class Node:
         if isinstance(env.body, f.Roster):
             self._apply_roster(env.body)
             return
+        if isinstance(env.body, f.DebugHook):
+            self._debug_hook(ep, peer, env, env.body)
+            return
         self.role.handle(ep, peer, env)
+
+    def _debug_hook(
+        self, ep: Endpoint, peer: bytes | None, env: f.Envelope, hook: f.DebugHook
+    ) -> None:
+        """Fault injection for tests; off unless the tree runs with ORCHESTRA_SUP_DEBUG_HOOKS=1."""
+        if os.environ.get("ORCHESTRA_SUP_DEBUG_HOOKS") != "1":
+            ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message="debug hooks are off"))
+            return
+        ep.reply(env, peer, f.Ack())
+        if hook.action == "ignore_sigterm":
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        else:
+            log.warning("%s: debug hook blocks the event loop for %g s", self.name, hook.seconds)
+            time.sleep(hook.seconds)  # the whole point: a wedged loop, heartbeats stop
 
     def _on_request(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
         self.role.handle(ep, peer, env)

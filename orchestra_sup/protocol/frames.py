@@ -46,7 +46,14 @@ class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
-    """One task's outcome, as `ctl plan --json` prints it. `duration_s` is seconds."""
+    """One task's outcome, as `ctl plan --json` prints it. `duration_s` is seconds.
+
+    `attempts` counts the task's placements (1 + re-placements after lost worker processes);
+    `failure` is the failure class of a failed task when one applies (`worker_process_loss`: its
+    worker process was lost `[lanes] max_worker_loss` times; see `coordinator.runner.FailureClass`),
+    else None; `warnings` are things to know about the result, oldest first (a partial-work
+    warning for each lost worker process).
+    """
 
     id: str
     status: str
@@ -59,6 +66,8 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     output_tail: str = ""
     commit: str | None = None
     error: str | None = None
+    failure: str | None = None
+    warnings: list[str] = []
 
 
 class PlanReport(Frame, tag="plan_report"):
@@ -242,13 +251,19 @@ class ToolResult(Frame, tag="tool_result"):
 
 
 class LaneStart(Frame, tag="lane_start"):
-    """Start `task` of `plan` as lane `lane`; refused with `shard_full` when the shard is full."""
+    """Start `task` of `plan` as lane `lane`; refused with `shard_full` when the shard is full.
+
+    `attempt` counts the task's placements from 1; `warnings` are what the coordinator knows the
+    lane should be told about earlier attempts (a partial-work warning when one was interrupted by
+    a lost worker process), oldest first.
+    """
 
     lane: str
     plan: str
     task: TaskSpec
     attempt: int = 1
     plan_name: str = ""
+    warnings: list[str] = []
 
 
 class LaneCancel(Frame, tag="lane_cancel"):
@@ -288,6 +303,17 @@ class CtlStatus(Frame, tag="ctl_status"):
     pass
 
 
+class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One supervisor of the tree: its flags and its children's names in start order."""
+
+    name: str
+    parent: str | None
+    strategy: str
+    max_restarts: int
+    max_seconds: float
+    children: list[str]
+
+
 class StatusReply(Frame, tag="status_reply"):
     supervisor_pid: int
     version: str
@@ -295,6 +321,7 @@ class StatusReply(Frame, tag="status_reply"):
     state_dir: str
     workspace: str
     children: list[ChildInfo]
+    supervisors: list[SupervisorInfo] = []
 
 
 class CtlRestart(Frame, tag="ctl_restart"):
@@ -329,6 +356,23 @@ class CtlCancel(Frame, tag="ctl_cancel"):
     lane: str
 
 
+class CtlDebug(Frame, tag="ctl_debug"):
+    """Fault injection for tests, refused unless the tree runs with ORCHESTRA_SUP_DEBUG_HOOKS=1:
+    `block_loop` blocks child `name`'s event loop for `seconds`; `ignore_sigterm` makes it
+    ignore SIGTERM from then on."""
+
+    name: str
+    action: Literal["block_loop", "ignore_sigterm"]
+    seconds: float = 0.0
+
+
+class DebugHook(Frame, tag="debug_hook"):
+    """`CtlDebug` as the supervisor forwards it to the child."""
+
+    action: Literal["block_loop", "ignore_sigterm"]
+    seconds: float = 0.0
+
+
 Control = Hello | Welcome | Reject | Heartbeat | Roster
 Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
 Relay = ToolCall | ToolResult
@@ -345,6 +389,8 @@ Ctl = (
     | PlanReport
     | CtlLanes
     | CtlCancel
+    | CtlDebug
+    | DebugHook
 )
 Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Ack | Error
 

@@ -33,6 +33,7 @@ from orchestra_sup.errors import (
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
 from orchestra_sup.shards.shell import ShellOutcome, run_shell
 from orchestra_sup.state.store import Store
 
@@ -73,6 +74,7 @@ class Shard:
     def __init__(self) -> None:
         self.node: Node | None = None
         self.store: Store | None = None
+        self.cgroups: LaneCgroups | None = None  # cgroup tracking of lane processes (open())
         self.lanes: dict[str, Lane] = {}
         self.outbox: dict[str, f.InboxPut] = {}
         self._sending: set[str] = set()
@@ -88,6 +90,9 @@ class Shard:
 
     async def open(self, node: Node) -> None:
         self.node = node
+        # Lane cgroups live under <tree>/<shard>.<generation>: the supervisor kills a dead
+        # generation's subtree while the next generation starts its own beside it.
+        self.cgroups = LaneCgroups(tree_id(node.paths.run_dir), f"{node.name}.{node.generation}")
         self.store = Store(node.paths.state_dir / node.name, ["outbox"])
         self.store.start()
         for key, value in self.store.items("outbox"):
@@ -103,6 +108,8 @@ class Shard:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.cgroups is not None:  # cgroup tracking: nothing of any lane outlives the shard
+            self.cgroups.kill_all_sync()
         assert self.store is not None
         self.store.close()
 
@@ -175,7 +182,7 @@ class Shard:
         )
 
     async def _run(self, lane: Lane) -> None:
-        assert self.node is not None
+        assert self.node is not None and self.cgroups is not None
         started = time.monotonic()
         spec = lane.start.task
         outcome: ShellOutcome | None = None
@@ -185,14 +192,22 @@ class Shard:
             assert isinstance(ready, f.SandboxReady)
             lane.sandbox = ready.path
             lane.state = "running"
-            outcome = await run_shell(
-                spec.run,
-                cwd=Path(ready.path),
-                env=self._lane_env(lane),
-                timeout_s=spec.timeout_s,
-                on_output=lane.output,
-                tail_bytes=TAIL_BYTES,
-            )
+            # --- cgroup tracking: the command joins the lane's cgroup before exec; whatever is
+            # left in it when the command ends (setsid'ed or double-forked daemons) is killed.
+            cgroup = self.cgroups.create(lane.id)
+            try:
+                outcome = await run_shell(
+                    spec.run,
+                    cwd=Path(ready.path),
+                    env=self._lane_env(lane),
+                    timeout_s=spec.timeout_s,
+                    on_output=lane.output,
+                    tail_bytes=TAIL_BYTES,
+                    preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
+                )
+            finally:
+                await self.cgroups.kill(lane.id)
+            # --- end cgroup tracking
             status, error = _judge(outcome, spec.timeout_s)
             if status == "succeeded" and spec.commit:
                 done = await self._custodian(

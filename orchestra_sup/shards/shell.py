@@ -227,6 +227,7 @@ async def run_shell(
     on_output: Callable[[str, bytes], None] | None = None,
     tail_bytes: int = 4096,
     kill_grace_s: float = 2.0,
+    preexec: Callable[[], None] | None = None,
 ) -> ShellOutcome:
     """Run `/bin/sh -c command` in `cwd` and report how it ended.
 
@@ -240,6 +241,10 @@ async def run_shell(
       and its group has been killed, before they are closed. A process that left the group (e.g.
       via `setsid`) and still holds a pipe is not waited for beyond this, nor killed; its
       remaining output is not read.
+    - `preexec`: called in the child between fork and exec (Popen's `preexec_fn`), after the
+      pipes and the process group are set up, e.g. to join a cgroup
+      (`shards.cgroup.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
+      logging: other threads' locks may be held forever in the child). None: nothing is called.
 
     The command is the leader of its own process group, with stdin from /dev/null. When the
     leader exits, the rest of its group (background children such as `sleep 100 &`) is killed
@@ -248,6 +253,7 @@ async def run_shell(
     Raises:
         ValueError: `timeout_s` is not positive, or `tail_bytes` / `kill_grace_s` is negative.
         OSError: the command could not be spawned (e.g. `cwd` does not exist).
+        subprocess.SubprocessError: `preexec` raised in the child (the command did not run).
         asyncio.CancelledError: the calling task was cancelled; the group has been killed and the
             leader reaped before it is re-raised.
         Exception: whatever `on_output` raised; the group has been killed and the leader reaped.
@@ -274,6 +280,7 @@ async def run_shell(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         process_group=0,
+        preexec_fn=preexec,
     )
     deadline_hit = False
     try:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
 from orchestra_sup import __version__
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.endpoint import Endpoint, error_frame
+from orchestra_sup.protocol.endpoint import Endpoint, error_frame, routing_id
+from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildState
 
 if TYPE_CHECKING:
-    from orchestra_sup.supervisor.root import Child, RootSupervisor
+    from orchestra_sup.supervisor.root import RootSupervisor
 
 DEFAULT_FORWARD_TIMEOUT_S = 10.0
 
@@ -56,6 +57,21 @@ class CtlService:
                 self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
             case f.CtlLanes():
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))
+            case f.CtlDebug(name=name) if self.sup.debug_hooks and name in self.sup.by_name:
+                self._answer(
+                    ep,
+                    peer,
+                    env,
+                    self._forward(
+                        name, f.DebugHook(action=body.action, seconds=body.seconds), env.ttl_s
+                    ),
+                )
+            case f.CtlDebug() if not self.sup.debug_hooks:
+                message = "debug hooks are off (start the tree with ORCHESTRA_SUP_DEBUG_HOOKS=1)"
+                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
+            case f.CtlDebug():
+                message = f"no child named {body.name!r}"
+                ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
             case _:
                 ep.reply(
                     env,
@@ -74,7 +90,8 @@ class CtlService:
             run_dir=str(paths.run_dir),
             state_dir=str(paths.state_dir),
             workspace=str(paths.workspace or paths.state_dir / "workspace"),
-            children=[c.info(paths) for c in self.sup.children],
+            children=[self.sup.child_info(w) for w in self.sup.workers],
+            supervisors=list(_supervisors(self.sup.tree)),
         )
 
     def _answer(
@@ -93,13 +110,13 @@ class CtlService:
 
         self.sup.spawn(run())
 
-    async def _restart(self, child: Child) -> f.Body:
-        if child.state not in (ChildState.RUNNING, ChildState.EXITED, ChildState.BACKOFF):
+    async def _restart(self, worker: Worker) -> f.Body:
+        if worker.state not in (ChildState.RUNNING, ChildState.EXITED, ChildState.BACKOFF):
             raise RemoteError(
                 ErrorCode.BAD_REQUEST,
-                f"{child.name} is {child.state}; try again when it is running",
+                f"{worker.name} is {worker.state}; try again when it is running",
             )
-        await self.sup.operator_restart(child)
+        await self.sup.tree.restart_worker(worker)
         return f.Ack()
 
     async def _forward(self, name: str, body: f.Body, ttl_s: float | None) -> f.Body:
@@ -110,13 +127,16 @@ class CtlService:
         timeout = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
         try:
             return await self.sup.control.request(
-                body, to=child.routing_id, timeout_s=timeout, dest_gen=child.generation
+                body,
+                to=routing_id(child.name, child.generation),
+                timeout_s=timeout,
+                dest_gen=child.generation,
             )
         except RemoteError as exc:
             return f.Error(code=exc.code, message=exc.message)
 
     async def _lanes(self, ttl_s: float | None) -> f.Body:
-        shards = [c for c in self.sup.children if c.spec.role == "shard"]
+        shards = [w for w in self.sup.workers if w.spec.role == "shard"]
         replies = await asyncio.gather(
             *(self._forward(c.name, f.ListLanes(), ttl_s) for c in shards), return_exceptions=True
         )
@@ -125,3 +145,18 @@ class CtlService:
             if isinstance(reply, f.LaneList):
                 lanes.extend(reply.lanes)
         return f.LaneList(lanes=lanes)
+
+
+def _supervisors(sup: Supervisor, parent: str | None = None) -> Iterator[f.SupervisorInfo]:
+    """Every supervisor of the tree, parents first, with its children's names in order."""
+    yield f.SupervisorInfo(
+        name=sup.name,
+        parent=parent,
+        strategy=str(sup.flags.strategy),
+        max_restarts=sup.flags.max_restarts,
+        max_seconds=sup.flags.max_seconds,
+        children=[c.name for c in sup.children],
+    )
+    for child in sup.children:
+        if isinstance(child, Supervisor):
+            yield from _supervisors(child, sup.name)

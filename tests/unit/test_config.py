@@ -9,6 +9,7 @@ import pytest
 
 from orchestra_sup.config import (
     IPC_PATH_MAX,
+    LaneSettings,
     Paths,
     Settings,
     ShardSettings,
@@ -70,6 +71,7 @@ def test_defaults_without_a_file() -> None:
         backoff_max_s=5.0,
     )
     assert s.shards == ShardSettings(count=2, lanes_per_shard=8)
+    assert s.lanes == LaneSettings(max_worker_loss=3)
 
 
 def test_empty_file_gives_defaults(tmp_path: Path) -> None:
@@ -78,7 +80,7 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
 
 
 def test_file_values_are_read(tmp_path: Path) -> None:
-    """Every key of both sections is read from the file; ints are accepted for float keys and
+    """Every key of every section is read from the file; ints are accepted for float keys and
     become floats."""
     path = _toml(
         tmp_path,
@@ -94,6 +96,9 @@ def test_file_values_are_read(tmp_path: Path) -> None:
         [shards]
         count = 3
         lanes_per_shard = 16
+
+        [lanes]
+        max_worker_loss = 5
         """,
     )
     s = load_settings(path)
@@ -107,6 +112,16 @@ def test_file_values_are_read(tmp_path: Path) -> None:
     )
     assert type(s.supervisor.max_seconds) is float
     assert s.shards == ShardSettings(count=3, lanes_per_shard=16)
+    assert s.lanes == LaneSettings(max_worker_loss=5)
+
+
+def test_lanes_section_alone(tmp_path: Path) -> None:
+    """A file with only [lanes] sets max_worker_loss and keeps every other default; the CLI
+    overrides leave it alone."""
+    s = load_settings(_toml(tmp_path, "[lanes]\nmax_worker_loss = 1\n"), shards=3)
+    assert s.lanes == LaneSettings(max_worker_loss=1)
+    assert s.shards == ShardSettings(count=3, lanes_per_shard=8)
+    assert s.supervisor == SupervisorSettings()
 
 
 def test_partial_section_keeps_other_defaults(tmp_path: Path) -> None:
@@ -154,6 +169,12 @@ BAD_VALUES = [
     ("float above range", "[supervisor]\nmax_seconds = 86401.0\n", "max_seconds", "86401.0"),
     ("nan", "[supervisor]\nmax_seconds = nan\n", "max_seconds", "nan"),
     ("infinity", "[supervisor]\nshutdown_timeout_s = inf\n", "shutdown_timeout_s", "inf"),
+    ("max_worker_loss zero", "[lanes]\nmax_worker_loss = 0\n", "max_worker_loss", "0"),
+    ("max_worker_loss above", "[lanes]\nmax_worker_loss = 101\n", "max_worker_loss", "101"),
+    ("max_worker_loss negative", "[lanes]\nmax_worker_loss = -3\n", "max_worker_loss", "-3"),
+    ("max_worker_loss float", "[lanes]\nmax_worker_loss = 2.0\n", "max_worker_loss", "2.0"),
+    ("max_worker_loss bool", "[lanes]\nmax_worker_loss = true\n", "max_worker_loss", "true"),
+    ("max_worker_loss string", '[lanes]\nmax_worker_loss = "3"\n', "max_worker_loss", '"3"'),
 ]
 
 
@@ -179,6 +200,7 @@ def test_bad_value_names_key_and_value(tmp_path: Path, text: str, key: str, valu
         ("supervisor.backoff_initial_s", 0, 60),
         ("shards.count", 1, 256),
         ("shards.lanes_per_shard", 1, 100_000),
+        ("lanes.max_worker_loss", 1, 100),
     ],
 )
 def test_range_bounds_are_inclusive(key: str, low: float, high: float) -> None:
@@ -203,6 +225,28 @@ def test_unknown_key(tmp_path: Path) -> None:
     message = _refused(tmp_path, "[shards]\nlanes = 4\n")
     assert "[shards]" in message
     assert "'lanes'" in message
+
+
+def test_unknown_lanes_key(tmp_path: Path) -> None:
+    """An unknown key in [lanes] raises ConfigError naming it and the known key."""
+    message = _refused(tmp_path, "[lanes]\nmax_worker_losses = 2\n")
+    assert "[lanes]" in message
+    assert "'max_worker_losses'" in message
+    assert "max_worker_loss)" in message
+
+
+def test_unknown_section_lists_lanes(tmp_path: Path) -> None:
+    """The unknown-section error names every known section, [lanes] included."""
+    message = _refused(tmp_path, "[lane]\nmax_worker_loss = 2\n")
+    assert "[lane]" in message
+    assert "[supervisor], [shards], [lanes]" in message
+
+
+def test_lanes_not_a_table(tmp_path: Path) -> None:
+    """[lanes] given as a plain value raises ConfigError naming it and the value."""
+    message = _refused(tmp_path, "lanes = 3\n")
+    assert "[lanes]" in message
+    assert "3" in message
 
 
 def test_key_of_the_other_section_is_unknown(tmp_path: Path) -> None:

@@ -7,7 +7,15 @@ import msgspec
 import pytest
 
 from orchestra_sup.coordinator.placement import ShardView, place
-from orchestra_sup.coordinator.runner import FINAL, LIVE, PlanRecord, TaskRecord, TaskStatus
+from orchestra_sup.coordinator.runner import (
+    FINAL,
+    LIVE,
+    WAITING,
+    FailureClass,
+    PlanRecord,
+    TaskRecord,
+    TaskStatus,
+)
 from orchestra_sup.protocol import frames as f
 
 S = TaskStatus
@@ -66,9 +74,41 @@ def _copy(t: TaskRecord) -> TaskRecord:
 
 
 def test_status_sets() -> None:
-    """FINAL and LIVE partition every status except pending."""
-    assert FINAL | LIVE | {S.PENDING} == set(TaskStatus)
-    assert not FINAL & LIVE
+    """FINAL, LIVE and WAITING (pending, paused) partition the statuses: paused is not final."""
+    assert set(TaskStatus) == FINAL | LIVE | WAITING
+    assert {S.PENDING, S.PAUSED} == WAITING
+    assert not FINAL & LIVE and not FINAL & WAITING and not LIVE & WAITING
+
+
+def test_record_written_before_the_new_fields_still_decodes() -> None:
+    """A task record persisted before worker_losses, failure and warnings existed decodes with
+    their defaults (msgspec schema evolution), and a new one round-trips."""
+
+    class OldTaskRecord(msgspec.Struct, kw_only=True):
+        status: TaskStatus = TaskStatus.PENDING
+        attempts: int = 0
+        lane: str | None = None
+        error: str | None = None
+
+    old = msgspec.msgpack.encode(OldTaskRecord(status=S.RUNNING, attempts=1, lane="l-1"))
+    rec = msgspec.msgpack.decode(old, type=TaskRecord)
+    assert (rec.status, rec.attempts, rec.lane) == (S.RUNNING, 1, "l-1")
+    assert (rec.worker_losses, rec.failure, rec.warnings) == (0, None, [])
+    new = TaskRecord(worker_losses=2, failure=FailureClass.WORKER_PROCESS_LOSS, warnings=["w"])
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(new), type=TaskRecord) == new
+
+
+def test_failure_class_values() -> None:
+    """The failure classes have the stable names of ARCHITECTURE.md §7."""
+    assert {c.value for c in FailureClass} == {
+        "quality_miss",
+        "tool_failure",
+        "budget_exhaustion",
+        "timeout",
+        "preflight_escalation",
+        "worker_process_loss",
+        "quota_breach",
+    }
 
 
 def test_new_record_has_one_pending_task_per_spec() -> None:
@@ -86,6 +126,8 @@ READY_TABLE = [
     ("no needs: all, in file order", ["c", "a", "b"], {}, ["c", "a", "b"]),
     ("need pending", ["a", ("b", ["a"])], {}, ["a"]),
     ("need starting", ["a", ("b", ["a"])], {"a": S.STARTING}, []),
+    ("need paused", ["a", ("b", ["a"])], {"a": S.PAUSED}, ["a"]),
+    ("paused with needs succeeded", ["a", ("b", ["a"])], {"a": S.SUCCEEDED, "b": S.PAUSED}, ["b"]),
     ("need running", ["a", ("b", ["a"])], {"a": S.RUNNING}, []),
     ("need succeeded", ["a", ("b", ["a"])], {"a": S.SUCCEEDED}, ["b"]),
     ("need failed", ["a", ("b", ["a"])], {"a": S.FAILED}, []),
@@ -99,10 +141,10 @@ READY_TABLE = [
         ["c"],
     ),
     (
-        "only pending tasks are ready",
-        ["a", "b", "c", "d", "e"],
-        {"a": S.STARTING, "b": S.RUNNING, "c": S.SUCCEEDED, "d": S.FAILED},
-        ["e"],
+        "only pending and paused tasks are ready",
+        ["a", "b", "c", "d", "e", "f"],
+        {"a": S.STARTING, "b": S.RUNNING, "c": S.SUCCEEDED, "d": S.FAILED, "f": S.PAUSED},
+        ["e", "f"],
     ),
     (
         "need listed later in the file",
@@ -120,7 +162,7 @@ READY_TABLE = [
     ids=[row[0] for row in READY_TABLE],
 )
 def test_ready(tasks: list, statuses: dict[str, TaskStatus], expected: list[str]) -> None:
-    """ready() lists pending tasks whose needs all succeeded, in file order."""
+    """ready() lists pending and paused tasks whose needs all succeeded, in file order."""
     rec = _plan(*tasks, statuses=statuses)
     ready = rec.ready()
     assert [t.id for t in ready] == expected
@@ -163,6 +205,7 @@ def _stale_cases() -> list[tuple[str, TaskStatus, str | None, str, str]]:
     return [
         ("other lane", S.RUNNING, "lane-2", "a", "lane-1"),
         ("no lane yet", S.PENDING, None, "a", "lane-1"),
+        ("paused: its lost lane", S.PAUSED, None, "a", "lane-1"),
         ("already succeeded", S.SUCCEEDED, "lane-1", "a", "lane-1"),
         ("already failed", S.FAILED, "lane-1", "a", "lane-1"),
         ("already cancelled", S.CANCELLED, "lane-1", "a", "lane-1"),
@@ -222,6 +265,7 @@ SKIP_TABLE = [
     ("succeeded need", ["a", ("b", ["a"])], {"a": S.SUCCEEDED}, [], {}),
     ("running need", ["a", ("b", ["a"])], {"a": S.RUNNING}, [], {}),
     ("starting need", ["a", ("b", ["a"])], {"a": S.STARTING}, [], {}),
+    ("paused need", ["a", ("b", ["a"])], {"a": S.PAUSED}, [], {}),
     ("pending need", ["a", ("b", ["a"])], {}, [], {}),
     (
         "one of two needs failed",
@@ -273,7 +317,51 @@ def test_skip_blocked(
     assert rec.skip_blocked() == []
 
 
-# --- lose_shard ----------------------------------------------------------------------------------
+# --- place / unplace -----------------------------------------------------------------------------
+
+
+def test_place_makes_a_lane_per_attempt() -> None:
+    """place() counts an attempt, names the lane after it, records shard and generation, and
+    returns the LaneStart to send."""
+    rec = _plan("a")
+    spec = rec.spec.tasks[0]
+    start = rec.place(spec, "shard-1", 4)
+    t = rec.tasks["a"]
+    assert (t.status, t.attempts, t.lane, t.shard, t.shard_gen) == (
+        S.STARTING,
+        1,
+        "plan-1-a-1",
+        "shard-1",
+        4,
+    )
+    assert start == f.LaneStart(
+        lane="plan-1-a-1", plan="plan-1", task=spec, attempt=1, plan_name="demo", warnings=[]
+    )
+
+
+@pytest.mark.parametrize(("losses", "back_to"), [(0, S.PENDING), (1, S.PAUSED)])
+def test_unplace_undoes_a_refused_placement(losses: int, back_to: TaskStatus) -> None:
+    """unplace() (the shard was full or down) puts the task back where it waited, pending or
+    paused, and does not count the attempt."""
+    rec = _plan("a", statuses={"a": back_to})
+    rec.tasks["a"].worker_losses = losses
+    rec.tasks["a"].attempts = losses
+    rec.place(rec.spec.tasks[0], "shard-0", 1)
+    rec.unplace("a")
+    t = rec.tasks["a"]
+    assert (t.status, t.attempts, t.lane, t.shard, t.shard_gen) == (
+        back_to,
+        losses,
+        None,
+        None,
+        None,
+    )
+    assert [s.id for s in rec.ready()] == ["a"]
+
+
+# --- lose_shard: pause, re-place, cap ------------------------------------------------------------
+
+CAP = 3
 
 
 def _fleet() -> PlanRecord:
@@ -286,33 +374,42 @@ def _fleet() -> PlanRecord:
     return rec
 
 
-def test_lose_shard_down_fails_every_live_task_on_it() -> None:
-    """lose_shard(shard, None) fails every starting/running task on that shard, whatever its
-    generation, with an error naming the loss and the shard; nothing else changes."""
+def _warning(lane: str, shard: str, gen: int, rerun: bool = True) -> str:
+    then = "re-running the step" if rerun else "not re-run"
+    return (
+        f"partial work: lane {lane} was interrupted when {shard} (generation {gen}) was lost; "
+        f"{then}"
+    )
+
+
+def test_lose_shard_down_pauses_every_live_task_on_it() -> None:
+    """lose_shard(shard, None) pauses every starting/running task on that shard, whatever its
+    generation: never failed, one loss counted, a partial-work warning naming the lane, shard and
+    generation, and the lane let go so it is re-placed; nothing else changes."""
     rec = _fleet()
     before = {k: _copy(v) for k, v in rec.tasks.items()}
-    assert sorted(rec.lose_shard("shard-0", None)) == ["r1", "st2"]
-    for task_id in ("r1", "st2"):
+    assert sorted(rec.lose_shard("shard-0", None, CAP)) == ["r1", "st2"]
+    for task_id, lane, gen in (("r1", "lane-1", 1), ("st2", "lane-2", 2)):
         t = rec.tasks[task_id]
-        assert t.status is S.FAILED
-        assert t.error is not None
-        assert "worker process lost" in t.error
-        assert "shard-0" in t.error
-        assert t.lane is not None
-        assert t.lane in t.error
-    assert "generation 2" in (rec.tasks["st2"].error or "")
+        assert t.status is S.PAUSED
+        assert (t.lane, t.shard, t.shard_gen) == (None, None, None)
+        assert (t.attempts, t.worker_losses) == (1, 1)
+        assert (t.failure, t.error) == (None, None)
+        assert t.warnings == [_warning(lane, "shard-0", gen)]
     for task_id in ("other", "done", "wait", "dep"):
         assert rec.tasks[task_id] == before[task_id]
+    assert [s.id for s in rec.ready()] == ["r1", "st2", "wait"]
+    assert not rec.done
 
 
 def test_lose_shard_generation_spares_that_generation() -> None:
-    """lose_shard(shard, gen) fails only the shard's live tasks of other generations: a restarted
+    """lose_shard(shard, gen) pauses only the shard's live tasks of other generations: a restarted
     shard keeps lanes started on its new incarnation."""
     rec = _fleet()
     before = {k: _copy(v) for k, v in rec.tasks.items()}
-    assert rec.lose_shard("shard-0", 2) == ["r1"]
-    assert rec.tasks["r1"].status is S.FAILED
-    assert "generation 1" in (rec.tasks["r1"].error or "")
+    assert rec.lose_shard("shard-0", 2, CAP) == ["r1"]
+    assert rec.tasks["r1"].status is S.PAUSED
+    assert rec.tasks["r1"].warnings == [_warning("lane-1", "shard-0", 1)]
     for task_id in ("st2", "other", "done", "wait", "dep"):
         assert rec.tasks[task_id] == before[task_id]
 
@@ -321,16 +418,143 @@ def test_lose_unknown_shard_changes_nothing() -> None:
     """Losing a shard no task runs on returns nothing and changes nothing."""
     rec = _fleet()
     before = {k: _copy(v) for k, v in rec.tasks.items()}
-    assert rec.lose_shard("shard-9", None) == []
+    assert rec.lose_shard("shard-9", None, CAP) == []
     assert rec.tasks == before
 
 
-def test_lost_task_then_blocks_its_dependants() -> None:
-    """A task failed by a lost shard blocks its dependants like any other failure."""
+def test_one_loss_seen_twice_counts_once() -> None:
+    """The roster reports a loss as down, then up at a new generation: the second sighting finds
+    nothing live on the old generation and counts nothing."""
     rec = _fleet()
-    rec.lose_shard("shard-0", None)
-    assert rec.skip_blocked() == ["dep"]
-    assert rec.tasks["dep"].error == "skipped: r1 did not succeed"
+    rec.lose_shard("shard-0", None, CAP)
+    after = {k: _copy(v) for k, v in rec.tasks.items()}
+    assert rec.lose_shard("shard-0", 3, CAP) == []
+    assert rec.tasks == after
+
+
+CAP_TABLE = [
+    # (case, max_worker_loss, losses before this one, paused?)
+    ("first loss, cap 3", 3, 0, True),
+    ("second loss, cap 3", 3, 1, True),
+    ("third loss reaches cap 3", 3, 2, False),
+    ("cap 1: the first loss fails", 1, 0, False),
+    ("cap 2: the second loss fails", 2, 1, False),
+    ("far below cap 100", 100, 50, True),
+    ("reaches cap 100", 100, 99, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("cap", "prior", "paused"),
+    [row[1:] for row in CAP_TABLE],
+    ids=[row[0] for row in CAP_TABLE],
+)
+def test_loss_against_the_cap(cap: int, prior: int, paused: bool) -> None:
+    """Below max_worker_loss a loss pauses the task (ready again, no failure); the loss that
+    reaches it fails the task with the failure class worker_process_loss and an error naming the
+    count and the cap. Either way the loss is counted and its warning appended to earlier ones."""
+    rec = _plan("a", ("b", ["a"]))
+    t = _live(rec, "a", lane=f"plan-1-a-{prior + 1}", gen=prior + 1)
+    t.attempts, t.worker_losses = prior + 1, prior
+    t.warnings = [f"earlier {i}" for i in range(prior)]
+    assert rec.lose_shard("shard-0", None, cap) == ["a"]
+    assert t.worker_losses == prior + 1
+    assert t.attempts == prior + 1
+    lane = f"plan-1-a-{prior + 1}"
+    assert t.warnings == [
+        *(f"earlier {i}" for i in range(prior)),
+        _warning(lane, "shard-0", prior + 1, rerun=paused),
+    ]
+    if paused:
+        assert t.status is S.PAUSED
+        assert (t.failure, t.error, t.lane) == (None, None, None)
+        assert [s.id for s in rec.ready()] == ["a"]
+        assert rec.skip_blocked() == []
+    else:
+        assert t.status is S.FAILED
+        assert t.failure is FailureClass.WORKER_PROCESS_LOSS
+        assert t.error is not None
+        assert f"lost {prior + 1} times" in t.error
+        assert f"max_worker_loss = {cap}" in t.error
+        assert lane in t.error and "shard-0" in t.error
+        assert (t.lane, t.shard) == (lane, "shard-0")
+        assert rec.ready() == []
+        assert rec.skip_blocked() == ["b"]
+        assert rec.done
+
+
+def test_paused_task_keeps_its_dependants_pending() -> None:
+    """A paused task is not a failure: its dependants stay pending (not skipped, not ready), and
+    the plan is not done."""
+    rec = _fleet()
+    rec.lose_shard("shard-0", None, CAP)
+    assert rec.skip_blocked() == []
+    assert rec.tasks["dep"].status is S.PENDING
+    assert "dep" not in [s.id for s in rec.ready()]
+    assert not rec.done
+
+
+def _lose_and_replace(rec: PlanRecord, task_id: str, gen: int) -> f.LaneStart | None:
+    """Lose the task's shard (shard-0 at `gen`); if that paused it, place it again on the
+    restarted shard-0 at `gen + 1`, as the coordinator's pump does."""
+    rec.lose_shard("shard-0", gen + 1, CAP)
+    if rec.tasks[task_id].status is not S.PAUSED:
+        return None
+    assert [s.id for s in rec.ready()] == [task_id]
+    return rec.place(rec.spec.tasks[0], "shard-0", gen + 1)
+
+
+def test_replaced_task_succeeds_with_warning_and_stale_result_ignored() -> None:
+    """Lost once then re-placed on the restarted shard: attempt 2 runs as a new lane carrying the
+    warning; a late result of the lost lane is ignored; the new lane's result ends the task with
+    attempts 2 and the warning kept; the plan is ok."""
+    rec = _plan("a")
+    rec.place(rec.spec.tasks[0], "shard-0", 1)
+    start = _lose_and_replace(rec, "a", 1)
+    assert start is not None
+    warning = _warning("plan-1-a-1", "shard-0", 1)
+    assert (start.lane, start.attempt, start.warnings) == ("plan-1-a-2", 2, [warning])
+    before = _copy(rec.tasks["a"])
+    assert rec.apply(_result("a", "plan-1-a-1")) is False
+    assert rec.tasks["a"] == before
+    assert rec.apply(_result("a", "plan-1-a-2")) is True
+    t = rec.tasks["a"]
+    assert (t.status, t.attempts, t.worker_losses, t.failure) == (S.SUCCEEDED, 2, 1, None)
+    assert t.warnings == [warning]
+    assert rec.done and rec.ok
+    report = rec.report().tasks[0]
+    assert (report.status, report.attempts, report.failure) == ("succeeded", 2, None)
+    assert report.warnings == [warning]
+
+
+def test_task_that_keeps_losing_its_shard_fails_at_the_cap() -> None:
+    """A task whose every lane loses its shard is re-placed until its max_worker_loss-th loss,
+    then fails with worker_process_loss: attempts == max_worker_loss, one warning per loss, its
+    dependant skipped, the plan done; the report carries the failure class and warnings."""
+    rec = _plan("a", ("b", ["a"]))
+    rec.place(rec.spec.tasks[0], "shard-0", 1)
+    lanes = ["plan-1-a-1"]
+    for gen in range(1, CAP):
+        start = _lose_and_replace(rec, "a", gen)
+        assert start is not None and start.attempt == gen + 1
+        assert len(start.warnings) == gen
+        lanes.append(start.lane)
+    assert _lose_and_replace(rec, "a", CAP) is None
+    t = rec.tasks["a"]
+    assert (t.status, t.failure) == (S.FAILED, FailureClass.WORKER_PROCESS_LOSS)
+    assert t.attempts == t.worker_losses == CAP
+    assert lanes == [f"plan-1-a-{i}" for i in range(1, CAP + 1)]
+    assert t.warnings == [
+        _warning(lane, "shard-0", i, rerun=i < CAP) for i, lane in enumerate(lanes, 1)
+    ]
+    assert rec.skip_blocked() == ["b"]
+    assert rec.done and not rec.ok
+    report = {r.id: r for r in rec.report().tasks}
+    assert report["a"].status == "failed"
+    assert report["a"].failure == "worker_process_loss"
+    assert report["a"].warnings == t.warnings
+    assert (report["b"].status, report["b"].failure) == ("skipped", None)
+    assert rec.apply(_result("a", lanes[-1])) is False
 
 
 # --- done / ok / report --------------------------------------------------------------------------
@@ -342,6 +566,7 @@ DONE_TABLE = [
     ("one cancelled", {"a": S.SUCCEEDED, "b": S.CANCELLED}, True, False),
     ("one running", {"a": S.SUCCEEDED, "b": S.RUNNING}, False, False),
     ("one starting", {"a": S.SUCCEEDED, "b": S.STARTING}, False, False),
+    ("one paused", {"a": S.SUCCEEDED, "b": S.PAUSED}, False, False),
     ("one pending", {"a": S.SUCCEEDED}, False, False),
     ("nothing started", {}, False, False),
 ]
@@ -396,6 +621,8 @@ def test_report_fields_follow_records_in_file_order() -> None:
         output_tail="z says hi\n",
         commit="c0ffee",
         error=None,
+        failure=None,
+        warnings=[],
     )
     assert report.tasks[1] == f.TaskReport(id="a", status="pending")
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(report), type=f.PlanReport)

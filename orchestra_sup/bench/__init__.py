@@ -1,0 +1,1 @@
+"""Benchmarks behind `orchestra-sup bench` (how to run them and what they mean: bench/README.md)."""

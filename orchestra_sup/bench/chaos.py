@@ -1,0 +1,218 @@
+"""`orchestra-sup bench chaos`: run plans while random children are SIGKILLed, then count.
+
+A private tree (`oneshot.private_tree`) runs plans of `tasks` short tasks (10 dependency chains)
+back to back for `duration_s` seconds, while every 1-3 s (uniformly random) one child picked at
+random (custodian, coordinator or a shard) is SIGKILLed. Then the killing stops, the last plan
+is allowed to finish, the tree is stopped, and the run reports:
+
+- `kills`, `restarts` (the children's `restarts` summed), `tasks`, `succeeded`;
+- `lost`: tasks with no final status when their plan was reported done (or that never finished);
+- `duplicated`: tasks whose side effect happened again after their success was recorded. Each
+  task appends `<plan> <task> <attempt>` to a ledger as its last act; a success recorded for
+  attempt A is duplicated by a second line for attempt A or any line for an attempt after A;
+- `orphans`: processes of the tree still alive after it stopped. This process makes itself a
+  child subreaper first, so nothing the tree started can escape the count by being reparented to
+  PID 1;
+- `supervisor_alive`: the supervisor answered `ctl status` when the killing stopped.
+
+The tree runs with a restart intensity high enough that the chaos itself cannot exhaust it
+(the point is to see what the restarts lose, not to watch the root give up).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import psutil
+
+from orchestra_sup import linux
+from orchestra_sup.client import CtlClient
+from orchestra_sup.errors import OrchestraError
+from orchestra_sup.oneshot import private_tree
+from orchestra_sup.protocol import frames as f
+
+CHAINS = 10
+PLAN_TIMEOUT_S = 180.0
+
+
+class ChaosReport(msgspec.Struct, kw_only=True):
+    duration_s: float
+    plans: int
+    kills: int
+    restarts: int
+    tasks: int
+    succeeded: int
+    lost: int
+    duplicated: int
+    orphans: int
+    supervisor_alive: bool
+
+
+def chaos_plan(name: str, tasks: int, ledger: Path) -> f.PlanSpec:
+    """`tasks` short tasks in `CHAINS` chains; each appends one ledger line as its last act."""
+    specs = []
+    for i in range(tasks):
+        run = f'sleep 0.{random.randint(1, 4)}; echo "{name} t{i} $ORCHESTRA_ATTEMPT" >> {ledger}'
+        needs = [f"t{i - CHAINS}"] if i >= CHAINS else []
+        specs.append(f.TaskSpec(id=f"t{i}", run=run, needs=needs, timeout_s=60.0))
+    return f.PlanSpec(name=name, tasks=specs)
+
+
+def run_chaos(duration_s: float, *, tasks: int = 60, seed: int | None = None) -> ChaosReport:
+    """Run the chaos benchmark; see the module docstring. `duration_s` is seconds of killing."""
+    rng = random.Random(seed)
+    linux.set_child_subreaper()
+    base = Path(tempfile.mkdtemp(prefix="osup-chaos-"))
+    ledger = base / "ledger"
+    ledger.touch()
+    config = base / "tree.toml"
+    config.write_text(
+        "[supervisor]\nmax_restarts = 1000\nmax_seconds = 10.0\nbackoff_max_s = 0.5\n"
+    )
+    reports: list[f.PlanReport] = []
+    kills = restarts = 0
+    alive = False
+    started = time.monotonic()
+    with private_tree(
+        workspace=None, state_dir=base / "state", shards=2, lanes_per_shard=8, config=config
+    ) as client:
+        pending: list[str] = []
+        next_kill = started + rng.uniform(1.0, 3.0)
+        while time.monotonic() - started < duration_s:
+            if not pending or _done(client, pending[-1]):
+                name = f"chaos{len(pending)}"
+                pending.append(_submit(client, chaos_plan(name, tasks, ledger)))
+            if time.monotonic() >= next_kill:
+                kills += _kill_one(client, rng)
+                next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
+            time.sleep(0.05)
+        alive = _status(client) is not None
+        for plan_id in pending:
+            reports.append(_wait(client, plan_id))
+        status = _status(client)
+        if status is not None:
+            restarts = sum(c.restarts for c in status.children)
+    orphans = _orphans()
+    lines = Counter(tuple(line.split()) for line in ledger.read_text().splitlines() if line)
+    total = sum(len(r.tasks) for r in reports)
+    succeeded = lost = duplicated = 0
+    for report in reports:
+        for t in report.tasks:
+            if t.status == "succeeded":
+                succeeded += 1
+                duplicated += _duplicated(lines, report.plan, t)
+            elif t.status not in ("failed", "skipped", "cancelled"):
+                lost += 1
+    lost += sum(max(0, tasks - len(r.tasks)) for r in reports)
+    return ChaosReport(
+        duration_s=round(time.monotonic() - started, 2),
+        plans=len(reports),
+        kills=kills,
+        restarts=restarts,
+        tasks=total,
+        succeeded=succeeded,
+        lost=lost,
+        duplicated=duplicated,
+        orphans=orphans,
+        supervisor_alive=alive,
+    )
+
+
+def _duplicated(lines: Counter[tuple[str, ...]], plan: str, t: f.TaskReport) -> int:
+    """1 when the task's effect happened again after its success (attempt `t.attempts`)."""
+    mine = {k: n for k, n in lines.items() if k[:2] == (plan, t.id)}
+    again = mine.get((plan, t.id, str(t.attempts)), 0) > 1
+    later = any(int(k[2]) > t.attempts for k in mine)
+    return int(again or later)
+
+
+def _submit(client: CtlClient, spec: f.PlanSpec) -> str:
+    while True:
+        try:
+            reply = client.request(f.CtlSubmit(plan=spec), timeout_s=10.0)
+            assert isinstance(reply, f.PlanAccepted)
+            return reply.id
+        except OrchestraError:
+            time.sleep(0.1)  # the coordinator is restarting; a submit is never half-done
+
+
+def _done(client: CtlClient, plan_id: str) -> bool:
+    try:
+        reply = client.request(f.CtlPlan(id=plan_id), timeout_s=5.0)
+    except OrchestraError:
+        return False
+    return isinstance(reply, f.PlanReport) and reply.done
+
+
+def _wait(client: CtlClient, plan_id: str) -> f.PlanReport:
+    deadline = time.monotonic() + PLAN_TIMEOUT_S
+    last: f.PlanReport | None = None
+    while time.monotonic() < deadline:
+        try:
+            reply = client.request(f.CtlPlan(id=plan_id, wait_s=5.0), timeout_s=10.0)
+        except OrchestraError:
+            time.sleep(0.1)
+            continue
+        assert isinstance(reply, f.PlanReport)
+        last = reply
+        if reply.done:
+            return reply
+    return last or f.PlanReport(plan="?", id=plan_id, done=False, ok=False, tasks=[])
+
+
+def _status(client: CtlClient) -> f.StatusReply | None:
+    try:
+        reply = client.request(f.CtlStatus(), timeout_s=5.0)
+    except OrchestraError:
+        return None
+    return reply if isinstance(reply, f.StatusReply) else None
+
+
+def _kill_one(client: CtlClient, rng: random.Random) -> int:
+    """SIGKILL one running child picked at random; 1 if a process was killed."""
+    status = _status(client)
+    if status is None:
+        return 0
+    running = [c for c in status.children if c.state == "running" and c.pid]
+    if not running:
+        return 0
+    victim = rng.choice(running)
+    try:
+        proc = psutil.Process(victim.pid)  # type: ignore[arg-type]
+        if proc.ppid() != status.supervisor_pid:  # still the child we were told about
+            return 0
+        proc.send_signal(signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        return 0
+    return 1
+
+
+def _orphans() -> int:
+    """Live descendants of this (subreaping) process once the tree has stopped."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        try:
+            alive = [
+                p
+                for p in psutil.Process().children(recursive=True)
+                if p.status() != psutil.STATUS_ZOMBIE
+            ]
+        except (psutil.Error, OSError):
+            continue
+        if not alive or time.monotonic() > deadline:
+            return len(alive)
+        time.sleep(0.05)
