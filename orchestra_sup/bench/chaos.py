@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import tempfile
 import time
@@ -101,6 +102,7 @@ def run_chaos(duration_s: float, *, tasks: int = 60, seed: int | None = None) ->
             restarts = sum(c.restarts for c in status.children)
     orphans = _orphans()
     lines = Counter(tuple(line.split()) for line in ledger.read_text().splitlines() if line)
+    shutil.rmtree(base, ignore_errors=True)
     total = sum(len(r.tasks) for r in reports)
     succeeded = lost = duplicated = 0
     for report in reports:

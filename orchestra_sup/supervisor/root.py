@@ -223,6 +223,7 @@ class RootSupervisor:
             lanes_per_shard=self.settings.shards.lanes_per_shard,
             supervisor_pid=os.getpid(),
             heartbeat_s=min(0.5, self.settings.supervisor.watchdog_s / 4),
+            max_worker_loss=self.settings.lanes.max_worker_loss,
         )
 
     def _after_exit(self, worker: Worker) -> None:
