@@ -108,8 +108,17 @@ def test_cancel_stops_the_lane_and_its_group(tree: Tree) -> None:
 
     lane = wait_until(live_lane, 20, "the lane to run")
     shards = [pid for name, pid in tree.pids().items() if name.startswith("shard")]
-    group = [p for pid in shards for p in psutil.Process(pid).children(recursive=True)]
-    assert len([p for p in group if p.name() == "sleep"]) == 2
+
+    def lane_group() -> list[psutil.Process] | None:
+        # "running" can be reported a moment before the command has started both sleeps
+        try:
+            procs = [p for pid in shards for p in psutil.Process(pid).children(recursive=True)]
+            return procs if [p.name() for p in procs].count("sleep") == 2 else None
+        except (psutil.Error, OSError):
+            return None
+
+    group = wait_until(lane_group, 10, "the lane's two sleeps")
+    assert isinstance(group, list)
     assert tree.ctl(f.CtlCancel(lane=lane)) == f.Ack()  # type: ignore[arg-type]
     wait_until(
         lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in group),

@@ -75,12 +75,20 @@ def test_lane_of_a_killed_shard_is_replaced_on_the_restarted_shard(
     wait_until(lambda: not sleeper.is_running(), 10, "the lost lane's command to be killed")
 
 
+@pytest.mark.parametrize("cap", [None, 2], ids=["default", "config-2"])
 def test_command_that_kills_its_own_shard_fails_after_max_worker_loss(
-    tree: Tree, tmp_path: Path
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path, cap: int | None
 ) -> None:
     """A command that SIGKILLs its own shard on every attempt is re-placed until its
-    max_worker_loss-th loss (default 3), then fails with the failure class worker_process_loss:
-    it cannot loop. The plan completes with every task accounted for once, and the tree lives."""
+    max_worker_loss-th loss (default 3, or `[lanes] max_worker_loss` from the config file), then
+    fails with the failure class worker_process_loss: it cannot loop. The plan completes with
+    every task accounted for once, and the tree lives."""
+    config = None
+    if cap is not None:
+        config = tmp_path / "lanes.toml"
+        config.write_text(f"[lanes]\nmax_worker_loss = {cap}\n")
+    tree = tree_factory(workspace=repo, config=config)
+    losses = cap or DEFAULT_MAX_WORKER_LOSS
     marks = tmp_path / "marks"
     marks.mkdir()
     # `/bin/sh -c` is spawned by the shard itself, so the shell's $PPID is the shard process.
@@ -100,13 +108,11 @@ def test_command_that_kills_its_own_shard_fails_after_max_worker_loss(
     by_id = {t.id: t for t in report.tasks}
     boom = by_id["boom"]
     assert (boom.status, boom.failure) == ("failed", "worker_process_loss")
-    assert boom.attempts == DEFAULT_MAX_WORKER_LOSS
-    assert f"lost {DEFAULT_MAX_WORKER_LOSS} times" in (boom.error or "")
-    assert len(boom.warnings) == DEFAULT_MAX_WORKER_LOSS
+    assert boom.attempts == losses
+    assert f"lost {losses} times" in (boom.error or "")
+    assert len(boom.warnings) == losses
     assert all(w.startswith("partial work: ") for w in boom.warnings)
-    assert _attempts_started(marks) == [
-        f"attempt-{i}" for i in range(1, DEFAULT_MAX_WORKER_LOSS + 1)
-    ]
+    assert _attempts_started(marks) == [f"attempt-{i}" for i in range(1, losses + 1)]
     # `fine` may have shared a shard with `boom` and been re-placed too; it still succeeds.
     assert by_id["fine"].status == "succeeded" and by_id["fine"].failure is None
     assert by_id["after-fine"].status == "succeeded"
