@@ -36,7 +36,7 @@ from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint, error_frame, routing_id
+from orchestra_sup.protocol.endpoint import Endpoint, reply_when_done, routing_id
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
 log = logging.getLogger(__name__)
@@ -168,15 +168,7 @@ class Node:
     ) -> None:
         """Run `work` off the receive loop and reply with its result, or with the `Error` frame
         its exception maps to."""
-
-        async def run() -> None:
-            try:
-                body = await work
-            except Exception as exc:
-                body = error_frame(exc)
-            ep.reply(env, peer, body)
-
-        self.spawn(run())
+        self.spawn(reply_when_done(ep, peer, env, work))
 
     async def _heartbeat(self) -> None:
         while True:

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import zmq
@@ -264,6 +264,18 @@ def _peer_name(routing: bytes | None) -> str:
     if routing is None:
         return "peer"
     return routing.decode(errors="replace").rsplit(".", 1)[0]
+
+
+async def reply_when_done(
+    ep: Endpoint, peer: bytes | None, request: f.Envelope, work: Awaitable[f.Body]
+) -> None:
+    """Await `work` (off the receive loop, in a task the caller owns) and answer `request` with
+    its result, or with the `Error` frame its exception maps to."""
+    try:
+        body = await work
+    except Exception as exc:
+        body = error_frame(exc)
+    ep.reply(request, peer, body)
 
 
 def error_frame(exc: BaseException) -> f.Error:

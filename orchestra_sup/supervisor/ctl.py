@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from orchestra_sup import __version__
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.endpoint import Endpoint, error_frame, routing_id
+from orchestra_sup.protocol.endpoint import Endpoint, reply_when_done, routing_id
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildState
 
@@ -101,14 +101,7 @@ class CtlService:
         env: f.Envelope,
         work: Coroutine[Any, Any, f.Body],
     ) -> None:
-        async def run() -> None:
-            try:
-                body = await work
-            except Exception as exc:
-                body = error_frame(exc)
-            ep.reply(env, peer, body)
-
-        self.sup.spawn(run())
+        self.sup.spawn(reply_when_done(ep, peer, env, work))
 
     async def _restart(self, worker: Worker) -> f.Body:
         if worker.state not in (ChildState.RUNNING, ChildState.EXITED, ChildState.BACKOFF):
