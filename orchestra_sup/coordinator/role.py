@@ -43,6 +43,7 @@ class Coordinator:
         self.plans: dict[str, PlanRecord] = {}
         self.inbox_ids: set[str] = set()
         self._committing: dict[str, asyncio.Future[None]] = {}
+        self.stopping = False
         self.shards: dict[str, ShardView] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._enc = msgspec.msgpack.Encoder()
@@ -90,9 +91,12 @@ class Coordinator:
                 name=peer.name, generation=peer.generation, up=peer.up, capacity=peer.capacity
             )
             for plan in self.plans.values():
-                lost = plan.lose_shard(
-                    peer.name, peer.generation if peer.up else None, self.max_worker_loss
-                )
+                if self.stopping and not peer.up:
+                    lost = plan.interrupt_shard(peer.name)
+                else:
+                    lost = plan.lose_shard(
+                        peer.name, peer.generation if peer.up else None, self.max_worker_loss
+                    )
                 if lost:
                     log.warning(
                         "plan %s: %s lost with %s: %s",
@@ -116,6 +120,9 @@ class Coordinator:
                     ep.reply(env, peer, f.InboxAck(msg_id=body.msg_id))
                 else:
                     self.node.answer(ep, peer, env, self._commit_inbox(body))
+            case f.TreeStopping():
+                self.stopping = True
+                ep.reply(env, peer, f.Ack())
             case f.CtlSubmit():
                 self.node.answer(ep, peer, env, self._submit(body.plan))
             case f.CtlPlan():
@@ -233,8 +240,11 @@ class Coordinator:
                     view.load += 1
 
     def _pump(self) -> None:
-        """Start every ready task that has a place to go, oldest plan first."""
+        """Start every ready task that has a place to go, oldest plan first (nothing once the
+        tree is stopping: what is not running then waits for the next start)."""
         assert self.node is not None
+        if self.stopping:
+            return
         self._loads()
         for plan in sorted(self.plans.values(), key=lambda p: p.submitted_at):
             if plan.done:

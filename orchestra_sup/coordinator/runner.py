@@ -31,6 +31,7 @@ class TaskStatus(enum.StrEnum):
     STARTING = "starting"
     RUNNING = "running"
     PAUSED = "paused"
+    INTERRUPTED = "interrupted"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -41,7 +42,7 @@ FINAL = frozenset(
     {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.SKIPPED, TaskStatus.CANCELLED}
 )
 LIVE = frozenset({TaskStatus.STARTING, TaskStatus.RUNNING})
-WAITING = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED})
+WAITING = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPTED})
 """Not placed yet (pending) or no longer placed (paused): ready once every need succeeded."""
 
 
@@ -174,6 +175,10 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks.get(result.task)
         if rec is None or rec.lane != result.lane or rec.status in FINAL:
             return False
+        if result.status == "interrupted":
+            self._interrupt(rec, f"{result.shard} was stopped")
+            rec.output_tail = result.output_tail
+            return True
         rec.status = TaskStatus(result.status)
         rec.exit_code = result.exit_code
         rec.duration_s = result.duration_s
@@ -182,6 +187,22 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.commit = result.commit
         rec.error = result.error
         return True
+
+    def _interrupt(self, rec: TaskRecord, why: str) -> None:
+        """A stop interrupted the task's lane: not a verdict and not a loss; it runs again."""
+        rec.warnings.append(
+            f"partial work: lane {rec.lane} was interrupted when {why}; re-running the step"
+        )
+        rec.status = TaskStatus.INTERRUPTED
+        rec.lane = rec.shard = rec.shard_gen = None
+
+    def interrupt_shard(self, shard: str) -> list[str]:
+        """The tree is stopping and `shard` went down: its live tasks are interrupted, not lost
+        (no `worker_losses` counted); returns their ids."""
+        hit = [t for t, rec in self.tasks.items() if rec.status in LIVE and rec.shard == shard]
+        for task_id in hit:
+            self._interrupt(self.tasks[task_id], f"{shard} was stopped with the tree")
+        return hit
 
     def lose_shard(self, shard: str, generation: int | None, max_worker_loss: int) -> list[str]:
         """Pause every live task on `shard` whose lane ran on a generation other than

@@ -118,14 +118,16 @@ class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
 class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     """What a lane reports to the coordinator when it ends.
 
-    `status` is "succeeded", "failed" or "cancelled"; `error` says why when it is not "succeeded".
+    `status` is "succeeded", "failed", "cancelled" (`ctl cancel`) or "interrupted" (its shard was
+    stopped: not a verdict on the work, which runs again); `error` says why when it is not
+    "succeeded".
     """
 
     lane: str
     plan: str
     task: str
     shard: str
-    status: Literal["succeeded", "failed", "cancelled"]
+    status: Literal["succeeded", "failed", "cancelled", "interrupted"]
     exit_code: int | None
     duration_s: float
     output_tail: str
@@ -179,6 +181,11 @@ class PeerState(msgspec.Struct, frozen=True, kw_only=True):
     up: bool
     endpoint: str
     capacity: int = 0
+
+
+class TreeStopping(Frame, tag="tree_stopping"):
+    """The supervisor is about to stop the tree: the coordinator starts nothing more, and a shard
+    that goes down from now on interrupts its lanes rather than losing them."""
 
 
 class Roster(Frame, tag="roster"):
@@ -373,7 +380,7 @@ class DebugHook(Frame, tag="debug_hook"):
     seconds: float = 0.0
 
 
-Control = Hello | Welcome | Reject | Heartbeat | Roster
+Control = Hello | Welcome | Reject | Heartbeat | Roster | TreeStopping
 Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
 Relay = ToolCall | ToolResult
 LanePlane = LaneStart | LaneCancel | ListLanes | LaneList

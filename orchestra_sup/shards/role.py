@@ -14,8 +14,10 @@ own commit. Until then it is re-sent whenever the coordinator comes (back) up an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -40,6 +42,9 @@ from orchestra_sup.state.store import Store
 log = logging.getLogger(__name__)
 
 RESEND_S = 2.0
+DELIVER_ON_STOP_S = 2.0
+"""How long a stopping shard waits for the coordinator to acknowledge the lanes it interrupted;
+what is not acknowledged by then waits in the durable outbox for the next generation."""
 TAIL_BYTES = 4096
 CUSTODIAN_WAIT_S = 60.0
 """How long a lane waits for a custodian that is down (restarting) before it fails."""
@@ -59,7 +64,13 @@ class Lane:
         self.sandbox: str | None = None
         self.task: asyncio.Task[None] | None = None
         self.cancel_requested = False
+        self.pgid: int | None = None
+        self.interrupted = False
         self.tail = bytearray()
+
+    def spawned(self, pgid: int) -> None:
+        """The lane's command runs as process group `pgid` (for a graceful SIGTERM on stop)."""
+        self.pgid = pgid
 
     def output(self, _stream: str, chunk: bytes) -> None:
         """Keep the last `TAIL_BYTES` of the command's output as it comes, so a lane that is
@@ -77,7 +88,7 @@ class Shard:
         self.cgroups: LaneCgroups | None = None  # cgroup tracking of lane processes (open())
         self.lanes: dict[str, Lane] = {}
         self.outbox: dict[str, f.InboxPut] = {}
-        self._sending: set[str] = set()
+        self._sending_tasks: dict[str, asyncio.Task[None]] = {}
         self._custodian_up = asyncio.Event()
         self._closing = False
         self._encoder = msgspec.msgpack.Encoder()
@@ -103,11 +114,26 @@ class Shard:
         return len(self.lanes)
 
     async def close(self) -> None:
+        """Stop interrupts running lanes: SIGTERM to each command's group, SIGKILL after
+        `shutdown_timeout_s`; each is recorded as interrupted (not failed) in the outbox, and
+        sent to the coordinator while there is time (the supervisor gives a shard
+        `shutdown_timeout_s + SHARD_STOP_MARGIN_S` before it kills it)."""
+        assert self.node is not None
         self._closing = True
         tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for lane in self.lanes.values():
+            lane.interrupted = True
+            if lane.pgid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(lane.pgid, signal.SIGTERM)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.node.args.lane_grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        pending = [self._sending_tasks[m] for m in list(self._sending_tasks)]
+        if pending:
+            await asyncio.wait(pending, timeout=DELIVER_ON_STOP_S)
         if self.cgroups is not None:  # cgroup tracking: nothing of any lane outlives the shard
             self.cgroups.kill_all_sync()
         assert self.store is not None
@@ -204,11 +230,14 @@ class Shard:
                     on_output=lane.output,
                     tail_bytes=TAIL_BYTES,
                     preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
+                    on_spawn=lane.spawned,
                 )
             finally:
                 await self.cgroups.kill(lane.id)
             # --- end cgroup tracking
             status, error = _judge(outcome, spec.timeout_s)
+            if lane.interrupted and status != "succeeded":
+                status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
             if status == "succeeded" and spec.commit:
                 done = await self._custodian(
                     f.SandboxCommit(
@@ -222,9 +251,10 @@ class Shard:
                 assert isinstance(done, f.CommitDone)
                 commit = done.commit
         except asyncio.CancelledError:
-            if self._closing:
-                raise
-            status, error = "cancelled", "cancelled by request"
+            if lane.interrupted:
+                status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
+            else:
+                status, error = "cancelled", "cancelled by request"
         except OrchestraError as exc:
             status, error = "failed", str(exc)
         except OSError as exc:  # the command could not be spawned (its sandbox is gone, ...)
@@ -296,10 +326,9 @@ class Shard:
 
     def _send(self, msg_id: str) -> None:
         assert self.node is not None
-        if msg_id in self._sending or not self.node.peer_up("coordinator"):
+        if msg_id in self._sending_tasks or not self.node.peer_up("coordinator"):
             return
-        self._sending.add(msg_id)
-        self.node.spawn(self._send_one(msg_id))
+        self._sending_tasks[msg_id] = self.node.spawn(self._send_one(msg_id))
 
     async def _send_one(self, msg_id: str) -> None:
         assert self.node is not None and self.store is not None
@@ -314,7 +343,7 @@ class Shard:
         except (RelayError, RemoteError) as exc:
             log.info("outbox: %s not delivered yet: %s", msg_id, exc)
         finally:
-            self._sending.discard(msg_id)
+            self._sending_tasks.pop(msg_id, None)
 
     async def _resend_loop(self) -> None:
         while True:

@@ -228,6 +228,7 @@ async def run_shell(
     tail_bytes: int = 4096,
     kill_grace_s: float = 2.0,
     preexec: Callable[[], None] | None = None,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> ShellOutcome:
     """Run `/bin/sh -c command` in `cwd` and report how it ended.
 
@@ -241,6 +242,8 @@ async def run_shell(
       and its group has been killed, before they are closed. A process that left the group (e.g.
       via `setsid`) and still holds a pipe is not waited for beyond this, nor killed; its
       remaining output is not read.
+    - `on_spawn`: called with the leader's pid (= its process group id) once it runs, so the
+      caller can signal the group itself (a graceful SIGTERM on stop; SIGKILL stays ours).
     - `preexec`: called in the child between fork and exec (Popen's `preexec_fn`), after the
       pipes and the process group are set up, e.g. to join a cgroup
       (`shards.cgroup.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
@@ -284,6 +287,8 @@ async def run_shell(
     )
     deadline_hit = False
     try:
+        if on_spawn is not None:
+            on_spawn(transport.get_pid())
         done, _ = await asyncio.wait([protocol.exited], timeout=timeout_s)
         deadline_hit = not done
     finally:

@@ -55,6 +55,7 @@ EXIT_INTENSITY = 3
 """Exit status when restart intensity was exceeded at the root (documented in the README)."""
 
 UP = (ChildState.RUNNING, ChildState.STOPPING)
+SHARD_STOP_MARGIN_S = 3.0
 
 
 class Liveness:
@@ -79,7 +80,10 @@ def build_tree(settings: Settings, seam: ProcessSeam, on_give_up: Any) -> Superv
     grace = sup.shutdown_timeout_s
 
     def worker(name: str, role: str, capacity: int = 0) -> Worker:
-        spec = ChildSpec(name=name, role=role, shutdown_s=grace, capacity=capacity)
+        # A shard's own grace covers its lanes' (SIGTERM, shutdown_timeout_s, SIGKILL) plus the
+        # time to hand the coordinator what they were interrupted at.
+        shutdown = grace + SHARD_STOP_MARGIN_S if role == "shard" else grace
+        spec = ChildSpec(name=name, role=role, shutdown_s=shutdown, capacity=capacity)
         return Worker(spec, flags, seam)
 
     shards = Supervisor(
@@ -177,6 +181,7 @@ class RootSupervisor:
                 notify.send(f"READY=1\nSTATUS={self.summary()}")
             await self._stop.wait()
             notify.send("STOPPING=1")
+            await self._announce_stop()
             await self.tree.stop()
             if self._cgroups is not None:
                 kill_tree_sync(self._cgroups)
@@ -193,6 +198,19 @@ class RootSupervisor:
             state_lock.release()
             lock.release()
         return self._exit_code
+
+    async def _announce_stop(self) -> None:
+        """Tell the coordinator the tree is stopping (bounded: a wedged one is not waited for)."""
+        coordinator = self.by_name["coordinator"]
+        if self.control is None or coordinator.state is not ChildState.RUNNING:
+            return
+        with contextlib.suppress(Exception):
+            await self.control.request(
+                f.TreeStopping(),
+                to=routing_id(coordinator.name, coordinator.generation),
+                timeout_s=2.0,
+                dest_gen=coordinator.generation,
+            )
 
     def request_stop(self, exit_code: int = EXIT_OK) -> None:
         """Stop the tree (SIGTERM, SIGINT, `ctl stop`, or escalation with `EXIT_INTENSITY`)."""
@@ -224,6 +242,7 @@ class RootSupervisor:
             supervisor_pid=os.getpid(),
             heartbeat_s=min(0.5, self.settings.supervisor.watchdog_s / 4),
             max_worker_loss=self.settings.lanes.max_worker_loss,
+            lane_grace_s=self.settings.supervisor.shutdown_timeout_s,
         )
 
     def _after_exit(self, worker: Worker) -> None:

@@ -74,9 +74,10 @@ def _copy(t: TaskRecord) -> TaskRecord:
 
 
 def test_status_sets() -> None:
-    """FINAL, LIVE and WAITING (pending, paused) partition the statuses: paused is not final."""
+    """FINAL, LIVE and WAITING (pending, paused, interrupted) partition the statuses: paused
+    and interrupted are not final."""
     assert set(TaskStatus) == FINAL | LIVE | WAITING
-    assert {S.PENDING, S.PAUSED} == WAITING
+    assert {S.PENDING, S.PAUSED, S.INTERRUPTED} == WAITING
     assert not FINAL & LIVE and not FINAL & WAITING and not LIVE & WAITING
 
 
@@ -673,3 +674,41 @@ def test_place_is_independent_of_input_order() -> None:
     """The same shards in any order give the same answer."""
     shards = [_shard("s2", load=1), _shard("s0", load=1), _shard("s1", load=1, up=False)]
     assert {place(list(p)).name for p in (shards, shards[::-1], shards[1:] + shards[:1])} == {"s0"}
+
+
+def test_interrupted_result_is_not_a_verdict() -> None:
+    """A lane interrupted by a stop leaves its task waiting to run again, with a partial-work
+    warning, no worker loss counted and no failure class."""
+    spec = f.PlanSpec(name="p", tasks=[f.TaskSpec(id="a", run="true")])
+    plan = PlanRecord.new("pid", spec, 0.0)
+    rec = plan.tasks["a"]
+    rec.status, rec.lane, rec.shard, rec.shard_gen, rec.attempts = S.RUNNING, "L1", "shard-0", 1, 1
+    result = f.LaneResult(
+        lane="L1",
+        plan="pid",
+        task="a",
+        shard="shard-0",
+        status="interrupted",
+        exit_code=None,
+        duration_s=1.0,
+        output_tail="half",
+        sandbox=None,
+        commit=None,
+        error="interrupted",
+    )
+    assert plan.apply(result)
+    assert rec.status is S.INTERRUPTED and rec.worker_losses == 0 and rec.failure is None
+    assert rec.lane is None and "partial work" in rec.warnings[-1]
+    assert [t.id for t in plan.ready()] == ["a"]
+    assert not plan.done
+
+
+def test_interrupt_shard_on_stop_counts_no_loss() -> None:
+    """When the tree is stopping, a shard going down interrupts its live tasks instead of
+    losing them."""
+    spec = f.PlanSpec(name="p", tasks=[f.TaskSpec(id="a", run="true")])
+    plan = PlanRecord.new("pid", spec, 0.0)
+    rec = plan.tasks["a"]
+    rec.status, rec.lane, rec.shard, rec.shard_gen = S.RUNNING, "L1", "shard-0", 1
+    assert plan.interrupt_shard("shard-0") == ["a"]
+    assert rec.status is S.INTERRUPTED and rec.worker_losses == 0

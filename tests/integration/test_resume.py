@@ -1,0 +1,59 @@
+"""Plans survive a full stop and start of the tree (the state plane's promise)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, plan, task, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_plan_continues_after_a_full_restart(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """SIGTERM mid-plan interrupts the running lane (recorded as interrupted, not failed); a new
+    tree on the same state directory finishes the plan: finished tasks do not run again
+    (attempts = 1), the interrupted one runs again with a partial-work warning."""
+    runs = tmp_path / "runs"
+    gate = tmp_path / "gate"
+    spec = plan(
+        "resume",
+        task("first", f"echo first >> {runs}"),
+        task(
+            "second",
+            f"echo second >> {runs}; while [ ! -e {gate} ]; do sleep 0.05; done",
+            needs=["first"],
+        ),
+        task("third", f"echo third >> {runs}", needs=["second"]),
+    )
+    one = tree_factory(workspace=repo, base=tmp_path / "one")
+    plan_id = one.submit(spec)
+
+    def second_running() -> bool:
+        reply = one.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        return any(lane.task == "second" and lane.state == "running" for lane in reply.lanes)
+
+    wait_until(second_running, 20, "the second task to run")
+    wait_until(lambda: runs.exists() and "second" in runs.read_text(), 10, "second to start")
+    assert one.stop() == 0
+
+    two = tree_factory(workspace=repo, base=tmp_path / "one")  # same state directory
+    paused = two.ctl(f.CtlPlan(id=plan_id))
+    assert isinstance(paused, f.PlanReport) and not paused.done
+    gate.touch()
+    report = two.wait_plan(plan_id, timeout_s=30)
+    assert report.ok, report
+    by_id = {t.id: t for t in report.tasks}
+    assert by_id["first"].attempts == 1 and by_id["third"].attempts == 1
+    assert by_id["second"].attempts == 2
+    assert any("stopped" in w and "partial work" in w for w in by_id["second"].warnings), by_id
+    assert by_id["second"].failure is None
+    assert runs.read_text().split() == ["first", "second", "second", "third"]
+    assert os.path.isdir(two.state_dir)
