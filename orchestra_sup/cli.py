@@ -367,6 +367,37 @@ def _show_plan(
 
 
 @ctl_app.command()
+def call(
+    ctx: typer.Context,
+    tool: Annotated[str, typer.Argument(help="read_file, list_dir, stat, list_lanes, ...")],
+    params: Annotated[
+        list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="Tool parameters.")
+    ] = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 60.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Call one of the coordinator's tools through the real relay.
+
+    Read tools (answered by the custodian) take `path` (and `pattern` for search, `rev` for diff
+    and log); lane tools take `lane`. Example: orchestra-sup ctl call read_file path=README.md
+    """
+    pairs: dict[str, str] = {}
+    for item in params or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"parameter {item!r} is not KEY=VALUE", EXIT_USAGE)
+        pairs[key] = value
+    reply = ctx.obj.ask(f.CtlCall(tool=tool, params=pairs), timeout, run_dir)
+    assert isinstance(reply, f.ToolResult)
+    value = reply.value
+    if not as_json and tool == "read_file" and isinstance(value, dict) and "text" in value:
+        sys.stdout.write(value["text"])
+    else:
+        print_json(value)
+
+
+@ctl_app.command()
 def lanes(
     ctx: typer.Context,
     as_json: JsonOpt = False,
@@ -406,6 +437,35 @@ def _done(as_json: bool, value: dict[str, Any], text: str) -> None:
         print_json(value)
     else:
         typer.echo(text)
+
+
+@bench_app.command()
+def relay(
+    iterations: Annotated[
+        int, typer.Option("--iterations", min=10, help="Timed round trips per variant.")
+    ] = 5000,
+    as_json: JsonOpt = False,
+) -> None:
+    """The relay's round trip next to raw pyzmq between two processes, in one run.
+
+    Example: orchestra-sup bench relay --iterations 2000 --json
+    """
+    from orchestra_sup.bench.relay import run_relay_bench
+
+    result = guarded(lambda: run_relay_bench(iterations, max(10, iterations // 10)))
+    if as_json:
+        print_json(result)
+        return
+    base = result["baseline"]
+    out.print(
+        f"raw pyzmq floor: p50 {base['p50_us']} us, p99 {base['p99_us']} us "
+        f"({base['n']} round trips)"
+    )
+    for tool, stats in result["relays"].items():
+        out.print(
+            f"relay {tool}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "
+            f"p99 {stats['p99_us']} us ({stats['ratio_p99']}x)"
+        )
 
 
 @bench_app.command()

@@ -23,6 +23,7 @@ import msgspec
 from orchestra_sup.coordinator.placement import ShardView, place
 from orchestra_sup.coordinator.plan import validate_plan
 from orchestra_sup.coordinator.runner import LIVE, PlanRecord, TaskStatus
+from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, PlanError, RemoteError
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
@@ -44,6 +45,7 @@ class Coordinator:
         self.inbox_ids: set[str] = set()
         self._committing: dict[str, asyncio.Future[None]] = {}
         self.stopping = False
+        self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._enc = msgspec.msgpack.Encoder()
@@ -52,6 +54,11 @@ class Coordinator:
 
     async def open(self, node: Node) -> None:
         self.node = node
+        self.toolkit = Toolkit(
+            node,
+            shards=lambda: [s.name for s in self.shards.values() if s.up],
+            lane_shard=self._lane_shard,
+        )
         self.store = Store(node.paths.state_dir / "coordinator", ["plans", "inbox"])
         self.store.start()
         for key, value in self.store.items("plans"):
@@ -127,6 +134,10 @@ class Coordinator:
                 self.node.answer(ep, peer, env, self._submit(body.plan))
             case f.CtlPlan():
                 self.node.answer(ep, peer, env, self._plan(body))
+            case f.CtlCall():
+                self.node.answer(ep, peer, env, self._call(body))
+            case f.CtlBenchRelay():
+                self.node.answer(ep, peer, env, self._bench(body))
             case f.CtlCancel():
                 self.node.answer(ep, peer, env, self._cancel(body.lane))
             case f.SandboxCreate():
@@ -194,6 +205,28 @@ class Coordinator:
                 if waiter in waiters:
                     waiters.remove(waiter)
         return plan.report()
+
+    async def _call(self, call: f.CtlCall) -> f.Body:
+        assert self.toolkit is not None
+        return f.ToolResult(value=await self.toolkit.call(call.tool, call.params))
+
+    async def _bench(self, req: f.CtlBenchRelay) -> f.Body:
+        """Time `req.tool` through the relay, sequentially, from inside the coordinator."""
+        assert self.toolkit is not None
+        samples: list[float] = []
+        for i in range(req.warmup + req.iterations):
+            t0 = time.perf_counter_ns()
+            await self.toolkit.call(req.tool, req.params)
+            if i >= req.warmup:
+                samples.append((time.perf_counter_ns() - t0) / 1000)
+        return f.BenchSamples(samples_us=samples)
+
+    def _lane_shard(self, lane: str) -> str | None:
+        for plan in self.plans.values():
+            for rec in plan.tasks.values():
+                if rec.lane == lane and rec.status in LIVE:
+                    return rec.shard
+        return None
 
     async def _cancel(self, lane: str) -> f.Body:
         assert self.node is not None

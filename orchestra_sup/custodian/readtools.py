@@ -1,8 +1,12 @@
 """Read-only tools the custodian serves to the coordinator over the workspace's working tree.
 
-Plain synchronous functions; the custodian runs them with `asyncio.to_thread`. Every `path`
-argument is relative to the workspace root, slash-separated, and goes through `resolve`, which
-refuses anything that would leave the root or enter a `.git` directory by raising `PathEscape`.
+`read_file`, `list_dir`, `stat` and `search` are plain synchronous functions; the custodian runs
+them with `asyncio.to_thread`. `diff` and `log` are coroutines that run git as an async subprocess
+(with the hardening of `workspace._git`); the custodian awaits them. Every `path` argument is
+relative to the workspace root, slash-separated, and goes through `resolve`, which refuses anything
+that would leave the root or enter a `.git` directory by raising `PathEscape`. Bad parameters
+(a bad regex, a refused rev, a limit out of range) raise `RemoteError(BAD_REQUEST, ...)`, an
+unknown rev `RemoteError(NOT_FOUND, ...)`. None of the tools writes anything.
 
 The check and the later open are two steps, so a symlink swapped in between could still be
 followed; the workspace's working tree is written only by the custodian itself (lanes work in
@@ -14,10 +18,13 @@ from __future__ import annotations
 import codecs
 import errno
 import os
+import re
 import stat as statmod
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from orchestra_sup.errors import PathEscape
+from orchestra_sup.custodian.workspace import _git, _git_capped
+from orchestra_sup.errors import ErrorCode, GitError, PathEscape, RemoteError
 
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 """Default cap of `read_file`, in bytes (8 MiB)."""

@@ -23,6 +23,7 @@ itself does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -123,6 +124,83 @@ async def _git(
     if check and result.returncode != 0:
         raise GitError(list(args), result.returncode, result.stderr)
     return result
+
+
+_CHUNK = 64 * 1024
+_STDERR_KEEP = 64 * 1024
+
+
+@dataclass(frozen=True)
+class _CappedResult:
+    returncode: int
+    stdout: bytes
+    stderr: str
+    truncated: bool
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+
+async def _read_head(stream: asyncio.StreamReader, keep: int) -> bytes:
+    """Read `stream` to its end, keeping only its first `keep` bytes."""
+    buf = bytearray()
+    while chunk := await stream.read(_CHUNK):
+        if len(buf) < keep:
+            buf += chunk[: keep - len(buf)]
+    return bytes(buf)
+
+
+async def _git_capped(
+    cwd: Path,
+    *args: str,
+    max_bytes: int,
+    env: dict[str, str] | None = None,
+) -> _CappedResult:
+    """Run a READ-ONLY git command like `_git` (same config and environment), keeping at most
+    `max_bytes` of its standard output as bytes.
+
+    When the output runs past `max_bytes`, git is killed and the result has `truncated=True` (its
+    `returncode` is then meaningless). Standard error keeps its first 64 KiB. Cancelling the caller
+    kills git and reaps it before the cancellation propagates, which is why this is for commands
+    that write nothing. Never raises `GitError`: the caller judges `returncode`.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        "-C",
+        str(cwd),
+        *_GIT_CONFIG,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_git_env(env),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    errors = asyncio.ensure_future(_read_head(proc.stderr, _STDERR_KEEP))
+    out = bytearray()
+    truncated = False
+    try:
+        while chunk := await proc.stdout.read(_CHUNK):
+            out += chunk
+            if len(out) > max_bytes:
+                truncated = True
+                del out[max_bytes:]
+                _kill(proc)
+                break
+    except BaseException:
+        _kill(proc)
+        raise
+    finally:
+        # Drain what is left so the pipes close and the process can be reaped.
+        while await proc.stdout.read(_CHUNK):
+            pass
+        err = await errors
+        returncode = await proc.wait()
+    return _CappedResult(
+        returncode, bytes(out), err.decode("utf-8", errors="replace"), truncated
+    )
 
 
 async def _toplevel(path: Path) -> str | None:

@@ -363,6 +363,30 @@ class CtlCancel(Frame, tag="ctl_cancel"):
     lane: str
 
 
+class CtlCall(Frame, tag="ctl_call"):
+    """Call one of the coordinator's tools through the real relay (`ctl call`); answered with
+    the tool's `ToolResult`."""
+
+    tool: str
+    params: dict[str, str] = {}
+
+
+class CtlBenchRelay(Frame, tag="ctl_bench_relay"):
+    """`bench relay`: the coordinator calls `tool` through its relay `warmup + iterations`
+    times, one after the other, and answers the round-trip times of the last `iterations`."""
+
+    tool: str
+    params: dict[str, str] = {}
+    iterations: int = 1000
+    warmup: int = 100
+
+
+class BenchSamples(Frame, tag="bench_samples"):
+    """Round-trip times in microseconds, in call order."""
+
+    samples_us: list[float]
+
+
 class CtlDebug(Frame, tag="ctl_debug"):
     """Fault injection for tests, refused unless the tree runs with ORCHESTRA_SUP_DEBUG_HOOKS=1:
     `block_loop` blocks child `name`'s event loop for `seconds`; `ignore_sigterm` makes it
@@ -396,6 +420,9 @@ Ctl = (
     | PlanReport
     | CtlLanes
     | CtlCancel
+    | CtlCall
+    | CtlBenchRelay
+    | BenchSamples
     | CtlDebug
     | DebugHook
 )

@@ -53,7 +53,7 @@ class CtlService:
                     )
                     return
                 self._answer(ep, peer, env, self._restart(child))
-            case f.CtlSubmit() | f.CtlPlan() | f.CtlCancel():
+            case f.CtlSubmit() | f.CtlPlan() | f.CtlCancel() | f.CtlCall() | f.CtlBenchRelay():
                 self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
             case f.CtlLanes():
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))

@@ -1,0 +1,113 @@
+"""The coordinator's relayed tools, as `ctl call` reaches them.
+
+Every tool keeps its name and parameters whether the other side is local or not (ARCHITECTURE.md
+§6): read tools on the tree are answered by the custodian (`READ_TOOLS`), lane tools by the shards
+(`LANE_TOOLS`). Each call has a deadline (`deadline_s`, default 55 s, the seed's relay bound).
+
+Failure semantics (the relay section of seeds/000):
+- A peer that is down is reported at once (`PeerDown`: the call was not delivered, retry when it
+  is back), never after the deadline.
+- A call that got no answer in time raises `CallTimeout`: the outcome is unknown. For a read that
+  costs nothing; for a lane tool the error says how to check (`lane_status`, `list_lanes`)
+  before sending again.
+- `RemoteError` carries the peer's typed error (`path_escape`, `not_found`, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from orchestra_sup.errors import CallTimeout, ErrorCode, RemoteError
+from orchestra_sup.node.runtime import Node
+from orchestra_sup.protocol import frames as f
+
+READ_TOOLS = frozenset({"read_file", "list_dir", "stat", "search", "diff", "log"})
+LANE_TOOLS = frozenset({"list_lanes", "lane_status", "cancel_lane"})
+DEADLINE_S = 55.0
+
+
+class Toolkit:
+    """Relayed tools for the coordinator.
+
+    `shards()` lists the shard names that are up; `lane_shard(lane)` says which shard runs a
+    lane (None when no live lane has that id).
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        shards: Callable[[], list[str]],
+        lane_shard: Callable[[str], str | None],
+        deadline_s: float = DEADLINE_S,
+    ):
+        self.node = node
+        self.shards = shards
+        self.lane_shard = lane_shard
+        self.deadline_s = deadline_s
+
+    async def call(self, tool: str, params: dict[str, str]) -> Any:
+        """Run `tool` with `params`; returns its JSON-shaped value.
+
+        Raises `RemoteError(bad_request)` for an unknown tool or a missing parameter, and the
+        relay errors described in the module docstring.
+        """
+        if tool in READ_TOOLS:
+            reply = await self.node.call(
+                "custodian", f.ToolCall(tool=tool, params=params), timeout_s=self.deadline_s
+            )
+            assert isinstance(reply, f.ToolResult)
+            return reply.value
+        if tool == "list_lanes":
+            return {"lanes": [msgspec.to_builtins(lane) for lane in await self._all_lanes()]}
+        if tool == "lane_status":
+            return await self._lane_status(_param(params, "lane"))
+        if tool == "cancel_lane":
+            return await self._cancel(_param(params, "lane"))
+        known = ", ".join(sorted(READ_TOOLS | LANE_TOOLS))
+        raise RemoteError(ErrorCode.BAD_REQUEST, f"unknown tool {tool!r} (known: {known})")
+
+    async def _all_lanes(self) -> list[f.LaneInfo]:
+        replies = await asyncio.gather(
+            *(
+                self.node.call(name, f.ListLanes(), timeout_s=self.deadline_s)
+                for name in self.shards()
+            ),
+            return_exceptions=True,
+        )
+        return [lane for r in replies if isinstance(r, f.LaneList) for lane in r.lanes]
+
+    async def _lane_status(self, lane: str) -> Any:
+        shard = self.lane_shard(lane)
+        if shard is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+        reply = await self.node.call(shard, f.ListLanes(), timeout_s=self.deadline_s)
+        assert isinstance(reply, f.LaneList)
+        for info in reply.lanes:
+            if info.lane == lane:
+                return msgspec.to_builtins(info)
+        raise RemoteError(ErrorCode.NOT_FOUND, f"lane {lane!r} is no longer on {shard}")
+
+    async def _cancel(self, lane: str) -> Any:
+        shard = self.lane_shard(lane)
+        if shard is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+        try:
+            await self.node.call(shard, f.LaneCancel(lane=lane), timeout_s=self.deadline_s)
+        except CallTimeout as exc:
+            raise CallTimeout(
+                shard,
+                f"cancel_lane({lane}); check with lane_status before sending again",
+                self.deadline_s,
+            ) from exc
+        return {"cancelled": lane}
+
+
+def _param(params: dict[str, str], name: str) -> str:
+    value = params.get(name)
+    if not value:
+        raise RemoteError(ErrorCode.BAD_REQUEST, f"missing parameter {name!r}")
+    return value

@@ -1,0 +1,129 @@
+"""The coordinator's tools through the real relay (`ctl call`), and `bench relay`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, git, plan, task, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def call(tree: Tree, tool: str, timeout_s: float = 30.0, **params: str) -> object:
+    reply = tree.ctl(f.CtlCall(tool=tool, params=params), timeout_s=timeout_s)
+    assert isinstance(reply, f.ToolResult)
+    return reply.value
+
+
+def test_read_tools_through_the_relay(tree: Tree, repo: Path) -> None:
+    """read_file of a 5 MB file, list_dir of a 2,000-entry directory and stat, answered by the
+    custodian through the coordinator's relay."""
+    big = "0123456789abcdef" * (5 * 1024 * 1024 // 16)
+    (repo / "big.txt").write_text(big)
+    many = repo / "many"
+    many.mkdir()
+    for i in range(2000):
+        (many / f"f{i:04d}").write_text("x")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "fixtures")
+    value = call(tree, "read_file", path="big.txt")
+    assert isinstance(value, dict) and value["text"] == big and value["size"] == len(big)
+    listing = call(tree, "list_dir", path="many")
+    assert isinstance(listing, dict) and len(listing["entries"]) == 2000
+    stat = call(tree, "stat", path="big.txt")
+    assert isinstance(stat, dict) and stat["size"] == len(big) and stat["type"] == "file"
+
+
+@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "link-out", ".git/config"])
+def test_path_escapes_are_refused_through_the_relay(tree: Tree, repo: Path, path: str) -> None:
+    """`..`, absolute paths, symlinks out of the workspace and .git are typed path_escape."""
+    (repo / "link-out").symlink_to("/etc")
+    with pytest.raises(RemoteError) as info:
+        call(tree, "read_file", path=path)
+    assert info.value.code is ErrorCode.PATH_ESCAPE
+
+
+def test_lane_tools_through_the_relay(tree: Tree) -> None:
+    """list_lanes, lane_status and cancel_lane reach the shards; an unknown lane is not_found."""
+    plan_id = tree.submit(plan("tools", task("long", "sleep 300")))
+
+    def lanes() -> list[dict[str, object]]:
+        value = call(tree, "list_lanes")
+        assert isinstance(value, dict)
+        return [lane for lane in value["lanes"] if lane["state"] == "running"]
+
+    (lane,) = wait_until(lanes, 20, "the lane to run")  # type: ignore[misc]
+    status = call(tree, "lane_status", lane=str(lane["lane"]))
+    assert isinstance(status, dict) and status["task"] == "long" and status["plan"] == plan_id
+    assert call(tree, "cancel_lane", lane=str(lane["lane"])) == {"cancelled": lane["lane"]}
+    report = tree.wait_plan(plan_id, timeout_s=10)
+    assert report.tasks[0].status == "cancelled"
+    with pytest.raises(RemoteError) as info:
+        call(tree, "lane_status", lane="no-such-lane")
+    assert info.value.code is ErrorCode.NOT_FOUND
+
+
+def test_custodian_killed_mid_call_is_a_typed_error_at_once(tree: Tree) -> None:
+    """A read in flight when the custodian dies fails at once with peer_down (not after the
+    55 s deadline), and the same read succeeds once the custodian is back."""
+    custodian = tree.pids()["custodian"]
+    started = time.monotonic()
+    os.kill(custodian, signal.SIGSTOP)  # type: ignore[arg-type]  # the call stays in flight
+    try:
+        from orchestra_sup.client import CtlClient
+
+        with CtlClient(tree.run_dir) as client:
+            client.sock.send(
+                client.codec.encode(
+                    f.Envelope(
+                        v=1,
+                        id="mid-call",
+                        corr=None,
+                        sender="ctl",
+                        gen=0,
+                        ttl_s=55.0,
+                        dest_gen=None,
+                        body=f.CtlCall(tool="stat", params={"path": "README"}),
+                    )
+                )
+            )
+            os.kill(custodian, signal.SIGKILL)  # type: ignore[arg-type]
+            assert client.sock.poll(20_000), "no answer"
+            reply = client.codec.decode(client.sock.recv())
+        assert isinstance(reply.body, f.Error) and reply.body.code is ErrorCode.PEER_DOWN
+        assert time.monotonic() - started < 20
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(custodian, signal.SIGCONT)  # type: ignore[arg-type]
+    tree.wait_running("custodian", 2)
+    value = call(tree, "stat", path="README")
+    assert isinstance(value, dict) and value["type"] == "file"
+
+
+def test_bench_relay_emits_well_formed_json() -> None:
+    """`bench relay` with tiny counts: a floor, two relays, ratios, and how it was measured."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestra_sup", "bench", "relay", "--iterations", "50", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result["baseline"]) >= {"p50_us", "p99_us"}
+    for tool in ("stat", "read_file"):
+        stats = result["relays"][tool]
+        assert stats["p50_us"] > 0 and stats["ratio_p50"] > 0 and stats["n"] == 50
+    assert result["method"]["iterations"] == 50
