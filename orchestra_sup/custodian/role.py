@@ -1,9 +1,10 @@
 """The tree custodian: the one writer of the workspace and the maker of every sandbox.
 
 Ordered work (creating a sandbox, committing one) runs one at a time through a FIFO lock, because
-both read and move the workspace's HEAD. Reads (`read_file`, `list_dir`, `stat`) are independent:
-each runs in a worker thread as soon as it arrives, at most `READ_CONCURRENCY` at once. Nothing
-runs git or the filesystem on the receive loop (ARCHITECTURE.md §11.1).
+both read and move the workspace's HEAD. Reads are independent: `read_file`, `list_dir`, `stat`
+and `search` run in a worker thread, `diff` and `log` are git subprocesses awaited off the loop,
+each as soon as it arrives, at most `READ_CONCURRENCY` at once. Nothing runs git or the
+filesystem on the receive loop (ARCHITECTURE.md §11.1).
 
 The coordinator can never hold a sandbox: a `SandboxCreate` from it is refused with `forbidden`.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from orchestra_sup.custodian import readtools
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
@@ -114,21 +117,42 @@ class Custodian:
     async def _tool(self, call: f.ToolCall) -> f.Body:
         assert self.workspace is not None
         root = self.workspace.root
-        path = call.params.get("path", "")
-        tools = {
-            "read_file": readtools.read_file,
-            "list_dir": readtools.list_dir,
-            "stat": readtools.stat,
+        params = call.params
+        path = params.get("path", "")
+        # Filesystem reads run in a worker thread; git reads are coroutines (async subprocesses).
+        threaded: dict[str, Callable[[], Any]] = {
+            "read_file": lambda: readtools.read_file(root, path),
+            "list_dir": lambda: readtools.list_dir(root, path),
+            "stat": lambda: readtools.stat(root, path),
+            "search": lambda: readtools.search(
+                root,
+                path,
+                readtools.required_param(params, "pattern"),
+                readtools.limit_param(
+                    params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
+                ),
+            ),
         }
-        fn = tools.get(call.tool)
-        if fn is None:
+        awaited: dict[str, Callable[[], Awaitable[Any]]] = {
+            "diff": lambda: readtools.diff(root, path, params.get("rev") or "HEAD"),
+            "log": lambda: readtools.log(
+                root,
+                path,
+                params.get("rev") or "HEAD",
+                readtools.limit_param(params, readtools.LOG_DEFAULT_LIMIT, readtools.LOG_MAX_LIMIT),
+            ),
+        }
+        if call.tool not in threaded and call.tool not in awaited:
             raise RemoteError(
                 ErrorCode.BAD_REQUEST,
-                f"unknown read tool {call.tool!r} (known: {', '.join(sorted(tools))})",
+                f"unknown read tool {call.tool!r} (known: {', '.join(sorted(threaded | awaited))})",
             )
         async with self._reads:
             try:
-                value = await asyncio.to_thread(fn, root, path)
+                if call.tool in awaited:
+                    value = await awaited[call.tool]()
+                else:
+                    value = await asyncio.to_thread(threaded[call.tool])
             except FileNotFoundError as exc:
                 raise RemoteError(ErrorCode.NOT_FOUND, f"{path!r} does not exist") from exc
             except (IsADirectoryError, NotADirectoryError) as exc:

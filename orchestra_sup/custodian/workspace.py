@@ -198,9 +198,7 @@ async def _git_capped(
             pass
         err = await errors
         returncode = await proc.wait()
-    return _CappedResult(
-        returncode, bytes(out), err.decode("utf-8", errors="replace"), truncated
-    )
+    return _CappedResult(returncode, bytes(out), err.decode("utf-8", errors="replace"), truncated)
 
 
 async def _toplevel(path: Path) -> str | None:

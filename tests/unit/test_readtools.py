@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestra_sup.custodian import readtools
-from orchestra_sup.errors import PathEscape
+from orchestra_sup.errors import ErrorCode, PathEscape, RemoteError
 
 
 @pytest.fixture
@@ -170,3 +170,125 @@ def test_stat_shape(root: Path) -> None:
     assert readtools.stat(root, "")["type"] == "dir"
     with pytest.raises(FileNotFoundError):
         readtools.stat(root, "nope")
+
+
+# --- search --------------------------------------------------------------------------------------
+
+
+def _search(root: Path, path: str, pattern: str, **kw: object) -> dict:
+    return readtools.search(root, path, pattern, **kw)  # type: ignore[arg-type]
+
+
+def test_search_finds_matches_with_line_numbers(root: Path) -> None:
+    """Matches come depth first in name order, with workspace-relative paths and 1-based lines."""
+    (root / "docs" / "api.md").write_text("intro\nTODO: write\nend\r\nTODO again\r\n")
+    (root / "z.py").write_text("x = 1\n# TODO later")
+    out = _search(root, "", r"TODO\b")
+    assert out == {
+        "path": ".",
+        "pattern": r"TODO\b",
+        "matches": [
+            {"path": "docs/api.md", "line": 2, "text": "TODO: write"},
+            {"path": "docs/api.md", "line": 4, "text": "TODO again"},
+            {"path": "z.py", "line": 2, "text": "# TODO later"},
+        ],
+        "truncated": False,
+    }
+    assert _search(root, "docs", "^end$")["matches"] == [
+        {"path": "docs/api.md", "line": 3, "text": "end"}
+    ]
+    single = _search(root, "z.py", "x")
+    assert single["path"] == "z.py"
+    assert single["matches"] == [{"path": "z.py", "line": 1, "text": "x = 1"}]
+
+
+def test_search_respects_limit_and_reports_truncation(root: Path) -> None:
+    """At most `limit` matches; truncated only when more exist."""
+    (root / "many.txt").write_text("".join(f"hit {i}\n" for i in range(10)))
+    cut = _search(root, "many.txt", "hit", limit=3)
+    assert [m["line"] for m in cut["matches"]] == [1, 2, 3]
+    assert cut["truncated"] is True
+    exact = _search(root, "many.txt", "hit", limit=10)
+    assert len(exact["matches"]) == 10 and exact["truncated"] is False
+    assert _search(root, "", "hit")["truncated"] is False
+
+
+def test_search_stops_at_the_byte_budget(root: Path) -> None:
+    """Past max_total_bytes the scan stops with truncated=True and the matches found so far."""
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (root / name).write_text("needle\n" + "x" * 93 + "\n")  # 101 bytes
+    out = _search(root, "", "needle", max_total_bytes=250)
+    assert [m["path"] for m in out["matches"]] == ["a.txt", "b.txt"]
+    assert out["truncated"] is True
+    # the fixture's docs/guide.md (8 bytes) and hello.txt (6) are read too: 317 in all
+    assert _search(root, "", "needle", max_total_bytes=316)["truncated"] is True
+    assert _search(root, "", "needle", max_total_bytes=317)["truncated"] is False
+
+
+def test_search_long_line_is_cut_to_500_characters(root: Path) -> None:
+    """A match's text holds at most 500 characters of its line."""
+    (root / "long.txt").write_text("a" * 2000 + "needle\n")
+    [match] = _search(root, "long.txt", "needle")["matches"]
+    assert match["text"] == "a" * 500
+
+
+def test_search_skips_binary_big_and_git(root: Path) -> None:
+    """Files with a NUL in the first 8 KiB, files over 4 MiB and .git entries are not searched."""
+    (root / "bin.dat").write_bytes(b"needle\n\0rest")
+    (root / "late.dat").write_bytes(b"x" * 9000 + b"\0\nneedle\n")  # NUL past the probe
+    (root / "big.txt").write_bytes(b"needle\n" + b"x" * (4 * 1024 * 1024))
+    (root / ".git" / "needle").write_text("needle\n")
+    (root / "docs" / ".GIT").mkdir()
+    (root / "docs" / ".GIT" / "n.txt").write_text("needle\n")
+    out = _search(root, "", "needle")
+    assert [(m["path"], m["line"]) for m in out["matches"]] == [("late.dat", 2)]
+    assert out["truncated"] is False
+
+
+def test_search_never_follows_symlinks_while_walking(root: Path, tmp_path: Path) -> None:
+    """Symlinks met in the walk are skipped (out of the root or not); a named one inside is read."""
+    (root / "leak").symlink_to(tmp_path / "outside" / "secret")
+    (root / "leakdir").symlink_to(tmp_path / "outside")
+    (root / "alias").symlink_to("hello.txt")
+    assert _search(root, "", "secret|hello")["matches"] == [
+        {"path": "hello.txt", "line": 1, "text": "hello"}
+    ]
+    assert _search(root, "alias", "hello")["matches"] == [
+        {"path": "alias", "line": 1, "text": "hello"}
+    ]
+
+
+@pytest.mark.parametrize("path", ["..", "../outside", "docs/../..", "/etc", ".git", "leakdir"])
+def test_search_refuses_escaping_paths(root: Path, tmp_path: Path, path: str) -> None:
+    """`..`, absolute paths, .git and a symlink out of the root raise PathEscape."""
+    (root / "leakdir").symlink_to(tmp_path / "outside")
+    with pytest.raises(PathEscape):
+        _search(root, path, "secret")
+
+
+def test_search_bad_pattern_limit_and_missing_path(root: Path) -> None:
+    """An invalid regex or limit is a bad_request naming it; a missing path FileNotFoundError."""
+    with pytest.raises(RemoteError) as info:
+        _search(root, "", "foo(")
+    assert info.value.code is ErrorCode.BAD_REQUEST and "'foo('" in info.value.message
+    for limit in (0, 10_001):
+        with pytest.raises(RemoteError) as info:
+            _search(root, "", "x", limit=limit)
+        assert info.value.code is ErrorCode.BAD_REQUEST
+    with pytest.raises(FileNotFoundError):
+        _search(root, "nope", "x")
+
+
+def test_limit_and_required_params() -> None:
+    """limit_param parses integers within range; required_param refuses a missing name."""
+    assert readtools.limit_param({}, 200, 10_000) == 200
+    assert readtools.limit_param({"limit": ""}, 200, 10_000) == 200
+    assert readtools.limit_param({"limit": "10000"}, 200, 10_000) == 10_000
+    for raw in ("abc", "1.5", "0", "-3", "10001"):
+        with pytest.raises(RemoteError) as info:
+            readtools.limit_param({"limit": raw}, 200, 10_000)
+        assert info.value.code is ErrorCode.BAD_REQUEST
+    assert readtools.required_param({"pattern": ""}, "pattern") == ""
+    with pytest.raises(RemoteError) as info:
+        readtools.required_param({}, "pattern")
+    assert info.value.code is ErrorCode.BAD_REQUEST and "pattern" in info.value.message
