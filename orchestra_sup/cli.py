@@ -432,6 +432,57 @@ def cancel(
     _done(as_json, {"cancelled": lane}, f"cancelled {lane}")
 
 
+FOLLOW_POLL_S = 5.0
+"""How long one `ctl logs --follow` exchange waits at the shard for new rows."""
+
+
+@ctl_app.command()
+def logs(
+    ctx: typer.Context,
+    lane: Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`, `ctl plan --json`).")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Print rows as they come until the lane ends.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='One object per row: {"seq", "ts", "stream", "data"}.')
+    ] = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Print a lane's transcript: its output (stdout to stdout, stderr to stderr) and its events
+    (`# event: ...` lines on stderr), or with --json one object per row on stdout.
+
+    Works for running and finished lanes (kept for [lanes] transcript_retention_s). --follow
+    exits 0 when the lane ends; Ctrl-C exits 130; an unknown lane exits 1.
+    Example: orchestra-sup ctl logs 3f2a9c1b7d44-build-1 --follow
+    """
+    sink = render.LogSink(as_json, sys.stdout, sys.stderr)
+    wait_s = FOLLOW_POLL_S if follow else 0.0
+
+    def go() -> None:
+        after = -1
+        with CtlClient(ctx.obj.run_dir(run_dir)) as client:
+            while True:
+                ask = f.CtlLogs(lane=lane, after_seq=after, wait_s=wait_s)
+                chunk = client.request(ask, timeout_s=wait_s + timeout)
+                assert isinstance(chunk, f.LogChunk)
+                sink.write(chunk.rows)
+                after = chunk.rows[-1].seq if chunk.rows else after
+                # without --follow: what there is now (a running lane's rows so far)
+                if chunk.done or (not follow and not chunk.rows):
+                    return
+
+    try:
+        guarded(go)
+    except KeyboardInterrupt:
+        raise fail("interrupted", 130) from None
+    except BrokenPipeError:  # `ctl logs LANE | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
 def _done(as_json: bool, value: dict[str, Any], text: str) -> None:
     if as_json:
         print_json(value)
@@ -492,6 +543,26 @@ def chaos(
             typer.echo(f"{key:>16}: {value}")
     clean = report.lost == report.duplicated == report.orphans == 0 and report.supervisor_alive
     raise typer.Exit(0 if clean else EXIT_FAILED)
+
+
+@bench_app.command()
+def persist(
+    events: Annotated[
+        int, typer.Option("--events", min=100, help="Events in the write-behind passes.")
+    ] = 20_000,
+    as_json: JsonOpt = False,
+) -> None:
+    """One synced transaction per event next to write-behind, on one event stream, in one run.
+
+    Example: orchestra-sup bench persist --events 50000 --json
+    """
+    from orchestra_sup.bench.persist import format_table, run_persist
+
+    report = guarded(lambda: run_persist(events))
+    if as_json:
+        print_json(report)
+    else:
+        typer.echo(format_table(report))
 
 
 @app.command()

@@ -19,6 +19,7 @@ lanes_per_shard = 8       # lanes one shard hosts at most
 [lanes]
 max_worker_loss = 3       # a task whose worker process (shard) is lost this many times fails;
                           # before that, each loss pauses it and it is re-placed
+transcript_retention_s = 604800.0  # a finished lane's transcript (`ctl logs`) is kept this long
 ```
 """
 
@@ -54,9 +55,12 @@ class ShardSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
     """`max_worker_loss`: losses of a task's worker process after which the task fails with the
-    failure class `worker_process_loss` (1: the first loss fails it; no re-placement)."""
+    failure class `worker_process_loss` (1: the first loss fails it; no re-placement).
+    `transcript_retention_s`: seconds a finished lane's transcript stays readable (`ctl logs`)
+    before its shard prunes it (default 7 days; 0: at the shard's next prune, within a minute)."""
 
     max_worker_loss: int = 3
+    transcript_retention_s: float = 7 * 24 * 3600.0
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +78,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("supervisor", "backoff_max_s"): (float, 0, 3_600),
     ("shards", "count"): (int, 1, 256),
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
+    ("lanes", "transcript_retention_s"): (float, 0, 10 * 365 * 86_400),
     ("lanes", "max_worker_loss"): (int, 1, 100),
 }
 _SECTIONS = ("supervisor", "shards", "lanes")

@@ -25,6 +25,7 @@ class ErrorCode(enum.StrEnum):
     PEER_DOWN = "peer_down"
     TIMEOUT = "timeout"
     SHARD_FULL = "shard_full"
+    STATE_DEGRADED = "state_degraded"
     FORBIDDEN = "forbidden"
     PATH_ESCAPE = "path_escape"
     GIT = "git"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import IO, Any
 
 import msgspec
 from rich.console import Console
@@ -181,3 +182,51 @@ def lanes_table(reply: f.LaneList, console: Console) -> None:
             lane.sandbox or "-",
         )
     console.print(table)
+
+
+# --- ctl logs ------------------------------------------------------------------------------------
+
+
+def log_row_json(row: f.LogRow) -> dict[str, Any]:
+    """One transcript row for programs: exactly {"seq", "ts", "stream", "data"}."""
+    return {"seq": row.seq, "ts": row.ts, "stream": row.stream, "data": row.data}
+
+
+class LogSink:
+    """Writes `ctl logs` rows as they come, flushed after each batch.
+
+    Text: "stdout" rows to `stdout` and "stderr" rows to `stderr`, as the command wrote them (so
+    `ctl logs LANE > out.txt` holds the command's stdout); an "event" row as one `# event: ...` line
+    on `stderr`, started on a line of its own. JSON: one object per row per line on `stdout`
+    (`log_row_json`). Text is written as UTF-8 bytes whatever the locale.
+    """
+
+    def __init__(self, as_json: bool, stdout: IO[str], stderr: IO[str]):
+        self.as_json = as_json
+        self.stdout = stdout
+        self.stderr = stderr
+        self._line_open = False  # the last text written (either stream) did not end a line
+
+    def write(self, rows: list[f.LogRow]) -> None:
+        for row in rows:
+            if self.as_json:
+                self.stdout.write(json.dumps(log_row_json(row)) + "\n")
+            elif row.stream == "event":
+                lead = "\n" if self._line_open else ""
+                self._put(self.stderr, f"{lead}# event: {row.data}\n")
+            else:
+                self._put(self.stdout if row.stream == "stdout" else self.stderr, row.data)
+        self.stdout.flush()
+        self.stderr.flush()
+
+    def _put(self, stream: IO[str], text: str) -> None:
+        if not text:
+            return
+        raw = getattr(stream, "buffer", None)
+        if raw is None:
+            stream.write(text)
+        else:
+            stream.flush()  # keep order with what was written as text before
+            raw.write(text.encode("utf-8", errors="replace"))
+            raw.flush()
+        self._line_open = not text.endswith("\n")

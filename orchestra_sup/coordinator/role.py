@@ -24,7 +24,14 @@ from orchestra_sup.coordinator.placement import ShardView, place
 from orchestra_sup.coordinator.plan import validate_plan
 from orchestra_sup.coordinator.runner import LIVE, PlanRecord, TaskStatus
 from orchestra_sup.coordinator.toolkit import Toolkit
-from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, PlanError, RemoteError
+from orchestra_sup.errors import (
+    CallTimeout,
+    ErrorCode,
+    PeerDown,
+    PlanError,
+    RemoteError,
+    StateError,
+)
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
@@ -178,6 +185,10 @@ class Coordinator:
     async def _submit(self, spec: f.PlanSpec) -> f.Body:
         assert self.store is not None
         try:
+            self.store.check_writable()  # a full disk refuses new work, in one clear line
+        except StateError as exc:
+            raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
+        try:
             spec = validate_plan(spec)
         except PlanError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
@@ -297,6 +308,13 @@ class Coordinator:
     async def _start(self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str) -> None:
         assert self.node is not None
         rec = plan.tasks[task_id]
+        assert self.store is not None
+        # The placement is durable before the lane can exist: a coordinator killed after sending
+        # LaneStart must not come back believing the task pending and start it a second time.
+        # (On a full disk this waits: the store keeps the batch and retries until there is room.)
+        await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
+        if rec.lane != start.lane or rec.status is not TaskStatus.STARTING or self.stopping:
+            return
         try:
             await self.node.call(shard, start, timeout_s=START_TIMEOUT_S)
         except (PeerDown, RemoteError) as exc:
@@ -304,6 +322,7 @@ class Coordinator:
                 return  # already resolved (its shard was lost meanwhile)
             if isinstance(exc, RemoteError) and exc.code not in (
                 ErrorCode.SHARD_FULL,
+                ErrorCode.STATE_DEGRADED,
                 ErrorCode.PEER_DOWN,
                 ErrorCode.STALE_GENERATION,
             ):
@@ -312,6 +331,8 @@ class Coordinator:
                 plan.unplace(task_id)
                 if isinstance(exc, RemoteError) and exc.code is ErrorCode.SHARD_FULL:
                     await asyncio.sleep(0.2)  # the shard's own count is ahead of ours
+                elif isinstance(exc, RemoteError) and exc.code is ErrorCode.STATE_DEGRADED:
+                    await asyncio.sleep(1.0)  # its disk is full: no tight re-placement loop
             self._persist(plan)
             self._maybe_done(plan)
             self._pump()

@@ -11,7 +11,9 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     `supervisor_pid` lets the child notice it was orphaned before `PR_SET_PDEATHSIG` took hold;
     `heartbeat_s` is the interval of its heartbeats, seconds; `max_worker_loss` is the coordinator's
     `[lanes] max_worker_loss` (losses of its worker process after which a task fails);
-    `lane_grace_s` is how long a stopping shard lets its lanes' commands end after SIGTERM.
+    `lane_grace_s` is how long a stopping shard lets its lanes' commands end after SIGTERM;
+    `transcript_retention_s` is `[lanes] transcript_retention_s` (seconds a shard keeps a finished
+    lane's transcript).
     """
 
     role: str
@@ -25,6 +27,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_s: float = 0.5
     max_worker_loss: int = 3
     lane_grace_s: float = 5.0
+    transcript_retention_s: float = 7 * 24 * 3600.0
 
 
 def encode(args: ChildArgs) -> str:

@@ -404,10 +404,56 @@ class DebugHook(Frame, tag="debug_hook"):
     seconds: float = 0.0
 
 
+# --- lane transcripts: ctl -> supervisor -> shards (`ctl logs`) ----------------------------------
+
+
+class LogRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One transcript row of a lane. `seq` counts the lane's rows from 0 without a gap; `ts` is
+    when it was recorded (wall clock, seconds since the epoch); `stream` is "stdout" or "stderr"
+    (one chunk of the command's output, as it was read) or "event" (a lane event, one line);
+    `data` is the text (UTF-8, invalid bytes as U+FFFD)."""
+
+    seq: int
+    ts: float
+    stream: Literal["stdout", "stderr", "event"]
+    data: str
+
+
+class CtlLogs(Frame, tag="ctl_logs"):
+    """Ask for lane `lane`'s transcript rows after `after_seq` (-1: from the first), at most
+    `limit`; with `wait_s` > 0 and no such row yet, the answer is held until one comes, the lane
+    ends, or `wait_s` seconds have passed (a long poll). Answered with `LogChunk`, or `Error`
+    `not_found` when no shard knows the lane."""
+
+    lane: str
+    after_seq: int = -1
+    wait_s: float = 0.0
+    limit: int = 1000
+
+
+class LaneLogs(Frame, tag="lane_logs"):
+    """`CtlLogs` as the supervisor forwards it to each shard."""
+
+    lane: str
+    after_seq: int = -1
+    wait_s: float = 0.0
+    limit: int = 1000
+
+
+class LogChunk(Frame, tag="log_chunk"):
+    """Rows of a lane's transcript, oldest first. `found` is false when this shard does not know
+    the lane; `done` is true when the lane has ended and `rows` reach its last row."""
+
+    lane: str
+    rows: list[LogRow]
+    done: bool
+    found: bool
+
+
 Control = Hello | Welcome | Reject | Heartbeat | Roster | TreeStopping
 Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
 Relay = ToolCall | ToolResult
-LanePlane = LaneStart | LaneCancel | ListLanes | LaneList
+LanePlane = LaneStart | LaneCancel | ListLanes | LaneList | LaneLogs | LogChunk
 Inbox = InboxPut | InboxAck
 Ctl = (
     CtlStatus
@@ -425,6 +471,7 @@ Ctl = (
     | BenchSamples
     | CtlDebug
     | DebugHook
+    | CtlLogs
 )
 Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Ack | Error
 

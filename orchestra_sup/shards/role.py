@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -37,6 +38,8 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
 from orchestra_sup.shards.shell import ShellOutcome, run_shell
+from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
+from orchestra_sup.shards.transcript import Transcript
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,7 @@ class Shard:
     def __init__(self) -> None:
         self.node: Node | None = None
         self.store: Store | None = None
+        self.transcript: Transcript | None = None  # lane transcripts, `ctl logs` (open())
         self.cgroups: LaneCgroups | None = None  # cgroup tracking of lane processes (open())
         self.lanes: dict[str, Lane] = {}
         self.outbox: dict[str, f.InboxPut] = {}
@@ -104,10 +108,15 @@ class Shard:
         # Lane cgroups live under <tree>/<shard>.<generation>: the supervisor kills a dead
         # generation's subtree while the next generation starts its own beside it.
         self.cgroups = LaneCgroups(tree_id(node.paths.run_dir), f"{node.name}.{node.generation}")
-        self.store = Store(node.paths.state_dir / node.name, ["outbox"])
+        self.store = Store(node.paths.state_dir / node.name, ["outbox", *TRANSCRIPT_DBS])
         self.store.start()
         for key, value in self.store.items("outbox"):
             self.outbox[key.decode()] = self._decoder.decode(value)
+        # --- transcripts: close what a dead generation left running, prune, prune periodically
+        self.transcript = Transcript(self.store)
+        await self.transcript.open(node.args.transcript_retention_s)
+        node.spawn(self.transcript.prune_every(node.args.transcript_retention_s))
+        # --- end transcripts
         node.spawn(self._resend_loop())
 
     def load(self) -> int:
@@ -136,6 +145,8 @@ class Shard:
             await asyncio.wait(pending, timeout=DELIVER_ON_STOP_S)
         if self.cgroups is not None:  # cgroup tracking: nothing of any lane outlives the shard
             self.cgroups.kill_all_sync()
+        if self.transcript is not None:  # transcripts: reads in flight end before the store
+            await self.transcript.close()
         assert self.store is not None
         self.store.close()
 
@@ -170,6 +181,12 @@ class Shard:
                 ep.reply(
                     env, peer, f.LaneList(lanes=[self._info(lane) for lane in self.lanes.values()])
                 )
+            case f.LaneLogs():  # transcripts: answered off the receive loop (memory, then LMDB)
+                assert self.node is not None and self.transcript is not None
+                work = self.transcript.read(
+                    body.lane, after_seq=body.after_seq, limit=body.limit, wait_s=body.wait_s
+                )
+                self.node.answer(ep, peer, env, work)
             case _:
                 ep.reply(
                     env,
@@ -183,9 +200,13 @@ class Shard:
     # --- lanes -----------------------------------------------------------------------------------
 
     def _admit(self, start: f.LaneStart) -> f.Body:
-        assert self.node is not None
+        assert self.node is not None and self.store is not None
         if start.lane in self.lanes or f"result:{start.lane}" in self.outbox:
             return f.Ack()  # a re-sent start: the lane id is its idempotency key
+        if self.store.degraded is not None:
+            # A full disk stops new work (its result could not be made durable); the
+            # coordinator places the lane elsewhere or later.
+            return f.Error(code=ErrorCode.STATE_DEGRADED, message=str(self.store.degraded))
         if len(self.lanes) >= self.capacity:
             return f.Error(
                 code=ErrorCode.SHARD_FULL,
@@ -193,6 +214,10 @@ class Shard:
             )
         lane = Lane(start)
         self.lanes[lane.id] = lane  # registered before it is spawned: a cancel always finds it
+        if self.transcript is not None:  # transcripts: its rows start before anything can happen
+            self.transcript.begin(lane.id)
+            for warning in start.warnings:
+                self.transcript.event(lane.id, f"warning: {warning}")
         lane.task = self.node.spawn(self._run(lane))
         return f.Ack()
 
@@ -218,6 +243,8 @@ class Shard:
             assert isinstance(ready, f.SandboxReady)
             lane.sandbox = ready.path
             lane.state = "running"
+            if self.transcript is not None:  # transcripts
+                self.transcript.event(lane.id, f"started in {ready.path}: {spec.run}")
             # --- cgroup tracking: the command joins the lane's cgroup before exec; whatever is
             # left in it when the command ends (setsid'ed or double-forked daemons) is killed.
             cgroup = self.cgroups.create(lane.id)
@@ -227,7 +254,7 @@ class Shard:
                     cwd=Path(ready.path),
                     env=self._lane_env(lane),
                     timeout_s=spec.timeout_s,
-                    on_output=lane.output,
+                    on_output=self._on_output(lane),
                     tail_bytes=TAIL_BYTES,
                     preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
                     on_spawn=lane.spawned,
@@ -273,10 +300,23 @@ class Shard:
             error=error,
         )
         lane.state = status
+        if self.transcript is not None:  # transcripts: the last row, then the finished entry
+            self.transcript.end(lane.id, _end_event(result))
         try:
             await self._deliver(result)
         finally:
             self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
+
+    def _on_output(self, lane: Lane) -> Callable[[str, bytes], None]:
+        """What `run_shell` calls with each chunk: the lane's tail, and one transcript row."""
+        transcript = self.transcript
+
+        def on_output(stream: str, chunk: bytes) -> None:
+            lane.output(stream, chunk)
+            if transcript is not None:
+                transcript.output(lane.id, stream, chunk)
+
+        return on_output
 
     def _lane_env(self, lane: Lane) -> dict[str, str]:
         env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
@@ -349,6 +389,16 @@ class Shard:
         while True:
             await asyncio.sleep(RESEND_S)
             self._flush_outbox()
+
+
+def _end_event(result: f.LaneResult) -> str:
+    """A lane's last transcript row: "<status>: <how it ended>", e.g. "succeeded: exited with
+    status 0", "failed: exited with status 3", "cancelled: cancelled by request"."""
+    if result.status == "succeeded":
+        text = f"succeeded: exited with status {result.exit_code}"
+        return f"{text}; committed {result.commit}" if result.commit else text
+    error = result.error or "no error recorded"
+    return error if error.startswith(f"{result.status}:") else f"{result.status}: {error}"
 
 
 def _judge(outcome: ShellOutcome, timeout_s: float | None) -> tuple[str, str | None]:

@@ -2,7 +2,7 @@
 
 Answered by the supervisor itself: `status` (from the control record, never waiting on a child),
 `restart`, `stop`. Forwarded to the coordinator as a task, so a slow or wedged coordinator never
-holds up the supervisor: `submit`, `plan`, `cancel`. Fanned out to every shard: `lanes`.
+holds up the supervisor: `submit`, `plan`, `cancel`. Fanned out to every shard: `lanes`, `logs`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from orchestra_sup.supervisor.root import RootSupervisor
 
 DEFAULT_FORWARD_TIMEOUT_S = 10.0
+LOGS_MARGIN_S = 1.0
+"""How much sooner than the caller's deadline a `ctl logs` long poll ends at the shard."""
 
 
 class CtlService:
@@ -57,6 +59,8 @@ class CtlService:
                 self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
             case f.CtlLanes():
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))
+            case f.CtlLogs():
+                self._answer(ep, peer, env, self._logs(body, env.ttl_s))
             case f.CtlDebug(name=name) if self.sup.debug_hooks and name in self.sup.by_name:
                 self._answer(
                     ep,
@@ -138,6 +142,37 @@ class CtlService:
             if isinstance(reply, f.LaneList):
                 lanes.extend(reply.lanes)
         return f.LaneList(lanes=lanes)
+
+    async def _logs(self, req: f.CtlLogs, ttl_s: float | None) -> f.Body:
+        """Ask every shard for the lane's transcript; the one that knows it answers. A lane id
+        lives on one shard (a re-placed task runs as a new lane), so the first found is the one.
+        The long poll is cut `LOGS_MARGIN_S` short of the caller's deadline, so the answer still
+        reaches it. Raises `RemoteError`: `not_found` when every shard answered and none knows the
+        lane, `peer_down` when none that answered does and some did not answer."""
+        shards = [w for w in self.sup.workers if w.spec.role == "shard"]
+        budget = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
+        ask = f.LaneLogs(
+            lane=req.lane,
+            after_seq=req.after_seq,
+            wait_s=min(req.wait_s, max(0.0, budget - LOGS_MARGIN_S)),
+            limit=req.limit,
+        )
+        replies = await asyncio.gather(
+            *(self._forward(c.name, ask, ttl_s) for c in shards), return_exceptions=True
+        )
+        silent = []
+        for child, reply in zip(shards, replies, strict=True):
+            if isinstance(reply, f.LogChunk) and reply.found:
+                return reply
+            if not isinstance(reply, f.LogChunk):
+                silent.append(child.name)
+        if silent:
+            raise RemoteError(
+                ErrorCode.PEER_DOWN,
+                f"no shard that answered knows lane {req.lane!r}; "
+                f"{', '.join(silent)} did not answer, try again shortly",
+            )
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no lane {req.lane!r} on any shard")
 
 
 def _supervisors(sup: Supervisor, parent: str | None = None) -> Iterator[f.SupervisorInfo]:

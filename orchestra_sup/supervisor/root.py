@@ -243,6 +243,7 @@ class RootSupervisor:
             heartbeat_s=min(0.5, self.settings.supervisor.watchdog_s / 4),
             max_worker_loss=self.settings.lanes.max_worker_loss,
             lane_grace_s=self.settings.supervisor.shutdown_timeout_s,
+            transcript_retention_s=self.settings.lanes.transcript_retention_s,
         )
 
     def _after_exit(self, worker: Worker) -> None:

@@ -1,0 +1,196 @@
+"""`orchestra-sup ctl logs` against real trees: transcripts of running and finished lanes."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, plan, task, wait_until
+
+pytestmark = pytest.mark.integration
+
+KEYS = {"seq", "ts", "stream", "data"}
+
+
+def ctl_argv(tree: Tree, *args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir), *args]
+
+
+def logs(tree: Tree, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ctl_argv(tree, "logs", *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def rows_of(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    for row in rows:
+        assert set(row) == KEYS, row
+    assert [r["seq"] for r in rows] == list(range(len(rows)))
+    return rows
+
+
+def text(rows: list[dict[str, Any]], stream: str) -> str:
+    return "".join(r["data"] for r in rows if r["stream"] == stream)
+
+
+def running_lane(tree: Tree, plan_id: str) -> str:
+    def lane() -> str | None:
+        report = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(report, f.PlanReport)
+        (t,) = report.tasks
+        return t.lane if t.status == "running" else None
+
+    return wait_until(lane, 30, "the lane to run")  # type: ignore[return-value]
+
+
+class Follower:
+    """`ctl logs LANE --follow --json` as a subprocess, its rows read as they come."""
+
+    def __init__(self, tree: Tree, lane: str):
+        self.proc = subprocess.Popen(
+            ctl_argv(tree, "logs", lane, "--follow", "--json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        self.rows: list[dict[str, Any]] = []
+        self._buf = b""
+
+    def until(self, pred: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30) -> None:
+        """Read rows until `pred(rows)` holds (or fail at the deadline)."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()
+        while not pred(self.rows):
+            left = deadline - time.monotonic()
+            assert left > 0, f"rows so far: {self.rows}"
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            data = os.read(fd, 65536)
+            assert data, f"the follower ended early; rows: {self.rows}"
+            self._buf += data
+            *lines, self._buf = self._buf.split(b"\n")
+            self.rows += [json.loads(line) for line in lines]
+
+    def finish(self) -> tuple[int, str]:
+        out, err = self.proc.communicate(timeout=30)
+        self._buf += out
+        self.rows += [json.loads(line) for line in self._buf.splitlines()]
+        return self.proc.returncode, err.decode()
+
+
+def test_logs_json_shows_both_streams_and_events_in_order(tree: Tree) -> None:
+    """A finished lane's transcript: rows numbered from 0 with exactly seq/ts/stream/data, its
+    stdout and stderr each in order, a `started` event first and its end event last; text mode
+    writes stdout to stdout and stderr plus `# event:` lines to stderr."""
+    command = (
+        "printf 'out1\\n'; printf 'err1\\n' >&2; printf 'out2\\n'; printf 'err2\\n' >&2; exit 3"
+    )
+    report = tree.wait_plan(tree.submit(plan("p", task("talk", command))))
+    lane = report.tasks[0].lane
+    assert lane is not None
+
+    rows = rows_of(logs(tree, lane, "--json"))
+    assert text(rows, "stdout") == "out1\nout2\n"
+    assert text(rows, "stderr") == "err1\nerr2\n"
+    assert rows[0]["stream"] == "event" and rows[0]["data"].startswith("started in ")
+    assert command in rows[0]["data"] and report.tasks[0].sandbox in rows[0]["data"]
+    assert (rows[-1]["stream"], rows[-1]["data"]) == ("event", "failed: exited with status 3")
+    assert [r["ts"] for r in rows] == sorted(r["ts"] for r in rows)
+
+    plain = logs(tree, lane)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == "out1\nout2\n"
+    err_lines = plain.stderr.splitlines()
+    assert err_lines[0].startswith("# event: started in ")
+    assert err_lines[-1] == "# event: failed: exited with status 3"
+    assert [line for line in err_lines if not line.startswith("# event:")] == ["err1", "err2"]
+
+
+def test_follow_prints_rows_as_they_come_and_exits_when_the_lane_ends(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """`--follow` on a running lane prints what it has printed so far, waits (still running)
+    while the lane waits, prints the rest when it comes and exits 0 when the lane ends; Ctrl-C
+    stops a follower with one line and status 130."""
+    gate = tmp_path / "gate"
+    command = f"echo first; while [ ! -e {gate} ]; do sleep 0.02; done; echo second"
+    plan_id = tree.submit(plan("p", task("gated", command)))
+    lane = running_lane(tree, plan_id)
+
+    follower = Follower(tree, lane)
+    quitter = Follower(tree, lane)
+    try:
+        for one in (follower, quitter):
+            one.until(lambda rows: "first\n" in text(rows, "stdout"))
+        assert follower.proc.poll() is None and quitter.proc.poll() is None
+
+        quitter.proc.send_signal(signal.SIGINT)
+        code, err = quitter.finish()
+        assert code == 130, err
+        assert len(err.strip().splitlines()) == 1 and "interrupted" in err
+        assert "Traceback" not in err
+
+        gate.touch()
+        code, err = follower.finish()
+        assert code == 0, err
+    finally:
+        for one in (follower, quitter):
+            if one.proc.poll() is None:
+                one.proc.kill()
+                one.proc.communicate()
+    rows = follower.rows
+    assert [r["seq"] for r in rows] == list(range(len(rows)))
+    assert text(rows, "stdout") == "first\nsecond\n"
+    assert rows[-1]["stream"] == "event"
+    assert rows[-1]["data"] == "succeeded: exited with status 0"
+    assert tree.wait_plan(plan_id).ok
+
+
+def test_a_finished_lane_is_readable_after_a_full_restart(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """The transcript of a finished lane survives stopping the tree and starting a new one on
+    the same state directory (whose shards hold nothing of it in memory: it comes from LMDB)."""
+    one = tree_factory(workspace=repo, base=tmp_path / "t")
+    command = 'i=0; while [ $i -lt 400 ]; do echo "line $i"; echo "warn $i" >&2; i=$((i+1)); done'
+    report = one.wait_plan(one.submit(plan("p", task("many", command))))
+    lane = report.tasks[0].lane
+    assert lane is not None and report.ok
+    before = rows_of(logs(one, lane, "--json"))
+    assert text(before, "stdout") == "".join(f"line {i}\n" for i in range(400))
+    assert one.stop() == 0
+
+    two = tree_factory(workspace=repo, base=tmp_path / "t")  # same state directory
+    after = rows_of(logs(two, lane, "--json"))
+    assert after == before
+    assert after[-1]["data"] == "succeeded: exited with status 0"
+
+
+def test_an_unknown_lane_is_one_line_exit_1(tree: Tree) -> None:
+    """`ctl logs` of a lane no shard knows: one line naming it, exit 1, with or without
+    --follow."""
+    for args in (["nope-x-1"], ["nope-x-1", "--follow", "--json"]):
+        proc = logs(tree, *args)
+        assert proc.returncode == 1, (proc.stdout, proc.stderr)
+        assert proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "nope-x-1" in lines[0], proc.stderr
