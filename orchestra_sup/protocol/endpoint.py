@@ -146,7 +146,10 @@ class Endpoint:
                 raise PeerDown(_peer_name(to)) from exc
             raise
         finally:
-            self._schedule_drain()
+            # A send can consume the FD's edge; pyzmq's own asyncio layer checks EVENTS for the
+            # same reason. Only a message actually waiting needs a drain.
+            if not self.sock.closed and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._schedule_drain()
         return msg_id
 
     def reply(self, request: f.Envelope, peer: bytes | None, body: f.Body) -> None:
