@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -28,6 +29,7 @@ from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import (
     ConfigError,
     DirBusy,
+    ErrorCode,
     OrchestraError,
     RemoteError,
     TreeUnreachable,
@@ -461,10 +463,23 @@ def logs(
 
     def go() -> None:
         after = -1
+        shard_down_since: float | None = None
         with CtlClient(ctx.obj.run_dir(run_dir)) as client:
             while True:
                 ask = f.CtlLogs(lane=lane, after_seq=after, wait_s=wait_s)
-                chunk = client.request(ask, timeout_s=wait_s + timeout)
+                try:
+                    chunk = client.request(ask, timeout_s=wait_s + timeout)
+                except RemoteError as exc:
+                    # Following a lane whose shard died: its next generation comes back within
+                    # seconds and closes the transcript with a `lost:` event; wait for that.
+                    if not follow or exc.code is not ErrorCode.PEER_DOWN:
+                        raise
+                    shard_down_since = shard_down_since or time.monotonic()
+                    if time.monotonic() - shard_down_since > timeout:
+                        raise
+                    time.sleep(0.2)
+                    continue
+                shard_down_since = None
                 assert isinstance(chunk, f.LogChunk)
                 sink.write(chunk.rows)
                 after = chunk.rows[-1].seq if chunk.rows else after

@@ -11,9 +11,10 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
 import zmq
 
-from orchestra_sup.errors import RemoteError, TreeUnreachable
+from orchestra_sup.errors import ConfigError, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
@@ -65,7 +66,14 @@ class CtlClient:
             dest_gen=None,
             body=body,
         )
-        self.sock.send(self.codec.encode(env))
+        try:
+            data = self.codec.encode(env)
+        except (UnicodeEncodeError, msgspec.EncodeError) as exc:
+            # e.g. an argument whose bytes are not UTF-8 (surrogate escapes from argv)
+            raise ConfigError(
+                f"the request cannot be sent: {exc} (arguments must be UTF-8 text)"
+            ) from exc
+        self.sock.send(data)
         deadline = time.monotonic() + timeout_s
         while True:
             left_ms = max(0, int((deadline - time.monotonic()) * 1000))

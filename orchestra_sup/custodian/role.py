@@ -2,7 +2,8 @@
 
 Ordered work (creating a sandbox, committing one) runs one at a time through a FIFO lock, because
 both read and move the workspace's HEAD. Reads are independent: `read_file`, `list_dir`, `stat`
-and `search` run in a worker thread, `diff` and `log` are git subprocesses awaited off the loop,
+run in a worker thread, `search` in a child process with a time budget (Python's `re` holds the
+GIL), `diff` and `log` are git subprocesses awaited off the loop,
 each as soon as it arrives, at most `READ_CONCURRENCY` at once. Nothing runs git or the
 filesystem on the receive loop (ARCHITECTURE.md §11.1).
 
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from orchestra_sup.custodian import readtools
+from orchestra_sup.custodian import readtools, searchproc
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.node.runtime import Node
@@ -124,7 +125,10 @@ class Custodian:
             "read_file": lambda: readtools.read_file(root, path),
             "list_dir": lambda: readtools.list_dir(root, path),
             "stat": lambda: readtools.stat(root, path),
-            "search": lambda: readtools.search(
+        }
+        awaited: dict[str, Callable[[], Awaitable[Any]]] = {
+            # a child process: a catastrophic regex must not freeze this loop (searchproc.py)
+            "search": lambda: searchproc.search(
                 root,
                 path,
                 readtools.required_param(params, "pattern"),
@@ -132,8 +136,6 @@ class Custodian:
                     params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
                 ),
             ),
-        }
-        awaited: dict[str, Callable[[], Awaitable[Any]]] = {
             "diff": lambda: readtools.diff(root, path, params.get("rev") or "HEAD"),
             "log": lambda: readtools.log(
                 root,

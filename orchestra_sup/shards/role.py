@@ -263,7 +263,7 @@ class Shard:
                 await self.cgroups.kill(lane.id)
             # --- end cgroup tracking
             status, error = _judge(outcome, spec.timeout_s)
-            if lane.interrupted and status != "succeeded":
+            if lane.interrupted:  # told to stop: even an exit 0 is not a finished step
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
             if status == "succeeded" and spec.commit:
                 done = await self._custodian(

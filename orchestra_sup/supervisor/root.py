@@ -33,7 +33,7 @@ import zmq
 
 from orchestra_sup import linux
 from orchestra_sup.config import Paths, Settings
-from orchestra_sup.errors import ChildStartError
+from orchestra_sup.errors import ChildStartError, PeerDown
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
@@ -249,6 +249,10 @@ class RootSupervisor:
     def _after_exit(self, worker: Worker) -> None:
         """Kill what the dead child left behind: its lanes' cgroups (a shard), and orphans
         reparented to us (we are the subreaper), identified by (pid, create time)."""
+        if self.control is not None:  # requests in flight to it will never be answered
+            self.control.fail_pending(
+                routing_id(worker.name, worker.generation), PeerDown(worker.name)
+            )
         if worker.spec.role == "shard" and self._cgroups is not None:
             subtree = self._cgroups / f"{worker.name}.{worker.generation}"
             self.spawn(asyncio.to_thread(kill_tree_sync, subtree))

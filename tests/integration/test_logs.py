@@ -194,3 +194,19 @@ def test_an_unknown_lane_is_one_line_exit_1(tree: Tree) -> None:
         assert proc.stdout == ""
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "nope-x-1" in lines[0], proc.stderr
+
+
+def test_follow_outlives_the_death_of_the_lanes_shard(tree: Tree) -> None:
+    """--follow on a lane whose shard is SIGKILLed waits for the shard's next generation, which
+    closes the transcript with a `lost:` event, and then exits 0."""
+    plan_id = tree.submit(
+        plan("doomed", task("slow", "for i in $(seq 60); do echo line $i; sleep 0.2; done"))
+    )
+    lane = running_lane(tree, plan_id)
+    follower = Follower(tree, lane)
+    follower.until(lambda rows: any(r["data"].startswith("line 2") for r in rows))
+    shard = next(x.shard for x in tree.ctl(f.CtlLanes()).lanes if x.lane == lane)  # type: ignore[union-attr]
+    os.kill(tree.pids()[shard], signal.SIGKILL)  # type: ignore[arg-type]
+    code, err = follower.finish()
+    assert code == 0, err
+    assert follower.rows[-1]["stream"] == "event" and "lost" in follower.rows[-1]["data"]

@@ -57,3 +57,27 @@ def test_plan_continues_after_a_full_restart(
     assert by_id["second"].failure is None
     assert runs.read_text().split() == ["first", "second", "second", "third"]
     assert os.path.isdir(two.state_dir)
+
+
+def test_a_lane_that_exits_0_on_sigterm_is_still_interrupted(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """A command that traps SIGTERM and exits 0 when the tree stops did not finish its step: it
+    is recorded interrupted and runs again, and its dependant waits for that."""
+    runs = tmp_path / "runs"
+    gate = tmp_path / "gate"
+    body = (
+        f"echo $ORCHESTRA_ATTEMPT >> {runs}; trap 'exit 0' TERM; "
+        f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    )
+    spec = plan("trap", task("polite", body), task("after", "true", needs=["polite"]))
+    one = tree_factory(workspace=repo, base=tmp_path / "s")
+    plan_id = one.submit(spec)
+    wait_until(lambda: runs.exists(), 20, "the first attempt to start")
+    assert one.stop() == 0
+    two = tree_factory(workspace=repo, base=tmp_path / "s")
+    gate.touch()
+    report = two.wait_plan(plan_id, timeout_s=30)
+    by_id = {t.id: t for t in report.tasks}
+    assert report.ok and by_id["polite"].attempts == 2, report
+    assert runs.read_text().split() == ["1", "2"]

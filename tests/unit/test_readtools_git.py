@@ -7,12 +7,13 @@ import asyncio
 import os
 import subprocess
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from orchestra_sup.custodian import readtools
+from orchestra_sup.custodian import readtools, searchproc
 from orchestra_sup.custodian.role import READ_CONCURRENCY, Custodian
 from orchestra_sup.custodian.workspace import Workspace
 from orchestra_sup.errors import ErrorCode, PathEscape, RemoteError
@@ -318,12 +319,12 @@ def test_custodian_tool_errors(repo: Path) -> None:
 def test_custodian_runs_every_read_under_the_semaphore(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """search runs in a worker thread, diff and log are awaited on the loop; all hold a slot."""
+    """search runs in a child process, diff and log are awaited on the loop; all hold a slot."""
     c = _custodian(repo)
     seen: dict[str, tuple[int, bool]] = {}
     loop_thread = threading.get_ident()
 
-    def fake_search(root: Path, path: str, pattern: str, limit: int) -> dict:
+    async def fake_search(root: Path, path: str, pattern: str, limit: int) -> dict:
         seen["search"] = (c._reads._value, threading.get_ident() != loop_thread)
         return {"limit": limit}
 
@@ -335,11 +336,42 @@ def test_custodian_runs_every_read_under_the_semaphore(
         seen["log"] = (c._reads._value, threading.get_ident() != loop_thread)
         return {"rev": rev, "limit": limit}
 
-    monkeypatch.setattr(readtools, "search", fake_search)
+    monkeypatch.setattr(searchproc, "search", fake_search)
     monkeypatch.setattr(readtools, "diff", fake_diff)
     monkeypatch.setattr(readtools, "log", fake_log)
     assert _call(c, "search", pattern="x") == {"limit": readtools.SEARCH_DEFAULT_LIMIT}
     assert _call(c, "diff", rev="") == {"rev": "HEAD"}
     assert _call(c, "log") == {"rev": "HEAD", "limit": readtools.LOG_DEFAULT_LIMIT}
     held = READ_CONCURRENCY - 1
-    assert seen == {"search": (held, True), "diff": (held, False), "log": (held, False)}
+    assert seen == {"search": (held, False), "diff": (held, False), "log": (held, False)}
+
+
+def test_catastrophic_search_pattern_is_stopped_not_the_custodian(repo: Path) -> None:
+    """`(a+)+$` on a long line of a's backtracks for ever; Python's re holds the GIL, so it runs
+    in a child process that is killed after the time budget, with a typed timeout error."""
+    (repo / "aaa.txt").write_text("a" * 40 + "!\n")
+    started = time.monotonic()
+
+    async def go() -> None:
+        with pytest.raises(RemoteError) as info:
+            await searchproc.search(repo, "aaa.txt", "(a+)+$", 10, timeout_s=1.0)
+        assert info.value.code is ErrorCode.TIMEOUT and "(a+)+$" in info.value.message
+
+    asyncio.run(go())
+    assert time.monotonic() - started < 10
+
+
+def test_search_in_a_child_process_gives_the_same_answers(repo: Path) -> None:
+    """The child process returns what readtools.search returns, and maps its errors back."""
+    (repo / "hit.txt").write_text("alpha\nbeta\n")
+
+    async def go() -> None:
+        value = await searchproc.search(repo, "", "beta", 10)
+        assert value == readtools.search(repo, "", "beta", 10)
+        with pytest.raises(PathEscape):
+            await searchproc.search(repo, "../x", "a", 10)
+        with pytest.raises(RemoteError) as info:
+            await searchproc.search(repo, "", "(", 10)
+        assert info.value.code is ErrorCode.BAD_REQUEST
+
+    asyncio.run(go())
