@@ -243,10 +243,10 @@ class Shard:
             assert isinstance(ready, f.SandboxReady)
             lane.sandbox = ready.path
             lane.state = "running"
-            if self.transcript is not None:  # transcripts
+            if self.transcript is not None:
                 self.transcript.event(lane.id, f"started in {ready.path}: {spec.run}")
-            # --- cgroup tracking: the command joins the lane's cgroup before exec; whatever is
-            # left in it when the command ends (setsid'ed or double-forked daemons) is killed.
+            # The command joins the lane's cgroup before exec; whatever is left in it when the
+            # command ends (setsid'ed or double-forked daemons) is killed.
             cgroup = self.cgroups.create(lane.id)
             try:
                 outcome = await run_shell(
@@ -261,7 +261,6 @@ class Shard:
                 )
             finally:
                 await self.cgroups.kill(lane.id)
-            # --- end cgroup tracking
             status, error = _judge(outcome, spec.timeout_s)
             if lane.interrupted:  # told to stop: even an exit 0 is not a finished step
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
