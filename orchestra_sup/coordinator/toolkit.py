@@ -16,6 +16,7 @@ Failure semantics (the relay section of seeds/000):
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,11 @@ from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 
 READ_TOOLS = frozenset({"read_file", "list_dir", "stat", "search", "diff", "log"})
-LANE_TOOLS = frozenset({"list_lanes", "lane_status", "cancel_lane"})
+LANE_TOOLS = frozenset(
+    {"list_lanes", "lane_status", "cancel_lane", "message_lane", "snapshot_lane"}
+)
+SNAPSHOT_ROWS = 50
+SNAPSHOT_MAX_CHUNKS = 64
 DEADLINE_S = 55.0
 
 
@@ -67,6 +72,12 @@ class Toolkit:
             return await self._lane_status(_param(params, "lane"))
         if tool == "cancel_lane":
             return await self._cancel(_param(params, "lane"))
+        if tool == "message_lane":
+            return await self._message(
+                _param(params, "lane"), _param(params, "text"), params.get("key")
+            )
+        if tool == "snapshot_lane":
+            return await self._snapshot(_param(params, "lane"))
         known = ", ".join(sorted(READ_TOOLS | LANE_TOOLS))
         raise RemoteError(ErrorCode.BAD_REQUEST, f"unknown tool {tool!r} (known: {known})")
 
@@ -104,6 +115,49 @@ class Toolkit:
                 self.deadline_s,
             ) from exc
         return {"cancelled": lane}
+
+    async def _message(self, lane: str, text: str, key: str | None) -> Any:
+        """Deliver `text` once: the idempotency key (`key`, or a new one, returned) makes a
+        re-send after a timeout harmless; the relay itself never re-sends a message."""
+        shard = self.lane_shard(lane)
+        if shard is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+        key = key or uuid.uuid4().hex
+        try:
+            ack = await self.node.call(
+                shard, f.LaneMessage(lane=lane, text=text, key=key), timeout_s=self.deadline_s
+            )
+        except CallTimeout as exc:
+            raise CallTimeout(
+                shard,
+                f"message_lane({lane}, key={key}); snapshot_lane shows whether it was delivered, "
+                "and re-sending with the same key cannot deliver it twice",
+                self.deadline_s,
+            ) from exc
+        assert isinstance(ack, f.MessageAck)
+        return {
+            "lane": lane,
+            "key": key,
+            "delivered": not ack.duplicate,
+            "duplicate": ack.duplicate,
+        }
+
+    async def _snapshot(self, lane: str) -> Any:
+        """The lane's status and the newest rows of its transcript (messages included)."""
+        status = await self._lane_status(lane)
+        shard = status["shard"]
+        rows: list[Any] = []
+        after = -1
+        for _ in range(SNAPSHOT_MAX_CHUNKS):  # a huge transcript is cut, not read whole
+            chunk = await self.node.call(
+                shard, f.LaneLogs(lane=lane, after_seq=after), timeout_s=self.deadline_s
+            )
+            assert isinstance(chunk, f.LogChunk)
+            rows = (rows + msgspec.to_builtins(chunk.rows))[-SNAPSHOT_ROWS:]
+            if not chunk.rows:
+                break
+            after = chunk.rows[-1].seq
+        return {**status, "transcript_tail": rows}
 
 
 def _param(params: dict[str, str], name: str) -> str:

@@ -453,7 +453,28 @@ class LogChunk(Frame, tag="log_chunk"):
 Control = Hello | Welcome | Reject | Heartbeat | Roster | TreeStopping
 Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
 Relay = ToolCall | ToolResult
-LanePlane = LaneStart | LaneCancel | ListLanes | LaneList | LaneLogs | LogChunk
+
+
+class LaneMessage(Frame, tag="lane_message"):
+    """Deliver `text` to lane `lane`. `key` is the idempotency key: a second message with the
+    same key to the same lane is acknowledged as a duplicate and not delivered again."""
+
+    lane: str
+    text: str
+    key: str
+
+
+class MessageAck(Frame, tag="message_ack"):
+    """`duplicate` is true when `key` had been delivered before (nothing happened this time)."""
+
+    lane: str
+    key: str
+    duplicate: bool
+
+
+LanePlane = (
+    LaneStart | LaneCancel | ListLanes | LaneList | LaneLogs | LogChunk | LaneMessage | MessageAck
+)
 Inbox = InboxPut | InboxAck
 Ctl = (
     CtlStatus

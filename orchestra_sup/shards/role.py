@@ -69,6 +69,8 @@ class Lane:
         self.cancel_requested = False
         self.pgid: int | None = None
         self.interrupted = False
+        self.message_keys: set[str] = set()
+        self.inbox_lock = asyncio.Lock()
         self.tail = bytearray()
 
     def spawned(self, pgid: int) -> None:
@@ -181,6 +183,8 @@ class Shard:
                 ep.reply(
                     env, peer, f.LaneList(lanes=[self._info(lane) for lane in self.lanes.values()])
                 )
+            case f.LaneMessage():
+                self._message(ep, peer, env, body)
             case f.LaneLogs():  # transcripts: answered off the receive loop (memory, then LMDB)
                 assert self.node is not None and self.transcript is not None
                 work = self.transcript.read(
@@ -220,6 +224,43 @@ class Shard:
                 self.transcript.event(lane.id, f"warning: {warning}")
         lane.task = self.node.spawn(self._run(lane))
         return f.Ack()
+
+    def _message(
+        self, ep: Endpoint, peer: bytes | None, env: f.Envelope, msg: f.LaneMessage
+    ) -> None:
+        """Deliver a message to a live lane: one line appended to its inbox file
+        (`$ORCHESTRA_INBOX`) and an event row in its transcript. The idempotency key is claimed
+        here, on the loop, before anything is awaited, so a re-sent message can never be
+        delivered twice; messages to one lane are written in order, off the loop."""
+        assert self.node is not None
+        lane = self.lanes.get(msg.lane)
+        if lane is None:
+            ep.reply(
+                env,
+                peer,
+                f.Error(
+                    code=ErrorCode.NOT_FOUND, message=f"no live lane {msg.lane!r} on this shard"
+                ),
+            )
+            return
+        if msg.key in lane.message_keys:
+            ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=True))
+            return
+        lane.message_keys.add(msg.key)
+        if self.transcript is not None:
+            self.transcript.event(lane.id, f"message ({msg.key}): {msg.text}")
+        inbox = self._inbox(lane.id)
+
+        async def deliver() -> f.Body:
+            async with lane.inbox_lock:
+                await asyncio.to_thread(_append_line, inbox, msg.text)
+            return f.MessageAck(lane=lane.id, key=msg.key, duplicate=False)
+
+        self.node.answer(ep, peer, env, deliver())
+
+    def _inbox(self, lane: str) -> Path:
+        assert self.node is not None
+        return self.node.paths.state_dir / "inboxes" / lane
 
     def _info(self, lane: Lane) -> f.LaneInfo:
         assert self.node is not None
@@ -326,6 +367,7 @@ class Shard:
             ORCHESTRA_TASK=lane.start.task.id,
             ORCHESTRA_ATTEMPT=str(lane.start.attempt),
             ORCHESTRA_PYTHON=sys.executable,
+            ORCHESTRA_INBOX=str(self._inbox(lane.id)),
         )
         return env
 
@@ -398,6 +440,12 @@ def _end_event(result: f.LaneResult) -> str:
         return f"{text}; committed {result.commit}" if result.commit else text
     error = result.error or "no error recorded"
     return error if error.startswith(f"{result.status}:") else f"{result.status}: {error}"
+
+
+def _append_line(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(text.replace("\n", " ") + "\n")
 
 
 def _judge(outcome: ShellOutcome, timeout_s: float | None) -> tuple[str, str | None]:

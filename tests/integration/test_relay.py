@@ -127,3 +127,31 @@ def test_bench_relay_emits_well_formed_json() -> None:
         stats = result["relays"][tool]
         assert stats["p50_us"] > 0 and stats["ratio_p50"] > 0 and stats["n"] == 50
     assert result["method"]["iterations"] == 50
+
+
+def test_message_lane_with_one_key_acts_once(tree: Tree, tmp_path: Path) -> None:
+    """message_lane delivers into the lane's $ORCHESTRA_INBOX; the same idempotency key sent
+    twice is delivered once (the second answer says duplicate); snapshot_lane shows it."""
+    seen = tmp_path / "seen"
+    cmd = (
+        f'while [ ! -s "$ORCHESTRA_INBOX" ]; do sleep 0.05; done; sleep 0.3; '
+        f'cat "$ORCHESTRA_INBOX" > {seen}'
+    )
+    plan_id = tree.submit(plan("talk", task("listener", cmd)))
+
+    def lane() -> str | None:
+        report = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(report, f.PlanReport)
+        return report.tasks[0].lane if report.tasks[0].status == "running" else None
+
+    lane_id = wait_until(lane, 20, "the lane to run")
+    first = call(tree, "message_lane", lane=str(lane_id), text="hello", key="k-1")
+    again = call(tree, "message_lane", lane=str(lane_id), text="hello", key="k-1")
+    assert first == {"lane": lane_id, "key": "k-1", "delivered": True, "duplicate": False}
+    assert again == {"lane": lane_id, "key": "k-1", "delivered": False, "duplicate": True}
+    snap = call(tree, "snapshot_lane", lane=str(lane_id))
+    assert isinstance(snap, dict)
+    assert [r["data"] for r in snap["transcript_tail"]].count("message (k-1): hello") == 1
+    report = tree.wait_plan(plan_id, timeout_s=20)
+    assert report.ok, report
+    assert seen.read_text() == "hello\n"
