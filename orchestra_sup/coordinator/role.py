@@ -51,6 +51,7 @@ class Coordinator:
         self.plans: dict[str, PlanRecord] = {}
         self.inbox_ids: set[str] = set()
         self._committing: dict[str, asyncio.Future[None]] = {}
+        self._refused: dict[str, int] = {}
         self.stopping = False
         self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
@@ -104,6 +105,7 @@ class Coordinator:
             self.shards[peer.name] = ShardView(
                 name=peer.name, generation=peer.generation, up=peer.up, capacity=peer.capacity
             )
+            self._refused.pop(peer.name, None)
             for plan in self.plans.values():
                 if self.stopping and not peer.up:
                     lost = plan.interrupt_shard(peer.name)
@@ -253,6 +255,7 @@ class Coordinator:
     # --- the plan runner -------------------------------------------------------------------------
 
     def _apply(self, result: f.LaneResult, *, pump: bool) -> None:
+        self._refused.pop(result.shard, None)  # a lane ended there: it has room again
         plan = self.plans.get(result.plan)
         if plan is None or not plan.apply(result):
             return
@@ -282,6 +285,10 @@ class Coordinator:
                 view = self.shards.get(rec.shard or "")
                 if rec.status in LIVE and view is not None and rec.shard_gen == view.generation:
                     view.load += 1
+        for name, generation in self._refused.items():
+            view = self.shards.get(name)
+            if view is not None and view.generation == generation:
+                view.load = max(view.load, view.capacity)  # it said it is full: believe it
 
     def _pump(self) -> None:
         """Start every ready task that has a place to go, oldest plan first (nothing once the
@@ -308,6 +315,7 @@ class Coordinator:
     async def _start(self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str) -> None:
         assert self.node is not None
         rec = plan.tasks[task_id]
+        start_gen = rec.shard_gen
         assert self.store is not None
         # The placement is durable before the lane can exist: a coordinator killed after sending
         # LaneStart must not come back believing the task pending and start it a second time.
@@ -330,7 +338,9 @@ class Coordinator:
             else:
                 plan.unplace(task_id)
                 if isinstance(exc, RemoteError) and exc.code is ErrorCode.SHARD_FULL:
-                    await asyncio.sleep(0.2)  # the shard's own count is ahead of ours
+                    # Its own count is ahead of ours: placement tries the next shard now, and
+                    # this one again once it reports a lane's end or changes generation.
+                    self._refused[shard] = start_gen
                 elif isinstance(exc, RemoteError) and exc.code is ErrorCode.STATE_DEGRADED:
                     await asyncio.sleep(1.0)  # its disk is full: no tight re-placement loop
             self._persist(plan)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,47 @@ def test_message_lane_with_one_key_acts_once(tree: Tree, tmp_path: Path) -> None
     report = tree.wait_plan(plan_id, timeout_s=20)
     assert report.ok, report
     assert seen.read_text() == "hello\n"
+
+
+def test_a_full_shard_refuses_admission_with_a_typed_error(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """A shard at its lane bound answers a LaneStart with shard_full (the coordinator's cue to
+    try the next shard); the lane it already hosts is not disturbed."""
+    import zmq
+
+    from orchestra_sup.protocol.codec import Codec
+
+    tree = tree_factory(workspace=repo, shards=1, lanes=1)
+    plan_id = tree.submit(plan("full", task("busy", "sleep 300")))
+    wait_until(lambda: call(tree, "list_lanes")["lanes"], 20, "the lane to run")  # type: ignore[index]
+    codec = Codec()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.setsockopt(zmq.IDENTITY, b"coordinator.99")
+    sock.connect(f"ipc://{tree.run_dir / 'shard-0.ipc'}")
+    try:
+        start = f.LaneStart(lane="extra-1", plan="p", task=f.TaskSpec(id="x", run="true"))
+        sock.send(
+            codec.encode(
+                f.Envelope(
+                    v=1,
+                    id="s1",
+                    corr=None,
+                    sender="coordinator",
+                    gen=99,
+                    ttl_s=5.0,
+                    dest_gen=None,
+                    body=start,
+                )
+            )
+        )
+        assert sock.poll(10_000)
+        reply = codec.decode(sock.recv()).body
+    finally:
+        sock.close()
+        ctx.term()
+    assert isinstance(reply, f.Error) and reply.code is ErrorCode.SHARD_FULL
+    report = tree.ctl(f.CtlPlan(id=plan_id))
+    assert isinstance(report, f.PlanReport) and report.tasks[0].status == "running"
