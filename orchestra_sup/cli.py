@@ -293,12 +293,22 @@ def stop(
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,
 ) -> None:
-    """Stop the tree as SIGTERM does (children in reverse start order).
+    """Stop the tree as SIGTERM does (children in reverse start order) and wait, up to
+    --timeout, until it has exited (its run directory is free for the next start).
 
     Example: orchestra-sup ctl stop
     """
+    from orchestra_sup.supervisor.runlock import is_owned
+
     ctx.obj.ask(f.CtlStop(), timeout, run_dir)
-    _done(as_json, {"stopping": True}, "stopping")
+    where = ctx.obj.run_dir(run_dir)
+    deadline = time.monotonic() + timeout
+    while is_owned(where):
+        if time.monotonic() > deadline:
+            _done(as_json, {"stopped": False}, f"stopping; still running after {timeout:g} s")
+            return
+        time.sleep(0.05)
+    _done(as_json, {"stopped": True}, "stopped")
 
 
 @ctl_app.command()

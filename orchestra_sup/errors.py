@@ -139,14 +139,15 @@ class WorkspaceError(OrchestraError):
 
 
 class PathEscape(OrchestraError):
-    """A read tool's path would leave the workspace: `..`, an absolute path, or a symlink whose
-    target resolves outside it."""
+    """A read tool's path would leave the workspace (`..`, an absolute path, a symlink whose
+    target resolves outside it) or reach into its `.git`."""
 
     code = ErrorCode.PATH_ESCAPE
 
     def __init__(self, path: str):
         self.path = path
-        super().__init__(f"path {path!r} leaves the workspace")
+        where = "reaches into .git" if ".git" in path.lower().split("/") else "leaves the workspace"
+        super().__init__(f"path {path!r} {where}")
 
 
 class CommitConflict(OrchestraError):

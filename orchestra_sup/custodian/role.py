@@ -122,9 +122,11 @@ class Custodian:
         path = params.get("path", "")
         # Filesystem reads run in a worker thread; git reads are coroutines (async subprocesses).
         threaded: dict[str, Callable[[], Any]] = {
-            "read_file": lambda: readtools.read_file(root, path),
+            "read_file": lambda: readtools.read_file(
+                root, readtools.required_param(params, "path")
+            ),
             "list_dir": lambda: readtools.list_dir(root, path),
-            "stat": lambda: readtools.stat(root, path),
+            "stat": lambda: readtools.stat(root, readtools.required_param(params, "path")),
         }
         awaited: dict[str, Callable[[], Awaitable[Any]]] = {
             # a child process: a catastrophic regex must not freeze this loop (searchproc.py)

@@ -197,6 +197,7 @@ class RootSupervisor:
             self.ctx.term()
             state_lock.release()
             lock.release()
+        log.info("tree stopped (exit status %d)", self._exit_code)
         return self._exit_code
 
     async def _announce_stop(self) -> None:

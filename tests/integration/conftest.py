@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestra_sup import linux
@@ -42,7 +44,8 @@ def tree_factory(tmp_path: Path) -> Iterator[Callable[..., Tree]]:
     for tree in trees:
         tree.cleanup()
     for proc in leftovers():
-        proc.kill()
+        with contextlib.suppress(psutil.Error):  # it may exit between the listing and the kill
+            proc.kill()
     reap_zombies()
 
 

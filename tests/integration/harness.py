@@ -7,6 +7,7 @@ nothing can hide by escaping to PID 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -203,9 +204,11 @@ def assert_no_leftovers(timeout_s: float = 10.0) -> None:
     try:
         wait_until(lambda: not leftovers(), timeout_s, "the tree's processes to exit")
     except AssertionError:
-        procs = [(p.pid, p.cmdline()) for p in leftovers()]
+        procs = []
         for p in leftovers():
-            p.kill()
+            with contextlib.suppress(psutil.Error):
+                procs.append((p.pid, p.cmdline()))
+                p.kill()
         raise AssertionError(f"processes left behind: {procs}") from None
 
 

@@ -168,8 +168,9 @@ def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None
     assert waited.returncode == 1
     assert json.loads(waited.stdout)["tasks"][0]["status"] == "cancelled"
 
-    assert cli("ctl", "--run-dir", run_dir, "stop").returncode == 0
-    assert tree.proc.wait(timeout=30) == 0
+    stopped = cli("ctl", "--run-dir", run_dir, "stop", "--json")
+    assert stopped.returncode == 0 and json.loads(stopped.stdout) == {"stopped": True}
+    assert tree.proc.poll() is not None or tree.proc.wait(timeout=5) == 0  # it waited for exit
     assert_no_leftovers()
 
 
