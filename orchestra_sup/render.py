@@ -164,6 +164,9 @@ def _error_cell(t: f.TaskReport) -> str:
 
 
 def lanes_table(reply: f.LaneList, console: Console) -> None:
+    if not reply.lanes:
+        console.print("no live lanes")
+        return
     table = Table(
         Column("lane", no_wrap=True),
         "task",
