@@ -90,6 +90,23 @@ def _git_env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
+async def _start_git(
+    cwd: Path, args: tuple[str, ...], env: dict[str, str] | None
+) -> asyncio.subprocess.Process:
+    """`git -C cwd <hardening config> args...` started with piped output and no stdin."""
+    return await asyncio.create_subprocess_exec(
+        "git",
+        "-C",
+        str(cwd),
+        *_GIT_CONFIG,
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_git_env(env),
+    )
+
+
 async def _git(
     cwd: Path,
     *args: str,
@@ -102,17 +119,7 @@ async def _git(
     Cancelling the caller lets the running git command finish (its output is still drained) before
     the cancellation propagates, so no single git command is ever killed half-way.
     """
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        "-C",
-        str(cwd),
-        *_GIT_CONFIG,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_git_env(env),
-    )
+    proc = await _start_git(cwd, args, env)
     communicate = asyncio.ensure_future(proc.communicate())
     try:
         out, err = await asyncio.shield(communicate)
@@ -166,17 +173,7 @@ async def _git_capped(
     kills git and reaps it before the cancellation propagates, which is why this is for commands
     that write nothing. Never raises `GitError`: the caller judges `returncode`.
     """
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        "-C",
-        str(cwd),
-        *_GIT_CONFIG,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_git_env(env),
-    )
+    proc = await _start_git(cwd, args, env)
     assert proc.stdout is not None and proc.stderr is not None
     errors = asyncio.ensure_future(_read_head(proc.stderr, _STDERR_KEEP))
     out = bytearray()
