@@ -200,3 +200,56 @@ def test_a_full_shard_refuses_admission_with_a_typed_error(
     assert isinstance(reply, f.Error) and reply.code is ErrorCode.SHARD_FULL
     report = tree.ctl(f.CtlPlan(id=plan_id))
     assert isinstance(report, f.PlanReport) and report.tasks[0].status == "running"
+
+
+def test_a_read_is_answered_while_an_ordered_commit_is_still_running(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """On one connection to the custodian: a slow SandboxCommit (ordered work), then a stat read
+    sent after it; the read's answer arrives first (reads are served concurrently, off the
+    ordered path)."""
+    import zmq
+
+    from orchestra_sup.protocol.codec import Codec
+
+    codec = Codec()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.setsockopt(zmq.IDENTITY, b"shard-9.1")
+    sock.connect(f"ipc://{tree.run_dir / 'custodian.ipc'}")
+
+    def send(msg_id: str, body: f.Body) -> None:
+        sock.send(
+            codec.encode(
+                f.Envelope(
+                    v=1,
+                    id=msg_id,
+                    corr=None,
+                    sender="shard-9",
+                    gen=1,
+                    ttl_s=60.0,
+                    dest_gen=None,
+                    body=body,
+                )
+            )
+        )
+
+    def receive() -> f.Envelope:
+        assert sock.poll(60_000), "no answer from the custodian"
+        return codec.decode(sock.recv())
+
+    try:
+        send("create", f.SandboxCreate(lane="ordered-1"))
+        ready = receive().body
+        assert isinstance(ready, f.SandboxReady)
+        with open(Path(ready.path) / "big.bin", "wb") as fh:  # slow to hash and compress
+            for _ in range(48):
+                fh.write(os.urandom(1024 * 1024))
+        send("commit", f.SandboxCommit(lane="ordered-1", message="big"))
+        send("read", f.ToolCall(tool="stat", params={"path": "README"}))
+        order = [receive().corr, receive().corr]
+    finally:
+        sock.close()
+        ctx.term()
+    assert order == ["read", "commit"]
