@@ -14,6 +14,7 @@ between committing a result and recording its plan loses nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -27,6 +28,7 @@ from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import (
     CallTimeout,
     ErrorCode,
+    OrchestraError,
     PeerDown,
     PlanError,
     RemoteError,
@@ -40,6 +42,7 @@ from orchestra_sup.state.store import Store
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 10.0
+RECOVERY_EVERY_S = 15.0
 
 
 class Coordinator:
@@ -52,6 +55,7 @@ class Coordinator:
         self.inbox_ids: set[str] = set()
         self._committing: dict[str, asyncio.Future[None]] = {}
         self._refused: dict[str, int] = {}
+        self._recovery_asked: dict[str, float] = {}
         self.stopping = False
         self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
@@ -277,6 +281,25 @@ class Coordinator:
                 if not waiter.done():
                     waiter.set_result(None)
 
+    def _ask_recovery(self) -> None:
+        """A lane is waiting and a shard is down: ask the supervisor to end that shard's restart
+        backoff, at most once per `RECOVERY_EVERY_S` per shard (seeds/000: "at most every 15
+        seconds per host"). Nothing waits for the answer."""
+        assert self.node is not None
+        now = time.monotonic()
+        for view in self.shards.values():
+            last = self._recovery_asked.get(view.name)
+            if view.up or (last is not None and now - last < RECOVERY_EVERY_S):
+                continue
+            self._recovery_asked[view.name] = now
+            log.info("a lane waits and %s is down: asking the supervisor to recover it", view.name)
+            self.node.spawn(self._recover(view.name))
+
+    async def _recover(self, name: str) -> None:
+        assert self.node is not None
+        with contextlib.suppress(OrchestraError):
+            await self.node.control.request(f.RecoverChild(name=name), timeout_s=2.0)
+
     def _loads(self) -> None:
         for view in self.shards.values():
             view.load = 0
@@ -306,6 +329,7 @@ class Coordinator:
             for spec in plan.ready():
                 shard = place(list(self.shards.values()))
                 if shard is None:
+                    self._ask_recovery()
                     return
                 start = plan.place(spec, shard.name, shard.generation)
                 shard.load += 1

@@ -188,6 +188,13 @@ class TreeStopping(Frame, tag="tree_stopping"):
     that goes down from now on interrupts its lanes rather than losing them."""
 
 
+class RecoverChild(Frame, tag="recover_child"):
+    """The coordinator found shard `name` down when it had a lane to start: the supervisor ends
+    that child's restart backoff now, if it is in one (answered with `Ack`)."""
+
+    name: str
+
+
 class Roster(Frame, tag="roster"):
     """The supervisor's view of every peer, pushed to each child whenever it changes."""
 
@@ -450,7 +457,7 @@ class LogChunk(Frame, tag="log_chunk"):
     found: bool
 
 
-Control = Hello | Welcome | Reject | Heartbeat | Roster | TreeStopping
+Control = Hello | Welcome | Reject | Heartbeat | Roster | TreeStopping | RecoverChild
 Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
 Relay = ToolCall | ToolResult
 

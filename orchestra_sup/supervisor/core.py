@@ -144,10 +144,32 @@ class Worker:
         self.last_exit: ExitInfo | None = None
         self.backoff = Backoff(flags.backoff_initial_s, flags.backoff_max_s, flags.max_seconds)
         self._exited: asyncio.Future[None] | None = None
+        self._wake: asyncio.Event | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    async def back_off(self, delay_s: float) -> None:
+        """Wait out a restart backoff of `delay_s` seconds, unless `expedite` ends it early."""
+        self._wake = asyncio.Event()
+        sleep = asyncio.ensure_future(self.seam.sleep(delay_s))
+        wake = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleep, wake}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (sleep, wake):
+                waiter.cancel()
+            self._wake = None
+
+    def expedite(self) -> bool:
+        """End a backoff in progress now (someone needs this child: a lane start found it
+        down). Returns whether there was a backoff to end; a crashing child still counts
+        towards intensity when it exits again."""
+        if self.state is ChildState.BACKOFF and self._wake is not None:
+            self._wake.set()
+            return True
+        return False
 
     def transition(self, new: ChildState) -> None:
         """The only writer of `state`; refuses what the lifecycle does not allow."""
@@ -362,7 +384,7 @@ class Supervisor:
                 delay = failed.backoff.next_delay(ran_for)
                 if delay > 0 and failed.state is ChildState.EXITED:
                     failed.transition(ChildState.BACKOFF)
-                    await self.seam.sleep(delay)
+                    await failed.back_off(delay)
             for member in group:
                 if self._stopping or self.escalated:
                     return

@@ -286,6 +286,11 @@ class RootSupervisor:
                 live.load = body.load
             case f.Heartbeat():
                 pass  # from a generation that is gone, or from no child at all
+            case f.RecoverChild(name=name) if worker is not None and worker.name == "coordinator":
+                target = self.by_name.get(name)
+                if target is not None and target.expedite():
+                    log.info("child %s: backoff ended early (the coordinator needs it)", name)
+                ep.reply(env, peer, f.Ack())
             case _:
                 log.warning("supervisor: unexpected %s from %r", type(body).__name__, peer)
 

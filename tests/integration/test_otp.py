@@ -162,3 +162,20 @@ def test_lane_daemons_die_with_their_shard(tree: Tree, tmp_path: Path) -> None:
         return True
 
     wait_until(gone, 10, "every process of the lane to die with its shard")
+
+
+def test_a_waiting_lane_ends_its_shards_backoff(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """A shard in a long restart backoff: a lane that has nowhere else to go makes the
+    coordinator ask the supervisor to recover it now, instead of waiting the backoff out."""
+    cfg = config(tmp_path, "[supervisor]\nbackoff_initial_s = 30.0\nbackoff_max_s = 30.0\n")
+    tree = tree_factory(workspace=repo, shards=1, config=cfg)
+    os.kill(tree.pids()["shard-0"], signal.SIGKILL)  # type: ignore[arg-type]
+    tree.wait_running("shard-0", 2)  # the first restart is immediate
+    os.kill(tree.pids()["shard-0"], signal.SIGKILL)  # type: ignore[arg-type]
+    wait_until(lambda: tree.child("shard-0").state == "backoff", 10, "shard-0 to back off")
+    plan_id = tree.submit(plan("urgent", task("now", "true")))
+    report = tree.wait_plan(plan_id, timeout_s=15)  # half the 30 s backoff
+    assert report.ok, report
+    assert tree.child("shard-0").generation == 3
