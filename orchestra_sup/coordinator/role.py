@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 import uuid
+from typing import Any
 
 import msgspec
 
@@ -68,6 +69,7 @@ class Coordinator:
         self.node = node
         self.toolkit = Toolkit(
             node,
+            start_lane=self._start_lane,
             shards=lambda: [s.name for s in self.shards.values() if s.up],
             lane_shard=self._lane_shard,
         )
@@ -188,8 +190,14 @@ class Coordinator:
             await asyncio.shield(pending)
         return f.InboxAck(msg_id=put.msg_id)
 
-    async def _submit(self, spec: f.PlanSpec) -> f.Body:
+    async def _submit(self, spec: f.PlanSpec, key: str | None = None) -> f.Body:
+        """Validate and durably record a plan, then start what is ready. With an idempotency
+        `key` already used, nothing new happens and the earlier plan's id is the answer."""
         assert self.store is not None
+        if key is not None:
+            for earlier in self.plans.values():
+                if earlier.key == key:
+                    return f.PlanAccepted(id=earlier.id)
         try:
             self.store.check_writable()  # a full disk refuses new work, in one clear line
         except StateError as exc:
@@ -198,7 +206,7 @@ class Coordinator:
             spec = validate_plan(spec)
         except PlanError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
-        plan = PlanRecord.new(uuid.uuid4().hex[:12], spec, time.time())
+        plan = PlanRecord.new(uuid.uuid4().hex[:12], spec, time.time(), key)
         await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
         self.plans[plan.id] = plan
         log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
@@ -222,6 +230,31 @@ class Coordinator:
                 if waiter in waiters:
                     waiters.remove(waiter)
         return plan.report()
+
+    async def _start_lane(self, params: dict[str, str]) -> Any:
+        """`start_lane run=CMD [name=] [timeout_s=] [key=]`: a one-task plan, placed like any;
+        the key makes a re-sent start harmless (the same plan and lane are answered)."""
+        run = params.get("run")
+        if not run:
+            raise RemoteError(ErrorCode.BAD_REQUEST, "missing parameter 'run'")
+        try:
+            timeout = float(params["timeout_s"]) if "timeout_s" in params else None
+        except ValueError as exc:
+            raise RemoteError(ErrorCode.BAD_REQUEST, f"timeout_s: {exc}") from exc
+        task = f.TaskSpec(id="lane", run=run, timeout_s=timeout)
+        key = params.get("key")
+        known = {p.id for p in self.plans.values()}
+        accepted = await self._submit(
+            f.PlanSpec(name=params.get("name", "start_lane"), tasks=[task]), key=key
+        )
+        assert isinstance(accepted, f.PlanAccepted)
+        rec = self.plans[accepted.id].tasks["lane"]
+        return {
+            "plan": accepted.id,
+            "lane": rec.lane,
+            "status": str(rec.status),
+            "duplicate": accepted.id in known,
+        }
 
     async def _call(self, call: f.CtlCall) -> f.Body:
         assert self.toolkit is not None

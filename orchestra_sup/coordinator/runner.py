@@ -95,14 +95,19 @@ class PlanRecord(msgspec.Struct, kw_only=True):
     spec: f.PlanSpec
     submitted_at: float
     tasks: dict[str, TaskRecord]
+    key: str | None = None
+    """The idempotency key it was submitted with (`start_lane key=`), if any."""
 
     @classmethod
-    def new(cls, plan_id: str, spec: f.PlanSpec, submitted_at: float) -> PlanRecord:
+    def new(
+        cls, plan_id: str, spec: f.PlanSpec, submitted_at: float, key: str | None = None
+    ) -> PlanRecord:
         return cls(
             id=plan_id,
             spec=spec,
             submitted_at=submitted_at,
             tasks={t.id: TaskRecord() for t in spec.tasks},
+            key=key,
         )
 
     @property

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -28,7 +28,7 @@ from orchestra_sup.protocol import frames as f
 
 READ_TOOLS = frozenset({"read_file", "list_dir", "stat", "search", "diff", "log"})
 LANE_TOOLS = frozenset(
-    {"list_lanes", "lane_status", "cancel_lane", "message_lane", "snapshot_lane"}
+    {"start_lane", "list_lanes", "lane_status", "cancel_lane", "message_lane", "snapshot_lane"}
 )
 SNAPSHOT_ROWS = 50
 SNAPSHOT_MAX_CHUNKS = 64
@@ -38,18 +38,21 @@ DEADLINE_S = 55.0
 class Toolkit:
     """Relayed tools for the coordinator.
 
-    `shards()` lists the shard names that are up; `lane_shard(lane)` says which shard runs a
-    lane (None when no live lane has that id).
+    `start_lane(params)` is the coordinator's own placement of a one-task plan; `shards()` lists
+    the shard names that are up; `lane_shard(lane)` says which shard runs a lane (None when no
+    live lane has that id).
     """
 
     def __init__(
         self,
         node: Node,
+        start_lane: Callable[[dict[str, str]], Awaitable[Any]],
         shards: Callable[[], list[str]],
         lane_shard: Callable[[str], str | None],
         deadline_s: float = DEADLINE_S,
     ):
         self.node = node
+        self.start_lane = start_lane
         self.shards = shards
         self.lane_shard = lane_shard
         self.deadline_s = deadline_s
@@ -66,6 +69,8 @@ class Toolkit:
             )
             assert isinstance(reply, f.ToolResult)
             return reply.value
+        if tool == "start_lane":
+            return await self.start_lane(params)
         if tool == "list_lanes":
             return {"lanes": [msgspec.to_builtins(lane) for lane in await self._all_lanes()]}
         if tool == "lane_status":

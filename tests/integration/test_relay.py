@@ -253,3 +253,17 @@ def test_a_read_is_answered_while_an_ordered_commit_is_still_running(
         sock.close()
         ctx.term()
     assert order == ["read", "commit"]
+
+
+def test_start_lane_with_one_key_starts_once(tree: Tree, tmp_path: Path) -> None:
+    """start_lane places a one-task plan like any other; the same idempotency key sent twice
+    answers the same plan and lane and the command runs once."""
+    runs = tmp_path / "runs"
+    first = call(tree, "start_lane", run=f"echo ran >> {runs}", key="once")
+    again = call(tree, "start_lane", run=f"echo ran >> {runs}", key="once")
+    assert isinstance(first, dict) and isinstance(again, dict)
+    assert first["duplicate"] is False and again["duplicate"] is True
+    assert again["plan"] == first["plan"]
+    report = tree.wait_plan(str(first["plan"]), timeout_s=20)
+    assert report.ok and report.tasks[0].lane is not None
+    assert runs.read_text() == "ran\n"
