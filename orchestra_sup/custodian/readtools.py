@@ -23,7 +23,7 @@ import stat as statmod
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from orchestra_sup.custodian.workspace import _git, _git_capped
+from orchestra_sup.custodian.workspace import _CappedResult, _git, _git_capped
 from orchestra_sup.errors import ErrorCode, GitError, PathEscape, RemoteError
 
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
@@ -444,6 +444,15 @@ def _decode(data: bytes, *, cut: bool) -> str:
     return decoder.decode(data, final=not cut)
 
 
+async def _read_git(root: Path, args: list[str], max_bytes: int) -> _CappedResult:
+    """A read-only git command with the read tools' config, its output capped at `max_bytes`.
+    Raises `GitError` when git fails (a cut-off output is not a failure)."""
+    res = await _git_capped(root, *_READ_CONFIG, *args, max_bytes=max_bytes, env=_READ_ENV)
+    if not res.truncated and res.returncode != 0:
+        raise GitError(args, res.returncode, res.stderr)
+    return res
+
+
 async def diff(root: Path, path: str = "", rev: str = "HEAD") -> dict:
     """`git diff` of the workspace as unified diff text.
 
@@ -471,9 +480,7 @@ async def diff(root: Path, path: str = "", rev: str = "HEAD") -> dict:
         "--",
         *spec,
     ]
-    res = await _git_capped(root, *_READ_CONFIG, *args, max_bytes=DIFF_MAX_BYTES, env=_READ_ENV)
-    if not res.truncated and res.returncode != 0:
-        raise GitError(args, res.returncode, res.stderr)
+    res = await _read_git(root, args, DIFF_MAX_BYTES)
     return {
         "path": _display(pure),
         "rev": rev,
@@ -513,9 +520,7 @@ async def log(
         "--",
         *spec,
     ]
-    res = await _git_capped(root, *_READ_CONFIG, *args, max_bytes=LOG_MAX_BYTES, env=_READ_ENV)
-    if not res.truncated and res.returncode != 0:
-        raise GitError(args, res.returncode, res.stderr)
+    res = await _read_git(root, args, LOG_MAX_BYTES)
     fields = res.stdout.split(b"\0")
     # Every commit is four NUL-terminated fields; whatever follows the last complete one is an
     # empty string, or a partial commit when the output was cut.

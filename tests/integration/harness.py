@@ -218,3 +218,53 @@ def plan(name: str, *tasks: f.TaskSpec) -> f.PlanSpec:
 
 def task(id: str, run: str, needs: list[str] | None = None, **kw: object) -> f.TaskSpec:
     return f.TaskSpec(id=id, run=run, needs=needs or [], **kw)  # type: ignore[arg-type]
+
+
+class RawPeer:
+    """A bare DEALER on one of the tree's sockets that speaks frames by hand, for tests that
+    play a peer (or a stranger): `send`, `receive`, `ask`; close it with `with`."""
+
+    def __init__(
+        self, path: Path, identity: bytes | None = None, sender: str = "test", gen: int = 1
+    ):
+        import zmq
+
+        from orchestra_sup.protocol.codec import Codec
+
+        self.codec = Codec()
+        self.sender = sender
+        self.gen = gen
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(f"ipc://{path}")
+
+    def __enter__(self) -> RawPeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+    def send(self, body: f.Body, msg_id: str = "t", ttl_s: float | None = 10.0) -> None:
+        env = f.Envelope(
+            v=1,
+            id=msg_id,
+            corr=None,
+            sender=self.sender,
+            gen=self.gen,
+            ttl_s=ttl_s,
+            dest_gen=None,
+            body=body,
+        )
+        self.sock.send(self.codec.encode(env))
+
+    def receive(self, timeout_s: float = 10.0) -> f.Envelope:
+        assert self.sock.poll(int(timeout_s * 1000)), "no answer"
+        return self.codec.decode(self.sock.recv())
+
+    def ask(self, body: f.Body, msg_id: str = "t", timeout_s: float = 10.0) -> f.Body:
+        self.send(body, msg_id)
+        return self.receive(timeout_s).body

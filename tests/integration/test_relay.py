@@ -16,7 +16,7 @@ import pytest
 
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, git, plan, task, wait_until
+from tests.integration.harness import RawPeer, Tree, git, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -163,40 +163,12 @@ def test_a_full_shard_refuses_admission_with_a_typed_error(
 ) -> None:
     """A shard at its lane bound answers a LaneStart with shard_full (the coordinator's cue to
     try the next shard); the lane it already hosts is not disturbed."""
-    import zmq
-
-    from orchestra_sup.protocol.codec import Codec
-
     tree = tree_factory(workspace=repo, shards=1, lanes=1)
     plan_id = tree.submit(plan("full", task("busy", "sleep 300")))
     wait_until(lambda: call(tree, "list_lanes")["lanes"], 20, "the lane to run")  # type: ignore[index]
-    codec = Codec()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.setsockopt(zmq.IDENTITY, b"coordinator.99")
-    sock.connect(f"ipc://{tree.run_dir / 'shard-0.ipc'}")
-    try:
-        start = f.LaneStart(lane="extra-1", plan="p", task=f.TaskSpec(id="x", run="true"))
-        sock.send(
-            codec.encode(
-                f.Envelope(
-                    v=1,
-                    id="s1",
-                    corr=None,
-                    sender="coordinator",
-                    gen=99,
-                    ttl_s=5.0,
-                    dest_gen=None,
-                    body=start,
-                )
-            )
-        )
-        assert sock.poll(10_000)
-        reply = codec.decode(sock.recv()).body
-    finally:
-        sock.close()
-        ctx.term()
+    start = f.LaneStart(lane="extra-1", plan="p", task=f.TaskSpec(id="x", run="true"))
+    with RawPeer(tree.run_dir / "shard-0.ipc", b"coordinator.99", "coordinator", 99) as peer:
+        reply = peer.ask(start)
     assert isinstance(reply, f.Error) and reply.code is ErrorCode.SHARD_FULL
     report = tree.ctl(f.CtlPlan(id=plan_id))
     assert isinstance(report, f.PlanReport) and report.tasks[0].status == "running"
@@ -208,50 +180,15 @@ def test_a_read_is_answered_while_an_ordered_commit_is_still_running(
     """On one connection to the custodian: a slow SandboxCommit (ordered work), then a stat read
     sent after it; the read's answer arrives first (reads are served concurrently, off the
     ordered path)."""
-    import zmq
-
-    from orchestra_sup.protocol.codec import Codec
-
-    codec = Codec()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.setsockopt(zmq.IDENTITY, b"shard-9.1")
-    sock.connect(f"ipc://{tree.run_dir / 'custodian.ipc'}")
-
-    def send(msg_id: str, body: f.Body) -> None:
-        sock.send(
-            codec.encode(
-                f.Envelope(
-                    v=1,
-                    id=msg_id,
-                    corr=None,
-                    sender="shard-9",
-                    gen=1,
-                    ttl_s=60.0,
-                    dest_gen=None,
-                    body=body,
-                )
-            )
-        )
-
-    def receive() -> f.Envelope:
-        assert sock.poll(60_000), "no answer from the custodian"
-        return codec.decode(sock.recv())
-
-    try:
-        send("create", f.SandboxCreate(lane="ordered-1"))
-        ready = receive().body
+    with RawPeer(tree.run_dir / "custodian.ipc", b"shard-9.1", "shard-9") as peer:
+        ready = peer.ask(f.SandboxCreate(lane="ordered-1"), "create", timeout_s=60)
         assert isinstance(ready, f.SandboxReady)
         with open(Path(ready.path) / "big.bin", "wb") as fh:  # slow to hash and compress
             for _ in range(48):
                 fh.write(os.urandom(1024 * 1024))
-        send("commit", f.SandboxCommit(lane="ordered-1", message="big"))
-        send("read", f.ToolCall(tool="stat", params={"path": "README"}))
-        order = [receive().corr, receive().corr]
-    finally:
-        sock.close()
-        ctx.term()
+        peer.send(f.SandboxCommit(lane="ordered-1", message="big"), "commit", ttl_s=60.0)
+        peer.send(f.ToolCall(tool="stat", params={"path": "README"}), "read", ttl_s=60.0)
+        order = [peer.receive(60).corr, peer.receive(60).corr]
     assert order == ["read", "commit"]
 
 

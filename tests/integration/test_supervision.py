@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, assert_no_leftovers, plan, task, wait_until
+from tests.integration.harness import RawPeer, Tree, assert_no_leftovers, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -180,35 +180,10 @@ def test_status_answers_while_the_coordinator_is_wedged(tree: Tree) -> None:
 def test_custodian_serves_read_tools_and_refuses_coordinator_sandboxes(tree: Tree) -> None:
     """Over the custodian's real socket: read_file and list_dir answer, a path escape is a typed
     error, and a sandbox asked for by the coordinator is refused."""
-    import zmq
-
     from orchestra_sup.errors import ErrorCode
-    from orchestra_sup.protocol.codec import Codec
-    from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
-    codec = Codec()
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.setsockopt(zmq.IDENTITY, b"coordinator.99")
-    sock.connect(f"ipc://{tree.run_dir / 'custodian.ipc'}")
-
-    def ask(body: f.Body, sender: str = "coordinator") -> f.Body:
-        env = f.Envelope(
-            v=PROTOCOL_VERSION,
-            id=f"t{id(body)}",
-            corr=None,
-            sender=sender,
-            gen=1,
-            ttl_s=5.0,
-            dest_gen=None,
-            body=body,
-        )
-        sock.send(codec.encode(env))
-        assert sock.poll(10_000), "custodian did not answer"
-        return codec.decode(sock.recv()).body
-
-    try:
+    with RawPeer(tree.run_dir / "custodian.ipc", b"coordinator.99", "coordinator") as peer:
+        ask = peer.ask
         read = ask(f.ToolCall(tool="read_file", params={"path": "README"}))
         assert isinstance(read, f.ToolResult) and read.value["text"] == "seed\n"
         listing = ask(f.ToolCall(tool="list_dir", params={"path": ""}))
@@ -218,21 +193,6 @@ def test_custodian_serves_read_tools_and_refuses_coordinator_sandboxes(tree: Tre
         assert isinstance(escape, f.Error) and escape.code is ErrorCode.PATH_ESCAPE
         refused = ask(f.SandboxCreate(lane="sneaky"))
         assert isinstance(refused, f.Error) and refused.code is ErrorCode.FORBIDDEN
-    finally:
-        sock.close()
-        ctx.term()
-
-
-def _raw_dealer(path: Path, identity: bytes | None = None):  # type: ignore[no-untyped-def]
-    import zmq
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    if identity is not None:
-        sock.setsockopt(zmq.IDENTITY, identity)
-    sock.connect(f"ipc://{path}")
-    return ctx, sock
 
 
 def test_forged_heartbeats_do_not_keep_a_frozen_child_alive(
@@ -240,38 +200,20 @@ def test_forged_heartbeats_do_not_keep_a_frozen_child_alive(
 ) -> None:
     """Heartbeats count only from the child's own connection: a stopped shard is killed by the
     watchdog and restarted while a stranger sends heartbeats in its name."""
-    from orchestra_sup.protocol.codec import Codec
-    from orchestra_sup.protocol.version import PROTOCOL_VERSION
-
     config = tmp_path / "fast.toml"
     config.write_text("[supervisor]\nwatchdog_s = 1.0\n")
     tree = tree_factory(workspace=repo, config=config)
     victim = tree.pids()["shard-1"]
-    ctx, sock = _raw_dealer(tree.run_dir / "supervisor.ipc")
-    codec = Codec()
     beat = f.Heartbeat(loop_lag_p50_ms=0, loop_lag_p99_ms=0, loop_lag_max_ms=0)
     os.kill(victim, signal.SIGSTOP)  # type: ignore[arg-type]
-    try:
+    with RawPeer(tree.run_dir / "supervisor.ipc", sender="shard-1") as stranger:
 
         def restarted() -> bool:
-            env = f.Envelope(
-                v=PROTOCOL_VERSION,
-                id="x",
-                corr=None,
-                sender="shard-1",
-                gen=1,
-                ttl_s=None,
-                dest_gen=None,
-                body=beat,
-            )
-            sock.send(codec.encode(env))
+            stranger.send(beat, "x", ttl_s=None)
             child = tree.child("shard-1")
             return child.generation == 2 and child.state == "running"
 
         wait_until(restarted, 20, "the watchdog to restart the frozen shard-1")
-    finally:
-        sock.close()
-        ctx.term()
     assert tree.child("shard-1").last_exit == f.ExitInfo(signal=signal.SIGKILL, status=None)
 
 
@@ -280,11 +222,9 @@ def test_a_stranger_cannot_take_over_a_live_peers_routing_id(tree: Tree) -> None
     cut shard-0 off: its next lane still gets a sandbox at once."""
     first = tree.wait_plan(tree.submit(plan("warm", task("a", "true"), task("b", "true"))))
     assert first.ok and {t.shard for t in first.tasks} == {"shard-0", "shard-1"}
-    ctx, sock = _raw_dealer(tree.run_dir / "custodian.ipc", identity=b"shard-0.1")
-    sock.send(b"garbage")
-    sock.poll(200)
-    sock.close()
-    ctx.term()
+    with RawPeer(tree.run_dir / "custodian.ipc", b"shard-0.1") as stranger:
+        stranger.sock.send(b"garbage")
+        stranger.sock.poll(200)
     report = tree.wait_plan(
         tree.submit(plan("after", task("a", "true"), task("b", "true"))), timeout_s=20
     )

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import os
-import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,23 +27,10 @@ from orchestra_sup.shards.cgroup import (
     tree_path,
 )
 from orchestra_sup.shards.shell import run_shell
+from tests.procs import dead as _dead
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
 SHARD = "shard-t"
-
-
-def _dead(pid: int, timeout_s: float = 5.0) -> bool:
-    """Block until process `pid` has terminated (exited or zombie); False if still alive after
-    `timeout_s`. Waits on a pidfd, which becomes readable when the process terminates."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout_s)
-        return bool(readable)
-    finally:
-        os.close(fd)
 
 
 def _alive(pid: int) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import signal
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import psutil
 import pytest
 
 from orchestra_sup.shards.shell import ShellOutcome, install_child_watcher, run_shell
+from tests.procs import dead as _dead
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
 
@@ -23,20 +23,6 @@ def _run(command: str, cwd: Path, **kwargs: object) -> ShellOutcome:
     """Run `command` to completion on a fresh event loop."""
     kwargs.setdefault("timeout_s", 30.0)
     return asyncio.run(run_shell(command, cwd=cwd, env=ENV, **kwargs))  # type: ignore[arg-type]
-
-
-def _dead(pid: int, timeout_s: float = 5.0) -> bool:
-    """Block until process `pid` has terminated (exited or zombie); False if still alive after
-    `timeout_s`. Waits on a pidfd, which becomes readable when the process terminates."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([fd], [], [], timeout_s)
-        return bool(readable)
-    finally:
-        os.close(fd)
 
 
 def _reaped(pid: int) -> bool:
