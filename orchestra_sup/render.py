@@ -90,7 +90,8 @@ def tree_text(reply: f.StatusReply, console: Console) -> None:
 
 def status_table(reply: f.StatusReply, console: Console) -> None:
     console.print(
-        f"supervisor pid {reply.supervisor_pid}, version {reply.version}, run dir {reply.run_dir}"
+        f"supervisor pid {reply.supervisor_pid}, version {reply.version}, run dir {reply.run_dir}, "
+        f"loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}"
     )
     table = Table(
         Column("name", no_wrap=True),
@@ -102,7 +103,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         "op restarts",
         "uptime s",
         "last exit",
-        "lag p99 ms",
+        "loop lag ms p50/p99/max",
     )
     for c in reply.children:
         last = "-"
@@ -122,9 +123,13 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
             str(c.operator_restarts),
             f"{c.uptime_s:.1f}",
             last,
-            "-" if c.loop_lag_p99_ms is None else f"{c.loop_lag_p99_ms:.1f}",
+            "-" if c.loop_lag_ms is None else _lag(c.loop_lag_ms),
         )
     console.print(table)
+
+
+def _lag(figures: tuple[float, float, float]) -> str:
+    return "/".join(f"{ms:.1f}" for ms in figures)
 
 
 def plan_table(report: f.PlanReport, console: Console) -> None:

@@ -88,7 +88,9 @@ class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One child as the supervisor's control record has it. `uptime_s` is seconds (0 if down)."""
+    """One child as the supervisor's control record has it. `uptime_s` is seconds (0 if down);
+    `loop_lag_ms` is (p50, p99, max) of its event-loop lag in milliseconds over its sliding
+    window (`node.looplag.LoopLag`), from its last heartbeat (None before the first)."""
 
     name: str
     role: str
@@ -101,7 +103,7 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     last_exit: ExitInfo | None = None
     endpoint: str = ""
     capacity: int = 0
-    loop_lag_p99_ms: float | None = None
+    loop_lag_ms: tuple[float, float, float] | None = None
 
 
 class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -329,6 +331,9 @@ class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StatusReply(Frame, tag="status_reply"):
+    """`ctl status`: the supervisor and every child. `loop_lag_ms` is the supervisor's own
+    event-loop lag, (p50, p99, max) in milliseconds over its sliding window."""
+
     supervisor_pid: int
     version: str
     run_dir: str
@@ -336,6 +341,7 @@ class StatusReply(Frame, tag="status_reply"):
     workspace: str
     children: list[ChildInfo]
     supervisors: list[SupervisorInfo] = []
+    loop_lag_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

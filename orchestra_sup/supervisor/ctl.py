@@ -96,6 +96,7 @@ class CtlService:
             workspace=str(paths.workspace or paths.state_dir / "workspace"),
             children=[self.sup.child_info(w) for w in self.sup.workers],
             supervisors=list(_supervisors(self.sup.tree)),
+            loop_lag_ms=tuple(round(ms, 3) for ms in self.sup.lag.figures()),
         )
 
     def _answer(

@@ -35,6 +35,7 @@ from orchestra_sup import linux
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ChildStartError, PeerDown
 from orchestra_sup.node.args import ChildArgs
+from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.endpoint import Endpoint, routing_id
@@ -59,11 +60,12 @@ SHARD_STOP_MARGIN_S = 3.0
 
 
 class Liveness:
-    """What a worker's heartbeats said last: when, its loop lag p99 (ms), its load."""
+    """What a worker's heartbeats said last: when (monotonic seconds), its event-loop lag
+    (p50, p99, max in ms over its sliding window; None before the first beat), its load."""
 
     def __init__(self) -> None:
         self.last_beat = 0.0
-        self.lag_p99_ms: float | None = None
+        self.lag_ms: tuple[float, float, float] | None = None
         self.load = 0
 
 
@@ -115,6 +117,7 @@ class RootSupervisor:
         self.workers = list(self.tree.workers())
         self.by_name = {w.name: w for w in self.workers}
         self.liveness = {w.name: Liveness() for w in self.workers}
+        self.lag = LoopLag()
         self.codec = Codec()
         self.ctx: zmq.Context | None = None
         self.control: Endpoint | None = None
@@ -162,6 +165,7 @@ class RootSupervisor:
             ep.bind(self.paths.endpoint(name))
             os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
             ep.start()
+        self.spawn(self.lag.run())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
@@ -282,7 +286,11 @@ class RootSupervisor:
             case f.Heartbeat() if worker is not None and worker.state is ChildState.RUNNING:
                 live = self.liveness[worker.name]
                 live.last_beat = time.monotonic()
-                live.lag_p99_ms = round(body.loop_lag_p99_ms, 3)
+                live.lag_ms = (
+                    round(body.loop_lag_p50_ms, 3),
+                    round(body.loop_lag_p99_ms, 3),
+                    round(body.loop_lag_max_ms, 3),
+                )
                 live.load = body.load
             case f.Heartbeat():
                 pass  # from a generation that is gone, or from no child at all
@@ -349,7 +357,7 @@ class RootSupervisor:
             last_exit=worker.last_exit,
             endpoint=self.paths.endpoint(worker.name),
             capacity=worker.spec.capacity,
-            loop_lag_p99_ms=self.liveness[worker.name].lag_p99_ms,
+            loop_lag_ms=self.liveness[worker.name].lag_ms,
         )
 
     async def _watchdog(self) -> None:

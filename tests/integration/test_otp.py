@@ -58,6 +58,31 @@ def test_stalled_loop_is_restarted_by_the_watchdog(
         assert after[name] == before[name]
 
 
+def test_loop_lag_of_every_process_is_in_status(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """`ctl status` carries (p50, p99, max) loop lag for the supervisor and every child; a loop
+    blocked for 0.6 s (below the watchdog) shows up in that child's max."""
+    tree = tree_factory(workspace=repo, extra_env=DEBUG)
+    wait_until(
+        lambda: all(c.loop_lag_ms is not None for c in tree.status().children),
+        20,
+        "every child's first heartbeat",
+    )
+    assert tree.ctl(f.CtlDebug(name="custodian", action="block_loop", seconds=0.6)) == f.Ack()
+    lagged = wait_until(
+        lambda: (lag := tree.child("custodian").loop_lag_ms) is not None and lag[2] >= 500 and lag,
+        20,
+        "the custodian's blocked loop in its max lag",
+    )
+    assert isinstance(lagged, tuple) and lagged[0] <= lagged[1] <= lagged[2]
+    for child in tree.status().children:
+        assert child.loop_lag_ms is not None
+        assert 0 <= child.loop_lag_ms[0] <= child.loop_lag_ms[1] <= child.loop_lag_ms[2]
+    p50, p99, worst = tree.status().loop_lag_ms
+    assert 0 <= p50 <= p99 <= worst
+
+
 def test_debug_hooks_are_off_unless_enabled(tree: Tree) -> None:
     """Without ORCHESTRA_SUP_DEBUG_HOOKS=1 the fault-injection request is refused."""
     from orchestra_sup.errors import ErrorCode, RemoteError
