@@ -15,6 +15,12 @@ backoff_max_s = 5.0       # ... up to this cap
 [shards]
 count = 2                 # worker-host shards
 lanes_per_shard = 8       # lanes one shard hosts at most
+capabilities = ["python"] # what every shard offers a task's `requires` (default: nothing)
+tenants = []              # tenants every shard serves (default, empty: every tenant)
+
+[shards.shard-1]          # one shard's own capabilities and tenants, replacing the above
+capabilities = ["python", "gpu"]
+tenants = ["acme"]
 
 [lanes]
 max_worker_loss = 3       # a task whose worker process (shard) is lost this many times fails;
@@ -26,12 +32,14 @@ transcript_retention_s = 604800.0  # a finished lane's transcript (`ctl logs`) i
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.errors import ConfigError
 
 IPC_PATH_MAX = 100
@@ -48,9 +56,32 @@ class SupervisorSettings(msgspec.Struct, frozen=True, kw_only=True):
     backoff_max_s: float = 5.0
 
 
+class ShardProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """What a `[shards.shard-N]` table says of one shard; None: as `[shards]` says for all."""
+
+    capabilities: tuple[str, ...] | None = None
+    tenants: tuple[str, ...] | None = None
+
+
 class ShardSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """`count` shards of `lanes_per_shard` lanes each. `capabilities` (names a task's `requires`
+    may ask for) and `tenants` (whom a shard serves; empty: every tenant) apply to every shard,
+    except where a shard's own table in `profiles` replaces them. Names match
+    `coordinator.placement.NAME_PATTERN`."""
+
     count: int = 2
     lanes_per_shard: int = 8
+    capabilities: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = ()
+    profiles: dict[str, ShardProfile] = {}
+
+    def offers(self, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(capabilities, tenants) of shard `name`."""
+        own = self.profiles.get(name, ShardProfile())
+        return (
+            self.capabilities if own.capabilities is None else own.capabilities,
+            self.tenants if own.tenants is None else own.tenants,
+        )
 
 
 class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,6 +135,8 @@ def _toml_value(value: Any) -> str:
     """`value` as it would be written in the TOML file (true, not True)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value)
@@ -118,18 +151,65 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             raise ConfigError(f"unknown section [{section}] (known: {known})")
         if not isinstance(body, dict):
             raise ConfigError(f"[{section}] must be a table, got {body!r}")
-        sections[section] = {k: _check(section, k, v) for k, v in body.items()}
+        if section == "shards":
+            sections[section] = _shards_section(body)
+        else:
+            sections[section] = {k: _check(section, k, v) for k, v in body.items()}
     sup = SupervisorSettings(**sections.get("supervisor", {}))
     if sup.backoff_max_s < sup.backoff_initial_s:
         raise ConfigError(
             f"[supervisor] backoff_max_s = {sup.backoff_max_s!r}: "
             f"below backoff_initial_s = {sup.backoff_initial_s!r}"
         )
-    return Settings(
-        supervisor=sup,
-        shards=ShardSettings(**sections.get("shards", {})),
-        lanes=LaneSettings(**sections.get("lanes", {})),
-    )
+    shards = ShardSettings(**sections.get("shards", {}))
+    for name in shards.profiles:
+        if int(name.removeprefix("shard-")) >= shards.count:
+            raise ConfigError(
+                f"[shards.{name}]: there is no such shard "
+                f"(count = {shards.count}: shard-0 .. shard-{shards.count - 1})"
+            )
+    return Settings(supervisor=sup, shards=shards, lanes=LaneSettings(**sections.get("lanes", {})))
+
+
+_NAME_LISTS = ("capabilities", "tenants")
+_SHARD_TABLE = re.compile(r"shard-(0|[1-9][0-9]{0,2})")
+
+
+def _shards_section(body: dict[str, Any]) -> dict[str, Any]:
+    """`[shards]`: numbers, the two name lists, and `[shards.shard-N]` tables of name lists."""
+    out: dict[str, Any] = {}
+    profiles: dict[str, ShardProfile] = {}
+    for key, value in body.items():
+        if key in _NAME_LISTS:
+            out[key] = _names(f"[shards] {key}", value)
+        elif isinstance(value, dict) and _SHARD_TABLE.fullmatch(key):
+            for inner in value:
+                if inner not in _NAME_LISTS:
+                    raise ConfigError(
+                        f"[shards.{key}] unknown key {inner!r} (known: {', '.join(_NAME_LISTS)})"
+                    )
+            profiles[key] = ShardProfile(
+                **{k: _names(f"[shards.{key}] {k}", v) for k, v in value.items()}
+            )
+        elif isinstance(value, dict):
+            raise ConfigError(f"[shards.{key}]: not a shard name (shard-0, shard-1, ...)")
+        else:
+            out[key] = _check("shards", key, value)
+    if profiles:
+        out["profiles"] = profiles
+    return out
+
+
+def _names(where: str, value: Any) -> tuple[str, ...]:
+    """A TOML array of capability or tenant names, checked; raises `ConfigError`."""
+    if not isinstance(value, list):
+        raise ConfigError(f"{where} = {_toml_value(value)}: expected an array of names")
+    for name in value:
+        if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+            raise ConfigError(
+                f"{where}: {_toml_value(name)} is not a name (must match {NAME_PATTERN.pattern})"
+            )
+    return tuple(dict.fromkeys(value))
 
 
 def load_settings(

@@ -1,27 +1,128 @@
-"""Where a lane goes: eligibility, then score, then a deterministic tie-break (ARCHITECTURE.md §8).
+"""Where a lane goes (ARCHITECTURE.md §8; seeds/003, "Routing work to workers").
 
-Eligible: the shard is up and has a free lane slot. Score: least loaded. Tie-break: the shard name,
-so the same state always gives the same answer.
+In order, short-circuiting:
+
+1. Affinity: a live `AffinityTicket` (its shard is up, at the ticket's generation, in this tree's
+   boot, eligible and not full) sends the lane back to that shard without scoring.
+2. Eligibility, a hard pass/fail filter: the shard is up, has a free lane slot, offers every
+   capability the task `requires`, and serves the plan's tenant (a shard with no `tenants` list
+   serves every tenant; one with a list serves only those, and no plan without a tenant).
+3. Score: least loaded (cost, latency and warmth are reserved weights in the seed's model and have
+   no live signal here).
+4. Tie-break: the shard name, so the same state always gives the same answer.
+
+Pure functions over `ShardView` values: no IO, no clock.
 """
 
 from __future__ import annotations
 
+import re
+
 import msgspec
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+"""What a capability or tenant name must match, in full (config files and plans alike)."""
 
 
 class ShardView(msgspec.Struct, kw_only=True):
-    """What the coordinator knows of one shard: from the roster, plus its own count of lanes."""
+    """What the coordinator knows of one shard: from the roster, plus its own count of lanes.
+
+    `capabilities` are what the shard offers; `tenants` whom it serves (empty: every tenant).
+    """
 
     name: str
     generation: int
     up: bool
     capacity: int
     load: int = 0
+    capabilities: frozenset[str] = frozenset()
+    tenants: frozenset[str] = frozenset()
 
 
-def place(shards: list[ShardView]) -> ShardView | None:
-    """The shard for the next lane, or None when every shard is down or full."""
-    eligible = [s for s in shards if s.up and s.load < s.capacity]
+class Need(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lane asks of its shard: every capability in `requires`, and service of `tenant`
+    (None: the plan names no tenant)."""
+
+    requires: frozenset[str] = frozenset()
+    tenant: str | None = None
+
+
+ANYWHERE = Need()
+"""No capability asked for, no tenant named."""
+
+
+class AffinityTicket(msgspec.Struct, frozen=True, kw_only=True):
+    """A shard's identity at one moment: its name, its generation and the boot id of the tree
+    run it belongs to (generations start again at 1 when the tree starts again, so the boot id is
+    what keeps a ticket from an earlier run from matching).
+
+    Written as `shard-1.3@<boot>`; `parse` reads that form back.
+    """
+
+    shard: str
+    generation: int
+    boot: str
+
+    def __str__(self) -> str:
+        return f"{self.shard}.{self.generation}@{self.boot}"
+
+    @classmethod
+    def parse(cls, text: str) -> AffinityTicket:
+        """Raises `ValueError` (naming `text`) unless it reads `<shard>.<generation>@<boot>`."""
+        where, sep, boot = text.partition("@")
+        shard, dot, generation = where.rpartition(".")
+        if not (sep and dot and shard and boot and generation.isdigit()):
+            raise ValueError(f"affinity ticket {text!r} is not <shard>.<generation>@<boot>")
+        return cls(shard=shard, generation=int(generation), boot=boot)
+
+    def lives(self, view: ShardView, boot: str) -> bool:
+        """True while the shard this ticket names is the very process it was minted for."""
+        return (
+            view.name == self.shard
+            and view.up
+            and view.generation == self.generation
+            and boot == self.boot
+        )
+
+
+def serves(view: ShardView, need: Need) -> bool:
+    """Eligibility by what the shard is (capabilities, tenant), whatever its state."""
+    if not need.requires <= view.capabilities:
+        return False
+    return not view.tenants or need.tenant in view.tenants
+
+
+def place(
+    shards: list[ShardView],
+    need: Need = ANYWHERE,
+    ticket: AffinityTicket | None = None,
+    boot: str = "",
+) -> ShardView | None:
+    """The shard for the next lane (see the module docstring), or None when no shard is eligible
+    now. `boot` is the current tree run's boot id, against which `ticket` is checked."""
+    if ticket is not None:
+        for view in shards:
+            if ticket.lives(view, boot) and view.load < view.capacity and serves(view, need):
+                return view
+    eligible = [s for s in shards if s.up and s.load < s.capacity and serves(s, need)]
     if not eligible:
         return None
     return min(eligible, key=lambda s: (s.load, s.name))
+
+
+def unplaceable(shards: list[ShardView], need: Need) -> str | None:
+    """Why no shard of this tree could ever take a lane with `need`, up or down, full or not
+    (one line naming what is missing and what the shards offer), or None when one could."""
+    if not shards or any(serves(s, need) for s in shards):
+        return None
+    wanted = []
+    if need.requires:
+        wanted.append("capabilities " + ", ".join(sorted(need.requires)))
+    wanted.append(f"tenant {need.tenant}" if need.tenant is not None else "no tenant")
+    offers = "; ".join(
+        f"{s.name}: "
+        + (", ".join(sorted(s.capabilities)) or "no capabilities")
+        + (f", tenants {', '.join(sorted(s.tenants))}" if s.tenants else ", any tenant")
+        for s in sorted(shards, key=lambda s: s.name)
+    )
+    return f"no shard offers {' with '.join(wanted)} ({offers})"

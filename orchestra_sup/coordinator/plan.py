@@ -3,6 +3,7 @@
 A plan looks like this::
 
     name = "selfcheck"            # required, non-empty string
+    tenant = "acme"               # optional: whom it runs for; only shards serving it take it
 
     [[task]]
     id = "lint"                   # required, unique, matches [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
@@ -10,6 +11,7 @@ A plan looks like this::
     needs = ["other-id"]          # optional: ids of tasks that must succeed first
     timeout_s = 60                # optional: positive wall seconds (int or float)
     commit = false                # optional: commit the task's sandbox changes
+    requires = ["gpu"]            # optional: capabilities its shard must offer
 
 Every problem is reported as one `PlanError` whose message names the task (by id, or by position
 as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
@@ -29,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.errors import PlanError
 from orchestra_sup.protocol.frames import PlanSpec, TaskSpec
 
@@ -37,8 +40,8 @@ __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a task id must match, in full."""
 
-_TOP_KEYS = frozenset({"name", "task"})
-_TASK_KEYS = frozenset({"id", "run", "needs", "timeout_s", "commit"})
+_TOP_KEYS = frozenset({"name", "task", "tenant"})
+_TASK_KEYS = frozenset({"id", "run", "needs", "timeout_s", "commit", "requires"})
 
 _TOML_TYPES: dict[type, str] = {
     str: "string",
@@ -104,6 +107,8 @@ def validate_plan(spec: PlanSpec, *, source: str = "<submitted plan>") -> PlanSp
     data = msgspec.to_builtins(spec)
     # TOML has no null: an unset optional is an absent key there
     data["task"] = [{k: v for k, v in t.items() if v is not None} for t in data.pop("tasks")]
+    if data.get("tenant") is None:
+        data.pop("tenant", None)
     return plan_from_mapping(data, source=source)
 
 
@@ -116,7 +121,7 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     for key in data:
         if key not in _TOP_KEYS:
             raise PlanError(
-                f"unknown top-level key {key!r} (expected 'name' and [[task]] tables)",
+                f"unknown top-level key {key!r} (expected 'name', 'tenant' and [[task]] tables)",
                 source=source,
             )
 
@@ -127,6 +132,13 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
         raise PlanError(f"key 'name' must be a string, got {_describe(name)}", source=source)
     if not name.strip():
         raise PlanError("key 'name' must not be empty", source=source)
+
+    tenant = data.get("tenant")
+    if tenant is not None and (not isinstance(tenant, str) or not NAME_PATTERN.fullmatch(tenant)):
+        raise PlanError(
+            f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {_describe(tenant)}",
+            source=source,
+        )
 
     raw_tasks = data.get("task")
     if raw_tasks is None or raw_tasks == []:
@@ -150,7 +162,7 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
         position[task.id] = number
         tasks.append(task)
 
-    plan = PlanSpec(name=name, tasks=tasks)
+    plan = PlanSpec(name=name, tasks=tasks, tenant=tenant)
     topological_order(plan, source=source)  # dependency and cycle checks
     return plan
 
@@ -218,7 +230,22 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
     if not isinstance(commit, bool):
         raise refuse(f"key 'commit' must be a boolean, got {_describe(commit)}")
 
-    return TaskSpec(id=task_id, run=run, needs=needs, timeout_s=timeout_s, commit=commit)
+    requires_raw = raw.get("requires", [])
+    if not isinstance(requires_raw, list):
+        raise refuse(
+            f"key 'requires' must be an array of capability names, got {_describe(requires_raw)}"
+        )
+    for capability in requires_raw:
+        if not isinstance(capability, str) or not NAME_PATTERN.fullmatch(capability):
+            raise refuse(
+                f"key 'requires' must hold names matching {NAME_PATTERN.pattern}, "
+                f"got {_describe(capability)}"
+            )
+    requires = list(dict.fromkeys(requires_raw))
+
+    return TaskSpec(
+        id=task_id, run=run, needs=needs, timeout_s=timeout_s, commit=commit, requires=requires
+    )
 
 
 def topological_order(plan: PlanSpec, *, source: str | None = None) -> list[str]:

@@ -22,7 +22,14 @@ from typing import Any
 
 import msgspec
 
-from orchestra_sup.coordinator.placement import ShardView, place
+from orchestra_sup.coordinator.placement import (
+    AffinityTicket,
+    Need,
+    ShardView,
+    place,
+    serves,
+    unplaceable,
+)
 from orchestra_sup.coordinator.plan import validate_plan
 from orchestra_sup.coordinator.runner import LIVE, PlanRecord, TaskStatus
 from orchestra_sup.coordinator.toolkit import Toolkit
@@ -109,7 +116,12 @@ class Coordinator:
             if peer.role != "shard":
                 continue
             self.shards[peer.name] = ShardView(
-                name=peer.name, generation=peer.generation, up=peer.up, capacity=peer.capacity
+                name=peer.name,
+                generation=peer.generation,
+                up=peer.up,
+                capacity=peer.capacity,
+                capabilities=frozenset(peer.capabilities),
+                tenants=frozenset(peer.tenants),
             )
             self._refused.pop(peer.name, None)
             for plan in self.plans.values():
@@ -190,9 +202,12 @@ class Coordinator:
             await asyncio.shield(pending)
         return f.InboxAck(msg_id=put.msg_id)
 
-    async def _submit(self, spec: f.PlanSpec, key: str | None = None) -> f.Body:
+    async def _submit(
+        self, spec: f.PlanSpec, key: str | None = None, ticket: str | None = None
+    ) -> f.Body:
         """Validate and durably record a plan, then start what is ready. With an idempotency
-        `key` already used, nothing new happens and the earlier plan's id is the answer."""
+        `key` already used, nothing new happens and the earlier plan's id is the answer. A
+        `ticket` is every task's first affinity ticket (`start_lane ticket=`)."""
         assert self.store is not None
         if key is not None:
             for earlier in self.plans.values():
@@ -206,7 +221,13 @@ class Coordinator:
             spec = validate_plan(spec)
         except PlanError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
+        for task in spec.tasks:
+            why = unplaceable(list(self.shards.values()), _need(spec, task))
+            if why is not None:
+                raise RemoteError(ErrorCode.BAD_REQUEST, f"task {task.id}: {why}")
         plan = PlanRecord.new(uuid.uuid4().hex[:12], spec, time.time(), key)
+        for rec in plan.tasks.values():
+            rec.ticket = ticket
         await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
         self.plans[plan.id] = plan
         log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
@@ -232,8 +253,14 @@ class Coordinator:
         return plan.report()
 
     async def _start_lane(self, params: dict[str, str]) -> Any:
-        """`start_lane run=CMD [name=] [timeout_s=] [key=]`: a one-task plan, placed like any;
-        the key makes a re-sent start harmless (the same plan and lane are answered)."""
+        """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
+        [key=]`: a one-task plan, placed like any. The key makes a re-sent start harmless (the
+        same plan and lane are answered); a `ticket` from an earlier answer sends the lane back
+        to that shard while its generation lives (`placement.AffinityTicket`).
+
+        Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
+        ticket are null while the lane waits for a shard. Raises `RemoteError(bad_request)` for
+        a bad parameter or a need no shard could meet."""
         run = params.get("run")
         if not run:
             raise RemoteError(ErrorCode.BAD_REQUEST, "missing parameter 'run'")
@@ -241,18 +268,27 @@ class Coordinator:
             timeout = float(params["timeout_s"]) if "timeout_s" in params else None
         except ValueError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, f"timeout_s: {exc}") from exc
-        task = f.TaskSpec(id="lane", run=run, timeout_s=timeout)
+        if params.get("ticket"):
+            try:
+                AffinityTicket.parse(params["ticket"])
+            except ValueError as exc:
+                raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
+        requires = [c for c in params.get("requires", "").split(",") if c]
+        task = f.TaskSpec(id="lane", run=run, timeout_s=timeout, requires=requires)
+        spec = f.PlanSpec(
+            name=params.get("name", "start_lane"), tasks=[task], tenant=params.get("tenant")
+        )
         key = params.get("key")
         known = {p.id for p in self.plans.values()}
-        accepted = await self._submit(
-            f.PlanSpec(name=params.get("name", "start_lane"), tasks=[task]), key=key
-        )
+        accepted = await self._submit(spec, key=key, ticket=params.get("ticket") or None)
         assert isinstance(accepted, f.PlanAccepted)
         rec = self.plans[accepted.id].tasks["lane"]
         return {
             "plan": accepted.id,
             "lane": rec.lane,
             "status": str(rec.status),
+            "shard": rec.shard,
+            "ticket": rec.ticket,
             "duplicate": accepted.id in known,
         }
 
@@ -314,15 +350,17 @@ class Coordinator:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    def _ask_recovery(self) -> None:
-        """A lane is waiting and a shard is down: ask the supervisor to end that shard's restart
-        backoff, at most once per `RECOVERY_EVERY_S` per shard (seeds/000: "at most every 15
-        seconds per host"). Nothing waits for the answer."""
+    def _ask_recovery(self, need: Need) -> None:
+        """A lane with `need` is waiting and a shard that could take it is down: ask the
+        supervisor to end that shard's restart backoff, at most once per `RECOVERY_EVERY_S` per
+        shard (seeds/000: "at most every 15 seconds per host"). Nothing waits for the answer."""
         assert self.node is not None
         now = time.monotonic()
         for view in self.shards.values():
             last = self._recovery_asked.get(view.name)
-            if view.up or (last is not None and now - last < RECOVERY_EVERY_S):
+            if view.up or not serves(view, need):
+                continue
+            if last is not None and now - last < RECOVERY_EVERY_S:
                 continue
             self._recovery_asked[view.name] = now
             log.info("a lane waits and %s is down: asking the supervisor to recover it", view.name)
@@ -360,14 +398,36 @@ class Coordinator:
                 self._persist(plan)
                 self._maybe_done(plan)
             for spec in plan.ready():
-                shard = place(list(self.shards.values()))
-                if shard is None:
-                    self._ask_recovery()
-                    return
-                start = plan.place(spec, shard.name, shard.generation)
-                shard.load += 1
-                self._persist(plan)
-                self.node.spawn(self._start(plan, spec.id, start, shard.name))
+                self._place(plan, spec)
+
+    def _place(self, plan: PlanRecord, spec: f.TaskSpec) -> None:
+        """Place one ready task (placement.py: affinity, eligibility, score, tie-break), fail it
+        when no shard of this tree could ever take it, or leave it waiting."""
+        assert self.node is not None
+        rec = plan.tasks[spec.id]
+        views = list(self.shards.values())
+        need = _need(plan.spec, spec)
+        why = unplaceable(views, need)
+        if why is not None:  # the shards' config changed under a stored plan
+            rec.status, rec.error = TaskStatus.FAILED, why
+            self._persist(plan)
+            self._maybe_done(plan)
+            return
+        ticket = None
+        if rec.ticket is not None:
+            with contextlib.suppress(ValueError):
+                ticket = AffinityTicket.parse(rec.ticket)
+        shard = place(views, need, ticket, self.node.args.boot)
+        if shard is None:
+            self._ask_recovery(need)
+            return
+        start = plan.place(
+            spec,
+            AffinityTicket(shard=shard.name, generation=shard.generation, boot=self.node.args.boot),
+        )
+        shard.load += 1
+        self._persist(plan)
+        self.node.spawn(self._start(plan, spec.id, start, shard.name))
 
     async def _start(self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str) -> None:
         assert self.node is not None
@@ -415,3 +475,7 @@ class Coordinator:
         if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
             rec.status = TaskStatus.RUNNING
             self._persist(plan)
+
+
+def _need(plan: f.PlanSpec, task: f.TaskSpec) -> Need:
+    return Need(requires=frozenset(task.requires), tenant=plan.tenant)

@@ -23,6 +23,7 @@ import enum
 
 import msgspec
 
+from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.protocol import frames as f
 
 
@@ -86,6 +87,10 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     worker_losses: int = 0
     failure: FailureClass | None = None
     warnings: list[str] = msgspec.field(default_factory=list)
+    ticket: str | None = None
+    """The affinity ticket of the lane's shard (`placement.AffinityTicket`), minted when the task
+    is placed and kept after its lane ends, so its next placement can go back while that shard
+    generation lives; cleared when a placement is taken back before the lane existed."""
 
 
 class PlanRecord(msgspec.Struct, kw_only=True):
@@ -148,15 +153,17 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             and all(self.tasks[n].status is TaskStatus.SUCCEEDED for n in spec.needs)
         ]
 
-    def place(self, spec: f.TaskSpec, shard: str, generation: int) -> f.LaneStart:
-        """Put ready task `spec` on `shard` at `generation` as a new lane (one more attempt);
-        returns the `LaneStart` to send. The lane id names the attempt, so a result of an earlier
-        lane of the same task is told apart (and ignored) by `apply`."""
+    def place(self, spec: f.TaskSpec, ticket: AffinityTicket) -> f.LaneStart:
+        """Put ready task `spec` as a new lane (one more attempt) on the shard and generation
+        `ticket` names, and keep the ticket; returns the `LaneStart` to send. The lane id names
+        the attempt, so a result of an earlier lane of the same task is told apart (and ignored)
+        by `apply`."""
         rec = self.tasks[spec.id]
         rec.attempts += 1
         rec.status = TaskStatus.STARTING
         rec.lane = f"{self.id}-{spec.id}-{rec.attempts}"
-        rec.shard, rec.shard_gen = shard, generation
+        rec.shard, rec.shard_gen = ticket.shard, ticket.generation
+        rec.ticket = str(ticket)
         return f.LaneStart(
             lane=rec.lane,
             plan=self.id,
@@ -172,7 +179,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks[task_id]
         rec.status = TaskStatus.PAUSED if rec.worker_losses else TaskStatus.PENDING
         rec.attempts -= 1
-        rec.lane = rec.shard = rec.shard_gen = None
+        rec.lane = rec.shard = rec.shard_gen = rec.ticket = None
 
     def apply(self, result: f.LaneResult) -> bool:
         """Record a lane's result; False (and no change) when it is stale: the task has moved on
@@ -267,6 +274,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     error=rec.error,
                     failure=None if rec.failure is None else str(rec.failure),
                     warnings=list(rec.warnings),
+                    ticket=rec.ticket,
                 )
                 for spec in self.spec.tasks
                 for rec in (self.tasks[spec.id],)

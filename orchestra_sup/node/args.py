@@ -13,7 +13,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     `[lanes] max_worker_loss` (losses of its worker process after which a task fails);
     `lane_grace_s` is how long a stopping shard lets its lanes' commands end after SIGTERM;
     `transcript_retention_s` is `[lanes] transcript_retention_s` (seconds a shard keeps a finished
-    lane's transcript).
+    lane's transcript); `boot` identifies this run of the tree (affinity tickets carry it, since
+    generations start again at 1 in the next run).
     """
 
     role: str
@@ -28,6 +29,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     max_worker_loss: int = 3
     lane_grace_s: float = 5.0
     transcript_retention_s: float = 7 * 24 * 3600.0
+    boot: str = ""
 
 
 def encode(args: ChildArgs) -> str:

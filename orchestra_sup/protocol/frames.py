@@ -28,7 +28,8 @@ class Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
 class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One task of a plan, as validated by `coordinator.plan.parse_plan`.
 
-    `timeout_s` is wall-clock seconds for the command (None: no limit).
+    `timeout_s` is wall-clock seconds for the command (None: no limit); `requires` are the
+    capabilities its shard must offer (`coordinator.placement`).
     """
 
     id: str
@@ -36,13 +37,16 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     needs: list[str] = []
     timeout_s: float | None = None
     commit: bool = False
+    requires: list[str] = []
 
 
 class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A whole plan: a name and its tasks in file order."""
+    """A whole plan: a name, its tasks in file order, and the tenant it runs for (None: none
+    named; only shards that serve every tenant take its lanes)."""
 
     name: str
     tasks: list[TaskSpec]
+    tenant: str | None = None
 
 
 class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,6 +72,8 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     failure: str | None = None
     warnings: list[str] = []
+    ticket: str | None = None
+    """The affinity ticket of its latest placement (`coordinator.placement.AffinityTicket`)."""
 
 
 class PlanReport(Frame, tag="plan_report"):
@@ -104,6 +110,8 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str = ""
     capacity: int = 0
     loop_lag_ms: tuple[float, float, float] | None = None
+    capabilities: list[str] = []
+    tenants: list[str] = []
 
 
 class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,7 +183,8 @@ class Heartbeat(Frame, tag="heartbeat"):
 
 
 class PeerState(msgspec.Struct, frozen=True, kw_only=True):
-    """One peer in a `Roster`: where it listens, which generation, whether it is up."""
+    """One peer in a `Roster`: where it listens, which generation, whether it is up; for a shard,
+    its lane capacity, the capabilities it offers and the tenants it serves (empty: all)."""
 
     name: str
     role: str
@@ -183,6 +192,8 @@ class PeerState(msgspec.Struct, frozen=True, kw_only=True):
     up: bool
     endpoint: str
     capacity: int = 0
+    capabilities: list[str] = []
+    tenants: list[str] = []
 
 
 class TreeStopping(Frame, tag="tree_stopping"):

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Coroutine
 from typing import Any
 
@@ -81,26 +82,33 @@ def build_tree(settings: Settings, seam: ProcessSeam, on_give_up: Any) -> Superv
     )
     grace = sup.shutdown_timeout_s
 
-    def worker(name: str, role: str, capacity: int = 0) -> Worker:
-        # A shard's own grace covers its lanes' (SIGTERM, shutdown_timeout_s, SIGKILL) plus the
-        # time to hand the coordinator what they were interrupted at.
-        shutdown = grace + SHARD_STOP_MARGIN_S if role == "shard" else grace
-        spec = ChildSpec(name=name, role=role, shutdown_s=shutdown, capacity=capacity)
+    def shard(name: str) -> Worker:
+        capabilities, tenants = settings.shards.offers(name)
+        spec = ChildSpec(
+            name=name,
+            role="shard",
+            # A shard's own grace covers its lanes' (SIGTERM, shutdown_timeout_s, SIGKILL) plus
+            # the time to hand the coordinator what they were interrupted at.
+            shutdown_s=grace + SHARD_STOP_MARGIN_S,
+            capacity=settings.shards.lanes_per_shard,
+            capabilities=capabilities,
+            tenants=tenants,
+        )
         return Worker(spec, flags, seam)
 
     shards = Supervisor(
-        "shards",
-        flags,
-        [
-            worker(f"shard-{i}", "shard", settings.shards.lanes_per_shard)
-            for i in range(settings.shards.count)
-        ],
-        seam,
+        "shards", flags, [shard(f"shard-{i}") for i in range(settings.shards.count)], seam
     )
     return Supervisor(
         "root",
         flags,
-        [worker("custodian", "custodian"), worker("coordinator", "coordinator"), shards],
+        [
+            Worker(ChildSpec(name="custodian", role="custodian", shutdown_s=grace), flags, seam),
+            Worker(
+                ChildSpec(name="coordinator", role="coordinator", shutdown_s=grace), flags, seam
+            ),
+            shards,
+        ],
         seam,
         on_give_up=on_give_up,
     )
@@ -128,6 +136,8 @@ class RootSupervisor:
         self.debug_hooks = os.environ.get("ORCHESTRA_SUP_DEBUG_HOOKS") == "1"
         self._cgroups = tree_path(paths.run_dir)
         self._last_summary = ""
+        self.boot = uuid.uuid4().hex[:12]
+        """This run of the tree; generations start again at 1 in the next, boot ids do not."""
 
     # --- the whole tree --------------------------------------------------------------------------
 
@@ -249,6 +259,7 @@ class RootSupervisor:
             max_worker_loss=self.settings.lanes.max_worker_loss,
             lane_grace_s=self.settings.supervisor.shutdown_timeout_s,
             transcript_retention_s=self.settings.lanes.transcript_retention_s,
+            boot=self.boot,
         )
 
     def _after_exit(self, worker: Worker) -> None:
@@ -328,6 +339,8 @@ class RootSupervisor:
                     up=w.state in UP,
                     endpoint=self.paths.endpoint(w.name),
                     capacity=w.spec.capacity,
+                    capabilities=list(w.spec.capabilities),
+                    tenants=list(w.spec.tenants),
                 )
                 for w in self.workers
             ]
@@ -358,6 +371,8 @@ class RootSupervisor:
             endpoint=self.paths.endpoint(worker.name),
             capacity=worker.spec.capacity,
             loop_lag_ms=self.liveness[worker.name].lag_ms,
+            capabilities=list(worker.spec.capabilities),
+            tenants=list(worker.spec.tenants),
         )
 
     async def _watchdog(self) -> None:

@@ -24,7 +24,8 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     """How to run one child.
 
     `shutdown_s` is the SIGTERM -> SIGKILL grace in seconds; None means `brutal_kill` (SIGKILL at
-    once). `capacity` is the lane bound of a shard (0 for other roles).
+    once). `capacity` is the lane bound of a shard (0 for other roles); `capabilities` and
+    `tenants` are what a shard offers placement (`[shards]` in the config).
     """
 
     name: str
@@ -32,6 +33,8 @@ class ChildSpec(msgspec.Struct, frozen=True, kw_only=True):
     restart: Restart = Restart.PERMANENT
     shutdown_s: float | None = 5.0
     capacity: int = 0
+    capabilities: tuple[str, ...] = ()
+    tenants: tuple[str, ...] = ()
 
 
 class ChildState(enum.StrEnum):

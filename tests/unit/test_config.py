@@ -442,3 +442,54 @@ def test_default_state_dir(
     for name, value in env.items():
         clean_env.setenv(name, value)
     assert default_state_dir() == Path(expected.format(home=tmp_path / "home"))
+
+
+# --- [shards] capabilities, tenants and per-shard tables ------------------------------------------
+
+
+def test_capabilities_and_tenants_for_all_shards_and_one() -> None:
+    """`[shards]` lists apply to every shard; a `[shards.shard-N]` table replaces only the lists
+    it names."""
+    s = settings_from_mapping(
+        {
+            "shards": {
+                "count": 3,
+                "capabilities": ["py", "git", "py"],
+                "tenants": ["acme"],
+                "shard-2": {"capabilities": ["gpu"]},
+                "shard-1": {"tenants": []},
+            }
+        }
+    )
+    assert s.shards.offers("shard-0") == (("py", "git"), ("acme",))
+    assert s.shards.offers("shard-1") == (("py", "git"), ())
+    assert s.shards.offers("shard-2") == (("gpu",), ("acme",))
+
+
+def test_default_shards_offer_nothing_and_serve_everyone() -> None:
+    assert Settings().shards.offers("shard-0") == ((), ())
+
+
+@pytest.mark.parametrize(
+    ("shards", "expected"),
+    [
+        ({"capabilities": "gpu"}, '[shards] capabilities = "gpu": expected an array of names'),
+        ({"tenants": ["a b"]}, '[shards] tenants: "a b" is not a name'),
+        ({"capabilities": [3]}, "[shards] capabilities: 3 is not a name"),
+        ({"shard-5": {"capabilities": []}}, "[shards.shard-5]: there is no such shard (count = 2"),
+        ({"gpu-box": {"capabilities": []}}, "[shards.gpu-box]: not a shard name"),
+        ({"shard-0": {"count": 1}}, "[shards.shard-0] unknown key 'count'"),
+        ({"shard-0": {"tenants": "acme"}}, '[shards.shard-0] tenants = "acme": expected an array'),
+    ],
+)
+def test_bad_shard_lists_are_refused_by_name(shards: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping({"shards": shards})
+    assert expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_per_shard_table_from_a_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[shards]\ncount = 2\n[shards.shard-1]\ncapabilities = ["gpu"]\n')
+    assert load_settings(path).shards.offers("shard-1") == (("gpu",), ())

@@ -350,3 +350,45 @@ def test_validate_plan_refuses_what_a_file_could_not_say(
     with pytest.raises(PlanError) as info:
         validate_plan(PlanSpec(name="p", tasks=tasks))
     assert needle in str(info.value)
+
+
+# --- placement keys: tenant, requires ------------------------------------------------------------
+
+
+def test_tenant_and_requires_are_read() -> None:
+    spec = parse_plan(
+        _plan(
+            'id = "a"\nrun = "x"\nrequires = ["gpu", "py3.11", "gpu"]',
+            name='name = "p"\ntenant = "acme"',
+        )
+    )
+    assert spec.tenant == "acme"
+    assert spec.tasks[0].requires == ["gpu", "py3.11"]  # a repeat is said once
+
+
+def test_without_placement_keys_nothing_is_required() -> None:
+    spec = parse_plan(_plan('id = "a"\nrun = "x"'))
+    assert spec.tenant is None and spec.tasks[0].requires == []
+
+
+@pytest.mark.parametrize(
+    ("name_line", "task_body", "expected"),
+    [
+        ('name = "p"\ntenant = 3', 'id = "a"\nrun = "x"', "key 'tenant' must be a name"),
+        ('name = "p"\ntenant = "a b"', 'id = "a"\nrun = "x"', "key 'tenant' must be a name"),
+        ('name = "p"', 'id = "a"\nrun = "x"\nrequires = "gpu"', "key 'requires' must be an array"),
+        ('name = "p"', 'id = "a"\nrun = "x"\nrequires = [""]', "key 'requires' must hold names"),
+        ('name = "p"', 'id = "a"\nrun = "x"\nrequires = [1]', "key 'requires' must hold names"),
+    ],
+)
+def test_bad_placement_keys(name_line: str, task_body: str, expected: str) -> None:
+    assert expected in str(_refused(_plan(task_body, name=name_line)))
+
+
+def test_placement_keys_survive_validation_of_a_submitted_plan() -> None:
+    """`validate_plan` (what the coordinator runs on every submission) keeps them."""
+    from orchestra_sup.coordinator.plan import validate_plan
+
+    spec = PlanSpec(name="p", tenant="acme", tasks=[TaskSpec(id="a", run="x", requires=["gpu"])])
+    assert validate_plan(spec) == spec
+    assert validate_plan(PlanSpec(name="p", tasks=[TaskSpec(id="a", run="x")])).tenant is None

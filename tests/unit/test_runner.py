@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from orchestra_sup.coordinator.placement import ShardView, place
+from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.coordinator.runner import (
     FINAL,
     LIVE,
@@ -326,7 +326,7 @@ def test_place_makes_a_lane_per_attempt() -> None:
     returns the LaneStart to send."""
     rec = _plan("a")
     spec = rec.spec.tasks[0]
-    start = rec.place(spec, "shard-1", 4)
+    start = rec.place(spec, AffinityTicket(shard="shard-1", generation=4, boot="b"))
     t = rec.tasks["a"]
     assert (t.status, t.attempts, t.lane, t.shard, t.shard_gen) == (
         S.STARTING,
@@ -347,7 +347,7 @@ def test_unplace_undoes_a_refused_placement(losses: int, back_to: TaskStatus) ->
     rec = _plan("a", statuses={"a": back_to})
     rec.tasks["a"].worker_losses = losses
     rec.tasks["a"].attempts = losses
-    rec.place(rec.spec.tasks[0], "shard-0", 1)
+    rec.place(rec.spec.tasks[0], AffinityTicket(shard="shard-0", generation=1, boot="b"))
     rec.unplace("a")
     t = rec.tasks["a"]
     assert (t.status, t.attempts, t.lane, t.shard, t.shard_gen) == (
@@ -502,7 +502,9 @@ def _lose_and_replace(rec: PlanRecord, task_id: str, gen: int) -> f.LaneStart | 
     if rec.tasks[task_id].status is not S.PAUSED:
         return None
     assert [s.id for s in rec.ready()] == [task_id]
-    return rec.place(rec.spec.tasks[0], "shard-0", gen + 1)
+    return rec.place(
+        rec.spec.tasks[0], AffinityTicket(shard="shard-0", generation=gen + 1, boot="b")
+    )
 
 
 def test_replaced_task_succeeds_with_warning_and_stale_result_ignored() -> None:
@@ -510,7 +512,7 @@ def test_replaced_task_succeeds_with_warning_and_stale_result_ignored() -> None:
     warning; a late result of the lost lane is ignored; the new lane's result ends the task with
     attempts 2 and the warning kept; the plan is ok."""
     rec = _plan("a")
-    rec.place(rec.spec.tasks[0], "shard-0", 1)
+    rec.place(rec.spec.tasks[0], AffinityTicket(shard="shard-0", generation=1, boot="b"))
     start = _lose_and_replace(rec, "a", 1)
     assert start is not None
     warning = _warning("plan-1-a-1", "shard-0", 1)
@@ -533,7 +535,7 @@ def test_task_that_keeps_losing_its_shard_fails_at_the_cap() -> None:
     then fails with worker_process_loss: attempts == max_worker_loss, one warning per loss, its
     dependant skipped, the plan done; the report carries the failure class and warnings."""
     rec = _plan("a", ("b", ["a"]))
-    rec.place(rec.spec.tasks[0], "shard-0", 1)
+    rec.place(rec.spec.tasks[0], AffinityTicket(shard="shard-0", generation=1, boot="b"))
     lanes = ["plan-1-a-1"]
     for gen in range(1, CAP):
         start = _lose_and_replace(rec, "a", gen)
@@ -628,52 +630,6 @@ def test_report_fields_follow_records_in_file_order() -> None:
     assert report.tasks[1] == f.TaskReport(id="a", status="pending")
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(report), type=f.PlanReport)
     assert back == report
-
-
-# --- placement -----------------------------------------------------------------------------------
-
-
-def _shard(name: str, *, load: int = 0, capacity: int = 4, up: bool = True, gen: int = 1):
-    return ShardView(name=name, generation=gen, up=up, capacity=capacity, load=load)
-
-
-PLACE_TABLE = [
-    ("least loaded wins", [_shard("s0", load=3), _shard("s1", load=1), _shard("s2", load=2)], "s1"),
-    ("least loaded beats name", [_shard("a", load=2), _shard("b", load=0)], "b"),
-    (
-        "tie broken by name",
-        [_shard("s2", load=1), _shard("s1", load=1), _shard("s3", load=1)],
-        "s1",
-    ),
-    ("full shard is not eligible", [_shard("s0", load=4), _shard("s1", load=3)], "s1"),
-    ("over-full shard is not eligible", [_shard("s0", load=5), _shard("s1", load=3)], "s1"),
-    ("down shard is not eligible", [_shard("s0", up=False), _shard("s1", load=3)], "s1"),
-    ("zero capacity is not eligible", [_shard("s0", capacity=0), _shard("s1", load=2)], "s1"),
-    ("single free shard", [_shard("only", load=3)], "only"),
-    ("all full", [_shard("s0", load=4), _shard("s1", load=4)], None),
-    ("all down", [_shard("s0", up=False), _shard("s1", up=False)], None),
-    ("full or down", [_shard("s0", load=4), _shard("s1", up=False)], None),
-    ("no shards", [], None),
-]
-
-
-@pytest.mark.parametrize(
-    ("shards", "expected"),
-    [row[1:] for row in PLACE_TABLE],
-    ids=[row[0] for row in PLACE_TABLE],
-)
-def test_place(shards: list[ShardView], expected: str | None) -> None:
-    """place() picks the least loaded up shard with a free slot, ties by name, else None."""
-    chosen = place(shards)
-    assert (chosen.name if chosen else None) == expected
-    if chosen is not None:
-        assert any(chosen is s for s in shards)
-
-
-def test_place_is_independent_of_input_order() -> None:
-    """The same shards in any order give the same answer."""
-    shards = [_shard("s2", load=1), _shard("s0", load=1), _shard("s1", load=1, up=False)]
-    assert {place(list(p)).name for p in (shards, shards[::-1], shards[1:] + shards[:1])} == {"s0"}
 
 
 def test_interrupted_result_is_not_a_verdict() -> None:
