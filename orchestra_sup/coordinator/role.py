@@ -315,15 +315,10 @@ class Coordinator:
         return None
 
     async def _cancel(self, lane: str) -> f.Body:
-        assert self.node is not None
-        for plan in self.plans.values():
-            for rec in plan.tasks.values():
-                if rec.lane == lane and rec.status in LIVE and rec.shard is not None:
-                    await self.node.call(
-                        rec.shard, f.LaneCancel(lane=lane), timeout_s=START_TIMEOUT_S
-                    )
-                    return f.Ack()
-        raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+        """`ctl cancel`: the `cancel_lane` tool, so operators and policies share one path."""
+        assert self.toolkit is not None
+        await self.toolkit.call("cancel_lane", {"lane": lane})
+        return f.Ack()
 
     # --- the plan runner -------------------------------------------------------------------------
 
