@@ -22,6 +22,9 @@ tenants = []              # tenants every shard serves (default, empty: every te
 capabilities = ["python", "gpu"]
 tenants = ["acme"]
 
+[relay]
+deadline_s = 55.0         # every relayed tool call's deadline, seconds (the seed's relay bound)
+
 [lanes]
 max_worker_loss = 3       # a task whose worker process (shard) is lost this many times fails;
                           # before that, each loss pauses it and it is re-placed
@@ -94,10 +97,18 @@ class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
     transcript_retention_s: float = 7 * 24 * 3600.0
 
 
+class RelaySettings(msgspec.Struct, frozen=True, kw_only=True):
+    """`deadline_s`: seconds a relayed tool call (`coordinator.toolkit`) waits for its answer
+    before it fails as outcome-unknown (default 55 s, the relay bound of seeds/000)."""
+
+    deadline_s: float = 55.0
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     supervisor: SupervisorSettings = SupervisorSettings()
     shards: ShardSettings = ShardSettings()
     lanes: LaneSettings = LaneSettings()
+    relay: RelaySettings = RelaySettings()
 
 
 _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
@@ -111,8 +122,9 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
     ("lanes", "transcript_retention_s"): (float, 0, 10 * 365 * 86_400),
     ("lanes", "max_worker_loss"): (int, 1, 100),
+    ("relay", "deadline_s"): (float, 0.1, 3_600),
 }
-_SECTIONS = ("supervisor", "shards", "lanes")
+_SECTIONS = ("supervisor", "shards", "lanes", "relay")
 
 
 def _check(section: str, key: str, value: Any) -> Any:
@@ -168,7 +180,12 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
                 f"[shards.{name}]: there is no such shard "
                 f"(count = {shards.count}: shard-0 .. shard-{shards.count - 1})"
             )
-    return Settings(supervisor=sup, shards=shards, lanes=LaneSettings(**sections.get("lanes", {})))
+    return Settings(
+        supervisor=sup,
+        shards=shards,
+        lanes=LaneSettings(**sections.get("lanes", {})),
+        relay=RelaySettings(**sections.get("relay", {})),
+    )
 
 
 _NAME_LISTS = ("capabilities", "tenants")

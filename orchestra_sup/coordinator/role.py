@@ -79,6 +79,7 @@ class Coordinator:
             start_lane=self._start_lane,
             shards=lambda: [s.name for s in self.shards.values() if s.up],
             lane_shard=self._lane_shard,
+            deadline_s=node.args.relay_deadline_s,
         )
         self.store = Store(node.paths.state_dir / "coordinator", ["plans", "inbox"])
         self.store.start()

@@ -13,7 +13,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     `[lanes] max_worker_loss` (losses of its worker process after which a task fails);
     `lane_grace_s` is how long a stopping shard lets its lanes' commands end after SIGTERM;
     `transcript_retention_s` is `[lanes] transcript_retention_s` (seconds a shard keeps a finished
-    lane's transcript); `boot` identifies this run of the tree (affinity tickets carry it, since
+    lane's transcript); `relay_deadline_s` is `[relay] deadline_s` (the coordinator's tool-call
+    deadline, seconds); `boot` identifies this run of the tree (affinity tickets carry it, since
     generations start again at 1 in the next run).
     """
 
@@ -30,6 +31,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     lane_grace_s: float = 5.0
     transcript_retention_s: float = 7 * 24 * 3600.0
     boot: str = ""
+    relay_deadline_s: float = 55.0
 
 
 def encode(args: ChildArgs) -> str:

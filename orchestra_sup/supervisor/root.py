@@ -260,6 +260,7 @@ class RootSupervisor:
             lane_grace_s=self.settings.supervisor.shutdown_timeout_s,
             transcript_retention_s=self.settings.lanes.transcript_retention_s,
             boot=self.boot,
+            relay_deadline_s=self.settings.relay.deadline_s,
         )
 
     def _after_exit(self, worker: Worker) -> None:
