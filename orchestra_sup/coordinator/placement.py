@@ -54,7 +54,7 @@ ANYWHERE = Need()
 class AffinityTicket(msgspec.Struct, frozen=True, kw_only=True):
     """A shard's identity at one moment: its name, its generation and the boot id of the tree
     run it belongs to (generations start again at 1 when the tree starts again, so the boot id is
-    what keeps a ticket from an earlier run from matching).
+    what keeps a ticket from an earlier run from matching; docs/adr/0006).
 
     Written as `shard-1.3@<boot>`; `parse` reads that form back.
     """
