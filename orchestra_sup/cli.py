@@ -106,6 +106,14 @@ def start(
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Sockets and lock.")] = None,
     shards: ShardsOpt = None,
     lanes_per_shard: LanesOpt = None,
+    colocated: Annotated[
+        bool,
+        typer.Option(
+            "--colocated",
+            help="Run every role in this one process and event loop (the 'before' picture of "
+            "bench isolation; not for production).",
+        ),
+    ] = False,
 ) -> None:
     """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
 
@@ -126,7 +134,7 @@ def start(
 
     settings, paths = guarded(prepare)
     logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
-    code = guarded(lambda: asyncio.run(RootSupervisor(paths, settings).run()))
+    code = guarded(lambda: asyncio.run(RootSupervisor(paths, settings, colocated=colocated).run()))
     raise typer.Exit(code)
 
 
@@ -542,6 +550,27 @@ def relay(
             f"relay {tool}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "
             f"p99 {stats['p99_us']} us ({stats['ratio_p99']}x)"
         )
+
+
+@bench_app.command()
+def isolation(
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer probes, under a minute.")] = False,
+    probes: Annotated[
+        int | None, typer.Option("--probes", min=2, help="Turns timed per phase (overrides).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Coordinator turn latency idle and under lane load, separated and colocated, in one run.
+
+    Example: orchestra-sup bench isolation --quick --json
+    """
+    from orchestra_sup.bench.isolation import format_table, run_isolation_bench
+
+    result = guarded(lambda: run_isolation_bench(quick, probes))
+    if as_json:
+        print_json(result)
+    else:
+        typer.echo(format_table(result))
 
 
 @bench_app.command()

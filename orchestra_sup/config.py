@@ -29,6 +29,8 @@ deadline_s = 55.0         # every relayed tool call's deadline, seconds (the see
 max_worker_loss = 3       # a task whose worker process (shard) is lost this many times fails;
                           # before that, each loss pauses it and it is re-placed
 transcript_retention_s = 604800.0  # a finished lane's transcript (`ctl logs`) is kept this long
+nice = 10                 # niceness added to every lane's command (0..19): lanes yield the CPU to
+                          # the tree's own processes, so a busy lane cannot slow the coordinator
 ```
 """
 
@@ -91,10 +93,14 @@ class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
     """`max_worker_loss`: losses of a task's worker process after which the task fails with the
     failure class `worker_process_loss` (1: the first loss fails it; no re-placement).
     `transcript_retention_s`: seconds a finished lane's transcript stays readable (`ctl logs`)
-    before its shard prunes it (default 7 days; 0: at the shard's next prune, within a minute)."""
+    before its shard prunes it (default 7 days; 0: at the shard's next prune, within a minute).
+    `nice`: niceness added to every lane's command (0..19, default 10, as systemd's `Nice=`), so
+    the CPU goes to the supervisor, the coordinator and the custodian first when lanes are busy
+    (`bench isolation` measures what that buys)."""
 
     max_worker_loss: int = 3
     transcript_retention_s: float = 7 * 24 * 3600.0
+    nice: int = 10
 
 
 class RelaySettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,6 +128,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
     ("lanes", "transcript_retention_s"): (float, 0, 10 * 365 * 86_400),
     ("lanes", "max_worker_loss"): (int, 1, 100),
+    ("lanes", "nice"): (int, 0, 19),
     ("relay", "deadline_s"): (float, 0.1, 3_600),
 }
 _SECTIONS = ("supervisor", "shards", "lanes", "relay")

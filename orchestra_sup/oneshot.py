@@ -35,8 +35,10 @@ def private_tree(
     shards: int | None,
     lanes_per_shard: int | None,
     config: Path | None,
+    colocated: bool = False,
 ) -> Iterator[CtlClient]:
     """Start a tree and yield a ctl client to it; stop it (and wait for it) on the way out.
+    `colocated` runs every role in the supervisor's process (`start --colocated`).
 
     Raises `SupervisionError` when the tree exits or is not ready within `READY_TIMEOUT_S`
     seconds; the message points at its log.
@@ -65,6 +67,8 @@ def private_tree(
         argv += ["--lanes-per-shard", str(lanes_per_shard)]
     if config is not None:
         argv += ["--config", str(config)]
+    if colocated:
+        argv.append("--colocated")
     env = dict(os.environ, NOTIFY_SOCKET=str(notify_path))
     with open(log_path, "ab") as log:
         # If this process dies however it dies, the tree gets SIGTERM and stops itself: a private

@@ -8,23 +8,8 @@ import sys
 
 from orchestra_sup.errors import OrchestraError
 from orchestra_sup.node.args import decode
-from orchestra_sup.node.runtime import Node, Role
-
-
-def make_role(role: str) -> Role:
-    if role == "coordinator":
-        from orchestra_sup.coordinator.role import Coordinator
-
-        return Coordinator()
-    if role == "custodian":
-        from orchestra_sup.custodian.role import Custodian
-
-        return Custodian()
-    if role == "shard":
-        from orchestra_sup.shards.role import Shard
-
-        return Shard()
-    raise SystemExit(f"unknown role {role!r}")
+from orchestra_sup.node.roles import make_role
+from orchestra_sup.node.runtime import Node
 
 
 def main() -> int:
@@ -33,7 +18,12 @@ def main() -> int:
         level=logging.INFO, format=f"{args.name}[gen={args.generation}] %(levelname)s %(message)s"
     )
     try:
-        return asyncio.run(Node(args, make_role(args.role)).run())
+        role = make_role(args.role)
+    except ValueError as exc:
+        print(f"orchestra-sup {args.name}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(Node(args, role).run())
     except OrchestraError as exc:
         print(f"orchestra-sup {args.name}: {exc}", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     transcript_retention_s: float = 7 * 24 * 3600.0
     boot: str = ""
     relay_deadline_s: float = 55.0
+    lane_nice: int = 10
 
 
 def encode(args: ChildArgs) -> str:

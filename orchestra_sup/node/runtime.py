@@ -67,8 +67,19 @@ class Role(Protocol):
 class Node:
     """The child side of the tree. See the module docstring for the lifecycle."""
 
-    def __init__(self, args: ChildArgs, role: Role):
+    def __init__(
+        self,
+        args: ChildArgs,
+        role: Role,
+        *,
+        ctx: zmq.Context | None = None,
+        colocated: bool = False,
+    ):
+        """`colocated`: a component of the supervisor's own process (`supervisor/colocated.py`):
+        no death signal and no signal handlers of its own (the supervisor's are the process's),
+        `inproc://` endpoints on the shared `ctx`, which it leaves open when it stops."""
         self.args = args
+        self.colocated = colocated
         self.role = role
         self.name = args.name
         self.generation = args.generation
@@ -78,7 +89,7 @@ class Node:
             workspace=Path(args.workspace) if args.workspace else None,
         )
         self.codec = Codec()
-        self.ctx = zmq.Context()
+        self.ctx = ctx if ctx is not None else zmq.Context()
         self.control = Endpoint(
             self.ctx,
             zmq.DEALER,
@@ -105,12 +116,13 @@ class Node:
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        linux.set_parent_death_signal()
-        if os.getppid() != self.args.supervisor_pid:
-            return 1  # orphaned before the death signal was armed
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+        if not self.colocated:
+            linux.set_parent_death_signal()
+            if os.getppid() != self.args.supervisor_pid:
+                return 1  # orphaned before the death signal was armed
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stopping.set)
         await self.role.open(self)
         try:
             return await self._serve()
@@ -120,14 +132,20 @@ class Node:
                 task.cancel()
             for ep in (*self._links.values(), self.server, self.control):
                 ep.close()
-            self.ctx.term()
+            if not self.colocated:
+                self.ctx.term()
 
     async def _serve(self) -> int:
-        endpoint = self.paths.run_dir / f"{self.name}.ipc"
-        self.server.bind(f"ipc://{endpoint}")
-        os.chmod(endpoint, 0o600)
+        if self.colocated:
+            self.server.bind(f"inproc://{self.name}")
+        else:
+            endpoint = self.paths.run_dir / f"{self.name}.ipc"
+            self.server.bind(f"ipc://{endpoint}")
+            os.chmod(endpoint, 0o600)
         self.server.start()
-        self.control.connect(self.paths.endpoint("supervisor"))
+        self.control.connect(
+            "inproc://supervisor" if self.colocated else self.paths.endpoint("supervisor")
+        )
         self.control.start()
         hello = f.Hello(
             role=self.args.role,

@@ -299,6 +299,7 @@ class Shard:
                     tail_bytes=TAIL_BYTES,
                     preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
                     on_spawn=lane.spawned,
+                    nice=self.node.args.lane_nice,
                 )
             finally:
                 await self.cgroups.kill(lane.id)

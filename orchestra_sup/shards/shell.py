@@ -229,6 +229,7 @@ async def run_shell(
     kill_grace_s: float = 2.0,
     preexec: Callable[[], None] | None = None,
     on_spawn: Callable[[int], None] | None = None,
+    nice: int = 0,
 ) -> ShellOutcome:
     """Run `/bin/sh -c command` in `cwd` and report how it ended.
 
@@ -248,13 +249,16 @@ async def run_shell(
       pipes and the process group are set up, e.g. to join a cgroup
       (`shards.cgroup.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
       logging: other threads' locks may be held forever in the child). None: nothing is called.
+    - `nice`: added to the command's niceness before exec (0..19, default 0), after `preexec`,
+      so everything the command runs competes for the CPU at that lower priority.
 
     The command is the leader of its own process group, with stdin from /dev/null. When the
     leader exits, the rest of its group (background children such as `sleep 100 &`) is killed
     with SIGKILL, so nothing the command started in its group outlives the call.
 
     Raises:
-        ValueError: `timeout_s` is not positive, or `tail_bytes` / `kill_grace_s` is negative.
+        ValueError: `timeout_s` is not positive, `tail_bytes` / `kill_grace_s` is negative, or
+            `nice` is outside 0..19.
         OSError: the command could not be spawned (e.g. `cwd` does not exist).
         subprocess.SubprocessError: `preexec` raised in the child (the command did not run).
         asyncio.CancelledError: the calling task was cancelled; the group has been killed and the
@@ -267,6 +271,8 @@ async def run_shell(
         raise ValueError(f"tail_bytes must be >= 0, got {tail_bytes!r}")
     if kill_grace_s < 0:
         raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s!r}")
+    if not 0 <= nice <= 19:
+        raise ValueError(f"nice must be between 0 and 19, got {nice!r}")
     install_child_watcher()
 
     loop = asyncio.get_running_loop()
@@ -283,7 +289,7 @@ async def run_shell(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         process_group=0,
-        preexec_fn=preexec,
+        preexec_fn=_in_child(preexec, nice),
     )
     deadline_hit = False
     try:
@@ -315,3 +321,17 @@ async def run_shell(
         output_tail=tail.text(),
         output_bytes=tail.total,
     )
+
+
+def _in_child(preexec: Callable[[], None] | None, nice: int) -> Callable[[], None] | None:
+    """What runs between fork and exec: `preexec`, then the niceness increment (only `os`
+    calls: see `run_shell`)."""
+    if not nice:
+        return preexec
+
+    def run() -> None:
+        if preexec is not None:
+            preexec()
+        os.nice(nice)  # an increment: never refused
+
+    return run

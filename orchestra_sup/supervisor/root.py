@@ -43,7 +43,8 @@ from orchestra_sup.protocol.endpoint import Endpoint, routing_id
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN, compatible
 from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
 from orchestra_sup.supervisor import notify
-from orchestra_sup.supervisor.core import Flags, Strategy, Supervisor, Worker
+from orchestra_sup.supervisor.colocated import ColocatedSeam
+from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
 from orchestra_sup.supervisor.process import kill_orphans
 from orchestra_sup.supervisor.runlock import RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
@@ -70,7 +71,7 @@ class Liveness:
         self.load = 0
 
 
-def build_tree(settings: Settings, seam: ProcessSeam, on_give_up: Any) -> Supervisor:
+def build_tree(settings: Settings, seam: Seam, on_give_up: Any) -> Supervisor:
     """The tree in start order: custodian, coordinator, then the shards' sub-supervisor."""
     sup = settings.supervisor
     flags = Flags(
@@ -117,17 +118,23 @@ def build_tree(settings: Settings, seam: ProcessSeam, on_give_up: Any) -> Superv
 class RootSupervisor:
     """Runs one tree in the foreground until asked to stop; `run()` returns the exit status."""
 
-    def __init__(self, paths: Paths, settings: Settings):
+    def __init__(self, paths: Paths, settings: Settings, *, colocated: bool = False):
         self.paths = paths
         self.settings = settings
-        self.seam = ProcessSeam(self._child_args, self._after_exit, self._changed)
+        self.colocated = colocated
+        """Every role a component of this process and loop (`supervisor/colocated.py`)."""
+        self.ctx = zmq.Context()
+        self.seam: ProcessSeam | ColocatedSeam
+        if colocated:
+            self.seam = ColocatedSeam(self.ctx, self._child_args, self._after_exit, self._changed)
+        else:
+            self.seam = ProcessSeam(self._child_args, self._after_exit, self._changed)
         self.tree = build_tree(settings, self.seam, lambda: self.request_stop(EXIT_INTENSITY))
         self.workers = list(self.tree.workers())
         self.by_name = {w.name: w for w in self.workers}
         self.liveness = {w.name: Liveness() for w in self.workers}
         self.lag = LoopLag()
         self.codec = Codec()
-        self.ctx: zmq.Context | None = None
         self.control: Endpoint | None = None
         self.ctl: Endpoint | None = None
         self._stop = asyncio.Event()
@@ -150,11 +157,11 @@ class RootSupervisor:
         except BaseException:
             lock.release()
             raise
-        linux.set_child_subreaper()
+        if not self.colocated:  # components' lane commands are waited for by asyncio
+            linux.set_child_subreaper()
         if self._cgroups is not None:
             kill_tree_sync(self._cgroups)  # what a crashed tree on this run dir left running
         loop = asyncio.get_running_loop()
-        self.ctx = zmq.Context()
         self.control = Endpoint(
             self.ctx,
             zmq.ROUTER,
@@ -175,10 +182,13 @@ class RootSupervisor:
             ep.bind(self.paths.endpoint(name))
             os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
             ep.start()
+        if self.colocated:
+            self.control.bind(self.child_endpoint("supervisor"))
         self.spawn(self.lag.run())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
+        if not self.colocated:
+            loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
         try:
             try:
                 await self.tree.start()
@@ -199,8 +209,9 @@ class RootSupervisor:
             await self.tree.stop()
             if self._cgroups is not None:
                 kill_tree_sync(self._cgroups)
-            kill_orphans(self.seam.known_pids())
-            self.seam.on_sigchld()
+            if not self.colocated:
+                kill_orphans(self.seam.known_pids())
+                self.seam.on_sigchld()
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
                 loop.remove_signal_handler(sig)
@@ -208,7 +219,8 @@ class RootSupervisor:
                 task.cancel()
             self.control.close()
             self.ctl.close()
-            self.ctx.term()
+            # colocated: a component SIGKILLed (cancelled) may still hold sockets of this context
+            self.ctx.destroy(linger=0) if self.colocated else self.ctx.term()
             state_lock.release()
             lock.release()
         log.info("tree stopped (exit status %d)", self._exit_code)
@@ -261,6 +273,7 @@ class RootSupervisor:
             transcript_retention_s=self.settings.lanes.transcript_retention_s,
             boot=self.boot,
             relay_deadline_s=self.settings.relay.deadline_s,
+            lane_nice=self.settings.lanes.nice,
         )
 
     def _after_exit(self, worker: Worker) -> None:
@@ -273,7 +286,7 @@ class RootSupervisor:
         if worker.spec.role == "shard" and self._cgroups is not None:
             subtree = self._cgroups / f"{worker.name}.{worker.generation}"
             self.spawn(asyncio.to_thread(kill_tree_sync, subtree))
-        if worker.state is not ChildState.STOPPING:
+        if worker.state is not ChildState.STOPPING and not self.colocated:
             kill_orphans(self.seam.known_pids())
 
     def _changed(self, worker: Worker) -> None:
@@ -330,6 +343,11 @@ class RootSupervisor:
             return
         ep.reply(env, peer, f.Welcome(generation=worker.generation))
 
+    def child_endpoint(self, name: str) -> str:
+        """Where child `name` (or, for "supervisor", the control socket) is reached by the
+        children: `ipc://` in the run directory, or `inproc://` when colocated."""
+        return f"inproc://{name}" if self.colocated else self.paths.endpoint(name)
+
     def roster(self) -> f.Roster:
         return f.Roster(
             peers=[
@@ -338,7 +356,7 @@ class RootSupervisor:
                     role=w.spec.role,
                     generation=w.generation,
                     up=w.state in UP,
-                    endpoint=self.paths.endpoint(w.name),
+                    endpoint=self.child_endpoint(w.name),
                     capacity=w.spec.capacity,
                     capabilities=list(w.spec.capabilities),
                     tenants=list(w.spec.tenants),
@@ -369,7 +387,7 @@ class RootSupervisor:
             operator_restarts=worker.operator_restarts,
             uptime_s=round(worker.uptime(), 3),
             last_exit=worker.last_exit,
-            endpoint=self.paths.endpoint(worker.name),
+            endpoint=self.child_endpoint(worker.name),
             capacity=worker.spec.capacity,
             loop_lag_ms=self.liveness[worker.name].lag_ms,
             capabilities=list(worker.spec.capabilities),

@@ -175,3 +175,19 @@ def test_lane_bound_is_respected(tree_factory: Callable[..., Tree], repo: Path) 
     spec = plan("bound", *(task(f"t{i}", body) for i in range(4)))
     report = tree.wait_plan(tree.submit(spec), timeout_s=30)
     assert report.ok, report
+
+
+@pytest.mark.parametrize(("config", "added"), [("", 10), ("[lanes]\nnice = 3\n", 3)])
+def test_lane_commands_run_at_the_configured_niceness(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path, config: str, added: int
+) -> None:
+    """Lanes yield the CPU to the tree's own processes: `[lanes] nice` (default 10) is added to
+    every lane command's niceness, and not to the shard's own."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text(config)
+    tree = tree_factory(workspace=repo, config=cfg)
+    report = tree.wait_plan(tree.submit(plan("nice", task("stat", "cat /proc/self/stat"))))
+    assert report.ok
+    lane_nice = int(report.tasks[0].output_tail.rsplit(")", 1)[1].split()[16])
+    shard = psutil.Process(tree.pids()[report.tasks[0].shard or ""])
+    assert lane_nice == min(19, shard.nice() + added)

@@ -267,3 +267,28 @@ def test_no_children_left_after_many_runs(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert [p for p in psutil.Process().children() if p.pid not in before] == []
+
+
+def _niceness_of(output: str) -> int:
+    """Field 19 of /proc/<pid>/stat (after the parenthesised command name) is the niceness."""
+    return int(output.rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.parametrize("nice", [0, 7, 19])
+def test_nice_lowers_the_commands_priority(tmp_path: Path, nice: int) -> None:
+    """The command (and what it runs) gets the niceness added, after `preexec` ran."""
+    marker = tmp_path / "preexec-ran"
+    out = _run(
+        "cat /proc/self/stat",
+        tmp_path,
+        nice=nice,
+        preexec=lambda: os.close(os.open(marker, os.O_CREAT | os.O_WRONLY)),
+    )
+    assert _niceness_of(out.output_tail) == min(19, os.nice(0) + nice)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("nice", [-1, 20])
+def test_nice_out_of_range_is_refused(tmp_path: Path, nice: int) -> None:
+    with pytest.raises(ValueError, match="nice must be between 0 and 19"):
+        _run("true", tmp_path, nice=nice)

@@ -1,0 +1,93 @@
+"""`start --colocated`: every role a component of one process and loop, the same code paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestra_sup.client import CtlClient
+from orchestra_sup.oneshot import private_tree, wait_plan
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import assert_no_leftovers, make_repo
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_colocated_tree_runs_plans_restarts_components_and_stops_clean(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "ws")
+    with private_tree(
+        workspace=repo,
+        state_dir=tmp_path / "state",
+        shards=2,
+        lanes_per_shard=4,
+        config=None,
+        colocated=True,
+    ) as client:
+        status = client.request(f.CtlStatus(), timeout_s=10)
+        assert isinstance(status, f.StatusReply)
+        assert {c.pid for c in status.children} == {status.supervisor_pid}
+        assert psutil.Process(status.supervisor_pid).children() == []  # no child processes
+        spec = f.PlanSpec(
+            name="colo",
+            tasks=[
+                f.TaskSpec(id="a", run="echo made > a.txt", commit=True),
+                f.TaskSpec(id="b", run="cat a.txt", needs=["a"]),
+                *(f.TaskSpec(id=f"p{i}", run="true") for i in range(6)),
+            ],
+        )
+        accepted = client.request(f.CtlSubmit(plan=spec), timeout_s=10)
+        assert isinstance(accepted, f.PlanAccepted)
+        report = wait_plan(client, accepted.id, timeout_s=60)
+        assert report.ok and "made" in report.tasks[1].output_tail
+        assert {t.shard for t in report.tasks} == {"shard-0", "shard-1"}
+
+        assert client.request(f.CtlRestart(name="shard-1"), timeout_s=30) == f.Ack()
+        _wait_generation(client, "shard-1", 2)
+        again = client.request(f.CtlSubmit(plan=spec), timeout_s=10)
+        assert isinstance(again, f.PlanAccepted)
+        assert wait_plan(client, again.id, timeout_s=60).ok
+    assert_no_leftovers()
+
+
+def _wait_generation(client: CtlClient, name: str, generation: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status = client.request(f.CtlStatus(), timeout_s=10)
+        assert isinstance(status, f.StatusReply)
+        child = next(c for c in status.children if c.name == name)
+        if child.generation == generation and child.state == "running":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{name} did not reach generation {generation}")
+
+
+def test_bench_isolation_emits_well_formed_json() -> None:
+    """Both modes with a handful of probes: every documented figure is present and positive."""
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestra_sup", "bench", "isolation", "--probes", "5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    for mode in ("separated", "colocated"):
+        figures = result[mode]
+        for key in (
+            "idle_turn_p50_ms",
+            "idle_turn_p99_ms",
+            "loaded_turn_p50_ms",
+            "loaded_turn_p99_ms",
+            "ratio",
+            "host_loop_p99_ms",
+        ):
+            assert isinstance(figures[key], float | int) and figures[key] >= 0, (mode, key)
+    assert result["method"]["probes_per_phase"] == 5
