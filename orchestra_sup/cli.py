@@ -573,6 +573,41 @@ def isolation(
         typer.echo(format_table(result))
 
 
+@bench_app.command(name="all")
+def all_benches(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Short settings: about two minutes.")
+    ] = False,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Where the JSON files, summary.md and plots go.")
+    ] = Path("bench-results"),
+    only: Annotated[
+        str | None, typer.Option("--only", help="Comma-separated benchmark names to run.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every benchmark in one run: a JSON file each, summary.md, and plots with matplotlib.
+
+    Exits 1 when a benchmark failed (the others still ran and wrote their files).
+    Example: orchestra-sup bench all --quick --out /tmp/bench
+    """
+    from orchestra_sup.bench.suite import BENCHES, run_suite
+
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    for name in names or []:
+        if name not in BENCHES:
+            raise fail(
+                f"--only: unknown benchmark {name!r} (known: {', '.join(BENCHES)})", EXIT_USAGE
+            )
+    report = guarded(lambda: run_suite(quick, out_dir, names))
+    if as_json:
+        print_json(report)
+    else:
+        typer.echo(Path(report["summary"]).read_text())
+    failed = [n for n, b in report["benches"].items() if b["error"] is not None]
+    raise typer.Exit(EXIT_FAILED if failed else 0)
+
+
 @bench_app.command()
 def chaos(
     duration: Annotated[

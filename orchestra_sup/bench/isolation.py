@@ -23,6 +23,7 @@ Figures: `idle_turn_p50_ms`, `idle_turn_p99_ms`, `loaded_turn_p50_ms`, `loaded_t
 `ratio` (loaded p99 / idle p99: how much the load slowed the coordinator down), `host_loop_p99_ms`
 (the worst shard loop-lag p99 under load), `coordinator_loop_p99_ms` (the coordinator's, under
 load). Target (issue 6): separated ratio <= 1.2 while colocated degrades by an order of magnitude.
+`samples_ms` keeps every timed turn (idle and loaded) for plots (`bench all`).
 """
 
 from __future__ import annotations
@@ -135,6 +136,10 @@ def measure(colocated: bool, probes: int, work: Path) -> dict[str, Any]:
         "idle_host_loop_p99_ms": max(idle_lags[n] for n in shard_names),
         "coordinator_loop_p99_ms": loaded_lags.get("coordinator", 0.0),
         "loop_p99_ms": {"idle": idle_lags, "loaded": loaded_lags},
+        "samples_ms": {
+            "idle": [round(x, 4) for x in idle],
+            "loaded": [round(x, 4) for x in loaded],
+        },
     }
 
 

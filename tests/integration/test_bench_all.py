@@ -1,0 +1,48 @@
+"""`bench all`: runs the chosen benchmarks, writes a JSON file each and summary.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.bench.suite import plot_cdf
+
+pytestmark = pytest.mark.integration
+
+
+def osup(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestra_sup", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_bench_all_writes_json_and_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    done = osup("bench", "all", "--quick", "--only", "persist", "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["benches"]["persist"]["error"] is None
+    persist = json.loads((out / "persist.json").read_text())
+    assert persist["ratio"] > 0 and persist["elapsed_s"] >= 0
+    summary = (out / "summary.md").read_text()
+    assert "## persist" in summary and "| write-behind vs one synced commit per event |" in summary
+
+
+def test_bench_all_refuses_an_unknown_name_in_one_line(tmp_path: Path) -> None:
+    done = osup("bench", "all", "--only", "persist,nope", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "orchestra-sup: --only: unknown benchmark 'nope' (known: relay, isolation, persist, chaos)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_latency_plot_is_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "p.png"
+    plot_cdf(path, "t", "ms", {"a": [1.0, 2.0, 3.0], "b": [0.5, 5.0]})
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
