@@ -67,6 +67,10 @@ class Coordinator:
         self.stopping = False
         self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
+        self.lanes: dict[str, tuple[str, str]] = {}
+        self._starting: dict[str, asyncio.Future[None]] = {}
+        """Lanes whose `LaneStart` is in flight; resolved when their shard answers (or not)."""
+        """Lane id -> (plan id, task id) of every lane placed since start (pruned on lookup)."""
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._enc = msgspec.msgpack.Encoder()
         self._plan_dec = msgspec.msgpack.Decoder(PlanRecord)
@@ -90,6 +94,9 @@ class Coordinator:
                 log.error("plan %r: unreadable record skipped: %s", key, exc)
                 continue
             self.plans[plan.id] = plan
+            for task_id, rec in plan.tasks.items():
+                if rec.lane is not None and rec.status in LIVE:
+                    self.lanes[rec.lane] = (plan.id, task_id)
         for key, value in self.store.items("inbox"):
             self.inbox_ids.add(key.decode())
             try:
@@ -308,12 +315,22 @@ class Coordinator:
                 samples.append((time.perf_counter_ns() - t0) / 1000)
         return f.BenchSamples(samples_us=samples)
 
-    def _lane_shard(self, lane: str) -> str | None:
-        for plan in self.plans.values():
-            for rec in plan.tasks.values():
-                if rec.lane == lane and rec.status in LIVE:
-                    return rec.shard
-        return None
+    async def _lane_shard(self, lane: str) -> str | None:
+        """The shard running live lane `lane` once that shard has taken it (a lane whose
+        `LaneStart` is still in flight is waited for, so a tool never reaches a shard before the
+        lane does), or None. O(1): lane tools are the relay's hot path, and a tree may hold
+        thousands of plans (one per `start_lane`)."""
+        starting = self._starting.get(lane)
+        if starting is not None:
+            await asyncio.shield(starting)
+        where = self.lanes.get(lane)
+        if where is None:
+            return None
+        rec = self.plans[where[0]].tasks[where[1]]
+        if rec.lane != lane or rec.status not in LIVE:
+            del self.lanes[lane]  # that lane has ended: forget it
+            return None
+        return rec.shard
 
     async def _cancel(self, lane: str) -> f.Body:
         """`ctl cancel`: the `cancel_lane` tool, so operators and policies share one path."""
@@ -422,10 +439,22 @@ class Coordinator:
             AffinityTicket(shard=shard.name, generation=shard.generation, boot=self.node.args.boot),
         )
         shard.load += 1
+        self.lanes[start.lane] = (plan.id, spec.id)
+        self._starting[start.lane] = asyncio.get_running_loop().create_future()
         self._persist(plan)
         self.node.spawn(self._start(plan, spec.id, start, shard.name))
 
     async def _start(self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str) -> None:
+        try:
+            await self._send_start(plan, task_id, start, shard)
+        finally:
+            started = self._starting.pop(start.lane, None)
+            if started is not None and not started.done():
+                started.set_result(None)
+
+    async def _send_start(
+        self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str
+    ) -> None:
         assert self.node is not None
         rec = plan.tasks[task_id]
         start_gen = rec.shard_gen

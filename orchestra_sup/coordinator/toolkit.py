@@ -39,8 +39,8 @@ class Toolkit:
     """Relayed tools for the coordinator.
 
     `start_lane(params)` is the coordinator's own placement of a one-task plan; `shards()` lists
-    the shard names that are up; `lane_shard(lane)` says which shard runs a lane (None when no
-    live lane has that id).
+    the shard names that are up; `lane_shard(lane)` says which shard runs a lane, once its shard
+    has taken it (None when no live lane has that id).
     """
 
     def __init__(
@@ -48,7 +48,7 @@ class Toolkit:
         node: Node,
         start_lane: Callable[[dict[str, str]], Awaitable[Any]],
         shards: Callable[[], list[str]],
-        lane_shard: Callable[[str], str | None],
+        lane_shard: Callable[[str], Awaitable[str | None]],
         deadline_s: float = DEADLINE_S,
     ):
         self.node = node
@@ -96,10 +96,25 @@ class Toolkit:
         )
         return [lane for r in replies if isinstance(r, f.LaneList) for lane in r.lanes]
 
-    async def _lane_status(self, lane: str) -> Any:
-        shard = self.lane_shard(lane)
+    async def _shard_of(self, lane: str) -> str:
+        """The shard running `lane`, waiting (within the deadline) while its start is in flight.
+
+        Raises `RemoteError(not_found)` when no live lane has that id, `RemoteError(timeout)` when
+        it is still starting at the deadline (nothing was sent to it)."""
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                shard = await self.lane_shard(lane)
+        except TimeoutError:
+            raise RemoteError(
+                ErrorCode.TIMEOUT,
+                f"lane {lane!r} was still starting after {self.deadline_s:g} s; nothing was sent",
+            ) from None
         if shard is None:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+        return shard
+
+    async def _lane_status(self, lane: str) -> Any:
+        shard = await self._shard_of(lane)
         reply = await self.node.call(shard, f.ListLanes(), timeout_s=self.deadline_s)
         assert isinstance(reply, f.LaneList)
         for info in reply.lanes:
@@ -108,9 +123,7 @@ class Toolkit:
         raise RemoteError(ErrorCode.NOT_FOUND, f"lane {lane!r} is no longer on {shard}")
 
     async def _cancel(self, lane: str) -> Any:
-        shard = self.lane_shard(lane)
-        if shard is None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+        shard = await self._shard_of(lane)
         try:
             await self.node.call(shard, f.LaneCancel(lane=lane), timeout_s=self.deadline_s)
         except CallTimeout as exc:
@@ -124,9 +137,7 @@ class Toolkit:
     async def _message(self, lane: str, text: str, key: str | None) -> Any:
         """Deliver `text` once: the idempotency key (`key`, or a new one, returned) makes a
         re-send after a timeout harmless; the relay itself never re-sends a message."""
-        shard = self.lane_shard(lane)
-        if shard is None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no live lane {lane!r}")
+        shard = await self._shard_of(lane)
         key = key or uuid.uuid4().hex
         try:
             ack = await self.node.call(

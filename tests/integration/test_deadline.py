@@ -26,6 +26,8 @@ def test_a_lane_tool_past_the_configured_deadline_says_the_outcome_is_unknown(
     started = tree.ctl(f.CtlCall(tool="start_lane", params={"run": "sleep 300"}), timeout_s=30)
     assert isinstance(started, f.ToolResult) and started.value["shard"] == "shard-0"
     lane = started.value["lane"]
+    running = tree.ctl(f.CtlCall(tool="lane_status", params={"lane": lane}), timeout_s=30)
+    assert isinstance(running, f.ToolResult) and running.value["state"] in ("starting", "running")
     assert tree.ctl(f.CtlDebug(name="shard-0", action="block_loop", seconds=20)) == f.Ack()
     t0 = time.monotonic()
     with pytest.raises(RemoteError) as info:
