@@ -31,6 +31,8 @@ max_worker_loss = 3       # a task whose worker process (shard) is lost this man
 transcript_retention_s = 604800.0  # a finished lane's transcript (`ctl logs`) is kept this long
 nice = 10                 # niceness added to every lane's command (0..19): lanes yield the CPU to
                           # the tree's own processes, so a busy lane cannot slow the coordinator
+programs = []             # lane programs ("module:Class") plans may name besides "shell"; each
+                          # runs as Python inside its shard, so list only code you trust
 ```
 """
 
@@ -46,6 +48,7 @@ import msgspec
 
 from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.shards.program import PROGRAM_PATTERN
 
 IPC_PATH_MAX = 100
 """Longest socket path we use: AF_UNIX paths are limited to 107 bytes, and the run directory is the
@@ -96,11 +99,14 @@ class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
     before its shard prunes it (default 7 days; 0: at the shard's next prune, within a minute).
     `nice`: niceness added to every lane's command (0..19, default 10, as systemd's `Nice=`), so
     the CPU goes to the supervisor, the coordinator and the custodian first when lanes are busy
-    (`bench isolation` measures what that buys)."""
+    (`bench isolation` measures what that buys). `programs`: the lane programs (`module:Class`,
+    `shards.program`) a task may name besides `shell`; they run as Python inside the shard,
+    outside any sandbox, so the default allows none."""
 
     max_worker_loss: int = 3
     transcript_retention_s: float = 7 * 24 * 3600.0
     nice: int = 10
+    programs: tuple[str, ...] = ()
 
 
 class RelaySettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,6 +178,10 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             raise ConfigError(f"[{section}] must be a table, got {body!r}")
         if section == "shards":
             sections[section] = _shards_section(body)
+        elif section == "lanes" and "programs" in body:
+            rest = {k: v for k, v in body.items() if k != "programs"}
+            sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
+            sections[section]["programs"] = _programs(body["programs"])
         else:
             sections[section] = {k: _check(section, k, v) for k, v in body.items()}
     sup = SupervisorSettings(**sections.get("supervisor", {}))
@@ -222,6 +232,16 @@ def _shards_section(body: dict[str, Any]) -> dict[str, Any]:
     if profiles:
         out["profiles"] = profiles
     return out
+
+
+def _programs(value: Any) -> tuple[str, ...]:
+    """`[lanes] programs`: an array of `module:Class` names; raises `ConfigError`."""
+    if not isinstance(value, list):
+        raise ConfigError(f"[lanes] programs = {_toml_value(value)}: expected an array of names")
+    for name in value:
+        if not isinstance(name, str) or not PROGRAM_PATTERN.fullmatch(name) or name == "shell":
+            raise ConfigError(f"[lanes] programs: {_toml_value(name)} is not a 'module:Class' name")
+    return tuple(dict.fromkeys(value))
 
 
 def _names(where: str, value: Any) -> tuple[str, ...]:

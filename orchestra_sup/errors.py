@@ -30,6 +30,7 @@ class ErrorCode(enum.StrEnum):
     PATH_ESCAPE = "path_escape"
     GIT = "git"
     CONFLICT = "conflict"
+    BUSY = "busy"
     INTERNAL = "internal"
 
 

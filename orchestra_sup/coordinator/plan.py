@@ -7,11 +7,12 @@ A plan looks like this::
 
     [[task]]
     id = "lint"                   # required, unique, matches [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
-    run = "ruff check ."          # required, non-empty shell command
+    run = "ruff check ."          # the shell command (required for shell); a program's argument
     needs = ["other-id"]          # optional: ids of tasks that must succeed first
     timeout_s = 60                # optional: positive wall seconds (int or float)
     commit = false                # optional: commit the task's sandbox changes
     requires = ["gpu"]            # optional: capabilities its shard must offer
+    program = "shell"             # optional: what the lane runs (shards/program.py)
 
 Every problem is reported as one `PlanError` whose message names the task (by id, or by position
 as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
@@ -34,6 +35,7 @@ import msgspec
 from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.errors import PlanError
 from orchestra_sup.protocol.frames import PlanSpec, TaskSpec
+from orchestra_sup.shards.program import PROGRAM_PATTERN, SHELL
 
 __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", "validate_plan"]
 
@@ -41,7 +43,7 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a task id must match, in full."""
 
 _TOP_KEYS = frozenset({"name", "task", "tenant"})
-_TASK_KEYS = frozenset({"id", "run", "needs", "timeout_s", "commit", "requires"})
+_TASK_KEYS = frozenset({"id", "run", "needs", "timeout_s", "commit", "requires", "program"})
 
 _TOML_TYPES: dict[type, str] = {
     str: "string",
@@ -196,12 +198,16 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         if key not in _TASK_KEYS:
             raise refuse(f"unknown key {key!r} (allowed: {', '.join(sorted(_TASK_KEYS))})")
 
-    if "run" not in raw:
+    program = raw.get("program", SHELL)
+    if not isinstance(program, str) or not PROGRAM_PATTERN.fullmatch(program):
+        raise refuse(f"key 'program' must be 'shell' or 'module:Class', got {_describe(program)}")
+
+    if "run" not in raw and program == SHELL:
         raise refuse("missing required key 'run'")
-    run = raw["run"]
+    run = raw.get("run", "")
     if not isinstance(run, str):
         raise refuse(f"key 'run' must be a string, got {_describe(run)}")
-    if not run.strip():
+    if not run.strip() and program == SHELL:
         raise refuse("key 'run' must not be empty")
 
     needs_raw = raw.get("needs", [])
@@ -244,7 +250,13 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
     requires = list(dict.fromkeys(requires_raw))
 
     return TaskSpec(
-        id=task_id, run=run, needs=needs, timeout_s=timeout_s, commit=commit, requires=requires
+        id=task_id,
+        run=run,
+        needs=needs,
+        timeout_s=timeout_s,
+        commit=commit,
+        requires=requires,
+        program=program,
     )
 
 

@@ -45,6 +45,7 @@ from orchestra_sup.errors import (
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.shards.program import SHELL
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -229,8 +230,12 @@ class Coordinator:
             spec = validate_plan(spec)
         except PlanError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
+        assert self.node is not None
+        allowed = {SHELL, *self.node.args.lane_programs}
         for task in spec.tasks:
             why = unplaceable(list(self.shards.values()), _need(spec, task))
+            if why is None and task.program not in allowed:
+                why = f"program {task.program!r} is not in [lanes] programs"
             if why is not None:
                 raise RemoteError(ErrorCode.BAD_REQUEST, f"task {task.id}: {why}")
         plan = PlanRecord.new(uuid.uuid4().hex[:12], spec, time.time(), key)
@@ -262,15 +267,16 @@ class Coordinator:
 
     async def _start_lane(self, params: dict[str, str]) -> Any:
         """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
-        [key=]`: a one-task plan, placed like any. The key makes a re-sent start harmless (the
-        same plan and lane are answered); a `ticket` from an earlier answer sends the lane back
-        to that shard while its generation lives (`placement.AffinityTicket`).
+        [program=] [key=]`: a one-task plan, placed like any. The key makes a re-sent start
+        harmless (the same plan and lane are answered); a `ticket` from an earlier answer sends
+        the lane back to that shard while its generation lives (`placement.AffinityTicket`).
 
         Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
         ticket are null while the lane waits for a shard. Raises `RemoteError(bad_request)` for
         a bad parameter or a need no shard could meet."""
-        run = params.get("run")
-        if not run:
+        run = params.get("run", "")
+        program = params.get("program") or SHELL
+        if not run and program == SHELL:
             raise RemoteError(ErrorCode.BAD_REQUEST, "missing parameter 'run'")
         try:
             timeout = float(params["timeout_s"]) if "timeout_s" in params else None
@@ -282,7 +288,13 @@ class Coordinator:
             except ValueError as exc:
                 raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
         requires = [c for c in params.get("requires", "").split(",") if c]
-        task = f.TaskSpec(id="lane", run=run, timeout_s=timeout, requires=requires)
+        task = f.TaskSpec(
+            id="lane",
+            run=run,
+            timeout_s=timeout,
+            requires=requires,
+            program=program,
+        )
         spec = f.PlanSpec(
             name=params.get("name", "start_lane"), tasks=[task], tenant=params.get("tenant")
         )

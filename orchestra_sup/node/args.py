@@ -33,6 +33,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     boot: str = ""
     relay_deadline_s: float = 55.0
     lane_nice: int = 10
+    lane_programs: list[str] = []
 
 
 def encode(args: ChildArgs) -> str:

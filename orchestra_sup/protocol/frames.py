@@ -38,6 +38,9 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float | None = None
     commit: bool = False
     requires: list[str] = []
+    program: str = "shell"
+    """What the lane runs (`shards.program`): `shell` runs `run`; `module:Class` is a lane
+    program listed in `[lanes] programs`, and `run` is its argument string."""
 
 
 class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,14 @@ from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
+from orchestra_sup.shards.program import (
+    MAILBOX_SIZE,
+    SHELL,
+    LaneContext,
+    Outcome,
+    ProgramError,
+    load_program,
+)
 from orchestra_sup.shards.shell import ShellOutcome, run_shell
 from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
 from orchestra_sup.shards.transcript import Transcript
@@ -72,6 +80,10 @@ class Lane:
         self.message_keys: set[str] = set()
         self.inbox_lock = asyncio.Lock()
         self.tail = bytearray()
+        self.mailbox: asyncio.Queue[str] | None = (
+            None if start.task.program == SHELL else asyncio.Queue(MAILBOX_SIZE)
+        )
+        """A program's `recv` reads it; a shell command reads its inbox file instead."""
 
     def spawned(self, pgid: int) -> None:
         """The lane's command runs as process group `pgid` (for a graceful SIGTERM on stop)."""
@@ -246,9 +258,23 @@ class Shard:
         if msg.key in lane.message_keys:
             ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=True))
             return
+        if lane.mailbox is not None and lane.mailbox.full():
+            ep.reply(
+                env,
+                peer,
+                f.Error(
+                    code=ErrorCode.BUSY,
+                    message=f"lane {lane.id}'s mailbox is full ({MAILBOX_SIZE} unread messages)",
+                ),
+            )
+            return
         lane.message_keys.add(msg.key)
         if self.transcript is not None:
             self.transcript.event(lane.id, f"message ({msg.key}): {msg.text}")
+        if lane.mailbox is not None:
+            lane.mailbox.put_nowait(msg.text)
+            ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=False))
+            return
         inbox = self._inbox(lane.id)
 
         async def deliver() -> f.Body:
@@ -274,36 +300,29 @@ class Shard:
         )
 
     async def _run(self, lane: Lane) -> None:
-        assert self.node is not None and self.cgroups is not None
+        assert self.node is not None
         started = time.monotonic()
         spec = lane.start.task
-        outcome: ShellOutcome | None = None
+        verdict: Outcome | None = None
         status, error, commit = "failed", None, None
         try:
+            program = load_program(spec.program, frozenset(self.node.args.lane_programs))
             ready = await self._custodian(f.SandboxCreate(lane=lane.id))
             assert isinstance(ready, f.SandboxReady)
             lane.sandbox = ready.path
             lane.state = "running"
             if self.transcript is not None:
-                self.transcript.event(lane.id, f"started in {ready.path}: {spec.run}")
-            # The command joins the lane's cgroup before exec; whatever is left in it when the
-            # command ends (setsid'ed or double-forked daemons) is killed.
-            cgroup = self.cgroups.create(lane.id)
-            try:
-                outcome = await run_shell(
-                    spec.run,
-                    cwd=Path(ready.path),
-                    env=self._lane_env(lane),
-                    timeout_s=spec.timeout_s,
-                    on_output=self._on_output(lane),
-                    tail_bytes=TAIL_BYTES,
-                    preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
-                    on_spawn=lane.spawned,
-                    nice=self.node.args.lane_nice,
-                )
-            finally:
-                await self.cgroups.kill(lane.id)
-            status, error = _judge(outcome, spec.timeout_s)
+                what = spec.run if spec.program == SHELL else f"{spec.program} {spec.run}"
+                self.transcript.event(lane.id, f"started in {ready.path}: {what}")
+            context = LaneContext(
+                lane.start,
+                Path(ready.path),
+                exec_fn=lambda command, timeout_s: self._exec(lane, command, timeout_s),
+                emit_fn=self._emitter(lane),
+                mailbox=lane.mailbox or asyncio.Queue(),
+            )
+            verdict = await program.run(context)
+            status, error = verdict.status, verdict.error
             if lane.interrupted:  # told to stop: even an exit 0 is not a finished step
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
             if status == "succeeded" and spec.commit:
@@ -323,19 +342,22 @@ class Shard:
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
             else:
                 status, error = "cancelled", "cancelled by request"
-        except OrchestraError as exc:
+        except (OrchestraError, ProgramError) as exc:
             status, error = "failed", str(exc)
         except OSError as exc:  # the command could not be spawned (its sandbox is gone, ...)
             status, error = "failed", f"cannot run the command: {exc}"
+        except Exception as exc:  # a lane program's bug fails its lane, never the shard
+            log.exception("lane %s: program %s raised", lane.id, spec.program)
+            status, error = "failed", f"program {spec.program} raised {exc!r}"
         result = f.LaneResult(
             lane=lane.id,
             plan=lane.start.plan,
             task=spec.id,
             shard=self.node.name,
             status=status,
-            exit_code=outcome.exit_code if outcome else None,
+            exit_code=verdict.exit_code if verdict else None,
             duration_s=round(time.monotonic() - started, 3),
-            output_tail=outcome.output_tail if outcome else lane.tail.decode(errors="replace"),
+            output_tail=lane.tail.decode(errors="replace"),
             sandbox=lane.sandbox,
             commit=commit,
             error=error,
@@ -347,6 +369,36 @@ class Shard:
             await self._deliver(result)
         finally:
             self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
+
+    async def _exec(self, lane: Lane, command: str, timeout_s: float | None) -> ShellOutcome:
+        """One command of `lane` (`LaneContext.exec`). It joins the lane's cgroup before exec;
+        whatever is left in it when the command ends (setsid'ed or double-forked daemons) is
+        killed."""
+        assert self.node is not None and self.cgroups is not None and lane.sandbox is not None
+        cgroup = self.cgroups.create(lane.id)
+        try:
+            return await run_shell(
+                command,
+                cwd=Path(lane.sandbox),
+                env=self._lane_env(lane),
+                timeout_s=timeout_s,
+                on_output=self._on_output(lane),
+                tail_bytes=TAIL_BYTES,
+                preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
+                on_spawn=lane.spawned,
+                nice=self.node.args.lane_nice,
+            )
+        finally:
+            await self.cgroups.kill(lane.id)
+
+    def _emitter(self, lane: Lane) -> Callable[[str], None]:
+        """`LaneContext.emit`: a line of the lane's own output, as if it printed it."""
+        on_output = self._on_output(lane)
+
+        def emit(text: str) -> None:
+            on_output("stdout", text.encode() + b"\n")
+
+        return emit
 
     def _on_output(self, lane: Lane) -> Callable[[str, bytes], None]:
         """What `run_shell` calls with each chunk: the lane's tail, and one transcript row."""
@@ -447,14 +499,3 @@ def _append_line(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
         fh.write(text.replace("\n", " ") + "\n")
-
-
-def _judge(outcome: ShellOutcome, timeout_s: float | None) -> tuple[str, str | None]:
-    """A command's status and error line from how it ended."""
-    if outcome.timed_out:
-        return "failed", f"timed out after {timeout_s:g} s; its process group was killed"
-    if outcome.exit_code == 0:
-        return "succeeded", None
-    if outcome.signal is not None:
-        return "failed", f"killed by signal {outcome.signal}"
-    return "failed", f"exited with status {outcome.exit_code}"

@@ -274,6 +274,7 @@ class RootSupervisor:
             boot=self.boot,
             relay_deadline_s=self.settings.relay.deadline_s,
             lane_nice=self.settings.lanes.nice,
+            lane_programs=list(self.settings.lanes.programs),
         )
 
     def _after_exit(self, worker: Worker) -> None:

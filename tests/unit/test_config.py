@@ -493,3 +493,15 @@ def test_per_shard_table_from_a_toml_file(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[shards]\ncount = 2\n[shards.shard-1]\ncapabilities = ["gpu"]\n')
     assert load_settings(path).shards.offers("shard-1") == (("gpu",), ())
+
+
+def test_lane_programs_are_listed_by_name() -> None:
+    s = settings_from_mapping({"lanes": {"programs": ["a.b:C", "a.b:C", "x:Y"], "nice": 5}})
+    assert s.lanes.programs == ("a.b:C", "x:Y") and s.lanes.nice == 5
+    assert Settings().lanes.programs == ()
+
+
+@pytest.mark.parametrize("bad", ["a.b:C", ["shell"], ["os.system"], [3]])
+def test_bad_lane_programs_are_refused(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"\[lanes\] programs"):
+        settings_from_mapping({"lanes": {"programs": bad}})

@@ -392,3 +392,21 @@ def test_placement_keys_survive_validation_of_a_submitted_plan() -> None:
     spec = PlanSpec(name="p", tenant="acme", tasks=[TaskSpec(id="a", run="x", requires=["gpu"])])
     assert validate_plan(spec) == spec
     assert validate_plan(PlanSpec(name="p", tasks=[TaskSpec(id="a", run="x")])).tenant is None
+
+
+def test_program_key_and_run_optional_for_a_program() -> None:
+    spec = parse_plan(_plan('id = "a"\nprogram = "pkg.mod:Lane"'))
+    assert spec.tasks[0].program == "pkg.mod:Lane" and spec.tasks[0].run == ""
+    assert parse_plan(_plan('id = "a"\nrun = "x"')).tasks[0].program == "shell"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('id = "a"\nprogram = "shell"', "missing required key 'run'"),
+        ('id = "a"\nprogram = "os.system"', "key 'program' must be 'shell' or 'module:Class'"),
+        ('id = "a"\nrun = "x"\nprogram = 3', "key 'program' must be 'shell' or 'module:Class'"),
+    ],
+)
+def test_bad_program_key(body: str, expected: str) -> None:
+    assert expected in str(_refused(_plan(body)))

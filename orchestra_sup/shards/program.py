@@ -1,0 +1,143 @@
+"""Lane programs: what a lane runs once its sandbox exists.
+
+A program is a class with one coroutine method, `run(lane: LaneContext) -> Outcome`, constructed
+with no arguments for each lane. The task's `program` names it: `shell` (the default, `Shell`:
+run the task's `run` command), or `module:Class` for any other, which must also be listed in
+`[lanes] programs` (a program is Python code running inside the shard, outside any sandbox, so
+only what the tree's owner allowed may run; the coordinator refuses a plan naming another).
+
+What a program gets (`LaneContext`):
+
+- `lane`, `plan`, `task` (the `TaskSpec`: `run` is the program's argument string), `attempt`,
+  `sandbox` (the lane's directory, a git checkout of the workspace);
+- `await exec(command, timeout_s=None) -> ShellOutcome`: run a shell command in the sandbox as the
+  lane's own process group, in its cgroup, at its niceness, with its scrubbed environment; its
+  output goes to the lane's transcript and tail as it comes (`shards.shell.run_shell`);
+- `emit(text)`: one line of the lane's own output (transcript row and tail);
+- `await recv(timeout_s=None) -> str | None`: the next `message_lane` text, in order (None when
+  `timeout_s` passes first). A lane waiting here is parked: no process, a suspended coroutine.
+
+Cancelling the lane cancels `run` (an `exec` in flight has its group killed first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.shell import ShellOutcome
+
+SHELL = "shell"
+PROGRAM_PATTERN = re.compile(r"shell|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""What a task's `program` must match: `shell`, or `module:Class`."""
+MAILBOX_SIZE = 1000
+"""Messages a lane's mailbox holds before `message_lane` is refused (`busy`)."""
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a program ended: `status` "succeeded" or "failed", the exit code of the command that
+    decided it (None when no command did), and a one-line `error` when it failed."""
+
+    status: str
+    exit_code: int | None = None
+    error: str | None = None
+
+
+class LaneContext:
+    """What a lane program sees of its lane; see the module docstring."""
+
+    def __init__(
+        self,
+        start: f.LaneStart,
+        sandbox: Path,
+        exec_fn: Callable[[str, float | None], Awaitable[ShellOutcome]],
+        emit_fn: Callable[[str], None],
+        mailbox: asyncio.Queue[str],
+    ):
+        self.lane = start.lane
+        self.plan = start.plan
+        self.task = start.task
+        self.attempt = start.attempt
+        self.sandbox = sandbox
+        self._exec = exec_fn
+        self._emit = emit_fn
+        self._mailbox = mailbox
+
+    async def exec(self, command: str, timeout_s: float | None = None) -> ShellOutcome:
+        """Run `command` with `/bin/sh -c` in the sandbox. Raises `ValueError` for a timeout
+        that is not positive, `OSError` when it cannot be spawned."""
+        return await self._exec(command, timeout_s)
+
+    def emit(self, text: str) -> None:
+        """Record `text` as one line of the lane's output."""
+        self._emit(text)
+
+    async def recv(self, timeout_s: float | None = None) -> str | None:
+        """The next message sent to this lane, or None after `timeout_s` seconds."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._mailbox.get()
+        except TimeoutError:
+            return None
+
+
+class LaneProgram(Protocol):
+    async def run(self, lane: LaneContext) -> Outcome:
+        """Do the lane's work and say how it ended."""
+
+
+class Shell:
+    """The default program: the task's `run` as one shell command, judged by how it ends."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        outcome = await lane.exec(lane.task.run, lane.task.timeout_s)
+        return judge(outcome, lane.task.timeout_s)
+
+
+def judge(outcome: ShellOutcome, timeout_s: float | None) -> Outcome:
+    """A command's verdict from how it ended."""
+    if outcome.timed_out:
+        return Outcome(
+            status="failed",
+            error=f"timed out after {timeout_s:g} s; its process group was killed",
+        )
+    if outcome.exit_code == 0:
+        return Outcome(status="succeeded", exit_code=0)
+    if outcome.signal is not None:
+        return Outcome(status="failed", error=f"killed by signal {outcome.signal}")
+    return Outcome(
+        status="failed",
+        exit_code=outcome.exit_code,
+        error=f"exited with status {outcome.exit_code}",
+    )
+
+
+class ProgramError(Exception):
+    """A program that may not or cannot be loaded; the message names it and why."""
+
+
+def load_program(name: str, allowed: frozenset[str]) -> LaneProgram:
+    """A fresh instance of program `name`. Raises `ProgramError` when it does not match
+    `PROGRAM_PATTERN`, is not `shell` and not in `allowed`, cannot be imported, or is not a
+    class with a `run` method."""
+    if name == SHELL:
+        return Shell()
+    if not PROGRAM_PATTERN.fullmatch(name):
+        raise ProgramError(f"program {name!r} is not 'shell' or 'module:Class'")
+    if name not in allowed:
+        raise ProgramError(f"program {name!r} is not in [lanes] programs")
+    module_name, _, class_name = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ProgramError(f"program {name!r} cannot be loaded: {exc}") from exc
+    if not isinstance(cls, type) or not callable(getattr(cls, "run", None)):
+        raise ProgramError(f"program {name!r} is not a class with a run method")
+    return cls()
