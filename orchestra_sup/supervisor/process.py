@@ -23,26 +23,54 @@ log = logging.getLogger(__name__)
 
 class ChildProcess:
     """One started child: its pid, create time (seconds since the epoch, as psutil reports) and
-    an open pidfd. Always reaped: `reap()` collects the exit status exactly once."""
+    an open pidfd. Always reaped: `reap()` collects the exit status exactly once.
 
-    def __init__(self, popen: subprocess.Popen[bytes]):
+    Two ways in: `spawn` execs a command (a `Popen` underneath), `adopt` takes a process the fork
+    template made (`supervisor.template`), which must already be, or be about to become, a child
+    of this process.
+    """
+
+    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None = None):
         self.popen = popen
-        self.pid = popen.pid
-        self.pidfd: int | None = os.pidfd_open(popen.pid)
+        self.pid = pid
+        self.pidfd: int | None = os.pidfd_open(pid)
         try:
-            self.create_time = psutil.Process(popen.pid).create_time()
+            self.create_time = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             self.create_time = 0.0
         self.exit: ExitInfo | None = None
 
     @classmethod
-    def spawn(cls, argv: list[str], env: dict[str, str] | None = None) -> ChildProcess:
-        """Start `argv` as the leader of its own process group, stdin from /dev/null and
-        stdout/stderr inherited (the supervisor's log). Raises `OSError` when exec fails."""
+    def spawn(
+        cls, argv: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> ChildProcess:
+        """Start `argv` as the leader of its own process group, stdin from /dev/null,
+        stdout/stderr inherited (the supervisor's log), no fd but `pass_fds` beyond those.
+        Raises `OSError` when exec fails."""
         popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, process_group=0, close_fds=True, env=env
+            argv,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            close_fds=True,
+            pass_fds=pass_fds,
+            env=env,
         )
-        return cls(popen)
+        return cls(popen.pid, popen)
+
+    @classmethod
+    def adopt(cls, pid: int) -> ChildProcess:
+        """Hold process `pid` through a new pidfd. Raises `ProcessLookupError` when it is gone.
+
+        The caller guarantees `pid` cannot have been recycled: the template's intermediate holds
+        the process unreaped until `adopt` has returned (see `supervisor.template`)."""
+        return cls(pid)
+
+    def abandon(self) -> None:
+        """Stop holding the process without reaping it: close the pidfd (a watch must not be
+        armed). Its exit, once it is our child, is reaped by `reap_orphans` like any orphan's."""
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
     def watch(self, loop_add_reader: Callable[..., None], callback: Callable[[], None]) -> None:
         """Call `callback` on the loop when the process exits."""
@@ -72,12 +100,13 @@ class ChildProcess:
         if info is None and self.exit is None:
             return None
         if info is not None:
-            if info.si_code == os.CLD_EXITED:
+            exited = info.si_code == os.CLD_EXITED
+            if exited:
                 self.exit = ExitInfo(status=info.si_status, signal=None)
-                self.popen.returncode = info.si_status
             else:
                 self.exit = ExitInfo(status=None, signal=info.si_status)
-                self.popen.returncode = -info.si_status
+            if self.popen is not None:  # so the Popen never waits for (or warns about) it
+                self.popen.returncode = info.si_status if exited else -info.si_status
         loop_remove_reader(self.pidfd)
         os.close(self.pidfd)
         self.pidfd = None
