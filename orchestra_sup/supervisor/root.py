@@ -48,6 +48,7 @@ from orchestra_sup.supervisor.process import kill_orphans
 from orchestra_sup.supervisor.runlock import RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.spec import ChildSpec, ChildState
+from orchestra_sup.supervisor.template import template_for
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -120,7 +121,9 @@ class RootSupervisor:
     def __init__(self, paths: Paths, settings: Settings):
         self.paths = paths
         self.settings = settings
-        self.seam = ProcessSeam(self._child_args, self._after_exit, self._changed)
+        self.seam = ProcessSeam(
+            self._child_args, self._after_exit, self._changed, template_for(settings.supervisor)
+        )
         self.tree = build_tree(settings, self.seam, lambda: self.request_stop(EXIT_INTENSITY))
         self.workers = list(self.tree.workers())
         self.by_name = {w.name: w for w in self.workers}
@@ -180,6 +183,7 @@ class RootSupervisor:
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
         try:
+            await self.seam.open()
             try:
                 await self.tree.start()
             except ChildStartError as exc:
@@ -197,6 +201,7 @@ class RootSupervisor:
             notify.send("STOPPING=1")
             await self._announce_stop()
             await self.tree.stop()
+            await self.seam.close()
             if self._cgroups is not None:
                 kill_tree_sync(self._cgroups)
             kill_orphans(self.seam.known_pids())
