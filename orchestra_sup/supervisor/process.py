@@ -121,12 +121,10 @@ def kill_orphans(known: set[int]) -> int:
     Each is identified by (pid, create time) when listed and checked again just before the
     signal, so a pid recycled in between is never hit.
     """
-    me = psutil.Process()
     victims: list[psutil.Process] = []
-    for proc in me.children(recursive=False):
-        if proc.pid in known:
-            continue
+    for pid in child_pids() - known:
         try:
+            proc = psutil.Process(pid)
             victims.extend([proc, *proc.children(recursive=True)])
         except psutil.NoSuchProcess:
             continue
@@ -141,6 +139,27 @@ def kill_orphans(known: set[int]) -> int:
     if count:
         log.info("killed %d orphaned process(es) of the tree", count)
     return count
+
+
+def child_pids() -> set[int]:
+    """The pids of this process's children (exited and unreaped ones included).
+
+    Read from the kernel's per-thread lists (`/proc/self/task/TID/children`): a few small reads,
+    where psutil reads the status of every process on the machine (milliseconds, and this runs
+    on every child's exit, on the restart path). Falls back to psutil where the kernel lacks
+    those files (CONFIG_PROC_CHILDREN)."""
+    pids: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/children") as fh:
+                    pids.update(int(pid) for pid in fh.read().split())
+            except FileNotFoundError:
+                if os.path.exists(f"/proc/self/task/{tid}"):
+                    raise  # the thread is there, the file is not: no such kernel support
+    except FileNotFoundError:
+        return {proc.pid for proc in psutil.Process().children(recursive=False)}
+    return pids
 
 
 def reap_orphans(known: set[int], on_child: Callable[[int], None]) -> None:
