@@ -142,12 +142,17 @@ class ProcessSeam:
         return proc.signal(sig) if proc is not None else False
 
     def on_sigchld(self) -> None:
-        """Reap orphans reparented to us; hand exited known children to their pidfd path (a
-        child being adopted from the template is left alone: its pidfd path comes next)."""
+        """Reap orphans reparented to us; hand exited known children (and the template) to
+        their pidfd path. A child being adopted from the template is left alone: its pidfd path
+        comes next."""
         by_pid = {proc.pid: name for name, proc in self.procs.items()}
-        reap_orphans(self.known_pids(), lambda pid: self._reap_pid(by_pid.get(pid)))
+        reap_orphans(self.known_pids(), lambda pid: self._reap_pid(pid, by_pid.get(pid)))
 
-    def _reap_pid(self, name: str | None) -> None:
+    def _reap_pid(self, pid: int, name: str | None) -> None:
+        template = self.template
+        if template is not None and template.proc is not None and pid == template.proc.pid:
+            template.reap()
+            return
         proc = self.procs.get(name) if name is not None else None
         worker = self._workers.get(name) if name is not None else None
         if proc is not None and worker is not None:

@@ -112,7 +112,7 @@ class ForkTemplate:
         self._started_at = time.monotonic()
         self._exited = loop.create_future()
         loop.add_reader(reply_r, self._on_readable)
-        proc.watch(loop.add_reader, self._on_exit)
+        proc.watch(loop.add_reader, self.reap)
         ready: asyncio.Future[Reply] = loop.create_future()
         self._pending.append(ready)
         try:
@@ -136,9 +136,9 @@ class ForkTemplate:
         self.ready = False
         if self._restart is not None:
             self._restart.cancel()
-        if self.proc is None or self._exited is None:
+        proc, exited = self.proc, self._exited
+        if proc is None or exited is None:
             return
-        exited = self._exited
         if self._cmd_w is not None:
             os.close(self._cmd_w)
             self._cmd_w = None
@@ -146,11 +146,11 @@ class ForkTemplate:
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await asyncio.shield(exited)
         except TimeoutError:
-            self.proc.signal(signal.SIGKILL)
+            proc.signal(signal.SIGKILL)
             await exited
 
     def give_up(self, reason: str) -> None:
-        """Kill the template (it is wedged, unclean or confused); its exit, handled like any,
+        """Kill the template (it is wedged, unclean or confused); its exit (`reap`)
         restarts it after the backoff. Spawns fall back to a fresh interpreter meanwhile."""
         if self.proc is None:
             return
@@ -160,9 +160,12 @@ class ForkTemplate:
         self._broken = True  # what it still says is ignored: replies may no longer line up
         self.proc.signal(signal.SIGKILL)
 
-    def _on_exit(self) -> None:
+    def reap(self) -> None:
+        """If the template has exited: reap it, fail what was asked of it, and restart it after
+        the backoff (unless closed). Called when its pidfd turns readable, and on SIGCHLD."""
         proc = self.proc
-        assert proc is not None
+        if proc is None:
+            return
         loop = asyncio.get_running_loop()
         exit_info = proc.reap(loop.remove_reader)
         if exit_info is None:
@@ -272,7 +275,7 @@ class ForkTemplate:
             chunk = os.read(self._reply_r, 65536)
         except BlockingIOError:
             return
-        if not chunk:  # it closed its end: its exit follows, handled by `_on_exit`
+        if not chunk:  # it closed its end: its exit follows, handled by `reap`
             asyncio.get_running_loop().remove_reader(self._reply_r)
             return
         self._buf += chunk
