@@ -654,6 +654,41 @@ def persist(
         typer.echo(format_table(report))
 
 
+@bench_app.command("restart")
+def restart_bench(
+    kills: Annotated[
+        int,
+        typer.Option("--kills", min=1, help="SIGKILLs of shard-0 per spawn mode (20+ for p90)."),
+    ] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Restart after SIGKILL of a shard, forked from the template and exec'd, next to the cost
+    of a fresh interpreter, in one run.
+
+    Example: orchestra-sup bench restart --kills 30 --json
+    """
+    from orchestra_sup.bench.restart import run_restart_bench
+
+    result = guarded(lambda: run_restart_bench(kills))
+    if as_json:
+        print_json(result)
+        return
+    base = result["baseline"]
+    out.print(
+        f"fresh interpreter to READY: p50 {base['interpreter_p50_ms']} ms, "
+        f"p90 {base['interpreter_p90_ms']} ms ({base['n']} starts)"
+    )
+    for key, label in (("restart", "fork template"), ("restart_exec", "fresh interpreter")):
+        stats = result[key]
+        out.print(
+            f"restart, {label}: p50 {stats['p50_ms']} ms, p90 {stats['p90_ms']} ms "
+            f"({stats['n']} kills; spawned {stats['spawned']})"
+        )
+    target = result["target"]
+    met = "met" if target["met"] else "not met"
+    out.print(f"ratio p50 {result['ratio_p50']}; target p50 <= {target['p50_ms']} ms: {met}")
+
+
 @app.command()
 def version() -> None:
     """Print the version."""

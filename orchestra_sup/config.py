@@ -11,6 +11,8 @@ shutdown_timeout_s = 5.0  # SIGTERM -> SIGKILL grace for each child, seconds
 watchdog_s = 10.0         # a child silent (no heartbeat) this long is killed and restarted
 backoff_initial_s = 0.1   # delay before a repeated restart, doubling ...
 backoff_max_s = 5.0       # ... up to this cap
+spawn = "fork"            # children fork from a pre-imported template, or "exec" a fresh
+                          # interpreter each (docs/adr/0005-fork-template.md)
 
 [shards]
 count = 2                 # worker-host shards
@@ -42,7 +44,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -62,6 +64,7 @@ class SupervisorSettings(msgspec.Struct, frozen=True, kw_only=True):
     watchdog_s: float = 10.0
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
+    spawn: Literal["fork", "exec"] = "fork"
 
 
 class ShardProfile(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,13 +140,21 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("lanes", "nice"): (int, 0, 19),
     ("relay", "deadline_s"): (float, 0.1, 3_600),
 }
+_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {("supervisor", "spawn"): ("fork", "exec")}
 _SECTIONS = ("supervisor", "shards", "lanes", "relay")
 
 
 def _check(section: str, key: str, value: Any) -> Any:
+    choices = _CHOICES.get((section, key))
+    if choices is not None:
+        if value not in choices:
+            allowed = ", ".join(_toml_value(c) for c in choices)
+            shown = _toml_value(value)
+            raise ConfigError(f"[{section}] {key} = {shown}: expected one of {allowed}")
+        return value
     spec = _LIMITS.get((section, key))
     if spec is None:
-        known = ", ".join(k for s, k in _LIMITS if s == section)
+        known = ", ".join(k for s, k in [*_LIMITS, *_CHOICES] if s == section)
         raise ConfigError(f"[{section}] unknown key {key!r} (known: {known})")
     kind, low, high = spec
     ok_type = isinstance(value, int | float) if kind is float else isinstance(value, int)

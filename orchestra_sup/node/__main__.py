@@ -1,4 +1,8 @@
-"""Entry point of a child process: `python -m orchestra_sup.node '<ChildArgs JSON>'`."""
+"""Entry point of a child process: `python -m orchestra_sup.node '<ChildArgs JSON>'`.
+
+A child forked from the fork template (`node.template`) enters at `run` instead, with the same
+arguments, already decoded.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,21 @@ import logging
 import sys
 
 from orchestra_sup.errors import OrchestraError
-from orchestra_sup.node.args import decode
+from orchestra_sup.node.args import ChildArgs, decode
 from orchestra_sup.node.roles import make_role
 from orchestra_sup.node.runtime import Node
 
 
-def main() -> int:
-    args = decode(sys.argv[1])
+def run(args: ChildArgs) -> int:
+    """Run the child `args` describes until it stops; returns its exit status (0 after SIGTERM,
+    1 when it was orphaned or rejected, 2 on an `OrchestraError`, printed on stderr).
+
+    Logging is configured afresh (`force`): a forked child must not keep handlers it inherited.
+    """
     logging.basicConfig(
-        level=logging.INFO, format=f"{args.name}[gen={args.generation}] %(levelname)s %(message)s"
+        level=logging.INFO,
+        format=f"{args.name}[gen={args.generation}] %(levelname)s %(message)s",
+        force=True,
     )
     try:
         role = make_role(args.role)
@@ -27,6 +37,10 @@ def main() -> int:
     except OrchestraError as exc:
         print(f"orchestra-sup {args.name}: {exc}", file=sys.stderr)
         return 2
+
+
+def main() -> int:
+    return run(decode(sys.argv[1]))
 
 
 if __name__ == "__main__":

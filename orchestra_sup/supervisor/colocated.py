@@ -73,6 +73,13 @@ class ColocatedSeam:
     def known_pids(self) -> set[int]:
         return set()
 
+    async def open(self) -> None:
+        """Nothing to prepare: no process is ever started (`seam.ProcessSeam.open` starts its
+        fork template)."""
+
+    async def close(self) -> None:
+        """Nothing to stop."""
+
     def on_sigchld(self) -> None:
         """Nothing to do: components are not processes, and the lanes' commands are the
         children of this process that asyncio's child watcher waits for."""

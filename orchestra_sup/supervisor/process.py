@@ -23,26 +23,54 @@ log = logging.getLogger(__name__)
 
 class ChildProcess:
     """One started child: its pid, create time (seconds since the epoch, as psutil reports) and
-    an open pidfd. Always reaped: `reap()` collects the exit status exactly once."""
+    an open pidfd. Always reaped: `reap()` collects the exit status exactly once.
 
-    def __init__(self, popen: subprocess.Popen[bytes]):
+    Two ways in: `spawn` execs a command (a `Popen` underneath), `adopt` takes a process the fork
+    template made (`supervisor.template`), which must already be, or be about to become, a child
+    of this process.
+    """
+
+    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None = None):
         self.popen = popen
-        self.pid = popen.pid
-        self.pidfd: int | None = os.pidfd_open(popen.pid)
+        self.pid = pid
+        self.pidfd: int | None = os.pidfd_open(pid)
         try:
-            self.create_time = psutil.Process(popen.pid).create_time()
+            self.create_time = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             self.create_time = 0.0
         self.exit: ExitInfo | None = None
 
     @classmethod
-    def spawn(cls, argv: list[str], env: dict[str, str] | None = None) -> ChildProcess:
-        """Start `argv` as the leader of its own process group, stdin from /dev/null and
-        stdout/stderr inherited (the supervisor's log). Raises `OSError` when exec fails."""
+    def spawn(
+        cls, argv: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> ChildProcess:
+        """Start `argv` as the leader of its own process group, stdin from /dev/null,
+        stdout/stderr inherited (the supervisor's log), no fd but `pass_fds` beyond those.
+        Raises `OSError` when exec fails."""
         popen = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, process_group=0, close_fds=True, env=env
+            argv,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            close_fds=True,
+            pass_fds=pass_fds,
+            env=env,
         )
-        return cls(popen)
+        return cls(popen.pid, popen)
+
+    @classmethod
+    def adopt(cls, pid: int) -> ChildProcess:
+        """Hold process `pid` through a new pidfd. Raises `ProcessLookupError` when it is gone.
+
+        The caller guarantees `pid` cannot have been recycled: the template's intermediate holds
+        the process unreaped until `adopt` has returned (see `supervisor.template`)."""
+        return cls(pid)
+
+    def abandon(self) -> None:
+        """Stop holding the process without reaping it: close the pidfd (a watch must not be
+        armed). Its exit, once it is our child, is reaped by `reap_orphans` like any orphan's."""
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
     def watch(self, loop_add_reader: Callable[..., None], callback: Callable[[], None]) -> None:
         """Call `callback` on the loop when the process exits."""
@@ -72,12 +100,13 @@ class ChildProcess:
         if info is None and self.exit is None:
             return None
         if info is not None:
-            if info.si_code == os.CLD_EXITED:
+            exited = info.si_code == os.CLD_EXITED
+            if exited:
                 self.exit = ExitInfo(status=info.si_status, signal=None)
-                self.popen.returncode = info.si_status
             else:
                 self.exit = ExitInfo(status=None, signal=info.si_status)
-                self.popen.returncode = -info.si_status
+            if self.popen is not None:  # so the Popen never waits for (or warns about) it
+                self.popen.returncode = info.si_status if exited else -info.si_status
         loop_remove_reader(self.pidfd)
         os.close(self.pidfd)
         self.pidfd = None
@@ -92,12 +121,10 @@ def kill_orphans(known: set[int]) -> int:
     Each is identified by (pid, create time) when listed and checked again just before the
     signal, so a pid recycled in between is never hit.
     """
-    me = psutil.Process()
     victims: list[psutil.Process] = []
-    for proc in me.children(recursive=False):
-        if proc.pid in known:
-            continue
+    for pid in child_pids() - known:
         try:
+            proc = psutil.Process(pid)
             victims.extend([proc, *proc.children(recursive=True)])
         except psutil.NoSuchProcess:
             continue
@@ -112,6 +139,27 @@ def kill_orphans(known: set[int]) -> int:
     if count:
         log.info("killed %d orphaned process(es) of the tree", count)
     return count
+
+
+def child_pids() -> set[int]:
+    """The pids of this process's children (exited and unreaped ones included).
+
+    Read from the kernel's per-thread lists (`/proc/self/task/TID/children`): a few small reads,
+    where psutil reads the status of every process on the machine (milliseconds, and this runs
+    on every child's exit, on the restart path). Falls back to psutil where the kernel lacks
+    those files (CONFIG_PROC_CHILDREN)."""
+    pids: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/children") as fh:
+                    pids.update(int(pid) for pid in fh.read().split())
+            except FileNotFoundError:
+                if os.path.exists(f"/proc/self/task/{tid}"):
+                    raise  # the thread is there, the file is not: no such kernel support
+    except FileNotFoundError:
+        return {proc.pid for proc in psutil.Process().children(recursive=False)}
+    return pids
 
 
 def reap_orphans(known: set[int], on_child: Callable[[int], None]) -> None:

@@ -49,6 +49,7 @@ from orchestra_sup.supervisor.process import kill_orphans
 from orchestra_sup.supervisor.runlock import RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.spec import ChildSpec, ChildState
+from orchestra_sup.supervisor.template import template_for
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -128,7 +129,12 @@ class RootSupervisor:
         if colocated:
             self.seam = ColocatedSeam(self.ctx, self._child_args, self._after_exit, self._changed)
         else:
-            self.seam = ProcessSeam(self._child_args, self._after_exit, self._changed)
+            self.seam = ProcessSeam(
+                self._child_args,
+                self._after_exit,
+                self._changed,
+                template_for(settings.supervisor),
+            )
         self.tree = build_tree(settings, self.seam, lambda: self.request_stop(EXIT_INTENSITY))
         self.workers = list(self.tree.workers())
         self.by_name = {w.name: w for w in self.workers}
@@ -190,6 +196,7 @@ class RootSupervisor:
         if not self.colocated:
             loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
         try:
+            await self.seam.open()
             try:
                 await self.tree.start()
             except ChildStartError as exc:
@@ -207,6 +214,7 @@ class RootSupervisor:
             notify.send("STOPPING=1")
             await self._announce_stop()
             await self.tree.stop()
+            await self.seam.close()
             if self._cgroups is not None:
                 kill_tree_sync(self._cgroups)
             if not self.colocated:

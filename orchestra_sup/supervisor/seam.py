@@ -1,10 +1,12 @@
 """The real `core.Seam`: child processes, their handshakes and their exits.
 
-`spawn` starts `python -m orchestra_sup.node '<ChildArgs>'` as its own process group from the
-loop thread (so the child's parent-death signal stays armed for the supervisor's life), watches
-its pidfd on the loop, and returns once the child's `Hello` has been welcomed (`welcome`), under a
-deadline. When the pidfd turns readable the process is reaped, what it left behind is killed
-(`after_exit`), and the worker is told (`Worker.on_exit`).
+`spawn` forks the child from the fork template (`supervisor.template`, when `[supervisor] spawn`
+is `fork` and the template is ready), or else starts `python -m orchestra_sup.node '<ChildArgs>'`
+as its own process group from the loop thread (so the child's parent-death signal stays armed for
+the supervisor's life). Either way it watches the child's pidfd on the loop and returns once the
+child's `Hello` has been welcomed (`welcome`), under a deadline. When the pidfd turns readable the
+process is reaped, what it left behind is killed (`after_exit`), and the worker is told
+(`Worker.on_exit`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from orchestra_sup.node.args import ChildArgs, encode
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.process import ChildProcess, reap_orphans
+from orchestra_sup.supervisor.template import ForkTemplate
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -32,7 +35,8 @@ class ProcessSeam:
 
     `make_args(worker)` builds the child's `ChildArgs`; `after_exit(worker)` runs after a
     worker's process was reaped, before the worker is told (kill its leftovers);
-    `changed(worker)` is called on every state change.
+    `changed(worker)` is called on every state change; `template` is the fork template children
+    are forked from (None: every child is a fresh interpreter). `open` starts it, `close` stops it.
     """
 
     def __init__(
@@ -40,10 +44,12 @@ class ProcessSeam:
         make_args: Callable[[Worker], ChildArgs],
         after_exit: Callable[[Worker], None],
         changed: Callable[[Worker], None],
+        template: ForkTemplate | None = None,
     ):
         self._make_args = make_args
         self._after_exit = after_exit
         self._changed = changed
+        self.template = template
         self.procs: dict[str, ChildProcess] = {}
         self._workers: dict[str, Worker] = {}
         self._welcomed: dict[str, asyncio.Future[None]] = {}
@@ -57,23 +63,34 @@ class ProcessSeam:
     def changed(self, worker: Worker) -> None:
         self._changed(worker)
 
+    async def open(self) -> None:
+        """Start the fork template, if there is one (bounded; a template that does not come up
+        only means children start as fresh interpreters until it does)."""
+        if self.template is not None:
+            await self.template.start()
+
+    async def close(self) -> None:
+        """Stop the fork template, if there is one, and reap it."""
+        if self.template is not None:
+            await self.template.close()
+
     def known_pids(self) -> set[int]:
-        return {proc.pid for proc in self.procs.values()}
+        """Every live process this seam started and holds: children, template, adoptees."""
+        pids = {proc.pid for proc in self.procs.values()}
+        if self.template is not None:
+            pids |= self.template.known_pids()
+        return pids
 
     async def spawn(self, worker: Worker) -> None:
         loop = asyncio.get_running_loop()
-        argv = [sys.executable, "-m", "orchestra_sup.node", encode(self._make_args(worker))]
-        try:
-            proc = ChildProcess.spawn(argv)
-        except OSError as exc:
-            raise ChildStartError(worker.name, f"cannot exec {argv[0]}: {exc}") from exc
         welcomed: asyncio.Future[None] = loop.create_future()
-        self.procs[worker.name] = proc
-        self._workers[worker.name] = worker
         self._welcomed[worker.name] = welcomed
-        worker.pid = proc.pid
-        proc.watch(loop.add_reader, lambda: self._reap(worker, proc))
+        # Shielded: stopping the tree may cancel a start while the template forks; the child it
+        # forks must still end up held and watched, so stopping its worker waits on a real exit.
+        started = loop.create_task(self._start(worker))
+        started.add_done_callback(_retrieve)  # its error is re-raised here, if still awaited
         try:
+            proc = await asyncio.shield(started)
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
                 await asyncio.shield(welcomed)
         except TimeoutError:
@@ -83,6 +100,31 @@ class ProcessSeam:
             ) from None
         finally:
             self._welcomed.pop(worker.name, None)
+
+    async def _start(self, worker: Worker) -> ChildProcess:
+        """Fork or exec `worker`'s process, then hold and watch it, in the same step as the
+        fork returns (so no orphan reaping runs in between); returns it. Raises
+        `ChildStartError` when exec fails."""
+        args = self._make_args(worker)
+        proc = await self.template.fork(args) if self.template is not None else None
+        if proc is None:
+            argv = [sys.executable, "-m", "orchestra_sup.node", encode(args)]
+            try:
+                proc = ChildProcess.spawn(argv)
+            except OSError as exc:
+                raise ChildStartError(worker.name, f"cannot exec {argv[0]}: {exc}") from exc
+        log.info(
+            "child %s gen=%d pid=%d %s",
+            worker.name,
+            worker.generation,
+            proc.pid,
+            "exec'd" if proc.popen is not None else "forked from the template",
+        )
+        self.procs[worker.name] = proc
+        self._workers[worker.name] = worker
+        worker.pid = proc.pid
+        proc.watch(asyncio.get_running_loop().add_reader, lambda: self._reap(worker, proc))
+        return proc
 
     def welcome(self, name: str, generation: int, pid: int, worker: Worker | None) -> str | None:
         """Accept a `Hello` from the process spawned for `worker`; returns why not, or None."""
@@ -100,13 +142,19 @@ class ProcessSeam:
         return proc.signal(sig) if proc is not None else False
 
     def on_sigchld(self) -> None:
-        """Reap orphans reparented to us; hand exited known children to their pidfd path."""
+        """Reap orphans reparented to us; hand exited known children (and the template) to
+        their pidfd path. A child being adopted from the template is left alone: its pidfd path
+        comes next."""
         by_pid = {proc.pid: name for name, proc in self.procs.items()}
-        reap_orphans(by_pid.keys(), lambda pid: self._reap_pid(by_pid[pid]))
+        reap_orphans(self.known_pids(), lambda pid: self._reap_pid(pid, by_pid.get(pid)))
 
-    def _reap_pid(self, name: str) -> None:
-        proc = self.procs.get(name)
-        worker = self._workers.get(name)
+    def _reap_pid(self, pid: int, name: str | None) -> None:
+        template = self.template
+        if template is not None and template.proc is not None and pid == template.proc.pid:
+            template.reap()
+            return
+        proc = self.procs.get(name) if name is not None else None
+        worker = self._workers.get(name) if name is not None else None
         if proc is not None and worker is not None:
             self._reap(worker, proc)
 
@@ -128,6 +176,11 @@ class ProcessSeam:
             welcomed.exception()  # retrieved: spawn() re-raises it
         self._after_exit(worker)
         worker.on_exit(exit_info)
+
+
+def _retrieve(task: asyncio.Task[ChildProcess]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def describe(exit_info: ExitInfo) -> str:
