@@ -39,6 +39,12 @@ def _isolation(quick: bool) -> dict[str, Any]:
     return run_isolation_bench(quick)
 
 
+def _restart(quick: bool) -> dict[str, Any]:
+    from orchestra_sup.bench.restart import run_restart_bench
+
+    return run_restart_bench(20)
+
+
 def _persist(quick: bool) -> dict[str, Any]:
     from orchestra_sup.bench.persist import run_persist
 
@@ -56,6 +62,7 @@ def _chaos(quick: bool) -> dict[str, Any]:
 BENCHES: dict[str, Runner] = {
     "relay": _relay,
     "isolation": _isolation,
+    "restart": _restart,
     "persist": _persist,
     "chaos": _chaos,
 }
@@ -88,6 +95,19 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                 )
             )
         return rows
+    if name == "restart":
+        fork, exe, base = r["restart"], r["restart_exec"], r["baseline"]
+        return [
+            (
+                "shard SIGKILL to its replacement's handshake, p50 / p90",
+                f"{fork['p50_ms']} / {fork['p90_ms']} ms forked from the template; "
+                f"{exe['p50_ms']} / {exe['p90_ms']} ms exec'ing an interpreter",
+            ),
+            (
+                "bare interpreter with the same imports, p50",
+                f"{base['interpreter_p50_ms']} ms (restart is {r['ratio_p50']}x of it)",
+            ),
+        ]
     if name == "persist":
         wb = r["write_behind"]
         return [

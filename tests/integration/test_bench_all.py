@@ -36,7 +36,8 @@ def test_bench_all_refuses_an_unknown_name_in_one_line(tmp_path: Path) -> None:
     done = osup("bench", "all", "--only", "persist,nope", "--out", str(tmp_path))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "orchestra-sup: --only: unknown benchmark 'nope' (known: relay, isolation, persist, chaos)"
+        "orchestra-sup: --only: unknown benchmark 'nope' "
+        "(known: relay, isolation, restart, persist, chaos)"
     ]
     assert list(tmp_path.iterdir()) == []
 
