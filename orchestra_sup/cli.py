@@ -573,6 +573,35 @@ def isolation(
         typer.echo(format_table(result))
 
 
+@bench_app.command()
+def scale(
+    counts: Annotated[
+        str, typer.Option("--counts", help="Comma-separated numbers of parked lanes, rising.")
+    ] = "10,100,1000",
+    iterations: Annotated[
+        int, typer.Option("--iterations", min=10, help="Timed message_lane calls per count.")
+    ] = 2000,
+    as_json: JsonOpt = False,
+) -> None:
+    """Relay latency and shard memory per lane as parked lanes pile up (8 shards), in one run.
+
+    Example: orchestra-sup bench scale --counts 10,100,1000 --json
+    """
+    from orchestra_sup.bench.scale import format_table, run_scale_bench
+
+    try:
+        steps = tuple(int(c) for c in counts.split(","))
+    except ValueError:
+        raise fail(f"--counts {counts!r}: expected comma-separated integers", EXIT_USAGE) from None
+    if not steps or any(c < 1 for c in steps) or list(steps) != sorted(set(steps)):
+        raise fail(f"--counts {counts!r}: expected rising positive integers", EXIT_USAGE)
+    result = guarded(lambda: run_scale_bench(steps, iterations, max(10, iterations // 10)))
+    if as_json:
+        print_json(result)
+    else:
+        typer.echo(format_table(result))
+
+
 @bench_app.command(name="all")
 def all_benches(
     quick: Annotated[

@@ -45,6 +45,13 @@ def _restart(quick: bool) -> dict[str, Any]:
     return run_restart_bench(20)
 
 
+def _scale(quick: bool) -> dict[str, Any]:
+    from orchestra_sup.bench.scale import run_scale_bench
+
+    iterations = 500 if quick else 2000
+    return run_scale_bench(iterations=iterations, warmup=iterations // 10)
+
+
 def _persist(quick: bool) -> dict[str, Any]:
     from orchestra_sup.bench.persist import run_persist
 
@@ -63,10 +70,13 @@ BENCHES: dict[str, Runner] = {
     "relay": _relay,
     "isolation": _isolation,
     "restart": _restart,
+    "scale": _scale,
     "persist": _persist,
     "chaos": _chaos,
 }
 """In the order they run: the latency benchmarks first, on a machine nothing else has warmed."""
+UNITS = {"isolation": "ms", "scale": "us"}
+"""The unit of each benchmark's plotted samples."""
 
 
 def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
@@ -108,6 +118,16 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{base['interpreter_p50_ms']} ms (restart is {r['ratio_p50']}x of it)",
             ),
         ]
+    if name == "scale":
+        return [
+            (
+                f"{step['lanes']} parked lanes: message_lane p50 / p99",
+                f"{step['relay']['p50_us']} / {step['relay']['p99_us']} us "
+                f"({step['relay']['ratio_p50']}x the first); "
+                f"{step['shard_bytes_per_lane'] / 1024:.1f} KiB of shard memory per added lane",
+            )
+            for step in r["steps"].values()
+        ]
     if name == "persist":
         wb = r["write_behind"]
         return [
@@ -125,6 +145,8 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _distributions(name: str, r: dict[str, Any]) -> dict[str, list[float]]:
     """Named latency samples of benchmark `name` to plot (empty when it keeps none)."""
+    if name == "scale":
+        return {f"{k} parked lanes": v["samples_us"] for k, v in r["steps"].items()}
     if name == "isolation":
         return {
             f"{mode} {phase}": r[mode]["samples_ms"][phase]
@@ -196,7 +218,7 @@ def run_suite(quick: bool, out: Path, only: list[str] | None = None) -> dict[str
         lines.append("")
         series = _distributions(name, result)
         if series and plots_why_not is None:
-            plot_cdf(out / f"{name}.png", f"bench {name}", "ms", series)
+            plot_cdf(out / f"{name}.png", f"bench {name}", UNITS[name], series)
             report["plots"].append(f"{name}.png")
             lines += [f"![{name}]({name}.png)", ""]
     if plots_why_not is not None:

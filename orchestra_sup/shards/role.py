@@ -41,6 +41,7 @@ from orchestra_sup.shards.program import (
     MAILBOX_SIZE,
     SHELL,
     LaneContext,
+    Mailbox,
     Outcome,
     ProgramError,
     load_program,
@@ -77,12 +78,10 @@ class Lane:
         self.cancel_requested = False
         self.pgid: int | None = None
         self.interrupted = False
-        self.message_keys: set[str] = set()
-        self.inbox_lock = asyncio.Lock()
+        self.message_keys: set[str] | None = None  # made by the first message (parked lanes)
+        self.inbox_lock: asyncio.Lock | None = None  # made by the first inbox-file append
         self.tail = bytearray()
-        self.mailbox: asyncio.Queue[str] | None = (
-            None if start.task.program == SHELL else asyncio.Queue(MAILBOX_SIZE)
-        )
+        self.mailbox: Mailbox | None = None if start.task.program == SHELL else Mailbox()
         """A program's `recv` reads it; a shell command reads its inbox file instead."""
 
     def spawned(self, pgid: int) -> None:
@@ -138,7 +137,8 @@ class Shard:
 
     async def close(self) -> None:
         """Stop interrupts running lanes: SIGTERM to each command's group, SIGKILL after
-        `shutdown_timeout_s`; each is recorded as interrupted (not failed) in the outbox, and
+        `shutdown_timeout_s` (a lane program with no command running is cancelled at once);
+        each is recorded as interrupted (not failed) in the outbox, and
         sent to the coordinator while there is time (the supervisor gives a shard
         `shutdown_timeout_s + SHARD_STOP_MARGIN_S` before it kills it)."""
         assert self.node is not None
@@ -149,6 +149,8 @@ class Shard:
             if lane.pgid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(lane.pgid, signal.SIGTERM)
+            elif lane.mailbox is not None and lane.task is not None:
+                lane.task.cancel()  # a program with no command running: nothing to wait for
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=self.node.args.lane_grace_s)
             for task in late:
@@ -255,7 +257,7 @@ class Shard:
                 ),
             )
             return
-        if msg.key in lane.message_keys:
+        if lane.message_keys is not None and msg.key in lane.message_keys:
             ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=True))
             return
         if lane.mailbox is not None and lane.mailbox.full():
@@ -268,6 +270,8 @@ class Shard:
                 ),
             )
             return
+        if lane.message_keys is None:
+            lane.message_keys = set()
         lane.message_keys.add(msg.key)
         if self.transcript is not None:
             self.transcript.event(lane.id, f"message ({msg.key}): {msg.text}")
@@ -278,6 +282,8 @@ class Shard:
         inbox = self._inbox(lane.id)
 
         async def deliver() -> f.Body:
+            if lane.inbox_lock is None:
+                lane.inbox_lock = asyncio.Lock()
             async with lane.inbox_lock:
                 await asyncio.to_thread(_append_line, inbox, msg.text)
             return f.MessageAck(lane=lane.id, key=msg.key, duplicate=False)
@@ -319,7 +325,7 @@ class Shard:
                 Path(ready.path),
                 exec_fn=lambda command, timeout_s: self._exec(lane, command, timeout_s),
                 emit_fn=self._emitter(lane),
-                mailbox=lane.mailbox or asyncio.Queue(),
+                mailbox=lane.mailbox or Mailbox(),
             )
             verdict = await program.run(context)
             status, error = verdict.status, verdict.error
@@ -389,6 +395,7 @@ class Shard:
                 nice=self.node.args.lane_nice,
             )
         finally:
+            lane.pgid = None  # no command runs any more: a stop need not wait for this lane
             await self.cgroups.kill(lane.id)
 
     def _emitter(self, lane: Lane) -> Callable[[str], None]:

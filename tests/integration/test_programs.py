@@ -135,3 +135,23 @@ def test_a_shard_killed_under_a_parked_lane_pauses_it(programs: Tree) -> None:
     wait_until(lambda: running(programs, second), 20, "the second attempt to run")
     call(programs, "message_lane", lane=second, text="stop")
     assert programs.wait_plan(str(started["plan"]), timeout_s=20).ok
+
+
+def test_a_stop_interrupts_a_parked_lane_at_once(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """A lane program with no command running has nothing to wind down: a stop cancels it
+    without waiting out the 60 s grace a running command would get, and records it interrupted,
+    so the next start runs it again."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text(f'[supervisor]\nshutdown_timeout_s = 60.0\n[lanes]\nprograms = ["{PARKED}"]\n')
+    tree = tree_factory(workspace=repo, config=cfg, base=tmp_path / "t")
+    started = call(tree, "start_lane", program=PARKED)
+    lane = str(started["lane"])
+    wait_until(lambda: running(tree, lane), 20, "the parked lane to run")
+    assert tree.stop(timeout_s=30) == 0  # the grace alone would be 60 s
+    again = tree_factory(workspace=repo, config=cfg, base=tmp_path / "t")
+    report = again.ctl(f.CtlPlan(id=str(started["plan"])))
+    assert isinstance(report, f.PlanReport)
+    assert report.tasks[0].attempts >= 1
+    assert any("interrupted" in w for w in report.tasks[0].warnings), report.tasks[0]
