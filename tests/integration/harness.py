@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -121,6 +122,12 @@ class Tree:
     def ctl(self, body: f.Body, timeout_s: float = 10.0) -> f.Body:
         with CtlClient(self.run_dir) as client:
             return client.request(body, timeout_s=timeout_s)
+
+    def call(self, tool: str, timeout_s: float = 30.0, **params: str) -> Any:
+        """A coordinator tool through the real relay (`ctl call`); returns its value."""
+        reply = self.ctl(f.CtlCall(tool=tool, params=params), timeout_s=timeout_s)
+        assert isinstance(reply, f.ToolResult)
+        return reply.value
 
     def status(self) -> f.StatusReply:
         reply = self.ctl(f.CtlStatus())

@@ -22,12 +22,6 @@ tenants = ["acme"]
 """
 
 
-def call(tree: Tree, tool: str, **params: str) -> dict[str, object]:
-    reply = tree.ctl(f.CtlCall(tool=tool, params=params), timeout_s=30)
-    assert isinstance(reply, f.ToolResult) and isinstance(reply.value, dict)
-    return reply.value
-
-
 @pytest.fixture
 def dedicated(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
     """shard-0 offers nothing special and serves anyone; shard-1 offers `gpu`, only to acme."""
@@ -89,27 +83,27 @@ def test_affinity_ticket_returns_a_lane_to_its_shard_while_its_generation_lives(
 ) -> None:
     """A live ticket beats the tie-break; once its shard restarts (a newer generation) the same
     ticket falls back to fresh placement."""
-    busy = call(tree, "start_lane", run="sleep 300")
+    busy = tree.call("start_lane", run="sleep 300")
     assert busy["shard"] == "shard-0"  # idle shards tie: the name decides
-    first = call(tree, "start_lane", run="true")
+    first = tree.call("start_lane", run="true")
     assert first["shard"] == "shard-1"  # least loaded
     ticket = str(first["ticket"])
     assert ticket.startswith("shard-1.1@")
     assert tree.wait_plan(str(first["plan"]), timeout_s=20).ok
-    call(tree, "cancel_lane", lane=str(busy["lane"]))
+    tree.call("cancel_lane", lane=str(busy["lane"]))
     tree.wait_plan(str(busy["plan"]), timeout_s=20)
 
     # Both shards idle: fresh placement would pick shard-0, the ticket picks shard-1.
-    warm = call(tree, "start_lane", run="true", ticket=ticket)
+    warm = tree.call("start_lane", run="true", ticket=ticket)
     assert (warm["shard"], warm["ticket"]) == ("shard-1", ticket)
     assert tree.wait_plan(str(warm["plan"]), timeout_s=20).ok
-    control = call(tree, "start_lane", run="true")
+    control = tree.call("start_lane", run="true")
     assert control["shard"] == "shard-0"
     assert tree.wait_plan(str(control["plan"]), timeout_s=20).ok
 
     os.kill(tree.pids()["shard-1"], signal.SIGKILL)  # type: ignore[arg-type]
     tree.wait_running("shard-1", 2)
-    stale = call(tree, "start_lane", run="true", ticket=ticket)
+    stale = tree.call("start_lane", run="true", ticket=ticket)
     assert stale["shard"] == "shard-0"
     assert str(stale["ticket"]).startswith("shard-0.1@")
     assert tree.wait_plan(str(stale["plan"]), timeout_s=20).ok
@@ -117,6 +111,6 @@ def test_affinity_ticket_returns_a_lane_to_its_shard_while_its_generation_lives(
 
 def test_a_malformed_ticket_is_refused(tree: Tree) -> None:
     with pytest.raises(RemoteError) as info:
-        call(tree, "start_lane", run="true", ticket="shard-1")
+        tree.call("start_lane", run="true", ticket="shard-1")
     assert info.value.code is ErrorCode.BAD_REQUEST
     assert "is not <shard>.<generation>@<boot>" in str(info.value)

@@ -22,12 +22,6 @@ RUNS = "tests.integration.lane_programs:Runs"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def call(tree: Tree, tool: str, **params: str) -> dict[str, object]:
-    reply = tree.ctl(f.CtlCall(tool=tool, params=params), timeout_s=30)
-    assert isinstance(reply, f.ToolResult) and isinstance(reply.value, dict)
-    return reply.value
-
-
 @pytest.fixture
 def programs(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
     cfg = tmp_path / "tree.toml"
@@ -38,30 +32,30 @@ def programs(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> T
 
 def running(tree: Tree, lane: str) -> bool:
     try:
-        return call(tree, "lane_status", lane=lane)["state"] == "running"
+        return tree.call("lane_status", lane=lane)["state"] == "running"
     except RemoteError:
         return False
 
 
 def test_a_parked_lane_takes_messages_in_order_and_ends_on_stop(programs: Tree) -> None:
-    started = call(programs, "start_lane", program=PARKED, run="")
+    started = programs.call("start_lane", program=PARKED, run="")
     lane = str(started["lane"])
     wait_until(lambda: running(programs, lane), 20, "the parked lane to run")
     shard = psutil_children_of(programs, str(started["shard"]))
     for i in range(3):
-        call(programs, "message_lane", lane=lane, text=f"m{i}")
+        programs.call("message_lane", lane=lane, text=f"m{i}")
     assert psutil_children_of(programs, str(started["shard"])) == shard  # parked: no process
-    call(programs, "message_lane", lane=lane, text="stop")
+    programs.call("message_lane", lane=lane, text="stop")
     report = programs.wait_plan(str(started["plan"]), timeout_s=20)
     assert report.ok, report
     assert report.tasks[0].output_tail == "m0\nm1\nm2\n"
 
 
 def test_a_parked_lane_is_cancelled_at_once(programs: Tree) -> None:
-    started = call(programs, "start_lane", program=PARKED, run="")
+    started = programs.call("start_lane", program=PARKED, run="")
     lane = str(started["lane"])
     wait_until(lambda: running(programs, lane), 20, "the parked lane to run")
-    call(programs, "cancel_lane", lane=lane)
+    programs.call("cancel_lane", lane=lane)
     report = programs.wait_plan(str(started["plan"]), timeout_s=10)
     assert report.tasks[0].status == "cancelled"
 
@@ -79,10 +73,10 @@ def test_a_program_that_cannot_run_fails_its_lane_not_the_shard(programs: Tree) 
 
 def test_a_program_that_raises_fails_its_lane_not_the_shard(programs: Tree) -> None:
     pids = programs.pids()
-    started = call(programs, "start_lane", program=RAISES)
+    started = programs.call("start_lane", program=RAISES)
     lane = str(started["lane"])
     wait_until(lambda: running(programs, lane), 20, "the lane to run")
-    call(programs, "message_lane", lane=lane, text="go")
+    programs.call("message_lane", lane=lane, text="go")
     report = programs.wait_plan(str(started["plan"]), timeout_s=20)
     assert report.tasks[0].status == "failed"
     assert "RuntimeError('a bug in the program')" in str(report.tasks[0].error)
@@ -91,11 +85,11 @@ def test_a_program_that_raises_fails_its_lane_not_the_shard(programs: Tree) -> N
 
 def test_a_program_runs_commands_in_its_sandbox_through_exec(programs: Tree) -> None:
     """`exec` runs in the lane's sandbox, with its environment, output into its tail."""
-    started = call(programs, "start_lane", program=RUNS)
+    started = programs.call("start_lane", program=RUNS)
     lane = str(started["lane"])
     wait_until(lambda: running(programs, lane), 20, "the lane to run")
-    call(programs, "message_lane", lane=lane, text='echo "$ORCHESTRA_LANE in $(pwd)"')
-    call(programs, "message_lane", lane=lane, text="exit")
+    programs.call("message_lane", lane=lane, text='echo "$ORCHESTRA_LANE in $(pwd)"')
+    programs.call("message_lane", lane=lane, text="exit")
     report = programs.wait_plan(str(started["plan"]), timeout_s=20)
     assert report.ok, report
     task = report.tasks[0]
@@ -120,7 +114,7 @@ def psutil_children_of(tree: Tree, shard: str) -> set[int]:
 
 def test_a_shard_killed_under_a_parked_lane_pauses_it(programs: Tree) -> None:
     """A parked lane is a lane like any: its shard's loss pauses and re-places it."""
-    started = call(programs, "start_lane", program=PARKED, run="")
+    started = programs.call("start_lane", program=PARKED, run="")
     lane = str(started["lane"])
     wait_until(lambda: running(programs, lane), 20, "the parked lane to run")
     os.kill(programs.pids()[str(started["shard"])], signal.SIGKILL)  # type: ignore[arg-type]
@@ -133,7 +127,7 @@ def test_a_shard_killed_under_a_parked_lane_pauses_it(programs: Tree) -> None:
 
     second = str(wait_until(replaced, 30, "the lane to be placed again"))
     wait_until(lambda: running(programs, second), 20, "the second attempt to run")
-    call(programs, "message_lane", lane=second, text="stop")
+    programs.call("message_lane", lane=second, text="stop")
     assert programs.wait_plan(str(started["plan"]), timeout_s=20).ok
 
 
@@ -146,7 +140,7 @@ def test_a_stop_interrupts_a_parked_lane_at_once(
     cfg = tmp_path / "tree.toml"
     cfg.write_text(f'[supervisor]\nshutdown_timeout_s = 60.0\n[lanes]\nprograms = ["{PARKED}"]\n')
     tree = tree_factory(workspace=repo, config=cfg, base=tmp_path / "t")
-    started = call(tree, "start_lane", program=PARKED)
+    started = tree.call("start_lane", program=PARKED)
     lane = str(started["lane"])
     wait_until(lambda: running(tree, lane), 20, "the parked lane to run")
     assert tree.stop(timeout_s=30) == 0  # the grace alone would be 60 s
