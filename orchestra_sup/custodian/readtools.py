@@ -1,9 +1,10 @@
 """Read-only tools the custodian serves to the coordinator over the workspace's working tree.
 
 `read_file`, `list_dir`, `stat` and `search` are plain synchronous functions; the custodian runs
-them with `asyncio.to_thread`. `diff` and `log` are coroutines that run git as an async subprocess
-(with the hardening of `workspace._git`); the custodian awaits them. Every `path` argument is
-relative to the workspace root, slash-separated, and goes through `resolve`, which refuses anything
+the first three on its front thread (`custodian/role.py`) and `search` in a child process. `diff`
+and `log` are coroutines that run git as an async subprocess (with the hardening of
+`workspace._git`); the custodian awaits them. Every `path` argument is relative to the workspace
+root, slash-separated, and goes through `resolve`, which refuses anything
 that would leave the root or enter a `.git` directory by raising `PathEscape`. Bad parameters
 (a bad regex, a refused rev, a limit out of range) raise `RemoteError(BAD_REQUEST, ...)`, an
 unknown rev `RemoteError(NOT_FOUND, ...)`. None of the tools writes anything.

@@ -47,8 +47,10 @@ DEALER, envelope). It must not block; slow work goes to a task that replies when
 class Endpoint:
     """A ROUTER or DEALER socket on the running loop.
 
-    Counters `bad_frames` and `stale_replies` count what was dropped. Construction does not touch
-    the loop; `start()` must be called from the loop thread.
+    `routed=True` makes another kind of socket (the PAIR behind a `node.front.Front`) carry
+    `[peer routing id, frame]` like a ROUTER: the handler gets the peer, replies go back to it,
+    and an undecodable frame is answered. Counters `bad_frames` and `stale_replies` count what was
+    dropped. Construction does not touch the loop; `start()` must be called from the loop thread.
     """
 
     def __init__(
@@ -61,10 +63,12 @@ class Endpoint:
         codec: Codec,
         handler: Handler | None = None,
         identity: str | None = None,
+        routed: bool = False,
     ):
         self.name = name
         self.generation = generation
         self.kind = kind
+        self.routed = routed or kind == zmq.ROUTER
         self.codec = codec
         self.handler = handler
         self.sock: zmq.Socket = ctx.socket(kind)
@@ -214,7 +218,7 @@ class Endpoint:
             self._dispatch(parts)
 
     def _dispatch(self, parts: list[bytes]) -> None:
-        peer = parts[0] if self.kind == zmq.ROUTER and len(parts) > 1 else None
+        peer = parts[0] if self.routed and len(parts) > 1 else None
         try:
             env = self.codec.decode(parts[-1])
         except ProtocolError as exc:
@@ -223,7 +227,7 @@ class Endpoint:
             # Only the serving (ROUTER) side answers: if both sides answered what they cannot
             # decode, two peers that refuse each other's frames (a version skew) would bounce
             # Error frames at each other forever.
-            if self.kind == zmq.ROUTER and peer is not None:
+            if self.routed and peer is not None:
                 with contextlib.suppress(PeerDown):
                     self.send(f.Error(code=exc.code, message=str(exc)), to=peer)
             return
