@@ -37,7 +37,7 @@ from orchestra_sup import linux
 from orchestra_sup.config import Paths
 from orchestra_sup.errors import ErrorCode, PeerDown
 from orchestra_sup.node.args import ChildArgs
-from orchestra_sup.node.front import Front, Serve
+from orchestra_sup.node.front import LOOP_ID, Front, Serve
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
@@ -136,9 +136,7 @@ class Node:
         if self.front is None:
             self.server.bind(f"ipc://{endpoint}")
         else:
-            inner = f"inproc://{self.name}.front"
-            self.front.start(f"ipc://{endpoint}", inner)
-            self.server.connect(inner)
+            self.front.start(f"ipc://{endpoint}")
         os.chmod(endpoint, 0o600)
         self.server.start()
         self.control.connect(self.paths.endpoint("supervisor"))
@@ -166,14 +164,16 @@ class Node:
         answered on the front's thread as they arrive, everything else reaches the role's
         `handle` as before. Call from `Role.open`. `serve` must not touch loop state."""
         loop = asyncio.get_running_loop()
-        self.server.close()  # never bound: the loop's side becomes the front's inner pair
+        inner = f"inproc://{self.name}.front"
+        self.server.close()  # never bound: the loop is reached through the front now
         self.server = Endpoint(
             self.ctx,
-            zmq.PAIR,
+            zmq.DEALER,
             name=self.name,
             generation=self.generation,
             codec=self.codec,
             handler=self._on_request,
+            identity=LOOP_ID.decode(),
             routed=True,
         )
         self.front = Front(
@@ -182,7 +182,9 @@ class Node:
             generation=self.generation,
             serve=serve,
             on_crash=lambda: loop.call_soon_threadsafe(self._front_crashed),
+            inner=inner,
         )
+        self.server.connect(inner)
 
     def _front_crashed(self) -> None:
         log.error("%s: stopping, its front thread is gone", self.name)

@@ -47,7 +47,7 @@ DEALER, envelope). It must not block; slow work goes to a task that replies when
 class Endpoint:
     """A ROUTER or DEALER socket on the running loop.
 
-    `routed=True` makes another kind of socket (the PAIR behind a `node.front.Front`) carry
+    `routed=True` makes a DEALER (the node's behind a `node.front.Front`) carry
     `[peer routing id, frame]` like a ROUTER: the handler gets the peer, replies go back to it,
     and an undecodable frame is answered. Counters `bad_frames` and `stale_replies` count what was
     dropped. Construction does not touch the loop; `start()` must be called from the loop thread.

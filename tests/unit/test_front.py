@@ -1,7 +1,7 @@
 """`orchestra_sup.node.front.Front`: a thread owning a node's ROUTER, over real `ipc://` sockets.
 
-A blocking DEALER plays the peer; the node's side is an `Endpoint(PAIR, routed=True)` on a loop
-of the test's own (`asyncio.run`), or no loop at all where the point is that none is needed.
+A blocking DEALER plays the peer; the node's side is an `Endpoint(DEALER, routed=True)` on a
+loop of the test's own (`asyncio.run`), or no loop at all where the point is that none is needed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from orchestra_sup.errors import ErrorCode, PathEscape
-from orchestra_sup.node.front import Front
+from orchestra_sup.node.front import LOOP_ID, Front
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.endpoint import Endpoint
@@ -39,13 +39,20 @@ class Rig:
             generation=1,
             serve=self.serve,
             on_crash=(crashed or threading.Event()).set,
+            inner=INNER,
         )
         self.inner = Endpoint(
-            self.ctx, zmq.PAIR, name="node", generation=1, codec=Codec(), routed=True
+            self.ctx,
+            zmq.DEALER,
+            name="node",
+            generation=1,
+            codec=Codec(),
+            identity=LOOP_ID.decode(),
+            routed=True,
         )
-        public = f"ipc://{tmp_path / 'node.ipc'}"
-        self.front.start(public, INNER)
         self.inner.connect(INNER)
+        public = f"ipc://{tmp_path / 'node.ipc'}"
+        self.front.start(public)
         self.peer = self.ctx.socket(zmq.DEALER)
         self.peer.linger = 0
         self.peer.setsockopt(zmq.IDENTITY, b"coordinator.1")
@@ -152,7 +159,7 @@ def test_close_ends_the_thread_and_releases_its_sockets(tmp_path: Path) -> None:
     r.recv()
     r.front.close()
     assert not any(t.name == "node-front" for t in threading.enumerate())
-    assert r.front.router.closed and r.front.pair.closed
+    assert r.front.router.closed
     r.inner.close()
     r.peer.close()
     done = threading.Thread(target=r.ctx.term, daemon=True)
@@ -166,7 +173,7 @@ def test_a_front_that_dies_says_so(tmp_path: Path) -> None:
     is called so the node can stop instead of going on deaf."""
     crashed = threading.Event()
     r = Rig(tmp_path, crashed)
-    r.front.serve = lambda env: r.front.pair.close() or None  # type: ignore[func-returns-value]
+    r.front.serve = lambda env: r.front.router.close()  # type: ignore[func-returns-value]
     r.send(f.ListLanes())
     assert crashed.wait(DEADLINE_MS / 1000)
     r.close()
