@@ -3,27 +3,39 @@
 - Baseline (the floor): a DEALER in this process and a ROUTER echo in a second process, both
   plain blocking pyzmq over `ipc://`, exchanging the very bytes of the relay's request frame
   (an `Envelope` carrying `ToolCall(stat)`); one round trip at a time.
-- Relays: inside the coordinator of a real private tree, `stat` and `read_file` calls through its
-  relay to the custodian, one at a time (`CtlBenchRelay`), timed with `perf_counter_ns` around
-  the awaited call. So each relay figure is one real hop, coordinator -> custodian -> coordinator,
-  including the custodian's handler and the tool's own work.
+- Relays: inside the coordinator of a real private tree, calls through its relay one at a time
+  (`CtlBenchRelay`: `Coordinator._bench` awaits `Toolkit.call`), timed with `perf_counter_ns`
+  around the awaited call, so each figure is one real hop including the peer's handler and the
+  tool's own work: `stat` and `read_file` (coordinator -> custodian -> coordinator), and
+  `message_lane` (coordinator -> shard -> coordinator) to a live lane (`sleep 600`, started with
+  `start_lane` and cancelled afterwards). The bench passes no idempotency key, so the toolkit
+  makes a new one per call, as it does for a caller without one: every message is really
+  delivered (key claimed, transcript row, one line appended to the lane's inbox file, then the
+  acknowledgement), none is answered as a duplicate.
+- Interleaving: the work is split into `rounds` rounds, each running the floor and then every
+  relay for its share of the iterations (with its share of the warm-up), so a machine whose
+  speed drifts during the run (a shared, 2-vCPU box) weighs on every figure alike.
 
 Every run reports p50/p90/p99/p99.9 in microseconds and each relay's ratio to the floor, with
-the iteration and warm-up counts. Absolute times on a shared machine are noise; the ratios taken
-in one run are the result.
+the iteration, warm-up and round counts. Absolute times on a shared machine are noise; the
+ratios taken in one run are the result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from orchestra_sup.client import CtlClient
+from orchestra_sup.errors import ErrorCode, RemoteError, SupervisionError
 from orchestra_sup.oneshot import private_tree
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
@@ -36,10 +48,7 @@ sock = ctx.socket(zmq.ROUTER)
 sock.bind(sys.argv[1])
 print("ready", flush=True)
 while True:
-    parts = sock.recv_multipart()
-    if parts[-1] == b"stop":
-        break
-    sock.send_multipart(parts)
+    sock.send_multipart(sock.recv_multipart())
 """
 
 
@@ -74,34 +83,80 @@ def request_frame() -> bytes:
     return Codec().encode(env)
 
 
-def baseline(iterations: int, warmup: int, workdir: Path) -> list[float]:
-    """Raw pyzmq DEALER<->ROUTER round trips of the relay's frame between two processes."""
+RELAYS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("stat", {"path": "README"}),
+    ("read_file", {"path": "README"}),
+    ("message_lane", {"text": "x"}),  # + the live lane's id
+)
+LANE_READY_S = 30.0
+
+
+@contextlib.contextmanager
+def _echo(workdir: Path) -> Iterator[zmq.Socket]:
+    """A ROUTER echo in a second process (terminated on the way out), and a blocking DEALER
+    connected to it."""
     addr = f"ipc://{workdir / 'echo.ipc'}"
     echo = subprocess.Popen([sys.executable, "-c", ECHO, addr], stdout=subprocess.PIPE)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
     try:
         assert echo.stdout is not None and echo.stdout.readline().strip() == b"ready"
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.linger = 0
         sock.connect(addr)
-        frame = request_frame()
-        samples: list[float] = []
-        for i in range(warmup + iterations):
-            t0 = time.perf_counter_ns()
-            sock.send(frame)
-            sock.recv()
-            if i >= warmup:
-                samples.append((time.perf_counter_ns() - t0) / 1000)
-        sock.send(b"stop")
+        yield sock
+    finally:
         sock.close()
         ctx.term()
-        return samples
-    finally:
+        echo.terminate()
         echo.wait(timeout=10)
 
 
-def run_relay_bench(iterations: int = 5000, warmup: int = 500) -> dict[str, Any]:
+def _floor(sock: zmq.Socket, iterations: int, warmup: int) -> list[float]:
+    """Raw pyzmq DEALER<->ROUTER round trips of the relay's frame between two processes."""
+    frame = request_frame()
+    samples: list[float] = []
+    for i in range(warmup + iterations):
+        t0 = time.perf_counter_ns()
+        sock.send(frame)
+        sock.recv()
+        if i >= warmup:
+            samples.append((time.perf_counter_ns() - t0) / 1000)
+    return samples
+
+
+def _call(client: CtlClient, tool: str, **params: str) -> Any:
+    reply = client.request(f.CtlCall(tool=tool, params=params), timeout_s=60.0)
+    assert isinstance(reply, f.ToolResult), reply
+    return reply.value
+
+
+def _start_lane(client: CtlClient) -> str:
+    """Start a `sleep 600` lane and return its id once its command runs on its shard."""
+    started = _call(client, "start_lane", run="sleep 600", name="bench-relay")
+    lane = str(started["lane"])
+    deadline = time.monotonic() + LANE_READY_S
+    while _lane_state(client, lane) != "running":
+        if time.monotonic() > deadline:
+            raise SupervisionError(f"bench lane {lane} not running after {LANE_READY_S:g} s")
+        time.sleep(0.05)  # a one-off wait in a bench, not a service loop
+    return lane
+
+
+def _lane_state(client: CtlClient, lane: str) -> str | None:
+    """The lane's state on its shard; None while the shard has not admitted it yet."""
+    try:
+        return str(_call(client, "lane_status", lane=lane)["state"])
+    except RemoteError as exc:
+        if exc.code is ErrorCode.NOT_FOUND:
+            return None
+        raise
+
+
+def run_relay_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5) -> dict[str, Any]:
     """Measure the floor and each relay; see the module docstring for the JSON shape."""
+    rounds = max(1, min(rounds, iterations))
+    shares = [iterations // rounds + (r < iterations % rounds) for r in range(rounds)]
+    warm = max(1, warmup // rounds)
     with tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp:
         work = Path(tmp)
         repo = work / "ws"
@@ -125,33 +180,52 @@ def run_relay_bench(iterations: int = 5000, warmup: int = 500) -> dict[str, Any]
             ],
             check=True,
         )
-        floor = percentiles(baseline(iterations, warmup, work))
-        relays: dict[str, Any] = {}
-        with private_tree(
-            workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=None
-        ) as client:
-            for tool in ("stat", "read_file"):
-                reply = client.request(
-                    f.CtlBenchRelay(
-                        tool=tool, params={"path": "README"}, iterations=iterations, warmup=warmup
-                    ),
-                    timeout_s=600.0,
-                )
-                assert isinstance(reply, f.BenchSamples)
-                stats = percentiles(reply.samples_us)
-                stats["ratio_p50"] = round(stats["p50_us"] / floor["p50_us"], 2)
-                stats["ratio_p99"] = round(stats["p99_us"] / floor["p99_us"], 2)
-                relays[tool] = stats
+        floor: list[float] = []
+        samples: dict[str, list[float]] = {tool: [] for tool, _ in RELAYS}
+        with (
+            private_tree(
+                workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=None
+            ) as client,
+            _echo(work) as echo,
+        ):
+            lane = _start_lane(client)
+            try:
+                for share in shares:
+                    floor += _floor(echo, share, warm)
+                    for tool, params in RELAYS:
+                        if tool == "message_lane":
+                            params = {**params, "lane": lane}
+                        reply = client.request(
+                            f.CtlBenchRelay(
+                                tool=tool, params=params, iterations=share, warmup=warm
+                            ),
+                            timeout_s=600.0,
+                        )
+                        assert isinstance(reply, f.BenchSamples), reply
+                        samples[tool] += reply.samples_us
+            finally:
+                _call(client, "cancel_lane", lane=lane)
+    base = percentiles(floor)
+    relays: dict[str, Any] = {}
+    for tool, xs in samples.items():
+        stats = percentiles(xs)
+        stats["ratio_p50"] = round(stats["p50_us"] / base["p50_us"], 2)
+        stats["ratio_p99"] = round(stats["p99_us"] / base["p99_us"], 2)
+        relays[tool] = stats
     return {
-        "baseline": floor,
+        "baseline": base,
         "relays": relays,
         "method": {
             "iterations": iterations,
-            "warmup": warmup,
+            "warmup": warm * rounds,
+            "rounds": rounds,
             "baseline": "blocking pyzmq DEALER -> ROUTER echo in a second process, ipc://, "
             "the relay's own request frame",
-            "relays": "sequential awaited calls inside the coordinator, coordinator -> "
-            "custodian -> coordinator, including the tool's work",
+            "relays": "sequential awaited calls inside the coordinator (Toolkit.call), "
+            "coordinator -> custodian (stat, read_file) or shard (message_lane, a new "
+            "idempotency key per call, every message delivered) -> coordinator, including "
+            "the peer's work",
+            "interleaving": "rounds of floor then each relay, samples pooled",
             "percentiles": "nearest rank",
         },
     }

@@ -1,10 +1,13 @@
 """The tree custodian: the one writer of the workspace and the maker of every sandbox.
 
 Ordered work (creating a sandbox, committing one) runs one at a time through a FIFO lock, because
-both read and move the workspace's HEAD. Reads are independent: `read_file`, `list_dir`, `stat`
-run in a worker thread, `search` in a child process with a time budget (Python's `re` holds the
-GIL), `diff` and `log` are git subprocesses awaited off the loop,
-each as soon as it arrives, at most `READ_CONCURRENCY` at once. Nothing runs git or the
+both read and move the workspace's HEAD. Reads are independent of it. The cheap ones
+(`INLINE_TOOLS`: `read_file`, `list_dir`, `stat`, a few syscalls each, `read_file` capped at
+8 MiB) are answered on the node's front thread the moment they arrive (`node/front.py`), one at a
+time, concurrently with everything on the loop; that thread owns the custodian's ROUTER and is
+not the loop. The slow ones go to the loop and are started as soon as they arrive, at most
+`READ_CONCURRENCY` at once: `search` in a child process with a time budget (Python's `re` holds
+the GIL), `diff` and `log` as git subprocesses awaited off the loop. Nothing runs git or the
 filesystem on the receive loop (ARCHITECTURE.md §11.1).
 
 The coordinator can never hold a sandbox: a `SandboxCreate` from it is refused with `forbidden`.
@@ -13,8 +16,9 @@ The coordinator can never hold a sandbox: a `SandboxCreate` from it is refused w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,15 @@ from orchestra_sup.protocol.endpoint import Endpoint
 log = logging.getLogger(__name__)
 
 READ_CONCURRENCY = 8
-"""Read tools served at once; more wait their turn (a coordinator cannot fan out unbounded IO)."""
+"""Slow read tools (`search`, `diff`, `log`) served at once; more wait their turn (a coordinator
+cannot fan out unbounded IO)."""
+
+INLINE_TOOLS: dict[str, Callable[[Path, Mapping[str, str]], Any]] = {
+    "read_file": lambda root, p: readtools.read_file(root, readtools.required_param(p, "path")),
+    "list_dir": lambda root, p: readtools.list_dir(root, p.get("path", "")),
+    "stat": lambda root, p: readtools.stat(root, readtools.required_param(p, "path")),
+}
+"""Read tools answered on the front thread: bounded filesystem work, no subprocess."""
 
 
 class Custodian:
@@ -47,7 +59,19 @@ class Custodian:
         self.workspace = await open_workspace(node.paths.workspace, node.paths.state_dir)
         self.sandboxes = node.paths.state_dir / "sandboxes"
         self.sandboxes.mkdir(parents=True, exist_ok=True)
+        node.serve_through(self.serve_inline)
         log.info("custodian: workspace %s", self.workspace.root)
+
+    def serve_inline(self, env: f.Envelope) -> f.Body | None:
+        """On the front thread: the answer to a read in `INLINE_TOOLS`, None for anything else
+        (the loop's). Errors are raised typed, as `_tool` raises them (the front maps them to
+        the same `Error` frames)."""
+        body = env.body
+        if not isinstance(body, f.ToolCall) or body.tool not in INLINE_TOOLS:
+            return None
+        assert self.workspace is not None
+        with _typed_errors(body.params.get("path", "")):
+            return f.ToolResult(value=INLINE_TOOLS[body.tool](self.workspace.root, body.params))
 
     def load(self) -> int:
         return self._busy
@@ -120,14 +144,6 @@ class Custodian:
         root = self.workspace.root
         params = call.params
         path = params.get("path", "")
-        # Filesystem reads run in a worker thread; git reads are coroutines (async subprocesses).
-        threaded: dict[str, Callable[[], Any]] = {
-            "read_file": lambda: readtools.read_file(
-                root, readtools.required_param(params, "path")
-            ),
-            "list_dir": lambda: readtools.list_dir(root, path),
-            "stat": lambda: readtools.stat(root, readtools.required_param(params, "path")),
-        }
         awaited: dict[str, Callable[[], Awaitable[Any]]] = {
             # a child process: a catastrophic regex must not freeze this loop (searchproc.py)
             "search": lambda: searchproc.search(
@@ -146,19 +162,23 @@ class Custodian:
                 readtools.limit_param(params, readtools.LOG_DEFAULT_LIMIT, readtools.LOG_MAX_LIMIT),
             ),
         }
-        if call.tool not in threaded and call.tool not in awaited:
+        if call.tool not in awaited:
+            known = ", ".join(sorted(INLINE_TOOLS.keys() | awaited.keys()))
             raise RemoteError(
-                ErrorCode.BAD_REQUEST,
-                f"unknown read tool {call.tool!r} (known: {', '.join(sorted(threaded | awaited))})",
+                ErrorCode.BAD_REQUEST, f"unknown read tool {call.tool!r} (known: {known})"
             )
         async with self._reads:
-            try:
-                if call.tool in awaited:
-                    value = await awaited[call.tool]()
-                else:
-                    value = await asyncio.to_thread(threaded[call.tool])
-            except FileNotFoundError as exc:
-                raise RemoteError(ErrorCode.NOT_FOUND, f"{path!r} does not exist") from exc
-            except (IsADirectoryError, NotADirectoryError) as exc:
-                raise RemoteError(ErrorCode.BAD_REQUEST, f"{path!r}: {exc.strerror}") from exc
+            with _typed_errors(path):
+                value = await awaited[call.tool]()
         return f.ToolResult(value=value)
+
+
+@contextlib.contextmanager
+def _typed_errors(path: str) -> Iterator[None]:
+    """Raise a missing path as `not_found` and a file/directory mix-up as `bad_request`."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise RemoteError(ErrorCode.NOT_FOUND, f"{path!r} does not exist") from exc
+    except (IsADirectoryError, NotADirectoryError) as exc:
+        raise RemoteError(ErrorCode.BAD_REQUEST, f"{path!r}: {exc.strerror}") from exc

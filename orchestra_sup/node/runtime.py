@@ -9,6 +9,10 @@ A child (coordinator, custodian or shard) is a `Role` plugged into a `Node`. The
 4. heartbeats its loop lag, keeps the `Roster` of peers, and hands every request to the role;
 5. on SIGTERM or SIGINT, lets the role stop (`Role.close`) and exits 0.
 
+A role may put a `Front` (node/front.py) before its loop with `Node.serve_through`: a thread that
+owns the public ROUTER, answers the requests the role's `serve` takes, and passes the rest to the
+loop.
+
 Requests to peers go through `Node.call`, which refuses at once when the roster says the peer is
 down and stamps the peer's generation on the frame, so a replacement never acts on a request meant
 for the process it replaced.
@@ -33,6 +37,7 @@ from orchestra_sup import linux
 from orchestra_sup.config import Paths
 from orchestra_sup.errors import ErrorCode, PeerDown
 from orchestra_sup.node.args import ChildArgs
+from orchestra_sup.node.front import LOOP_ID, Front, Serve
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
@@ -107,11 +112,13 @@ class Node:
             codec=self.codec,
             handler=self._on_request,
         )
+        self.front: Front | None = None
         self.peers: dict[str, f.PeerState] = {}
         self._links: dict[str, Endpoint] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.lag = LoopLag()
         self.stopping = asyncio.Event()
+        self._exit_code = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -128,6 +135,8 @@ class Node:
             return await self._serve()
         finally:
             await self.role.close()
+            if self.front is not None:
+                self.front.close()  # returns once its thread is out of its current request
             for task in self._tasks:
                 task.cancel()
             for ep in (*self._links.values(), self.server, self.control):
@@ -137,10 +146,15 @@ class Node:
 
     async def _serve(self) -> int:
         if self.colocated:
-            self.server.bind(f"inproc://{self.name}")
+            public = f"inproc://{self.name}"
         else:
             endpoint = self.paths.run_dir / f"{self.name}.ipc"
-            self.server.bind(f"ipc://{endpoint}")
+            public = f"ipc://{endpoint}"
+        if self.front is None:
+            self.server.bind(public)
+        else:
+            self.front.start(public)
+        if not self.colocated:
             os.chmod(endpoint, 0o600)
         self.server.start()
         self.control.connect(
@@ -163,7 +177,39 @@ class Node:
         self.spawn(self.lag.run())
         self.spawn(self._heartbeat())
         await self.stopping.wait()
-        return 0
+        return self._exit_code
+
+    def serve_through(self, serve: Serve) -> None:
+        """Put a `Front` before this node's loop: requests `serve` answers (not None) are
+        answered on the front's thread as they arrive, everything else reaches the role's
+        `handle` as before. Call from `Role.open`. `serve` must not touch loop state."""
+        loop = asyncio.get_running_loop()
+        inner = f"inproc://{self.name}.front"
+        self.server.close()  # never bound: the loop is reached through the front now
+        self.server = Endpoint(
+            self.ctx,
+            zmq.DEALER,
+            name=self.name,
+            generation=self.generation,
+            codec=self.codec,
+            handler=self._on_request,
+            identity=LOOP_ID.decode(),
+            routed=True,
+        )
+        self.front = Front(
+            self.ctx,
+            name=self.name,
+            generation=self.generation,
+            serve=serve,
+            on_crash=lambda: loop.call_soon_threadsafe(self._front_crashed),
+            inner=inner,
+        )
+        self.server.connect(inner)
+
+    def _front_crashed(self) -> None:
+        log.error("%s: stopping, its front thread is gone", self.name)
+        self._exit_code = 1
+        self.stopping.set()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run `coro` as a task owned by this node (cancelled on stop, errors logged)."""

@@ -113,7 +113,8 @@ def test_custodian_killed_mid_call_is_a_typed_error_at_once(tree: Tree) -> None:
 
 
 def test_bench_relay_emits_well_formed_json() -> None:
-    """`bench relay` with tiny counts: a floor, two relays, ratios, and how it was measured."""
+    """`bench relay` with tiny counts: a floor, three relays (message_lane to a live lane among
+    them), ratios, and how it was measured."""
     proc = subprocess.run(
         [sys.executable, "-m", "orchestra_sup", "bench", "relay", "--iterations", "50", "--json"],
         capture_output=True,
@@ -123,11 +124,12 @@ def test_bench_relay_emits_well_formed_json() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(result["baseline"]) >= {"p50_us", "p99_us"}
-    for tool in ("stat", "read_file"):
-        stats = result["relays"][tool]
-        assert stats["p50_us"] > 0 and stats["ratio_p50"] > 0 and stats["n"] == 50
-    assert result["method"]["iterations"] == 50
+    assert set(result["baseline"]) >= {"p50_us", "p99_us"} and result["baseline"]["n"] == 50
+    assert set(result["relays"]) == {"stat", "read_file", "message_lane"}
+    for stats in result["relays"].values():
+        assert stats["p50_us"] > 0 and stats["ratio_p50"] > 0 and stats["ratio_p99"] > 0
+        assert stats["n"] == 50
+    assert result["method"]["iterations"] == 50 and result["method"]["rounds"] >= 1
 
 
 def test_message_lane_with_one_key_acts_once(tree: Tree, tmp_path: Path) -> None:

@@ -296,6 +296,34 @@ def test_request_without_reply_times_out() -> None:
     _run(main)
 
 
+def test_a_finished_request_leaves_no_timer_and_nothing_pending() -> None:
+    """A request answered, and one cancelled by its caller, leave nothing pending and no live
+    timer on the loop (each request's deadline is a timer handle it must cancel)."""
+
+    async def main() -> None:
+        async with _net() as net:
+            net.router(_replying(lambda env: f.Ack() if env.id.endswith(".1") else None))
+            dealer = net.dealer("d1")
+            loop = asyncio.get_running_loop()
+
+            def live_timers() -> int:
+                return sum(not h.cancelled() for h in loop._scheduled)  # type: ignore[attr-defined]
+
+            before = live_timers()
+            assert await dealer.request(f.CtlStatus(), timeout_s=30.0) == f.Ack()
+            waiting = asyncio.ensure_future(dealer.request(f.CtlStatus(), timeout_s=30.0))
+            async with asyncio.timeout(DEADLINE_S):
+                while not dealer._pending:  # one turn of the loop: the task sends, then waits
+                    await asyncio.sleep(0)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert dealer._pending == {}
+            assert live_timers() == before
+
+    _run(main)
+
+
 def test_late_reply_is_counted_stale_and_dropped() -> None:
     """A reply that arrives after its request timed out is counted in stale_replies and dropped;
     the endpoint still serves the next request."""

@@ -86,6 +86,52 @@ def test_symlink_inside_root_is_followed(root: Path) -> None:
     assert [e["name"] for e in readtools.list_dir(root, "docsalias")["entries"]] == ["guide.md"]
 
 
+def _reference_resolve(root: Path, path: str) -> Path:
+    """The definition `resolve` must agree with: realpath everything, then check."""
+    pure = readtools._normalize(path)
+    real_root = Path(os.path.realpath(root))
+    candidate = real_root.joinpath(*pure.parts)
+    target = Path(os.path.realpath(candidate))
+    if not target.is_relative_to(real_root) or any(
+        part.lower() == ".git" for part in target.relative_to(real_root).parts
+    ):
+        raise PathEscape(path)
+    return candidate
+
+
+def test_resolve_agrees_with_realpath_everywhere(root: Path, tmp_path: Path) -> None:
+    """The one-lstat-per-component walk gives what full realpath checks give, for chains of
+    links, links out of the root or into .git, dangling links, loops, missing components and a
+    root reached through a symlink."""
+    (root / "chain1").symlink_to("chain2")
+    (root / "chain2").symlink_to("docs")
+    (root / "out").symlink_to(tmp_path / "outside")
+    (root / "gitdir").symlink_to(".git")
+    (root / "dangling").symlink_to("nowhere")
+    (root / "dangling-out").symlink_to("../nowhere")
+    (root / "loop1").symlink_to("loop2")
+    (root / "loop2").symlink_to("loop1")
+    (root / "docs" / "up").symlink_to("..")
+    (tmp_path / "rootlink").symlink_to(root)
+    paths = [
+        *("", ".", "hello.txt", "docs", "docs/guide.md", "./docs//guide.md", "docs/"),
+        *("chain1", "chain1/guide.md", "chain2/guide.md", "out", "out/secret", "gitdir"),
+        *("gitdir/config", "dangling", "dangling-out", "loop1", "loop1/x", "docs/up"),
+        *("docs/up/hello.txt", "docs/up/out/secret", "nope", "nope/deeper", "hello.txt/x"),
+    ]
+    for base in (root, tmp_path / "rootlink"):
+        for path in paths:
+            try:
+                expected: Path | type[PathEscape] = _reference_resolve(base, path)
+            except PathEscape:
+                expected = PathEscape
+            try:
+                got: Path | type[PathEscape] = readtools.resolve(base, path)
+            except PathEscape:
+                got = PathEscape
+            assert got == expected, path
+
+
 def test_read_five_megabyte_file(root: Path) -> None:
     """A 5 MiB file under the default 8 MiB cap is read whole, not truncated."""
     data = ("0123456789abcdef" * 63 + "0123456789abcde\n") * 5 * 1024  # 1 KiB lines

@@ -270,8 +270,23 @@ def _call(c: Custodian, tool: str, **params: str) -> object:
     return body.value
 
 
+def _inline(c: Custodian, tool: str, **params: str) -> f.Body | None:
+    env = f.Envelope(
+        v=1,
+        id="t.1",
+        corr=None,
+        sender="coordinator",
+        gen=1,
+        ttl_s=None,
+        dest_gen=None,
+        body=f.ToolCall(tool=tool, params=params),
+    )
+    return c.serve_inline(env)
+
+
 def test_custodian_serves_search_diff_and_log(repo: Path) -> None:
-    """The custodian answers the three new tools with their documented shapes."""
+    """The custodian answers the three slow tools on its loop with their documented shapes, and
+    read_file on its front thread's path (serve_inline)."""
     c = _custodian(repo)
     (repo / "a.txt").write_text("one\ntwo\nthree\n")
     assert _call(c, "search", path="", pattern="^t", limit="1") == {
@@ -286,12 +301,10 @@ def test_custodian_serves_search_diff_and_log(repo: Path) -> None:
     assert isinstance(d2, dict) and "+sea\n" in d2["diff"]
     lg = _call(c, "log", path="docs", limit="1")
     assert isinstance(lg, dict) and [x["subject"] for x in lg["commits"]] == ["c3: sea"]
-    assert _call(c, "read_file", path="a.txt") == {
-        "path": "a.txt",
-        "size": 14,
-        "truncated": False,
-        "text": "one\ntwo\nthree\n",
-    }
+    assert _inline(c, "read_file", path="a.txt") == f.ToolResult(
+        value={"path": "a.txt", "size": 14, "truncated": False, "text": "one\ntwo\nthree\n"}
+    )
+    assert _inline(c, "search", pattern="x") is None  # the loop's: a child process
 
 
 def test_custodian_tool_errors(repo: Path) -> None:
@@ -304,6 +317,14 @@ def test_custodian_tool_errors(repo: Path) -> None:
         return info.value.code
 
     assert code("grep") is ErrorCode.BAD_REQUEST
+    for tool, params, expected in (
+        ("stat", {}, ErrorCode.BAD_REQUEST),  # no path
+        ("read_file", {"path": "docs"}, ErrorCode.BAD_REQUEST),  # a directory
+        ("stat", {"path": "nope"}, ErrorCode.NOT_FOUND),
+    ):
+        with pytest.raises(RemoteError) as info:
+            _inline(c, tool, **params)
+        assert info.value.code is expected, (tool, params)
     assert code("search", path="") is ErrorCode.BAD_REQUEST  # no pattern
     assert code("search", pattern="(") is ErrorCode.BAD_REQUEST
     assert code("search", pattern="x", limit="many") is ErrorCode.BAD_REQUEST

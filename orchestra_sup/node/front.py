@@ -1,0 +1,176 @@
+"""A thread that owns a node's public ROUTER and answers cheap requests where they arrive.
+
+Why (ADR 0001): a request served on the node's loop costs a loop wake-up, a task, and for disk
+work a hop to a worker thread and back; `bench relay` measured that at about four times the raw
+pyzmq round trip for a `stat`. A thread blocked in `zmq_poll` on the socket itself answers a
+cheap, independent request with none of those.
+
+Arrangement: one ROUTER, owned by the front's thread, bound at the node's public address (so
+nothing changes for peers: same address, same routing ids, `ROUTER_MANDATORY`, the roster's
+generations) and at an inproc address where the node's server `Endpoint` connects as a DEALER
+with the routing id `LOOP_ID` (created with `routed=True`, so it carries `[peer, frame]` like a
+ROUTER). For every frame from a peer the front decodes it and, when it is a request (no `corr`)
+for this generation (or for no generation in particular), calls `serve(env)`; a body returned is
+sent back at once as the reply. Everything else (`serve` returned None, a frame that does not
+decode, a stale generation, a reply) goes to the loop unchanged as `[peer, frame]`, where the
+node's `Endpoint` handles it exactly as if it came from the public ROUTER: typed `Error` frames,
+`stale_generation`, counters. The loop's replies come back on the same socket and the front sends
+them on to their peer. One socket means the thread simply blocks in `recv`: no poller.
+
+Threading rules: `serve` runs on the front's thread, never on the loop, so it may block on disk
+(ARCHITECTURE §11.1 bounds what runs on the loop) but must not touch loop state. Frames are
+handled one at a time in arrival order, which bounds what the front has in flight at one.
+Idle, the thread sleeps in `recv`: no CPU. `close()` sends it a stop frame from `STOP_ID`; it
+forwards what the loop has already replied, closes its socket (linger 0) and exits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+
+import zmq
+
+from orchestra_sup.errors import ErrorCode, ProtocolError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.endpoint import error_frame
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
+
+log = logging.getLogger(__name__)
+
+LOOP_ID = b"\0front-loop"
+"""Routing id of the node's loop on the front's ROUTER. A leading zero byte is reserved for
+libzmq's own ids, and no generated id is this long, so no peer has it; a peer claiming it later
+would be refused (it is connected first, and ROUTER ids are never handed over)."""
+STOP_ID = b"\0front-stop"
+"""Routing id of the socket `close()` stops the thread with."""
+
+Serve = Callable[[f.Envelope], f.Body | None]
+"""Called on the front's thread with a request for this generation: the reply body, or None to
+leave the request to the node's loop. An exception it raises is answered with the `Error` frame
+it maps to (`endpoint.error_frame`)."""
+
+
+class Front:
+    """The thread in front of a node's loop; see the module docstring.
+
+    Construction binds the ROUTER at `inner` (an `inproc://` address), where the node's server
+    must connect (routing id `LOOP_ID`) before `start(public)`; that order makes the loop known
+    to the ROUTER before any peer can send. `start` binds `public` (on the caller's thread, so
+    it is bound when it returns) and starts the thread. `close()`, from the thread that called
+    `start`, stops the thread and returns once it has exited. `on_crash()` is called on
+    the front's thread if it ever dies of an unexpected error (the node then stops, so its
+    supervisor restarts it, rather than go on deaf). Counters: `answered` (requests `serve`
+    answered), `forwarded` (frames passed to the loop).
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        *,
+        name: str,
+        generation: int,
+        serve: Serve,
+        on_crash: Callable[[], None],
+        inner: str,
+    ):
+        self.name = name
+        self.generation = generation
+        self.serve = serve
+        self.on_crash = on_crash
+        self.codec = Codec()  # msgspec encoders are not shared across threads
+        self.router: zmq.Socket = ctx.socket(zmq.ROUTER)
+        self.router.linger = 0
+        self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._stop: zmq.Socket = ctx.socket(zmq.DEALER)
+        self._stop.linger = 0
+        self._stop.setsockopt(zmq.IDENTITY, STOP_ID)
+        self.router.bind(inner)
+        self._stop.connect(inner)
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._run, name=f"{name}-front", daemon=True)
+        self.answered = 0
+        self.forwarded = 0
+
+    def start(self, public: str) -> None:
+        self.router.bind(public)
+        self._thread.start()  # hands the ROUTER over: only the thread uses it from now on
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._stop.send(b"")
+            self._thread.join()
+        else:  # never started, or crashed: the ROUTER is this thread's to close
+            self.router.close(linger=0)
+        self._stop.close(linger=0)
+
+    # --- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            log.exception("%s: the front thread failed", self.name)
+            self.on_crash()
+        finally:
+            self.router.close(linger=0)
+
+    def _loop(self) -> None:
+        router = self.router
+        while True:
+            parts = router.recv_multipart()
+            sender = parts[0]
+            if sender == STOP_ID:
+                # What the loop replied before it asked to stop still goes out.
+                while router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    parts = router.recv_multipart(zmq.NOBLOCK)
+                    if parts[0] == LOOP_ID:
+                        self._send(parts[1:])
+                return
+            if sender == LOOP_ID:
+                self._send(parts[1:])
+            elif not self._answer(parts):
+                self.forwarded += 1
+                router.send_multipart([LOOP_ID, *parts])  # blocks while the loop is behind
+
+    def _answer(self, parts: list[bytes]) -> bool:
+        """Serve `parts` here if it is a request `serve` takes; False passes it to the loop."""
+        if len(parts) != 2:
+            return False
+        try:
+            env = self.codec.decode(parts[1])
+        except ProtocolError:
+            return False  # the loop answers it and counts it, as for any bad frame
+        if env.corr is not None or (env.dest_gen is not None and env.dest_gen != self.generation):
+            return False
+        try:
+            body = self.serve(env)
+        except Exception as exc:
+            body = error_frame(exc)
+            if body.code is ErrorCode.INTERNAL:
+                log.exception("%s: serving %s failed", self.name, type(env.body).__name__)
+        if body is None:
+            return False
+        reply = f.Envelope(
+            v=PROTOCOL_VERSION,
+            id=f"{self.name}.{self.generation}.f{next(self._ids)}",
+            corr=env.id,
+            sender=self.name,
+            gen=self.generation,
+            ttl_s=None,
+            dest_gen=None,
+            body=body,
+        )
+        self._send([parts[0], self.codec.encode(reply)])
+        self.answered += 1
+        return True
+
+    def _send(self, parts: list[bytes]) -> None:
+        try:
+            self.router.send_multipart(parts, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # Again (its queue is full) or EHOSTUNREACH (gone)
+            log.info("%s: reply to %r dropped: %s", self.name, parts[0], exc)

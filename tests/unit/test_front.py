@@ -1,0 +1,179 @@
+"""`orchestra_sup.node.front.Front`: a thread owning a node's ROUTER, over real `ipc://` sockets.
+
+A blocking DEALER plays the peer; the node's side is an `Endpoint(DEALER, routed=True)` on a
+loop of the test's own (`asyncio.run`), or no loop at all where the point is that none is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from orchestra_sup.errors import ErrorCode, PathEscape
+from orchestra_sup.node.front import LOOP_ID, Front
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
+
+INNER = "inproc://node.front"
+DEADLINE_MS = 5000
+"""Upper bound for a reply that should come promptly; only reached when a test fails."""
+
+
+class Rig:
+    """A front for node `node` generation 1, its loop-side endpoint and a peer's DEALER."""
+
+    def __init__(self, tmp_path: Path, crashed: threading.Event | None = None) -> None:
+        self.ctx = zmq.Context()
+        self.codec = Codec()
+        self.served_on: list[int] = []
+        self.front = Front(
+            self.ctx,
+            name="node",
+            generation=1,
+            serve=self.serve,
+            on_crash=(crashed or threading.Event()).set,
+            inner=INNER,
+        )
+        self.inner = Endpoint(
+            self.ctx,
+            zmq.DEALER,
+            name="node",
+            generation=1,
+            codec=Codec(),
+            identity=LOOP_ID.decode(),
+            routed=True,
+        )
+        self.inner.connect(INNER)
+        public = f"ipc://{tmp_path / 'node.ipc'}"
+        self.front.start(public)
+        self.peer = self.ctx.socket(zmq.DEALER)
+        self.peer.linger = 0
+        self.peer.setsockopt(zmq.IDENTITY, b"coordinator.1")
+        self.peer.connect(public)
+
+    def serve(self, env: f.Envelope) -> f.Body | None:
+        self.served_on.append(threading.get_ident())
+        body = env.body
+        if isinstance(body, f.ToolCall) and body.tool == "stat":
+            if body.params.get("path", "").startswith(".."):
+                raise PathEscape(body.params["path"])
+            return f.ToolResult(value={"path": body.params["path"]})
+        if isinstance(body, f.ToolCall) and body.tool == "boom":
+            raise RuntimeError("a bug in serve")
+        return None
+
+    def send(self, body: f.Body, *, msg_id: str = "c.1.1", dest_gen: int | None = 1) -> None:
+        env = f.Envelope(
+            v=PROTOCOL_VERSION,
+            id=msg_id,
+            corr=None,
+            sender="coordinator",
+            gen=1,
+            ttl_s=5.0,
+            dest_gen=dest_gen,
+            body=body,
+        )
+        self.peer.send(self.codec.encode(env))
+
+    def recv(self) -> f.Envelope:
+        assert self.peer.poll(DEADLINE_MS), "no reply"
+        return self.codec.decode(self.peer.recv())
+
+    def close(self) -> None:
+        self.front.close()
+        self.inner.close()
+        self.peer.close()
+        self.ctx.term()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(tmp_path)
+    yield r
+    r.close()
+
+
+def test_front_answers_on_its_own_thread_without_a_loop(rig: Rig) -> None:
+    """A request `serve` takes is answered by the front's thread while no event loop runs at
+    all, with the request's id as corr and the node's name and generation as sender."""
+    rig.send(f.ToolCall(tool="stat", params={"path": "README"}), msg_id="c.1.7")
+    reply = rig.recv()
+    assert reply.body == f.ToolResult(value={"path": "README"})
+    assert (reply.corr, reply.sender, reply.gen) == ("c.1.7", "node", 1)
+    assert rig.served_on and threading.get_ident() not in rig.served_on
+    assert (rig.front.answered, rig.front.forwarded) == (1, 0)
+
+
+def test_serve_errors_are_typed_error_frames(rig: Rig) -> None:
+    """A typed error raised by `serve` is its Error frame; a bug is `internal`; both leave the
+    front serving."""
+    rig.send(f.ToolCall(tool="stat", params={"path": "../x"}))
+    escape = rig.recv().body
+    assert isinstance(escape, f.Error) and escape.code is ErrorCode.PATH_ESCAPE
+    rig.send(f.ToolCall(tool="boom"))
+    bug = rig.recv().body
+    assert isinstance(bug, f.Error) and bug.code is ErrorCode.INTERNAL
+    rig.send(f.ToolCall(tool="stat", params={"path": "a"}))
+    assert rig.recv().body == f.ToolResult(value={"path": "a"})
+
+
+def test_the_rest_reaches_the_loop_and_its_replies_go_back(rig: Rig) -> None:
+    """What `serve` leaves (None), a stale generation and an undecodable frame all reach the
+    loop's endpoint, which answers them as a ROUTER would: its handler's reply to the right
+    peer, `stale_generation` without calling the handler, `bad_frame`."""
+    handled: list[tuple[bytes | None, str]] = []
+
+    def handler(ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        handled.append((peer, type(env.body).__name__))
+        ep.reply(env, peer, f.Ack())
+
+    async def go() -> list[f.Body]:
+        rig.inner.handler = handler
+        rig.inner.start()
+        rig.send(f.ListLanes())
+        rig.send(f.ToolCall(tool="stat", params={"path": "a"}), dest_gen=2)
+        rig.peer.send(b"\x00garbage")
+        # The blocking peer waits in a worker thread while this loop serves.
+        return [(await asyncio.to_thread(rig.recv)).body for _ in range(3)]
+
+    ack, stale, bad = asyncio.run(go())
+    assert ack == f.Ack() and handled == [(b"coordinator.1", "ListLanes")]
+    assert isinstance(stale, f.Error) and stale.code is ErrorCode.STALE_GENERATION
+    assert isinstance(bad, f.Error) and bad.code is ErrorCode.BAD_FRAME
+    assert rig.front.forwarded == 3 and rig.inner.bad_frames == 1
+    assert len(rig.served_on) == 1  # only the ListLanes was offered to serve
+
+
+def test_close_ends_the_thread_and_releases_its_sockets(tmp_path: Path) -> None:
+    """close() wakes the idle thread, which closes its sockets and exits; the context then
+    terminates at once (a socket left open would make term() hang)."""
+    r = Rig(tmp_path)
+    r.send(f.ToolCall(tool="stat", params={"path": "a"}))
+    r.recv()
+    r.front.close()
+    assert not any(t.name == "node-front" for t in threading.enumerate())
+    assert r.front.router.closed
+    r.inner.close()
+    r.peer.close()
+    done = threading.Thread(target=r.ctx.term, daemon=True)
+    done.start()
+    done.join(DEADLINE_MS / 1000)
+    assert not done.is_alive(), "zmq context did not terminate"
+
+
+def test_a_front_that_dies_says_so(tmp_path: Path) -> None:
+    """If the thread fails outside `serve` (here: its socket is closed under it), `on_crash`
+    is called so the node can stop instead of going on deaf."""
+    crashed = threading.Event()
+    r = Rig(tmp_path, crashed)
+    r.front.serve = lambda env: r.front.router.close()  # type: ignore[func-returns-value]
+    r.send(f.ListLanes())
+    assert crashed.wait(DEADLINE_MS / 1000)
+    r.close()
