@@ -332,6 +332,10 @@ class Node:
             lost = old is not None and (not state.up or old.generation != state.generation)
             link = self._links.get(state.name)
             if lost and link is not None:
+                # A fresh connection for the next generation: nothing queued for the old one
+                # reaches it, and an inproc:// link (colocated) never reconnects by itself.
                 link.fail_pending(None, PeerDown(state.name))
+                link.close()
+                del self._links[state.name]
         if changed:
             self.role.on_roster(changed)

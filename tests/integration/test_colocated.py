@@ -48,8 +48,11 @@ def test_a_colocated_tree_runs_plans_restarts_components_and_stops_clean(tmp_pat
         assert report.ok and "made" in report.tasks[1].output_tail
         assert {t.shard for t in report.tasks} == {"shard-0", "shard-1"}
 
-        assert client.request(f.CtlRestart(name="shard-1"), timeout_s=30) == f.Ack()
-        _wait_generation(client, "shard-1", 2)
+        for name in ("shard-1", "custodian"):  # peers reach each new generation again
+            assert client.request(f.CtlRestart(name=name), timeout_s=30) == f.Ack()
+            _wait_generation(client, name, 2)
+        read = client.request(f.CtlCall(tool="stat", params={"path": "README"}), timeout_s=30)
+        assert isinstance(read, f.ToolResult) and read.value["type"] == "file"
         again = client.request(f.CtlSubmit(plan=spec), timeout_s=10)
         assert isinstance(again, f.PlanAccepted)
         assert wait_plan(client, again.id, timeout_s=60).ok
