@@ -156,7 +156,31 @@ def judge(outcome: ShellOutcome, timeout_s: float | None) -> Outcome:
 
 
 class ProgramError(Exception):
-    """A program that may not or cannot be loaded; the message names it and why."""
+    """A program that may not or cannot be loaded, or that returned something other than a
+    valid `Outcome`; the message names it and why."""
+
+
+EXIT_CODE_RANGE = range(-(2**31), 2**31)
+
+
+def checked(name: str, verdict: object) -> Outcome:
+    """`verdict` if it is a valid `Outcome` (status "succeeded" or "failed", `exit_code` None or
+    a 32-bit int, `error` None or a string); raises `ProgramError` otherwise. A program's return
+    value goes into durable records and across processes: nothing unchecked may."""
+    if not isinstance(verdict, Outcome):
+        raise ProgramError(f"program {name} returned {type(verdict).__name__}, not an Outcome")
+    if verdict.status not in ("succeeded", "failed"):
+        raise ProgramError(
+            f"program {name} returned status {verdict.status!r} (expected 'succeeded' or 'failed')"
+        )
+    code = verdict.exit_code
+    if code is not None and (
+        isinstance(code, bool) or not isinstance(code, int) or code not in EXIT_CODE_RANGE
+    ):
+        raise ProgramError(f"program {name} returned exit code {code!r} (expected a 32-bit int)")
+    if verdict.error is not None and not isinstance(verdict.error, str):
+        raise ProgramError(f"program {name} returned a non-string error")
+    return verdict
 
 
 def load_program(name: str, allowed: frozenset[str]) -> LaneProgram:

@@ -44,6 +44,7 @@ from orchestra_sup.shards.program import (
     Mailbox,
     Outcome,
     ProgramError,
+    checked,
     load_program,
 )
 from orchestra_sup.shards.shell import ShellOutcome, run_shell
@@ -124,7 +125,11 @@ class Shard:
         self.store = Store(node.paths.state_dir / node.name, ["outbox", *TRANSCRIPT_DBS])
         self.store.start()
         for key, value in self.store.items("outbox"):
-            self.outbox[key.decode()] = self._decoder.decode(value)
+            try:
+                self.outbox[key.decode()] = self._decoder.decode(value)
+            except msgspec.DecodeError as exc:  # one bad record must not stop the shard
+                log.error("outbox %r: unreadable record dropped: %s", key, exc)
+                self.store.delete("outbox", key)
         # --- transcripts: close what a dead generation left running, prune, prune periodically
         self.transcript = Transcript(self.store)
         await self.transcript.open(node.args.transcript_retention_s)
@@ -327,7 +332,16 @@ class Shard:
                 emit_fn=self._emitter(lane),
                 mailbox=lane.mailbox or Mailbox(),
             )
-            verdict = await program.run(context)
+            if spec.program == SHELL:  # its command has the timeout, and kills its group
+                verdict = await program.run(context)
+            else:
+                try:
+                    async with asyncio.timeout(spec.timeout_s):
+                        verdict = checked(spec.program, await program.run(context))
+                except TimeoutError:
+                    verdict = Outcome(
+                        status="failed", error=f"timed out after {spec.timeout_s:g} s"
+                    )
             status, error = verdict.status, verdict.error
             if lane.interrupted:  # told to stop: even an exit 0 is not a finished step
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
@@ -361,7 +375,7 @@ class Shard:
             task=spec.id,
             shard=self.node.name,
             status=status,
-            exit_code=verdict.exit_code if verdict else None,
+            exit_code=verdict.exit_code if verdict is not None else None,
             duration_s=round(time.monotonic() - started, 3),
             output_tail=lane.tail.decode(errors="replace"),
             sandbox=lane.sandbox,
@@ -496,7 +510,9 @@ def _end_event(result: f.LaneResult) -> str:
     """A lane's last transcript row: "<status>: <how it ended>", e.g. "succeeded: exited with
     status 0", "failed: exited with status 3", "cancelled: cancelled by request"."""
     if result.status == "succeeded":
-        text = f"succeeded: exited with status {result.exit_code}"
+        text = "succeeded"
+        if result.exit_code is not None:
+            text = f"succeeded: exited with status {result.exit_code}"
         return f"{text}; committed {result.commit}" if result.commit else text
     error = result.error or "no error recorded"
     return error if error.startswith(f"{result.status}:") else f"{result.status}: {error}"

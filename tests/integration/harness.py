@@ -123,9 +123,9 @@ class Tree:
         with CtlClient(self.run_dir) as client:
             return client.request(body, timeout_s=timeout_s)
 
-    def call(self, tool: str, timeout_s: float = 30.0, **params: str) -> Any:
+    def call(self, tool: str, *, ctl_timeout_s: float = 30.0, **params: str) -> Any:
         """A coordinator tool through the real relay (`ctl call`); returns its value."""
-        reply = self.ctl(f.CtlCall(tool=tool, params=params), timeout_s=timeout_s)
+        reply = self.ctl(f.CtlCall(tool=tool, params=params), timeout_s=ctl_timeout_s)
         assert isinstance(reply, f.ToolResult)
         return reply.value
 

@@ -23,3 +23,20 @@ class Runs:
             if outcome.exit_code != 0:
                 return Outcome(status="failed", exit_code=outcome.exit_code, error=str(command))
         return Outcome(status="succeeded", exit_code=0)
+
+
+class Interrupted:
+    """Claims a status only the shard may give."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        return Outcome(status="interrupted")
+
+
+class NotAnOutcome:
+    async def run(self, lane: LaneContext) -> object:
+        return "done"
+
+
+class HugeExitCode:
+    async def run(self, lane: LaneContext) -> Outcome:
+        return Outcome(status="failed", exit_code=-(10**30))

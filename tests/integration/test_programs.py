@@ -19,13 +19,17 @@ pytestmark = pytest.mark.integration
 NOT_A_PROGRAM = "orchestra_sup.shards.program:ProgramError"  # a class with no run()
 RAISES = "tests.integration.lane_programs:Raises"
 RUNS = "tests.integration.lane_programs:Runs"
+HOSTILE = [
+    f"tests.integration.lane_programs:{name}"
+    for name in ("Interrupted", "NotAnOutcome", "HugeExitCode")
+]
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def programs(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
     cfg = tmp_path / "tree.toml"
-    listed = ", ".join(f'"{p}"' for p in (PARKED, NOT_A_PROGRAM, RAISES, RUNS))
+    listed = ", ".join(f'"{p}"' for p in (PARKED, NOT_A_PROGRAM, RAISES, RUNS, *HOSTILE))
     cfg.write_text(f"[lanes]\nprograms = [{listed}]\n")
     return tree_factory(workspace=repo, config=cfg, extra_env={"PYTHONPATH": str(REPO)})
 
@@ -149,3 +153,28 @@ def test_a_stop_interrupts_a_parked_lane_at_once(
     assert isinstance(report, f.PlanReport)
     assert report.tasks[0].attempts >= 1
     assert any("interrupted" in w for w in report.tasks[0].warnings), report.tasks[0]
+
+
+@pytest.mark.parametrize("program", HOSTILE)
+def test_what_a_program_returns_is_checked_before_it_is_stored(
+    programs: Tree, program: str
+) -> None:
+    """A status only the shard may give, something that is not an Outcome, an exit code no
+    record can hold: the lane fails, and nothing poisons the shard's durable outbox (its restart
+    reads the outbox back)."""
+    plan_id = programs.submit(
+        f.PlanSpec(name="h", tasks=[f.TaskSpec(id="x", program=program, run="")])
+    )
+    report = programs.wait_plan(plan_id, timeout_s=20)
+    assert report.tasks[0].status == "failed"
+    assert f"program {program} returned" in str(report.tasks[0].error)
+    shard = str(report.tasks[0].shard)
+    assert programs.ctl(f.CtlRestart(name=shard), timeout_s=30) == f.Ack()
+    assert programs.wait_running(shard, 2).state == "running"
+
+
+def test_a_program_lane_is_bounded_by_its_timeout(programs: Tree) -> None:
+    started = programs.call("start_lane", program=PARKED, timeout_s="0.5")
+    report = programs.wait_plan(str(started["plan"]), timeout_s=20)
+    assert report.tasks[0].status == "failed"
+    assert report.tasks[0].error == "timed out after 0.5 s"
