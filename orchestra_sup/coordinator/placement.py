@@ -4,9 +4,10 @@ In order, short-circuiting:
 
 1. Affinity: a live `AffinityTicket` (its shard is up, at the ticket's generation, in this tree's
    boot, eligible and not full) sends the lane back to that shard without scoring.
-2. Eligibility, a hard pass/fail filter: the shard is up, has a free lane slot, offers every
-   capability the task `requires`, and serves the plan's tenant (a shard with no `tenants` list
-   serves every tenant; one with a list serves only those, and no plan without a tenant).
+2. Eligibility, a hard pass/fail filter: the shard is up and not stopping, has a free lane slot,
+   offers every capability the task `requires`, and serves the plan's tenant (a shard with no
+   `tenants` list serves every tenant; one with a list serves only those, and no plan without a
+   tenant).
 3. Score: least loaded (cost, latency and warmth are reserved weights in the seed's model and have
    no live signal here).
 4. Tie-break: the shard name, so the same state always gives the same answer.
@@ -27,7 +28,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 class ShardView(msgspec.Struct, kw_only=True):
     """What the coordinator knows of one shard: from the roster, plus its own count of lanes.
 
-    `capabilities` are what the shard offers; `tenants` whom it serves (empty: every tenant).
+    `capabilities` are what the shard offers; `tenants` whom it serves (empty: every tenant);
+    `stopping`: up but being stopped, so it takes no new lane.
     """
 
     name: str
@@ -37,6 +39,12 @@ class ShardView(msgspec.Struct, kw_only=True):
     load: int = 0
     capabilities: frozenset[str] = frozenset()
     tenants: frozenset[str] = frozenset()
+    stopping: bool = False
+
+    @property
+    def open(self) -> bool:
+        """Up, not stopping, with a free lane slot."""
+        return self.up and not self.stopping and self.load < self.capacity
 
 
 class Need(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,9 +110,9 @@ def place(
     now. `boot` is the current tree run's boot id, against which `ticket` is checked."""
     if ticket is not None:
         for view in shards:
-            if ticket.lives(view, boot) and view.load < view.capacity and serves(view, need):
+            if ticket.lives(view, boot) and view.open and serves(view, need):
                 return view
-    eligible = [s for s in shards if s.up and s.load < s.capacity and serves(s, need)]
+    eligible = [s for s in shards if s.open and serves(s, need)]
     if not eligible:
         return None
     return min(eligible, key=lambda s: (s.load, s.name))

@@ -131,6 +131,7 @@ class Coordinator:
                 capacity=peer.capacity,
                 capabilities=frozenset(peer.capabilities),
                 tenants=frozenset(peer.tenants),
+                stopping=peer.stopping,
             )
             self._refused.pop(peer.name, None)
             for plan in self.plans.values():
@@ -150,7 +151,26 @@ class Coordinator:
                     )
                     self._persist(plan)
                     self._maybe_done(plan)
+        self._lose_unknown_shards()
         self._pump()
+
+    def _lose_unknown_shards(self) -> None:
+        """A live task on a shard the roster does not have (the tree came back with fewer
+        shards after a crash) is lost with it, as if that shard had died."""
+        assert self.node is not None
+        if not self.node.peers:
+            return
+        for plan in self.plans.values():
+            gone = {
+                rec.shard
+                for rec in plan.tasks.values()
+                if rec.status in LIVE and rec.shard is not None and rec.shard not in self.node.peers
+            }
+            for shard in gone:
+                lost = plan.lose_shard(shard, None, self.max_worker_loss)
+                log.warning("plan %s: %s lost: %s is no longer in the tree", plan.id, lost, shard)
+                self._persist(plan)
+                self._maybe_done(plan)
 
     # --- requests --------------------------------------------------------------------------------
 

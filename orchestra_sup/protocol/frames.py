@@ -197,6 +197,8 @@ class PeerState(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int = 0
     capabilities: list[str] = []
     tenants: list[str] = []
+    stopping: bool = False
+    """Up, but being stopped (an operator restart, a rollover): it takes no new work."""
 
 
 class TreeStopping(Frame, tag="tree_stopping"):

@@ -226,6 +226,10 @@ class Shard:
         assert self.node is not None and self.store is not None
         if start.lane in self.lanes or f"result:{start.lane}" in self.outbox:
             return f.Ack()  # a re-sent start: the lane id is its idempotency key
+        if self._closing:
+            # Stopping: a lane placed here now would only be interrupted. Full, to the
+            # coordinator, until this shard's next generation says otherwise.
+            return f.Error(code=ErrorCode.SHARD_FULL, message=f"{self.node.name} is stopping")
         if self.store.degraded is not None:
             # A full disk stops new work (its result could not be made durable); the
             # coordinator places the lane elsewhere or later.

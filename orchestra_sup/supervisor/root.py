@@ -369,6 +369,7 @@ class RootSupervisor:
                     capacity=w.spec.capacity,
                     capabilities=list(w.spec.capabilities),
                     tenants=list(w.spec.tenants),
+                    stopping=w.state is ChildState.STOPPING,
                 )
                 for w in self.workers
             ]

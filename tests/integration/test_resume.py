@@ -81,3 +81,59 @@ def test_a_lane_that_exits_0_on_sigterm_is_still_interrupted(
     by_id = {t.id: t for t in report.tasks}
     assert report.ok and by_id["polite"].attempts == 2, report
     assert runs.read_text().split() == ["1", "2"]
+
+
+def test_a_graceful_shard_restart_re_runs_its_lane_once_elsewhere(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """`ctl restart shard-0` interrupts its lane; the stopping shard refuses the re-placement
+    (it would only be interrupted again), so the step runs once more, on the new generation."""
+    gate = tmp_path / "gate"
+    tree = tree_factory(workspace=repo, shards=1)
+    plan_id = tree.submit(plan("one", task("t", f"while [ ! -e {gate} ]; do sleep 0.05; done")))
+
+    def running() -> bool:
+        reply = tree.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        return any(lane.state == "running" for lane in reply.lanes)
+
+    wait_until(running, 20, "the lane to run")
+    assert tree.ctl(f.CtlRestart(name="shard-0"), timeout_s=60) == f.Ack()
+    wait_until(running, 20, "the re-run to run")
+    gate.touch()
+    report = tree.wait_plan(plan_id, timeout_s=30)
+    assert report.ok, report
+    assert report.tasks[0].attempts == 2, report.tasks[0]
+    assert not any("was lost" in w for w in report.tasks[0].warnings), report.tasks[0].warnings
+
+
+def test_a_task_on_a_shard_the_tree_no_longer_has_is_placed_again(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """The supervisor is SIGKILLed with a lane on shard-1, and the tree comes back with one
+    shard: that lane is lost with shard-1 and its task runs again on shard-0 (it does not wait
+    for a shard that will never return)."""
+    import signal
+
+    one = tree_factory(workspace=repo, base=tmp_path / "t", shards=2)
+    spec = plan("two", task("a", "sleep 300"), task("b", "sleep 300"))
+    plan_id = one.submit(spec)
+
+    def on_both() -> bool:
+        report = one.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(report, f.PlanReport)
+        return {t.shard for t in report.tasks if t.status == "running"} == {"shard-0", "shard-1"}
+
+    wait_until(on_both, 20, "a lane on each shard")
+    one.stop(signal.SIGKILL)
+    two = tree_factory(workspace=repo, base=tmp_path / "t", shards=1)
+
+    def replaced() -> f.PlanReport | None:
+        report = two.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(report, f.PlanReport)
+        return report if all(t.shard == "shard-0" for t in report.tasks) else None
+
+    report = wait_until(replaced, 30, "every task on shard-0")
+    assert isinstance(report, f.PlanReport)
+    warnings = " ".join(w for t in report.tasks for w in t.warnings)
+    assert "shard-1 (generation 1) was lost" in warnings, report.tasks

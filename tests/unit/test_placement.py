@@ -45,6 +45,14 @@ PLACE_TABLE = [
     ("full shard is not eligible", [_shard("s0", load=4), _shard("s1", load=3)], "s1"),
     ("over-full shard is not eligible", [_shard("s0", load=5), _shard("s1", load=3)], "s1"),
     ("down shard is not eligible", [_shard("s0", up=False), _shard("s1", load=3)], "s1"),
+    (
+        "stopping shard is not eligible",
+        [
+            ShardView(name="s0", generation=1, up=True, capacity=4, stopping=True),
+            _shard("s1", load=3),
+        ],
+        "s1",
+    ),
     ("zero capacity is not eligible", [_shard("s0", capacity=0), _shard("s1", load=2)], "s1"),
     ("single free shard", [_shard("only", load=3)], "only"),
     ("all full", [_shard("s0", load=4), _shard("s1", load=4)], None),
