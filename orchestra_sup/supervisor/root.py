@@ -405,10 +405,24 @@ class RootSupervisor:
         )
 
     async def _watchdog(self) -> None:
+        """SIGKILL a running child whose heartbeats stopped for `watchdog_s`. Silence is only
+        the child's fault if this loop was there to hear it: when the watchdog itself wakes more
+        than half of `watchdog_s` late (the supervisor was stopped, swapped out, its VM paused),
+        every child's silence is forgiven from now, instead of every child being killed for
+        the supervisor's own stall."""
         limit = self.settings.supervisor.watchdog_s
+        period = min(1.0, limit / 4)
         while True:
-            await asyncio.sleep(min(1.0, limit / 4))
+            asked = time.monotonic()
+            await asyncio.sleep(period)
             now = time.monotonic()
+            if now - asked - period > limit / 2:
+                log.warning(
+                    "supervisor loop stalled %.1f s; children's silence forgiven", now - asked
+                )
+                for live in self.liveness.values():
+                    live.last_beat = max(live.last_beat, now)
+                continue
             for worker in self.workers:
                 silent = now - self.liveness[worker.name].last_beat
                 if worker.state is ChildState.RUNNING and silent > limit:

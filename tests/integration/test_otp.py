@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,25 @@ def test_stalled_loop_is_restarted_by_the_watchdog(
     after = tree.pids()
     for name in ("custodian", "shard-0", "shard-1"):
         assert after[name] == before[name]
+
+
+def test_a_stalled_supervisor_does_not_blame_its_children(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """SIGSTOP the supervisor for longer than the watchdog: when it resumes, its children's
+    silence was its own, so none is killed."""
+    cfg = config(tmp_path, "[supervisor]\nwatchdog_s = 1.0\n")
+    tree = tree_factory(workspace=repo, config=cfg)
+    before = tree.pids()
+    os.kill(tree.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(2.5)  # the fault injected, not a synchronisation: a stall > watchdog_s
+    finally:
+        os.kill(tree.proc.pid, signal.SIGCONT)
+    wait_until(lambda: "silence forgiven" in tree.log(), 10, "the watchdog to notice its stall")
+    status = tree.status()
+    assert tree.pids() == before
+    assert all(c.restarts == 0 and c.state == "running" for c in status.children), status
 
 
 def test_loop_lag_of_every_process_is_in_status(
