@@ -86,7 +86,8 @@ def guarded(fn: Callable[[], T]) -> T:
     except TreeUnreachable as exc:
         raise fail(str(exc), EXIT_UNREACHABLE) from None
     except RemoteError as exc:
-        raise fail(str(exc), EXIT_FAILED) from None
+        bad_input = exc.code in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND, ErrorCode.PATH_ESCAPE)
+        raise fail(str(exc), EXIT_USAGE if bad_input else EXIT_FAILED) from None
     except OrchestraError as exc:
         raise fail(str(exc), EXIT_FAILED) from None
 

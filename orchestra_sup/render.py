@@ -21,6 +21,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "run_dir": reply.run_dir,
             "state_dir": reply.state_dir,
             "workspace": reply.workspace,
+            "loop_lag_ms": list(reply.loop_lag_ms),
         },
         "children": msgspec.to_builtins(reply.children),
     }

@@ -23,7 +23,8 @@ Figures: `idle_turn_p50_ms`, `idle_turn_p99_ms`, `loaded_turn_p50_ms`, `loaded_t
 `ratio` (loaded p99 / idle p99: how much the load slowed the coordinator down), `host_loop_p99_ms`
 (the worst shard loop-lag p99 under load), `coordinator_loop_p99_ms` (the coordinator's, under
 load). Target (issue 6): separated ratio <= 1.2 while colocated degrades by an order of magnitude.
-`samples_ms` keeps every timed turn (idle and loaded) for plots (`bench all`).
+Loop-lag figures are None for a process that has not sent a sample yet (a phase shorter than a
+heartbeat). `samples_ms` keeps every timed turn (idle and loaded) for plots (`bench all`).
 """
 
 from __future__ import annotations
@@ -132,8 +133,10 @@ def measure(colocated: bool, probes: int, work: Path) -> dict[str, Any]:
         "loaded_turn_p50_ms": loaded_p["p50_ms"],
         "loaded_turn_p99_ms": loaded_p["p99_ms"],
         "ratio": round(loaded_p["p99_ms"] / idle_p["p99_ms"], 2),
-        "host_loop_p99_ms": max(loaded_lags[n] for n in shard_names),
-        "idle_host_loop_p99_ms": max(idle_lags[n] for n in shard_names),
+        "host_loop_p99_ms": max((loaded_lags[n] for n in shard_names), default=None),
+        "idle_host_loop_p99_ms": max(
+            (idle_lags[n] for n in shard_names if n in idle_lags), default=None
+        ),
         "coordinator_loop_p99_ms": loaded_lags.get("coordinator", 0.0),
         "loop_p99_ms": {"idle": idle_lags, "loaded": loaded_lags},
         "samples_ms": {

@@ -236,13 +236,15 @@ class Node:
 
     async def _heartbeat(self) -> None:
         while True:
-            p50, p99, worst = self.lag.figures()
-            beat = f.Heartbeat(
-                loop_lag_p50_ms=p50,
-                loop_lag_p99_ms=p99,
-                loop_lag_max_ms=worst,
-                load=self.role.load(),
-            )
+            beat = f.Heartbeat(load=self.role.load())
+            if self.lag.samples:  # before its first sample a loop has no figures, not zeros
+                p50, p99, worst = self.lag.figures()
+                beat = f.Heartbeat(
+                    loop_lag_p50_ms=p50,
+                    loop_lag_p99_ms=p99,
+                    loop_lag_max_ms=worst,
+                    load=beat.load,
+                )
             with contextlib.suppress(PeerDown):
                 self.control.send(beat)
             await asyncio.sleep(self.args.heartbeat_s)

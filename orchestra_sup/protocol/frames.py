@@ -177,11 +177,12 @@ class Reject(Frame, tag="reject"):
 
 
 class Heartbeat(Frame, tag="heartbeat"):
-    """Periodic liveness from a child, carrying its event-loop lag (milliseconds)."""
+    """Periodic liveness from a child, carrying its event-loop lag (milliseconds; None before
+    its first sample)."""
 
-    loop_lag_p50_ms: float
-    loop_lag_p99_ms: float
-    loop_lag_max_ms: float
+    loop_lag_p50_ms: float | None = None
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
     load: int = 0
 
 

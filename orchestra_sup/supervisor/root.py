@@ -299,6 +299,8 @@ class RootSupervisor:
             kill_orphans(self.seam.known_pids())
 
     def _changed(self, worker: Worker) -> None:
+        if worker.state is ChildState.STARTING:
+            self.liveness[worker.name].lag_ms = None  # a new process: no figures of its own yet
         if worker.state is ChildState.RUNNING:
             self.liveness[worker.name].last_beat = time.monotonic()
         self.broadcast_roster()
@@ -320,11 +322,9 @@ class RootSupervisor:
             case f.Heartbeat() if worker is not None and worker.state is ChildState.RUNNING:
                 live = self.liveness[worker.name]
                 live.last_beat = time.monotonic()
-                live.lag_ms = (
-                    round(body.loop_lag_p50_ms, 3),
-                    round(body.loop_lag_p99_ms, 3),
-                    round(body.loop_lag_max_ms, 3),
-                )
+                p50, p99, worst = body.loop_lag_p50_ms, body.loop_lag_p99_ms, body.loop_lag_max_ms
+                if p50 is not None and p99 is not None and worst is not None:
+                    live.lag_ms = (round(p50, 3), round(p99, 3), round(worst, 3))
                 live.load = body.load
             case f.Heartbeat():
                 pass  # from a generation that is gone, or from no child at all

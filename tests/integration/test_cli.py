@@ -143,6 +143,8 @@ def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None
     status = json.loads(cli("ctl", "--run-dir", run_dir, "status", "--json").stdout)
     assert set(status["supervisor"]) >= {"pid", "version"}
     assert status["supervisor"]["pid"] == tree.proc.pid
+    p50, p99, worst = status["supervisor"]["loop_lag_ms"]
+    assert 0 <= p50 <= p99 <= worst
     names = [c["name"] for c in status["children"]]
     assert names == ["custodian", "coordinator", "shard-0", "shard-1"]
     for c in status["children"]:
@@ -224,6 +226,22 @@ def test_interrupted_run_stops_its_tree(tmp_path: Path, how: str) -> None:
     assert err.strip().splitlines()[-1] == "orchestra-sup: interrupted; the tree was stopped"
     assert "Traceback" not in err
     assert_no_leftovers()
+
+
+def test_plans_the_tree_refuses_are_bad_input(tree: Tree, tmp_path: Path) -> None:
+    """A need no shard meets, a program not allowed: one line, exit 2, like any bad plan."""
+    run_dir = str(tree.run_dir)
+    nowhere = write(
+        tmp_path / "n.toml", 'name = "n"\n[[task]]\nid = "x"\nrun = "true"\nrequires = ["gpu"]\n'
+    )
+    assert_one_line_error(
+        cli("ctl", "--run-dir", run_dir, "submit", str(nowhere)), 2, "task x: no shard offers"
+    )
+    odd = write(tmp_path / "o.toml", 'name = "o"\n[[task]]\nid = "x"\nprogram = "os:Nope"\n')
+    assert_one_line_error(
+        cli("ctl", "--run-dir", run_dir, "submit", str(odd)), 2, "is not in [lanes] programs"
+    )
+    assert_one_line_error(cli("ctl", "--run-dir", run_dir, "restart", "bogus"), 2, "bogus")
 
 
 def test_usage_errors_are_one_line(tmp_path: Path) -> None:

@@ -90,7 +90,8 @@ def test_bench_isolation_emits_well_formed_json() -> None:
             "loaded_turn_p50_ms",
             "loaded_turn_p99_ms",
             "ratio",
-            "host_loop_p99_ms",
         ):
             assert isinstance(figures[key], float | int) and figures[key] >= 0, (mode, key)
+        # None when a phase was shorter than a heartbeat, as with 5 probes
+        assert figures["host_loop_p99_ms"] is None or figures["host_loop_p99_ms"] >= 0
     assert result["method"]["probes_per_phase"] == 5

@@ -185,12 +185,12 @@ def test_a_finished_lane_is_readable_after_a_full_restart(
     assert after[-1]["data"] == "succeeded: exited with status 0"
 
 
-def test_an_unknown_lane_is_one_line_exit_1(tree: Tree) -> None:
-    """`ctl logs` of a lane no shard knows: one line naming it, exit 1, with or without
+def test_an_unknown_lane_is_one_line_exit_2(tree: Tree) -> None:
+    """`ctl logs` of a lane no shard knows: bad input, one line naming it, exit 2, with or without
     --follow."""
     for args in (["nope-x-1"], ["nope-x-1", "--follow", "--json"]):
         proc = logs(tree, *args)
-        assert proc.returncode == 1, (proc.stdout, proc.stderr)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
         assert proc.stdout == ""
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "nope-x-1" in lines[0], proc.stderr
