@@ -588,7 +588,7 @@ def scale(
 
     Example: orchestra-sup bench scale --counts 10,100,1000 --json
     """
-    from orchestra_sup.bench.scale import format_table, run_scale_bench
+    from orchestra_sup.bench.scale import MAX_PARKED, format_table, run_scale_bench
 
     try:
         steps = tuple(int(c) for c in counts.split(","))
@@ -596,6 +596,8 @@ def scale(
         raise fail(f"--counts {counts!r}: expected comma-separated integers", EXIT_USAGE) from None
     if not steps or any(c < 1 for c in steps) or list(steps) != sorted(set(steps)):
         raise fail(f"--counts {counts!r}: expected rising positive integers", EXIT_USAGE)
+    if steps[-1] > MAX_PARKED:
+        raise fail(f"--counts {counts!r}: at most {MAX_PARKED} parked lanes", EXIT_USAGE)
     result = guarded(lambda: run_scale_bench(steps, iterations, max(10, iterations // 10)))
     if as_json:
         print_json(result)
@@ -629,6 +631,10 @@ def all_benches(
             raise fail(
                 f"--only: unknown benchmark {name!r} (known: {', '.join(BENCHES)})", EXIT_USAGE
             )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(f"--out {out_dir}: {exc.strerror}", EXIT_USAGE) from None
     report = guarded(lambda: run_suite(quick, out_dir, names))
     if as_json:
         print_json(report)

@@ -113,7 +113,8 @@ def _await_ready(listener: socket.socket, proc: subprocess.Popen[bytes], log_pat
     while waited < READY_TIMEOUT_S:
         if proc.poll() is not None:
             raise SupervisionError(
-                f"the tree exited with status {proc.returncode} before it was ready; see {log_path}"
+                f"the tree exited with status {proc.returncode} before it was ready"
+                f"{_last_words(log_path)}; see {log_path}"
             )
         try:
             data = listener.recv(4096)
@@ -123,6 +124,16 @@ def _await_ready(listener: socket.socket, proc: subprocess.Popen[bytes], log_pat
         if b"READY=1" in data.split(b"\n"):
             return
     raise SupervisionError(f"the tree was not ready within {READY_TIMEOUT_S:g} s; see {log_path}")
+
+
+def _last_words(log_path: Path) -> str:
+    """ ": <the log's last line>", so the reason survives a log that is removed with its
+    temporary directory (benchmarks), or "" when there is none."""
+    try:
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return f": {lines[-1][:200]}" if lines else ""
 
 
 def wait_plan(client: CtlClient, plan_id: str, *, timeout_s: float) -> f.PlanReport:

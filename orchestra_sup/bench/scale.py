@@ -52,6 +52,8 @@ class Parked:
 
 COUNTS = (10, 100, 1000)
 SHARDS = 8
+MAX_PARKED = 10_000
+"""The most parked lanes one run starts (one plan of them: its record must stay a sane size)."""
 
 
 def _shard_uss(client: CtlClient) -> int:

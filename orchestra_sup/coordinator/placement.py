@@ -79,8 +79,18 @@ class AffinityTicket(msgspec.Struct, frozen=True, kw_only=True):
         """Raises `ValueError` (naming `text`) unless it reads `<shard>.<generation>@<boot>`."""
         where, sep, boot = text.partition("@")
         shard, dot, generation = where.rpartition(".")
-        if not (sep and dot and shard and boot and generation.isdigit()):
-            raise ValueError(f"affinity ticket {text!r} is not <shard>.<generation>@<boot>")
+        well_formed = (
+            sep
+            and dot
+            and shard
+            and boot
+            and len(text) <= 200
+            and generation.isascii()
+            and generation.isdigit()
+            and len(generation) <= 18
+        )
+        if not well_formed:
+            raise ValueError(f"affinity ticket {text[:80]!r} is not <shard>.<generation>@<boot>")
         return cls(shard=shard, generation=int(generation), boot=boot)
 
     def lives(self, view: ShardView, boot: str) -> bool:
@@ -123,14 +133,12 @@ def unplaceable(shards: list[ShardView], need: Need) -> str | None:
     (one line naming what is missing and what the shards offer), or None when one could."""
     if not shards or any(serves(s, need) for s in shards):
         return None
-    wanted = []
-    if need.requires:
-        wanted.append("capabilities " + ", ".join(sorted(need.requires)))
-    wanted.append(f"tenant {need.tenant}" if need.tenant is not None else "no tenant")
+    what = "capabilities " + ", ".join(sorted(need.requires)) if need.requires else "a lane slot"
+    whom = f"tenant {need.tenant}" if need.tenant is not None else "plans without a tenant"
     offers = "; ".join(
         f"{s.name}: "
         + (", ".join(sorted(s.capabilities)) or "no capabilities")
         + (f", tenants {', '.join(sorted(s.tenants))}" if s.tenants else ", any tenant")
         for s in sorted(shards, key=lambda s: s.name)
     )
-    return f"no shard offers {' with '.join(wanted)} ({offers})"
+    return f"no shard offers {what} to {whom} ({offers})"

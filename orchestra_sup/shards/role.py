@@ -62,6 +62,10 @@ TAIL_BYTES = 4096
 CUSTODIAN_WAIT_S = 60.0
 """How long a lane waits for a custodian that is down (restarting) before it fails."""
 CALL_TIMEOUT_S = 55.0
+MESSAGE_MAX_BYTES = 64 * 1024
+"""The largest `message_lane` text (UTF-8 bytes): a lane's mailbox then holds at most 64 MiB."""
+MESSAGE_KEYS = 4096
+"""Idempotency keys remembered per lane: a re-send of any of its last 4,096 messages is caught."""
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
 """Variables a lane command inherits from the shard; everything else is scrubbed."""
@@ -79,7 +83,9 @@ class Lane:
         self.cancel_requested = False
         self.pgid: int | None = None
         self.interrupted = False
-        self.message_keys: set[str] | None = None  # made by the first message (parked lanes)
+        self.message_keys: dict[str, None] | None = None
+        """The idempotency keys of its last `MESSAGE_KEYS` messages, oldest first (made by the
+        first message: parked lanes are many)."""
         self.inbox_lock: asyncio.Lock | None = None  # made by the first inbox-file append
         self.tail = bytearray()
         self.mailbox: Mailbox | None = None if start.task.program == SHELL else Mailbox()
@@ -266,6 +272,16 @@ class Shard:
                 ),
             )
             return
+        if len(msg.text.encode()) > MESSAGE_MAX_BYTES:
+            ep.reply(
+                env,
+                peer,
+                f.Error(
+                    code=ErrorCode.BAD_REQUEST,
+                    message=f"a message is at most {MESSAGE_MAX_BYTES} bytes",
+                ),
+            )
+            return
         if lane.message_keys is not None and msg.key in lane.message_keys:
             ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=True))
             return
@@ -280,8 +296,10 @@ class Shard:
             )
             return
         if lane.message_keys is None:
-            lane.message_keys = set()
-        lane.message_keys.add(msg.key)
+            lane.message_keys = {}
+        lane.message_keys[msg.key] = None
+        if len(lane.message_keys) > MESSAGE_KEYS:  # a re-send comes soon after its timeout
+            del lane.message_keys[next(iter(lane.message_keys))]
         if self.transcript is not None:
             self.transcript.event(lane.id, f"message ({msg.key}): {msg.text}")
         if lane.mailbox is not None:

@@ -47,3 +47,10 @@ def test_latency_plot_is_a_png(tmp_path: Path) -> None:
     path = tmp_path / "p.png"
     plot_cdf(path, "t", "ms", {"a": [1.0, 2.0, 3.0], "b": [0.5, 5.0]})
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("out", ["/proc/no/such/dir", "/dev/null"])
+def test_bench_all_refuses_an_out_dir_it_cannot_make_in_one_line(out: str) -> None:
+    done = osup("bench", "all", "--only", "persist", "--out", out)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "--out" in done.stderr

@@ -30,7 +30,7 @@ def test_bench_scale_emits_well_formed_json() -> None:
     assert isinstance(result["target"]["met"], bool)
 
 
-@pytest.mark.parametrize("counts", ["10,x", "100,10", "0,10", ""])
+@pytest.mark.parametrize("counts", ["10,x", "100,10", "0,10", "", "10,100000"])
 def test_bench_scale_refuses_bad_counts_in_one_line(counts: str) -> None:
     done = osup("bench", "scale", "--counts", counts)
     assert done.returncode == 2

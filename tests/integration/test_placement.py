@@ -57,10 +57,10 @@ def test_capabilities_and_tenant_decide_the_shard(dedicated: Tree) -> None:
 @pytest.mark.parametrize(
     ("tenant", "requires", "missing"),
     [
-        (None, ["tpu"], "capabilities tpu with no tenant"),
-        ("acme", ["tpu"], "capabilities tpu with tenant acme"),
-        (None, ["gpu"], "capabilities gpu with no tenant"),
-        ("umbrella", ["gpu"], "capabilities gpu with tenant umbrella"),
+        (None, ["tpu"], "capabilities tpu to plans without a tenant"),
+        ("acme", ["tpu"], "capabilities tpu to tenant acme"),
+        (None, ["gpu"], "capabilities gpu to plans without a tenant"),
+        ("umbrella", ["gpu"], "capabilities gpu to tenant umbrella"),
     ],
 )
 def test_a_need_no_shard_meets_is_refused_at_submission(

@@ -178,3 +178,15 @@ def test_a_program_lane_is_bounded_by_its_timeout(programs: Tree) -> None:
     report = programs.wait_plan(str(started["plan"]), timeout_s=20)
     assert report.tasks[0].status == "failed"
     assert report.tasks[0].error == "timed out after 0.5 s"
+
+
+def test_a_message_over_64_kib_is_refused(programs: Tree) -> None:
+    started = programs.call("start_lane", program=PARKED)
+    lane = str(started["lane"])
+    wait_until(lambda: running(programs, lane), 20, "the parked lane to run")
+    with pytest.raises(RemoteError) as info:
+        programs.call("message_lane", lane=lane, text="x" * (64 * 1024 + 1))
+    assert info.value.code is ErrorCode.BAD_REQUEST and "at most 65536 bytes" in str(info.value)
+    programs.call("message_lane", lane=lane, text="x" * (64 * 1024))
+    programs.call("message_lane", lane=lane, text="stop")
+    assert programs.wait_plan(str(started["plan"]), timeout_s=20).ok

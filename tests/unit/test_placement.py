@@ -209,7 +209,16 @@ def test_ticket_text_round_trips_and_bad_text_is_refused() -> None:
     t = ticket("shard-1", 3, "a1b2c3")
     assert str(t) == "shard-1.3@a1b2c3"
     assert AffinityTicket.parse(str(t)) == t
-    for bad in ("", "shard-1", "shard-1.x@b", "shard-1.3", ".3@b", "shard-1.3@"):
+    for bad in (
+        "",
+        "shard-1",
+        "shard-1.x@b",
+        "shard-1.3",
+        ".3@b",
+        "shard-1.3@",
+        "shard-1.\u00b2@b",
+        "shard-1." + "9" * 5000 + "@b",
+    ):
         with pytest.raises(ValueError, match="affinity ticket"):
             AffinityTicket.parse(bad)
 
@@ -222,7 +231,7 @@ def test_unplaceable_names_what_is_missing_and_what_is_offered() -> None:
     assert unplaceable(shards, Need(requires=frozenset({"py"}))) is None
     why = unplaceable(shards, Need(requires=frozenset({"tpu"}), tenant="acme"))
     assert why == (
-        "no shard offers capabilities tpu with tenant acme "
+        "no shard offers capabilities tpu to tenant acme "
         "(s0: py, any tenant; s1: gpu, tenants acme)"
     )
     assert unplaceable([], GPU) is None  # no roster yet: nothing to judge by
