@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestra_sup.bench.stats import nearest_rank
 from orchestra_sup.state.store import Store
 
 DB = "events"
@@ -236,7 +237,7 @@ def _enqueue_latency(path: Path, stream: list[Event]) -> tuple[float, float]:
             lat[i] = clock() - t0
 
     _with_store(path, len(stream), body)
-    return _percentile(lat, 50) / 1e3, _percentile(lat, 99) / 1e3
+    return nearest_rank(lat, 0.50) / 1e3, nearest_rank(lat, 0.99) / 1e3
 
 
 def _paced(path: Path, stream: list[Event], rate: int) -> tuple[float, float, float]:
@@ -266,10 +267,4 @@ def _paced(path: Path, stream: list[Event], rate: int) -> tuple[float, float, fl
             committed, at = next(marks)
         latencies.append(at - t)
     achieved = len(stream) / (span / 1e9) if span else float(rate)
-    return _percentile(latencies, 50) / 1e6, _percentile(latencies, 99) / 1e6, achieved
-
-
-def _percentile(values: list[int], pct: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered)) - 1))
-    return float(ordered[index])
+    return nearest_rank(latencies, 0.50) / 1e6, nearest_rank(latencies, 0.99) / 1e6, achieved

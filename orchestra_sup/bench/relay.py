@@ -34,6 +34,7 @@ from typing import Any
 
 import zmq
 
+from orchestra_sup.bench.stats import summary
 from orchestra_sup.client import CtlClient
 from orchestra_sup.errors import ErrorCode, RemoteError, SupervisionError
 from orchestra_sup.oneshot import private_tree
@@ -50,22 +51,6 @@ print("ready", flush=True)
 while True:
     sock.send_multipart(sock.recv_multipart())
 """
-
-
-def percentiles(samples: list[float]) -> dict[str, float]:
-    """p50/p90/p99/p99.9 (nearest rank) of `samples`, rounded to 0.1."""
-    ordered = sorted(samples)
-
-    def q(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 1)
-
-    return {
-        "p50_us": q(0.50),
-        "p90_us": q(0.90),
-        "p99_us": q(0.99),
-        "p999_us": q(0.999),
-        "n": len(ordered),
-    }
 
 
 def request_frame() -> bytes:
@@ -205,10 +190,10 @@ def run_relay_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5) 
                         samples[tool] += reply.samples_us
             finally:
                 _call(client, "cancel_lane", lane=lane)
-    base = percentiles(floor)
+    base = summary(floor, "us", digits=1)
     relays: dict[str, Any] = {}
     for tool, xs in samples.items():
-        stats = percentiles(xs)
+        stats = summary(xs, "us", digits=1)
         stats["ratio_p50"] = round(stats["p50_us"] / base["p50_us"], 2)
         stats["ratio_p99"] = round(stats["p99_us"] / base["p99_us"], 2)
         relays[tool] = stats

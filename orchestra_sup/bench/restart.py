@@ -42,6 +42,7 @@ from typing import Any
 import psutil
 import zmq
 
+from orchestra_sup.bench.stats import nearest_rank
 from orchestra_sup.client import CtlClient
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.node.template import PRELOADED
@@ -96,8 +97,8 @@ def run_restart_bench(kills: int = 20) -> dict[str, Any]:
             ctx.term()
     restart, restart_exec = figures["fork"], figures["exec"]
     base = {
-        "interpreter_p50_ms": _rank(baseline, 0.5),
-        "interpreter_p90_ms": _rank(baseline, 0.9),
+        "interpreter_p50_ms": round(nearest_rank(baseline, 0.5), 1),
+        "interpreter_p90_ms": round(nearest_rank(baseline, 0.9), 1),
         "n": len(baseline),
     }
     return {
@@ -144,8 +145,8 @@ def _kill_loop(
             samples.append(_one_restart(client, spawned))
             baseline.append(sample_baseline())
     return {
-        "p50_ms": _rank(samples, 0.5),
-        "p90_ms": _rank(samples, 0.9),
+        "p50_ms": round(nearest_rank(samples, 0.5), 1),
+        "p90_ms": round(nearest_rank(samples, 0.9), 1),
         "min_ms": round(min(samples), 1),
         "max_ms": round(max(samples), 1),
         "n": len(samples),
@@ -208,9 +209,3 @@ def _fresh(router: zmq.Socket[bytes], endpoint: str) -> float:
         return (time.monotonic() - started) * 1000
     finally:
         proc.wait(timeout=RESTART_TIMEOUT_S)
-
-
-def _rank(samples: list[float], q: float) -> float:
-    """The nearest-rank `q` quantile of `samples`, rounded to 0.1."""
-    ordered = sorted(samples)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
