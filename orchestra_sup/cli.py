@@ -54,7 +54,9 @@ bench_app = typer.Typer(help="Measure the tree (see bench/README.md).", no_args_
 app.add_typer(bench_app, name="bench")
 
 # Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
-out = Console(width=None if sys.stdout.isatty() else 200)
+out = Console(width=None if sys.stdout.isatty() else 200, markup=False, highlight=False)
+"""No markup: plan names, errors and output are the users' text, and "[/x]" in one must print as
+itself, not be parsed (or refused) as rich markup."""
 T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]

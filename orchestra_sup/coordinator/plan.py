@@ -27,6 +27,7 @@ import heapq
 import math
 import re
 import tomllib
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,11 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
         raise PlanError(f"key 'name' must be a string, got {_describe(name)}", source=source)
     if not name.strip():
         raise PlanError("key 'name' must not be empty", source=source)
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise PlanError(
+            "key 'name' must not contain control characters (it is printed on terminals)",
+            source=source,
+        )
 
     tenant = data.get("tenant")
     if tenant is not None and (not isinstance(tenant, str) or not NAME_PATTERN.fullmatch(tenant)):

@@ -244,6 +244,19 @@ def test_plans_the_tree_refuses_are_bad_input(tree: Tree, tmp_path: Path) -> Non
     assert_one_line_error(cli("ctl", "--run-dir", run_dir, "restart", "bogus"), 2, "bogus")
 
 
+def test_text_that_looks_like_markup_is_printed_as_itself(tmp_path: Path) -> None:
+    """A plan name and output with rich markup in them ("[/oops]") print verbatim; they once
+    crashed the table renderer with a MarkupError traceback."""
+    plan = write(
+        tmp_path / "m.toml",
+        'name = "[/oops] [bold]p"\n[[task]]\nid = "a"\nrun = "echo \'[/b]\'; exit 3"\n',
+    )
+    done = cli("run", str(plan), "--state-dir", str(tmp_path / "state"))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "plan [/oops] [bold]p (" in done.stdout
+
+
 def test_usage_errors_are_one_line(tmp_path: Path) -> None:
     """A missing argument, an unknown command or a bad option value: one line, exit 2."""
     assert_one_line_error(cli("ctl", "restart"), 2, "Missing argument")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -410,3 +411,9 @@ def test_program_key_and_run_optional_for_a_program() -> None:
 )
 def test_bad_program_key(body: str, expected: str) -> None:
     assert expected in str(_refused(_plan(body)))
+
+
+@pytest.mark.parametrize("name", ["a\x1b[31mred", "tab\there", "nl\nx"])
+def test_control_characters_in_the_name_are_refused(name: str) -> None:
+    err = _refused(_plan('id = "a"\nrun = "x"', name=f"name = {json.dumps(name)}"))
+    assert "must not contain control characters" in str(err)
