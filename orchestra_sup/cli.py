@@ -199,7 +199,7 @@ def run(
     except KeyboardInterrupt:
         raise fail("interrupted; the tree was stopped", 130) from None
     if as_json:
-        print_json(render.plan_json(report))
+        print_json({**render.plan_json(report), "state_dir": str(state)})
     else:
         render.plan_table(report, out)
         out.print(f"state: {state}")

@@ -115,6 +115,7 @@ def test_run_json_on_a_default_workspace(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert set(report) >= {"plan", "id", "ok", "tasks"} and report["ok"] is False
+    assert report["state_dir"] == str(tmp_path / "s")
     keys = {
         "id",
         "status",
