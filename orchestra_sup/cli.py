@@ -344,6 +344,25 @@ def submit(
     _show_plan(ctx, accepted.id, True, as_json, timeout, run_dir)
 
 
+@ctl_app.command("plans")
+def plans_cmd(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """List every plan the coordinator holds, newest first, with its tasks counted by status.
+
+    Example: orchestra-sup ctl plans --json
+    """
+    reply = ctx.obj.ask(f.CtlPlans(), timeout, run_dir)
+    assert isinstance(reply, f.PlanList)
+    if as_json:
+        print_json({"plans": msgspec.to_builtins(reply.plans)})
+    else:
+        render.plans_table(reply, out)
+
+
 @ctl_app.command("plan")
 def plan_cmd(
     ctx: typer.Context,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import IO, Any
 
 import msgspec
@@ -167,6 +168,25 @@ def _error_cell(t: f.TaskReport) -> str:
     n = len(t.warnings)
     count = f"({n} warning{'s' if n != 1 else ''})"
     return f"{t.error} {count}" if t.error else count
+
+
+def plans_table(reply: f.PlanList, console: Console) -> None:
+    if not reply.plans:
+        console.print("no plans")
+        return
+    table = Table(
+        Column("id", no_wrap=True),
+        "plan",
+        Column("submitted", no_wrap=True),
+        "state",
+        "tasks",
+    )
+    for p in reply.plans:
+        state = "running" if not p.done else ("ok" if p.ok else "FAILED")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.submitted_at))
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(p.tasks.items()))
+        table.add_row(p.id, p.plan, when, state, counts)
+    console.print(table)
 
 
 def lanes_table(reply: f.LaneList, console: Console) -> None:

@@ -190,6 +190,9 @@ class Coordinator:
                 self.node.answer(ep, peer, env, self._submit(body.plan))
             case f.CtlPlan():
                 self.node.answer(ep, peer, env, self._plan(body))
+            case f.CtlPlans():
+                newest = sorted(self.plans.values(), key=lambda p: p.submitted_at, reverse=True)
+                ep.reply(env, peer, f.PlanList(plans=[p.summary() for p in newest]))
             case f.CtlCall():
                 self.node.answer(ep, peer, env, self._call(body))
             case f.CtlBenchRelay():

@@ -250,6 +250,20 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             lost.append(task_id)
         return lost
 
+    def summary(self) -> f.PlanSummary:
+        """The plan in one line: its tasks counted by the status a report shows."""
+        counts: dict[str, int] = {}
+        for t in self.report().tasks:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        return f.PlanSummary(
+            id=self.id,
+            plan=self.spec.name,
+            submitted_at=self.submitted_at,
+            done=self.done,
+            ok=self.done and self.ok,
+            tasks=counts,
+        )
+
     def report(self) -> f.PlanReport:
         def shown(status: TaskStatus) -> str:
             return TaskStatus.RUNNING if status is TaskStatus.STARTING else str(status)

@@ -385,6 +385,26 @@ class CtlPlan(Frame, tag="ctl_plan"):
     wait_s: float = 0.0
 
 
+class CtlPlans(Frame, tag="ctl_plans"):
+    """List the coordinator's plans, newest first."""
+
+
+class PlanSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One plan in a `PlanList`: `submitted_at` is wall-clock seconds since the epoch;
+    `tasks` counts its tasks by shown status ("running", "succeeded", ...)."""
+
+    id: str
+    plan: str
+    submitted_at: float
+    done: bool
+    ok: bool
+    tasks: dict[str, int]
+
+
+class PlanList(Frame, tag="plan_list"):
+    plans: list[PlanSummary]
+
+
 class CtlLanes(Frame, tag="ctl_lanes"):
     pass
 
@@ -515,6 +535,8 @@ Ctl = (
     | PlanAccepted
     | CtlPlan
     | PlanReport
+    | CtlPlans
+    | PlanList
     | CtlLanes
     | CtlCancel
     | CtlCall

@@ -55,7 +55,14 @@ class CtlService:
                     )
                     return
                 self._answer(ep, peer, env, self._restart(child))
-            case f.CtlSubmit() | f.CtlPlan() | f.CtlCancel() | f.CtlCall() | f.CtlBenchRelay():
+            case (
+                f.CtlSubmit()
+                | f.CtlPlan()
+                | f.CtlPlans()
+                | f.CtlCancel()
+                | f.CtlCall()
+                | f.CtlBenchRelay()
+            ):
                 self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
             case f.CtlLanes():
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))

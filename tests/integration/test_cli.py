@@ -155,6 +155,10 @@ def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None
     plan = write(tmp_path / "p.toml", 'name = "p"\n[[task]]\nid = "slow"\nrun = "sleep 300"\n')
     submitted = cli("ctl", "--run-dir", run_dir, "submit", str(plan), "--json")
     plan_id = json.loads(submitted.stdout)["id"]
+    listed = json.loads(cli("ctl", "--run-dir", run_dir, "plans", "--json").stdout)["plans"]
+    assert [(p["id"], p["plan"], p["done"]) for p in listed] == [(plan_id, "p", False)]
+    table = cli("ctl", "--run-dir", run_dir, "plans").stdout
+    assert plan_id in table and "running" in table
 
     def lanes() -> list[dict[str, object]]:
         out = cli("ctl", "--run-dir", run_dir, "lanes", "--json")
