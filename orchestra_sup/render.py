@@ -134,18 +134,30 @@ def _lag(figures: tuple[float, float, float]) -> str:
     return "/".join(f"{ms:.1f}" for ms in figures)
 
 
+def plan_verdict(report: f.PlanReport) -> str:
+    """ "running", "ok", "cancelled" (every task that did not succeed was cancelled on request)
+    or "FAILED"."""
+    if not report.done:
+        return "running"
+    if report.ok:
+        return "ok"
+    unsucceeded = {t.status for t in report.tasks if t.status != "succeeded"}
+    return "cancelled" if unsucceeded == {"cancelled"} else "FAILED"
+
+
 def plan_table(report: f.PlanReport, console: Console) -> None:
-    verdict = "running" if not report.done else ("ok" if report.ok else "FAILED")
-    console.print(f"plan {report.plan} ({report.id}): {verdict}")
+    console.print(f"plan {report.plan} ({report.id}): {plan_verdict(report)}")
     table = Table(
         Column("task", no_wrap=True),
         Column("status", no_wrap=True),
         "exit",
         "attempts",
         Column("shard", no_wrap=True),
+        Column("lane", no_wrap=True),
         "s",
         "commit",
         "error",
+        "warnings",
     )
     for t in report.tasks:
         table.add_row(
@@ -154,20 +166,13 @@ def plan_table(report: f.PlanReport, console: Console) -> None:
             "-" if t.exit_code is None else str(t.exit_code),
             str(t.attempts),
             t.shard or "-",
+            t.lane or "-",
             f"{t.duration_s:.2f}",
             (t.commit or "-")[:10],
-            _error_cell(t),
+            t.error or "",
+            str(len(t.warnings)) if t.warnings else "",  # in full with --json
         )
     console.print(table)
-
-
-def _error_cell(t: f.TaskReport) -> str:
-    """The error, then how many warnings the task has (`--json` has them in full)."""
-    if not t.warnings:
-        return t.error or ""
-    n = len(t.warnings)
-    count = f"({n} warning{'s' if n != 1 else ''})"
-    return f"{t.error} {count}" if t.error else count
 
 
 def plans_table(reply: f.PlanList, console: Console) -> None:
@@ -182,7 +187,7 @@ def plans_table(reply: f.PlanList, console: Console) -> None:
         "tasks",
     )
     for p in reply.plans:
-        state = "running" if not p.done else ("ok" if p.ok else "FAILED")
+        state = "running" if not p.done else ("ok" if p.ok else "not ok")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.submitted_at))
         counts = ", ".join(f"{n} {status}" for status, n in sorted(p.tasks.items()))
         table.add_row(p.id, p.plan, when, state, counts)
