@@ -62,6 +62,8 @@ TAIL_BYTES = 4096
 CUSTODIAN_WAIT_S = 60.0
 """How long a lane waits for a custodian that is down (restarting) before it fails."""
 CALL_TIMEOUT_S = 55.0
+RETRY_S = 0.05
+"""Pause before re-sending to a custodian the roster says is up again."""
 MESSAGE_MAX_BYTES = 64 * 1024
 """The largest `message_lane` text (UTF-8 bytes): a lane's mailbox then holds at most 64 MiB."""
 MESSAGE_KEYS = 4096
@@ -478,9 +480,16 @@ class Shard:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise
-                self._custodian_up.clear()
-                async with asyncio.timeout(remaining):
-                    await self._custodian_up.wait()
+                # The roster, not this (possibly stale) failure, says whether it is down: a
+                # custodian forked back in milliseconds may be up again before this task runs.
+                if self.node.peer_up("custodian"):
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._custodian_up.wait()
+                except TimeoutError:
+                    raise PeerDown("custodian") from None
 
     # --- outbox ----------------------------------------------------------------------------------
 
