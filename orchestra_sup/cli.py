@@ -141,7 +141,14 @@ def start(
     raise typer.Exit(code)
 
 
+_interrupted = False
+"""Set by `run`'s SIGINT/SIGTERM handler: an error that follows it (the tree it stopped going
+away mid-call) is the interruption, not a failure of its own."""
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    global _interrupted
+    _interrupted = True
     raise KeyboardInterrupt
 
 
@@ -181,6 +188,7 @@ def run(
     spec, state, ws = guarded(prepare)
     # SIGTERM unwinds like Ctrl-C, so the private tree is stopped, not orphaned
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
 
     def go() -> f.PlanReport:
         with private_tree(
@@ -194,8 +202,16 @@ def run(
             assert isinstance(accepted, f.PlanAccepted)
             return wait_plan(client, accepted.id, timeout_s=timeout)
 
+    def go_unless_interrupted() -> f.PlanReport:
+        try:
+            return go()
+        except OrchestraError:
+            if _interrupted:  # Ctrl-C reached the tree too, and it went away mid-call
+                raise KeyboardInterrupt from None
+            raise
+
     try:
-        report = guarded(go)
+        report = guarded(go_unless_interrupted)
     except KeyboardInterrupt:
         raise fail("interrupted; the tree was stopped", 130) from None
     if as_json:

@@ -76,7 +76,13 @@ def test_children_fork_from_the_template_and_join_the_tree(tree: Tree) -> None:
         assert os.getpgid(pid) == pid, name
         assert not pipe_inodes(pid) & pipe_inodes(tpl), name
         assert int(status_field(pid, "SigBlk"), 16) == 0, name
-        assert status_field(pid, "SigIgn") == fresh_ignored, name
+        # A child may ignore SIGINT/SIGQUIT for a moment on its own (a library calling
+        # system()); what must hold is that it starts with, and comes back to, a fresh set.
+        wait_until(
+            lambda pid=pid: status_field(pid, "SigIgn") == fresh_ignored,  # type: ignore[misc]
+            10,
+            f"{name}'s ignored signals to be a fresh interpreter's",
+        )
     assert tree.wait_plan(tree.submit(plan("p", task("a", "true"), task("b", "true", ["a"])))).ok
     os.kill(tree.pids()["shard-0"], signal.SIGKILL)  # type: ignore[arg-type]
     shard = tree.wait_running("shard-0", 2)
