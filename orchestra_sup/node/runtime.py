@@ -41,7 +41,7 @@ from orchestra_sup.node.front import LOOP_ID, Front, Serve
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint, reply_when_done, routing_id
+from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
 log = logging.getLogger(__name__)
@@ -95,23 +95,10 @@ class Node:
         )
         self.codec = Codec()
         self.ctx = ctx if ctx is not None else zmq.Context()
-        self.control = Endpoint(
-            self.ctx,
-            zmq.DEALER,
-            name=self.name,
-            generation=self.generation,
-            codec=self.codec,
-            handler=self._on_control,
-            identity=routing_id(self.name, self.generation).decode(),
+        self.control = self._endpoint(
+            zmq.DEALER, self._on_control, identity=routing_id(self.name, self.generation).decode()
         )
-        self.server = Endpoint(
-            self.ctx,
-            zmq.ROUTER,
-            name=self.name,
-            generation=self.generation,
-            codec=self.codec,
-            handler=self._on_request,
-        )
+        self.server = self._endpoint(zmq.ROUTER, self._on_request)
         self.front: Front | None = None
         self.peers: dict[str, f.PeerState] = {}
         self._links: dict[str, Endpoint] = {}
@@ -179,6 +166,18 @@ class Node:
         await self.stopping.wait()
         return self._exit_code
 
+    def _endpoint(self, kind: int, handler: Handler, **options: Any) -> Endpoint:
+        """A socket of this node (its name, generation and codec) on its context."""
+        return Endpoint(
+            self.ctx,
+            kind,
+            name=self.name,
+            generation=self.generation,
+            codec=self.codec,
+            handler=handler,
+            **options,
+        )
+
     def serve_through(self, serve: Serve) -> None:
         """Put a `Front` before this node's loop: requests `serve` answers (not None) are
         answered on the front's thread as they arrive, everything else reaches the role's
@@ -186,15 +185,8 @@ class Node:
         loop = asyncio.get_running_loop()
         inner = f"inproc://{self.name}.front"
         self.server.close()  # never bound: the loop is reached through the front now
-        self.server = Endpoint(
-            self.ctx,
-            zmq.DEALER,
-            name=self.name,
-            generation=self.generation,
-            codec=self.codec,
-            handler=self._on_request,
-            identity=LOOP_ID.decode(),
-            routed=True,
+        self.server = self._endpoint(
+            zmq.DEALER, self._on_request, identity=LOOP_ID.decode(), routed=True
         )
         self.front = Front(
             self.ctx,
@@ -262,13 +254,9 @@ class Node:
             peer = self.peers.get(name)
             if peer is None:
                 raise PeerDown(name)
-            ep = Endpoint(
-                self.ctx,
+            ep = self._endpoint(
                 zmq.DEALER,
-                name=self.name,
-                generation=self.generation,
-                codec=self.codec,
-                handler=self._on_request,
+                self._on_request,
                 identity=routing_id(self.name, self.generation).decode(),
             )
             ep.connect(peer.endpoint)
