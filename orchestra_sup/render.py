@@ -137,12 +137,15 @@ def _lag(figures: tuple[float, float, float]) -> str:
 def plan_verdict(report: f.PlanReport) -> str:
     """ "running", "ok", "cancelled" (every task that did not succeed was cancelled on request)
     or "FAILED"."""
-    if not report.done:
+    return _verdict(report.done, report.ok, {t.status for t in report.tasks})
+
+
+def _verdict(done: bool, ok: bool, statuses: set[str]) -> str:
+    if not done:
         return "running"
-    if report.ok:
+    if ok:
         return "ok"
-    unsucceeded = {t.status for t in report.tasks if t.status != "succeeded"}
-    return "cancelled" if unsucceeded == {"cancelled"} else "FAILED"
+    return "cancelled" if statuses - {"succeeded"} == {"cancelled"} else "FAILED"
 
 
 def plan_table(report: f.PlanReport, console: Console) -> None:
@@ -187,7 +190,7 @@ def plans_table(reply: f.PlanList, console: Console) -> None:
         "tasks",
     )
     for p in reply.plans:
-        state = "running" if not p.done else ("ok" if p.ok else "not ok")
+        state = _verdict(p.done, p.ok, set(p.tasks))
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.submitted_at))
         counts = ", ".join(f"{n} {status}" for status, n in sorted(p.tasks.items()))
         table.add_row(p.id, p.plan, when, state, counts)
