@@ -92,6 +92,13 @@ class ChildStartError(SupervisionError):
         super().__init__(f"child {name} failed to start: {reason}")
 
 
+class ReleaseError(SupervisionError):
+    """A release cannot be used: not an executable, its probe failed, or its protocol range does
+    not overlap the tree's (`orchestra_sup.release`). Nothing was moved onto it."""
+
+    code = ErrorCode.VERSION_SKEW
+
+
 class TreeUnreachable(OrchestraError):
     """`ctl` found no tree at the run directory, or the tree did not answer within the timeout."""
 

@@ -19,6 +19,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
         "supervisor": {
             "pid": reply.supervisor_pid,
             "version": reply.version,
+            "release": reply.release,
             "run_dir": reply.run_dir,
             "state_dir": reply.state_dir,
             "workspace": reply.workspace,
@@ -92,8 +93,8 @@ def tree_text(reply: f.StatusReply, console: Console) -> None:
 
 def status_table(reply: f.StatusReply, console: Console) -> None:
     console.print(
-        f"supervisor pid {reply.supervisor_pid}, version {reply.version}, run dir {reply.run_dir}, "
-        f"loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}"
+        f"supervisor pid {reply.supervisor_pid}, version {reply.version} ({reply.release}), "
+        f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}"
     )
     table = Table(
         Column("name", no_wrap=True),
@@ -106,6 +107,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         "uptime s",
         "last exit",
         "loop lag ms p50/p99/max",
+        "release",
     )
     for c in reply.children:
         last = "-"
@@ -126,8 +128,17 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
             f"{c.uptime_s:.1f}",
             last,
             "-" if c.loop_lag_ms is None else _lag(c.loop_lag_ms),
+            _release(c, reply.release),
         )
     console.print(table)
+
+
+def _release(child: f.ChildInfo, supervisor_release: str) -> str:
+    """A child's version, and its interpreter when it is not the supervisor's."""
+    if not child.release:
+        return "-"
+    version = child.version or "?"
+    return version if child.release == supervisor_release else f"{version} {child.release}"
 
 
 def _lag(figures: tuple[float, float, float]) -> str:

@@ -42,7 +42,7 @@ from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
-from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
+from orchestra_sup.release import protocol_range, version
 
 log = logging.getLogger(__name__)
 
@@ -148,14 +148,16 @@ class Node:
             "inproc://supervisor" if self.colocated else self.paths.endpoint("supervisor")
         )
         self.control.start()
+        proto_min, proto_max = protocol_range()
         hello = f.Hello(
             role=self.args.role,
             name=self.name,
             generation=self.generation,
             release=sys.executable,
-            proto_min=PROTOCOL_MIN,
-            proto_max=PROTOCOL_MAX,
+            proto_min=proto_min,
+            proto_max=proto_max,
             pid=os.getpid(),
+            version=version(),
         )
         reply = await self.control.request(hello, timeout_s=HANDSHAKE_TIMEOUT_S)
         if isinstance(reply, f.Reject):

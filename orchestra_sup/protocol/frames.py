@@ -115,6 +115,12 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     loop_lag_ms: tuple[float, float, float] | None = None
     capabilities: list[str] = []
     tenants: list[str] = []
+    release: str = ""
+    """The interpreter its process runs (`orchestra_sup.release`); "" when it has none."""
+    version: str = ""
+    """The orchestra-sup version its process said in its handshake ("" before one)."""
+    stale_frames: int = 0
+    """Frames it refused as coming from a retired generation, from its last heartbeat."""
 
 
 class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,6 +168,7 @@ class Hello(Frame, tag="hello"):
     proto_min: int
     proto_max: int
     pid: int
+    version: str = ""
 
 
 class Welcome(Frame, tag="welcome"):
@@ -184,6 +191,8 @@ class Heartbeat(Frame, tag="heartbeat"):
     loop_lag_p99_ms: float | None = None
     loop_lag_max_ms: float | None = None
     load: int = 0
+    stale_frames: int = 0
+    """Frames refused so far because their sender's generation was retired."""
 
 
 class PeerState(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,6 +209,9 @@ class PeerState(msgspec.Struct, frozen=True, kw_only=True):
     tenants: list[str] = []
     stopping: bool = False
     """Up, but being stopped (an operator restart, a rollover): it takes no new work."""
+    draining: list[int] = []
+    """Older generations of this peer still alive while a rollover drains them (a shard's surge):
+    their frames are not stale, and work placed on them is moving here, not lost."""
 
 
 class TreeStopping(Frame, tag="tree_stopping"):
@@ -359,6 +371,8 @@ class StatusReply(Frame, tag="status_reply"):
     children: list[ChildInfo]
     supervisors: list[SupervisorInfo] = []
     loop_lag_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    release: str = ""
+    """The interpreter the supervisor runs (`orchestra_sup.release`)."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):
@@ -500,7 +514,148 @@ class LogChunk(Frame, tag="log_chunk"):
     found: bool
 
 
-Control = Hello | Welcome | Reject | Heartbeat | Roster | TreeStopping | RecoverChild
+# --- rollover: ctl -> supervisor -> children (`ctl rollover`, ARCHITECTURE.md §9) ----------------
+
+
+class ReleaseInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a release says of itself (`python -m orchestra_sup.release`): the interpreter,
+    the orchestra-sup version it has installed, and the protocol range it speaks."""
+
+    python: str
+    version: str
+    proto_min: int
+    proto_max: int
+
+
+class Quiesce(Frame, tag="quiesce"):
+    """Supervisor -> coordinator or custodian: reach a quiet point within `timeout_s` seconds
+    and hold there (coordinator: no turn open, no start or commit in flight, no stop in progress;
+    custodian: no write in flight), answered with `Quiesced`; `Error(timeout)` when none came.
+    A held child is then stopped, or told `Resume`."""
+
+    timeout_s: float
+
+
+class Quiesced(Frame, tag="quiesced"):
+    """The child is at a quiet point and holds there; `held` says what it holds (one line)."""
+
+    held: str = ""
+
+
+class Resume(Frame, tag="resume"):
+    """Leave the quiet point (a rollover rolled back); answered with `Ack`."""
+
+
+class LaneSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A lane parked at a quiet point, as its new generation resumes it.
+
+    `checkpoint` is the program's last `LaneContext.checkpoint` value (None: none taken);
+    `mailbox` its unread messages, oldest first; `message_keys` the idempotency keys it has seen,
+    oldest first; `next_seq` its next transcript row; `partial` is true when its step was
+    interrupted (the drain timed out) and re-runs with a partial-work warning; `elapsed_s` the
+    seconds it had run so far.
+    """
+
+    start: LaneStart
+    sandbox: str | None = None
+    checkpoint: Any = None
+    mailbox: list[str] = []
+    message_keys: list[str] = []
+    next_seq: int = 0
+    partial: bool = False
+    elapsed_s: float = 0.0
+
+
+class Drain(Frame, tag="drain"):
+    """Supervisor -> a shard generation being rolled over: admit nothing more; park each lane at
+    its next quiet point and hand its snapshot to generation `successor_gen` of the same shard
+    (`LaneResume`); a lane still not quiet after `timeout_s` seconds is stopped and handed over
+    `partial`. Answered with `Drained` once no lane is left and the outbox is delivered."""
+
+    successor_gen: int
+    timeout_s: float
+
+
+class LaneMove(msgspec.Struct, frozen=True, kw_only=True):
+    """One lane as a drain dealt with it: `how` is "moved" (resumed on the successor),
+    "partial" (moved after its step was stopped), "finished" (ended on the old generation) or
+    "lost" (could not be handed over); `elapsed_s` is how long it took, seconds."""
+
+    lane: str
+    how: Literal["moved", "partial", "finished", "lost"]
+    elapsed_s: float
+    detail: str = ""
+
+
+class Drained(Frame, tag="drained"):
+    lanes: list[LaneMove]
+
+
+class LaneResume(Frame, tag="lane_resume"):
+    """Old shard generation -> its successor: host this lane from its snapshot (`Ack`)."""
+
+    snapshot: LaneSnapshot
+
+
+class CtlRollover(Frame, tag="ctl_rollover"):
+    """`ctl rollover NAME --release PYTHON`: NAME is a child, `shards` or `all`; `release` is an
+    interpreter path ("" = the supervisor's own); `drain_timeout_s` None = the configured one.
+    Answered with the first `RolloverReport` (the release was accepted, nothing moved yet), or an
+    `Error` when it is refused before anything moves."""
+
+    name: str
+    release: str = ""
+    drain_timeout_s: float | None = None
+
+
+class CtlRolloverStatus(Frame, tag="ctl_rollover_status"):
+    """Events of rollover `id` after `after_seq`; with `wait_s` > 0 held until there is one or
+    the rollover is done (a long poll)."""
+
+    id: str
+    after_seq: int = -1
+    wait_s: float = 0.0
+
+
+class RolloverEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of a rollover: `at_s` seconds since it began, `child` what moved ("" for the
+    whole), `text` one line, `took_s` the step's own duration in seconds (None: not a step)."""
+
+    seq: int
+    at_s: float
+    child: str
+    text: str
+    took_s: float | None = None
+
+
+class RolloverReport(Frame, tag="rollover_report"):
+    """A rollover and its events after the asked `after_seq`. `ok` is None until `done`; then
+    true when everything moved, false when it rolled back or stopped (`error` says why)."""
+
+    id: str
+    target: str
+    release: ReleaseInfo
+    done: bool
+    ok: bool | None
+    events: list[RolloverEvent]
+    error: str | None = None
+
+
+Control = (
+    Hello
+    | Welcome
+    | Reject
+    | Heartbeat
+    | Roster
+    | TreeStopping
+    | RecoverChild
+    | Quiesce
+    | Quiesced
+    | Resume
+    | Drain
+    | Drained
+)
+Rollover = CtlRollover | CtlRolloverStatus | RolloverReport
 Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
 Relay = ToolCall | ToolResult
 
@@ -523,7 +678,15 @@ class MessageAck(Frame, tag="message_ack"):
 
 
 LanePlane = (
-    LaneStart | LaneCancel | ListLanes | LaneList | LaneLogs | LogChunk | LaneMessage | MessageAck
+    LaneStart
+    | LaneCancel
+    | ListLanes
+    | LaneList
+    | LaneLogs
+    | LogChunk
+    | LaneMessage
+    | MessageAck
+    | LaneResume
 )
 Inbox = InboxPut | InboxAck
 Ctl = (
@@ -546,7 +709,7 @@ Ctl = (
     | DebugHook
     | CtlLogs
 )
-Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Ack | Error
+Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Rollover | Ack | Error
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

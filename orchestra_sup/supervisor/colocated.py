@@ -24,6 +24,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 
@@ -55,6 +56,8 @@ class ColocatedSeam:
         changed: Callable[[Worker], None],
     ):
         self.ctx = ctx
+        self.release = sys.executable
+        """Every component runs the supervisor's own interpreter: it cannot be rolled over."""
         self._make_args = make_args
         self._after_exit = after_exit
         self._changed = changed

@@ -142,6 +142,11 @@ class Worker:
         self.restarts = 0
         self.operator_restarts = 0
         self.last_exit: ExitInfo | None = None
+        self.release = ""
+        """The interpreter its processes run (`orchestra_sup.release`); "" = the supervisor's.
+        A restart keeps it; only a rollover changes it."""
+        self.version = ""
+        """The orchestra-sup version its current process said in its handshake."""
         self.backoff = Backoff(flags.backoff_initial_s, flags.backoff_max_s, flags.max_seconds)
         self._exited: asyncio.Future[None] | None = None
         self._wake: asyncio.Event | None = None

@@ -12,10 +12,10 @@ import os
 from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
-from orchestra_sup import __version__
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint, reply_when_done, routing_id
+from orchestra_sup.release import version
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildState
 
@@ -97,13 +97,14 @@ class CtlService:
         paths = self.sup.paths
         return f.StatusReply(
             supervisor_pid=os.getpid(),
-            version=__version__,
+            version=version(),
             run_dir=str(paths.run_dir),
             state_dir=str(paths.state_dir),
             workspace=str(paths.workspace or paths.state_dir / "workspace"),
             children=[self.sup.child_info(w) for w in self.sup.workers],
             supervisors=list(_supervisors(self.sup.tree)),
             loop_lag_ms=tuple(round(ms, 3) for ms in self.sup.lag.figures()),
+            release=self.sup.seam.release,
         )
 
     def _answer(

@@ -40,7 +40,7 @@ from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.endpoint import Endpoint, routing_id
-from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN, compatible
+from orchestra_sup.release import describe, protocol_range
 from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
@@ -70,6 +70,7 @@ class Liveness:
         self.last_beat = 0.0
         self.lag_ms: tuple[float, float, float] | None = None
         self.load = 0
+        self.stale_frames = 0
 
 
 def build_tree(settings: Settings, seam: Seam, on_give_up: Any) -> Supervisor:
@@ -326,6 +327,7 @@ class RootSupervisor:
                 if p50 is not None and p99 is not None and worst is not None:
                     live.lag_ms = (round(p50, 3), round(p99, 3), round(worst, 3))
                 live.load = body.load
+                live.stale_frames = body.stale_frames
             case f.Heartbeat():
                 pass  # from a generation that is gone, or from no child at all
             case f.RecoverChild(name=name) if worker is not None and worker.name == "coordinator":
@@ -338,10 +340,12 @@ class RootSupervisor:
 
     def _on_hello(self, ep: Endpoint, peer: bytes | None, env: f.Envelope, hello: f.Hello) -> None:
         worker = self.by_name.get(hello.name)
-        if not compatible(hello.proto_min, hello.proto_max):
+        low, high = protocol_range()
+        if not (hello.proto_min <= high and hello.proto_max >= low):
             reason: str | None = (
-                f"{hello.name} speaks protocol {hello.proto_min}..{hello.proto_max}, "
-                f"the supervisor {PROTOCOL_MIN}..{PROTOCOL_MAX}"
+                f"{hello.name} (orchestra-sup {hello.version or 'unknown'}) speaks protocol "
+                f"{hello.proto_min}..{hello.proto_max}, the supervisor (orchestra-sup "
+                f"{describe().version}) {low}..{high}"
             )
         elif peer != routing_id(hello.name, hello.generation):
             reason = f"{hello.name} must connect as {hello.name}.{hello.generation}"
@@ -350,6 +354,7 @@ class RootSupervisor:
         if reason is not None or worker is None:
             ep.reply(env, peer, f.Reject(reason=reason or f"no child named {hello.name!r}"))
             return
+        worker.version = hello.version
         ep.reply(env, peer, f.Welcome(generation=worker.generation))
 
     def child_endpoint(self, name: str) -> str:
@@ -402,6 +407,9 @@ class RootSupervisor:
             loop_lag_ms=self.liveness[worker.name].lag_ms,
             capabilities=list(worker.spec.capabilities),
             tenants=list(worker.spec.tenants),
+            release=(worker.release or self.seam.release) if worker.pid is not None else "",
+            version=worker.version if worker.pid is not None else "",
+            stale_frames=self.liveness[worker.name].stale_frames,
         )
 
     async def _watchdog(self) -> None:

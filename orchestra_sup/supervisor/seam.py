@@ -37,6 +37,9 @@ class ProcessSeam:
     worker's process was reaped, before the worker is told (kill its leftovers);
     `changed(worker)` is called on every state change; `template` is the fork template children
     are forked from (None: every child is a fresh interpreter). `open` starts it, `close` stops it.
+    `release` is the interpreter the supervisor itself runs: the template is of that release, so
+    only a worker of that release (or of none named) is forked from it; any other is exec'd as
+    `worker.release -m orchestra_sup.node`.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class ProcessSeam:
         self._after_exit = after_exit
         self._changed = changed
         self.template = template
+        self.release = sys.executable
         self.procs: dict[str, ChildProcess] = {}
         self._workers: dict[str, Worker] = {}
         self._welcomed: dict[str, asyncio.Future[None]] = {}
@@ -106,9 +110,12 @@ class ProcessSeam:
         fork returns (so no orphan reaping runs in between); returns it. Raises
         `ChildStartError` when exec fails."""
         args = self._make_args(worker)
-        proc = await self.template.fork(args) if self.template is not None else None
+        release = worker.release or self.release
+        proc = None
+        if self.template is not None and release == self.release:
+            proc = await self.template.fork(args)
         if proc is None:
-            argv = [sys.executable, "-m", "orchestra_sup.node", encode(args)]
+            argv = [release, "-m", "orchestra_sup.node", encode(args)]
             try:
                 proc = ChildProcess.spawn(argv)
             except OSError as exc:

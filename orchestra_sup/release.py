@@ -1,0 +1,145 @@
+"""Releases: which code a process runs, and whether two of them can work together.
+
+A release is a Python interpreter with orchestra-sup installed, named by the path of its
+executable (a virtualenv's `bin/python`, or a wrapper script that execs one). The supervisor
+starts each child as `RELEASE -m orchestra_sup.node ...`, and before it moves anything onto a
+release it asks the release about itself: `RELEASE -m orchestra_sup.release` prints one JSON
+`ReleaseInfo` (interpreter, version, protocol range) after importing every module a child or a
+supervisor needs, so a release that cannot even import is refused before anything stops.
+
+Two test-only overrides re-label a release without building a second one (ARCHITECTURE.md §9,
+issue 7): `ORCHESTRA_SUP_TEST_VERSION` replaces the version it reports and
+`ORCHESTRA_SUP_TEST_PROTOCOL` ("MIN..MAX") the protocol range it reports in its probe and its
+handshakes. A wrapper script that sets them and execs the real interpreter is a second release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+
+import msgspec
+
+from orchestra_sup import __version__
+from orchestra_sup.errors import ReleaseError
+from orchestra_sup.protocol.frames import ReleaseInfo
+from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
+
+PROBE_TIMEOUT_S = 30.0
+"""Seconds a release has to answer its probe (a cold interpreter importing every module)."""
+PROBE_MODULES = (
+    "orchestra_sup.node.runtime",
+    "orchestra_sup.node.template",
+    "orchestra_sup.coordinator.role",
+    "orchestra_sup.custodian.role",
+    "orchestra_sup.shards.role",
+    "orchestra_sup.supervisor.root",
+    "orchestra_sup.cli",
+)
+
+
+def version() -> str:
+    """This process's orchestra-sup version (`ORCHESTRA_SUP_TEST_VERSION` when set)."""
+    return os.environ.get("ORCHESTRA_SUP_TEST_VERSION") or __version__
+
+
+def protocol_range() -> tuple[int, int]:
+    """The protocol versions this process speaks, (min, max), both inclusive
+    (`ORCHESTRA_SUP_TEST_PROTOCOL` "MIN..MAX" when set; raises `ReleaseError` when it is not
+    of that form)."""
+    text = os.environ.get("ORCHESTRA_SUP_TEST_PROTOCOL")
+    if not text:
+        return PROTOCOL_MIN, PROTOCOL_MAX
+    low, sep, high = text.partition("..")
+    try:
+        if not sep:
+            raise ValueError
+        return int(low), int(high)
+    except ValueError:
+        raise ReleaseError(
+            f"ORCHESTRA_SUP_TEST_PROTOCOL={text!r} is not MIN..MAX (for example 1..2)"
+        ) from None
+
+
+def describe(python: str | None = None) -> ReleaseInfo:
+    """This process as a release; `python` names its interpreter (default `sys.executable`)."""
+    low, high = protocol_range()
+    return ReleaseInfo(
+        python=python or sys.executable, version=version(), proto_min=low, proto_max=high
+    )
+
+
+def compatible_with(info: ReleaseInfo) -> bool:
+    """True when release `info` and this process share a protocol version."""
+    low, high = protocol_range()
+    return info.proto_min <= high and info.proto_max >= low
+
+
+def refusal(info: ReleaseInfo) -> str:
+    """The one line that refuses an incompatible release, naming both versions."""
+    low, high = protocol_range()
+    return (
+        f"release {info.python} (orchestra-sup {info.version}, protocol "
+        f"{info.proto_min}..{info.proto_max}) cannot work with this tree (orchestra-sup "
+        f"{version()}, protocol {low}..{high})"
+    )
+
+
+async def probe(python: str, timeout_s: float = PROBE_TIMEOUT_S) -> ReleaseInfo:
+    """Ask the release at `python` about itself: run `python -m orchestra_sup.release` with
+    this process's environment and decode what it prints.
+
+    Raises `ReleaseError` (one line) when `python` is not an executable file, the probe exits
+    non-zero (its last stderr line is quoted), prints something that is not a `ReleaseInfo`, or
+    takes longer than `timeout_s` seconds (it is then killed).
+    """
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise ReleaseError(f"release {python}: not an executable file")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            python,
+            "-m",
+            "orchestra_sup.release",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise ReleaseError(f"release {python}: cannot run it: {exc}") from exc
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise ReleaseError(
+            f"release {python}: no answer to its probe within {timeout_s:g} s"
+        ) from None
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        last = lines[-1] if lines else "no output"
+        raise ReleaseError(f"release {python}: its probe exited {proc.returncode}: {last}")
+    try:
+        info = msgspec.json.decode(out, type=ReleaseInfo)
+    except msgspec.DecodeError as exc:
+        raise ReleaseError(f"release {python}: its probe answered nonsense: {exc}") from None
+    return msgspec.structs.replace(info, python=python)
+
+
+def main() -> int:
+    """The probe: import what a child and a supervisor need, then print this release."""
+    try:
+        for module in PROBE_MODULES:
+            importlib.import_module(module)
+        info = describe()
+    except ReleaseError as exc:
+        print(f"orchestra-sup release: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(msgspec.json.encode(info).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
