@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
+import zmq
 
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ReleaseError, SupervisionError
@@ -44,6 +45,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
+FLUSH_S = 1.0
+"""Seconds frames sent before the exec (a ctl reply, a rollover's progress) get to leave."""
+EXIT_FAILED = 1
+"""The supervisor's exit status when the sockets cannot be bound again after a failed exec
+(`root.EXIT_FAILED_START`: the tree could not go on)."""
 QUIET_TIMEOUT_S = 30.0
 """Seconds `reexec` waits for restarts in flight to finish (a backoff included) before it
 refuses."""
@@ -109,18 +115,23 @@ async def reexec(sup: RootSupervisor, release: str, carry: bytes = b"") -> None:
 
     Waits (at most `QUIET_TIMEOUT_S` s) for the tree's quiet point: every supervisor's restart
     lock held, so no start, stop or restart is in flight, and every child running or stopped
-    for good. Closes the fork template (the new image starts its own), hands over and execs.
+    for good. Closes the fork template (the new image starts its own) and both sockets (frames
+    sent before the call get up to `FLUSH_S` s to leave; each child's DEALER reconnects to the
+    new image by itself), hands over and execs.
 
     Call it holding none of the tree's restart locks (it takes them all).
 
-    Raises `ReleaseError` (one line; the tree goes on as before, template restarted) when the
-    tree is colocated, starting or stopping, a child is not settled or a shard's surge is in
-    flight, there is no quiet point in time, `reexec` is not called on the main thread (an
-    exec from any other would end the thread the children's parent-death signal is tied to),
-    a child is not the main thread's, or the exec itself fails (`release` is not an
-    executable, for example)."""
+    Raises `ReleaseError` (one line; the tree goes on as before, template and sockets
+    restarted) when the tree is colocated, `release` is not an executable file, the tree is
+    starting or stopping, a child is not settled or a shard's surge is in flight, there is no
+    quiet point in time, `reexec` is not called on the main thread (an exec from any other
+    would end the thread the children's parent-death signal is tied to), a child is not the
+    main thread's, or the exec itself fails (`release` changed since it was checked: no
+    longer a program, for example)."""
     if sup.colocated:
         raise ReleaseError("a colocated tree cannot re-execute its supervisor")
+    if not os.path.isfile(release) or not os.access(release, os.X_OK):
+        raise ReleaseError(f"release {release}: not an executable file")
     if threading.current_thread() is not threading.main_thread():
         raise ReleaseError("the supervisor re-executes only from its main thread")
     _check_settled(sup)
@@ -169,8 +180,44 @@ def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
     Runs without awaiting, so nothing on the loop changes the tree in between."""
     _check_parents(sup)
     assert sup.dir_locks is not None
+    locks = tuple(lock.fileno() for lock in sup.dir_locks)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    log.info("supervisor re-executing onto %s, %d children left running", release, _up(sup))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    notify.send(
+        f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
+        f"\nSTATUS=re-executing onto {release}"
+    )
+    # Closed, not left to the exec (libzmq's descriptors are close-on-exec): closing lets what
+    # was sent last (a ctl reply, a rollover's progress) leave first, and once the context is
+    # terminated libzmq has unlinked both paths, so binding them again after a failed exec
+    # cannot race its I/O thread.
+    sup.close_sockets(FLUSH_S)
+    fd = os.memfd_create("orchestra-sup-handoff")
+    try:
+        os.write(fd, msgspec.msgpack.encode(_handoff(sup, release, carry)))
+        os.lseek(fd, 0, os.SEEK_SET)
+        for each in (fd, *locks):
+            os.set_inheritable(each, True)
+        os.execv(release, [release, "-m", "orchestra_sup", "start", "--adopt", str(fd)])
+    except OSError as exc:
+        for each in locks:
+            os.set_inheritable(each, False)
+        _reopen(sup)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        notify.send(f"READY=1\nSTATUS={sup.summary()}")
+        raise ReleaseError(f"release {release}: cannot execute it: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+
+
+def _handoff(sup: RootSupervisor, release: str, carry: bytes) -> Handoff:
+    assert sup.dir_locks is not None
     run_lock, state_lock = sup.dir_locks
-    handoff = Handoff(
+    return Handoff(
         boot=sup.boot,
         release=release,
         run_lock_fd=run_lock.fileno(),
@@ -183,36 +230,16 @@ def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
         exec_at=time.monotonic(),
         carry=carry,
     )
-    fd = os.memfd_create("orchestra-sup-handoff")
-    inherited = (fd, run_lock.fileno(), state_lock.fileno())
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+
+
+def _reopen(sup: RootSupervisor) -> None:
+    """Bind the sockets again after a failed exec. A tree that cannot is stopped (its children
+    could no longer be heard), which the one line `reexec` raises then says."""
     try:
-        os.write(fd, msgspec.msgpack.encode(handoff))
-        os.lseek(fd, 0, os.SEEK_SET)
-        for each in inherited:
-            os.set_inheritable(each, True)
-        log.info("supervisor re-executing onto %s, %d children left running", release, _up(sup))
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        notify.send(
-            f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
-            f"\nSTATUS=re-executing onto {release}"
-        )
-        # The control and ctl sockets are not closed: libzmq's descriptors are close-on-exec,
-        # so the exec closes them, and each child's DEALER reconnects to the new image. Closing
-        # them here would unlink their paths later, on libzmq's I/O thread: after a failed
-        # exec, possibly after they were bound again.
-        os.execv(release, [release, "-m", "orchestra_sup", "start", "--adopt", str(fd)])
-    except OSError as exc:
-        for each in inherited[1:]:
-            os.set_inheritable(each, False)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        notify.send(f"READY=1\nSTATUS={sup.summary()}")
-        raise ReleaseError(f"release {release}: cannot execute it: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
+        sup.control, sup.ctl = sup.open_sockets()
+    except zmq.ZMQError as exc:
+        log.error("supervisor: cannot bind its sockets again (%s); stopping the tree", exc)
+        sup.request_stop(EXIT_FAILED)
 
 
 def _check_parents(sup: RootSupervisor) -> None:

@@ -189,36 +189,13 @@ class RootSupervisor:
     # --- the whole tree --------------------------------------------------------------------------
 
     async def run(self) -> int:
-        from orchestra_sup.supervisor.ctl import CtlService
-
         lock, state_lock = self.dir_locks = self._lock_dirs()
         if not self.colocated:  # components' lane commands are waited for by asyncio
             linux.set_child_subreaper()  # kept across a re-exec's execve; said again anyway
         if self._cgroups is not None and self.handoff is None:
             kill_tree_sync(self._cgroups)  # what a crashed tree on this run dir left running
         loop = asyncio.get_running_loop()
-        self.control = Endpoint(
-            self.ctx,
-            zmq.ROUTER,
-            name="supervisor",
-            generation=1,
-            codec=self.codec,
-            handler=self._on_control,
-        )
-        self.ctl = Endpoint(
-            self.ctx,
-            zmq.ROUTER,
-            name="supervisor",
-            generation=1,
-            codec=self.codec,
-            handler=CtlService(self).handle,
-        )
-        for ep, name in ((self.control, "supervisor"), (self.ctl, "ctl")):
-            ep.bind(self.paths.endpoint(name))
-            os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
-            ep.start()
-        if self.colocated:
-            self.control.bind(self.child_endpoint("supervisor"))
+        self.control, self.ctl = self.open_sockets()
         if self.handoff is not None:
             adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
         self.spawn(self.lag.run())
@@ -260,6 +237,46 @@ class RootSupervisor:
             lock.release()
         log.info("tree stopped (exit status %d)", self._exit_code)
         return self._exit_code
+
+    def open_sockets(self) -> tuple[Endpoint, Endpoint]:
+        """Bind and start `supervisor.ipc` (the children's control socket) and `ctl.ipc` on
+        `ctx`; returns them (control, ctl). On the loop. Raises `zmq.ZMQError` when either
+        cannot be bound."""
+        from orchestra_sup.supervisor.ctl import CtlService
+
+        control = Endpoint(
+            self.ctx,
+            zmq.ROUTER,
+            name="supervisor",
+            generation=1,
+            codec=self.codec,
+            handler=self._on_control,
+        )
+        ctl = Endpoint(
+            self.ctx,
+            zmq.ROUTER,
+            name="supervisor",
+            generation=1,
+            codec=self.codec,
+            handler=CtlService(self).handle,
+        )
+        for ep, name in ((control, "supervisor"), (ctl, "ctl")):
+            ep.bind(self.paths.endpoint(name))
+            os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
+            ep.start()
+        if self.colocated:
+            control.bind(self.child_endpoint("supervisor"))
+        return control, ctl
+
+    def close_sockets(self, linger_s: float) -> None:
+        """Close both sockets and terminate `ctx`, giving frames already sent `linger_s`
+        seconds to leave (blocks the loop that long at most); `ctx` is then a fresh context,
+        for `open_sockets` should the caller need them again. Not for a colocated tree."""
+        for ep in (self.control, self.ctl):
+            if ep is not None:
+                ep.close(linger_s)
+        self.ctx.destroy(linger=round(linger_s * 1000))
+        self.ctx = zmq.Context()
 
     def _lock_dirs(self) -> tuple[DirLock, DirLock]:
         """Take the run and state directories' locks, or, adopting, the ones the old image
