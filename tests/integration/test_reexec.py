@@ -163,20 +163,33 @@ def test_a_new_image_that_cannot_adopt_stops_the_tree(
     tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
 ) -> None:
     """A new image that cannot read its hand-off (here: the release hands it /dev/null) cannot
-    go back to the old one: it says so in one line, stops every child it inherited, and exits
-    1 for systemd to restart it."""
-    tree = tree_factory(workspace=repo)
+    go back to the old one: it says so in one line, stops every child it inherited and what
+    their lanes left running, and exits 1 for systemd to restart it; the next tree on the
+    state directory runs the interrupted step again and finishes the plan."""
+    gate = tmp_path / "gate"
+    one = tree_factory(workspace=repo, base=tmp_path / "tree")
+    plan_id = one.submit(plan("cut", task("long", f"while [ ! -e {gate} ]; do sleep 0.05; done")))
+
+    def running() -> bool:
+        reply = one.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        return any(lane.state == "running" for lane in reply.lanes)
+
+    wait_until(running, 20, "the lane to run")
     broken = release(
         tmp_path,
         "broken",
-        'case "$*" in *--adopt*) exec '
-        + sys.executable
-        + " -m orchestra_sup start --adopt 0;; esac\n",
+        f'case "$*" in *--adopt*) exec {sys.executable} -m orchestra_sup start --adopt 0;; esac\n',
     )
-    rollover_supervisor(tree, broken, timeout_s=3)
-    assert tree.proc.wait(timeout=60) == 1
-    log = tree.log()
+    rollover_supervisor(one, broken, timeout_s=3)
+    assert one.proc.wait(timeout=60) == 1
+    log = one.log()
     said = [line for line in log.splitlines() if line.startswith("orchestra-sup: ")]
     assert len(said) == 1 and said[0].startswith("orchestra-sup: cannot adopt the tree: "), log
     assert "Traceback" not in log
     assert_no_leftovers()
+
+    two = tree_factory(workspace=repo, base=tmp_path / "tree")
+    gate.touch()
+    report = two.wait_plan(plan_id, timeout_s=30)
+    assert report.ok and report.tasks[0].attempts == 2, report
