@@ -88,7 +88,12 @@ def guarded(fn: Callable[[], T]) -> T:
     except TreeUnreachable as exc:
         raise fail(str(exc), EXIT_UNREACHABLE) from None
     except RemoteError as exc:
-        bad_input = exc.code in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND, ErrorCode.PATH_ESCAPE)
+        bad_input = exc.code in (
+            ErrorCode.BAD_REQUEST,
+            ErrorCode.NOT_FOUND,
+            ErrorCode.PATH_ESCAPE,
+            ErrorCode.VERSION_SKEW,
+        )
         raise fail(str(exc), EXIT_USAGE if bad_input else EXIT_FAILED) from None
     except OrchestraError as exc:
         raise fail(str(exc), EXIT_FAILED) from None
@@ -552,6 +557,94 @@ def logs(
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
+
+
+ROLLOVER_POLL_S = 5.0
+"""Seconds one `ctl rollover` progress poll is held by the supervisor (a long poll)."""
+
+
+@ctl_app.command()
+def rollover(
+    ctx: typer.Context,
+    name: Annotated[
+        str,
+        typer.Argument(help="coordinator, custodian, shard-K, shards (one at a time) or all."),
+    ],
+    release: Annotated[
+        Path | None,
+        typer.Option(
+            "--release",
+            help="The interpreter of the release to move to (a virtualenv's bin/python); "
+            "default: the supervisor's own.",
+        ),
+    ] = None,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--drain-timeout",
+            min=0.1,
+            help="Seconds lanes (or the coordinator, the custodian) have to reach a quiet "
+            "point; default [supervisor] drain_timeout_s.",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the whole report as one JSON object at the end.")
+    ] = False,
+    timeout: TimeoutOpt = 60.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Move running children onto another release, one process at a time, and print each step
+    as it happens. Shards start their next generation beside the old one and hand their lanes
+    over at quiet points; the coordinator and the custodian are replaced at a quiet point.
+
+    Exits 0 when everything moved; 1 when a step rolled back or failed (the report says why);
+    2 when the release or the target is refused before anything moved (for example a release
+    whose protocol range does not overlap the tree's).
+    Example: orchestra-sup ctl rollover all --release /opt/orchestra-sup-0.2/bin/python
+    """
+    python = "" if release is None else str(release.absolute())
+    ask = f.CtlRollover(name=name, release=python, drain_timeout_s=drain_timeout)
+
+    def go() -> f.RolloverReport:
+        with CtlClient(ctx.obj.run_dir(run_dir)) as client:
+            report = client.request(ask, timeout_s=timeout)
+            assert isinstance(report, f.RolloverReport)
+            events = list(report.events)
+            for event in report.events:
+                _rollover_event(event, as_json)
+            unreachable_since: float | None = None
+            while not report.done:
+                poll = f.CtlRolloverStatus(
+                    id=report.id,
+                    after_seq=events[-1].seq if events else -1,
+                    wait_s=ROLLOVER_POLL_S,
+                )
+                try:
+                    report = client.request(poll, timeout_s=ROLLOVER_POLL_S + timeout)
+                except TreeUnreachable:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since > timeout:
+                        raise
+                    continue
+                unreachable_since = None
+                assert isinstance(report, f.RolloverReport)
+                for event in report.events:
+                    _rollover_event(event, as_json)
+                events.extend(report.events)
+            return msgspec.structs.replace(report, events=events)
+
+    final = guarded(go)
+    if as_json:
+        print_json(render.rollover_json(final))
+    elif final.ok:
+        out.print(f"rollover {final.id}: {name} runs orchestra-sup {final.release.version}")
+    if not final.ok:
+        raise fail(f"rollover {final.id} of {name}: {final.error}", EXIT_FAILED)
+
+
+def _rollover_event(event: f.RolloverEvent, as_json: bool) -> None:
+    if not as_json:
+        out.print(render.rollover_line(event))
 
 
 def _done(as_json: bool, value: dict[str, Any], text: str) -> None:

@@ -13,6 +13,9 @@ backoff_initial_s = 0.1   # delay before a repeated restart, doubling ...
 backoff_max_s = 5.0       # ... up to this cap
 spawn = "fork"            # children fork from a pre-imported template, or "exec" a fresh
                           # interpreter each (docs/adr/0005-fork-template.md)
+drain_timeout_s = 30.0    # `ctl rollover`: how long a shard's lanes have to reach a quiet point
+                          # (then they are stopped and re-run on the new generation, flagged
+                          # partial), and the coordinator or custodian to reach one
 
 [shards]
 count = 2                 # worker-host shards
@@ -65,6 +68,7 @@ class SupervisorSettings(msgspec.Struct, frozen=True, kw_only=True):
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 5.0
     spawn: Literal["fork", "exec"] = "fork"
+    drain_timeout_s: float = 30.0
 
 
 class ShardProfile(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,6 +137,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("supervisor", "watchdog_s"): (float, 0.1, 3_600),
     ("supervisor", "backoff_initial_s"): (float, 0, 60),
     ("supervisor", "backoff_max_s"): (float, 0, 3_600),
+    ("supervisor", "drain_timeout_s"): (float, 0.1, 3_600),
     ("shards", "count"): (int, 1, 256),
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
     ("lanes", "transcript_retention_s"): (float, 0, 10 * 365 * 86_400),

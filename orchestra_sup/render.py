@@ -35,6 +35,21 @@ def plan_json(report: f.PlanReport) -> dict[str, Any]:
     return out
 
 
+def rollover_json(report: f.RolloverReport) -> dict[str, Any]:
+    """{"id", "target", "release": {"python", "version", "proto_min", "proto_max"}, "done",
+    "ok", "error", "events": [{"seq", "at_s", "child", "text", "took_s"}]}."""
+    out = msgspec.to_builtins(report)
+    out.pop("t", None)
+    return out
+
+
+def rollover_line(event: f.RolloverEvent) -> str:
+    """One rollover step for people: "  +1.234 s shard-0: lane x moved (0.012 s)"."""
+    who = f"{event.child}: " if event.child else ""
+    took = f" ({event.took_s:.3f} s)" if event.took_s is not None else ""
+    return f"+{event.at_s:7.3f} s  {who}{event.text}{took}"
+
+
 def lanes_json(reply: f.LaneList) -> dict[str, Any]:
     return {"lanes": msgspec.to_builtins(reply.lanes)}
 

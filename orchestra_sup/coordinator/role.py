@@ -66,6 +66,10 @@ class Coordinator:
         self._refused: dict[str, int] = {}
         self._recovery_asked: dict[str, float] = {}
         self.stopping = False
+        self.held = False
+        """At a quiet point for a rollover (`Quiesce`): no turn is taken, nothing is placed."""
+        self._unread: list[f.LaneResult] = []
+        """Results committed to the inbox while held, to apply on `Resume`."""
         self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
         self.lanes: dict[str, tuple[str, str]] = {}
@@ -230,6 +234,11 @@ class Coordinator:
             case f.TreeStopping():
                 self.stopping = True
                 ep.reply(env, peer, f.Ack())
+            case f.Quiesce():
+                self.node.answer(ep, peer, env, self._quiesce(body.timeout_s))
+            case f.Resume():
+                self._resume()
+                ep.reply(env, peer, f.Ack())
             case f.CtlSubmit():
                 self.node.answer(ep, peer, env, self._submit(body.plan))
             case f.CtlPlan():
@@ -273,7 +282,10 @@ class Coordinator:
             finally:
                 self._committing.pop(put.msg_id, None)
             self.inbox_ids.add(put.msg_id)
-            self._apply(put.result, pump=True)
+            if self.held:  # committed and acknowledged; the next generation applies it
+                self._unread.append(put.result)
+            else:
+                self._apply(put.result, pump=True)
         else:
             await asyncio.shield(pending)
         return f.InboxAck(msg_id=put.msg_id)
@@ -417,6 +429,41 @@ class Coordinator:
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
 
+    # --- rollover --------------------------------------------------------------------------------
+
+    async def _quiesce(self, timeout_s: float) -> f.Body:
+        """Reach a quiet point and hold it (seeds/000: "no coordinator turn is open, no stop is
+        in progress, no turn's actions are still waiting to be applied"): from now on nothing
+        is placed and results are committed and acknowledged but not applied; then wait, at
+        most `timeout_s` seconds, until no lane start and no inbox commit is in flight.
+
+        Answers `Quiesced`. Raises `RemoteError`: `busy` when the tree is stopping, `timeout`
+        (and holds no more) when starts or commits were still in flight at the deadline."""
+        if self.stopping:
+            raise RemoteError(ErrorCode.BUSY, "the tree is stopping")
+        self.held = True
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._starting or self._committing:
+                    await asyncio.wait([*self._starting.values(), *self._committing.values()])
+        except TimeoutError:
+            self._resume()
+            raise RemoteError(
+                ErrorCode.TIMEOUT,
+                f"{len(self._starting)} lane start(s) and {len(self._committing)} inbox "
+                f"commit(s) still in flight after {timeout_s:g} s",
+            ) from None
+        waiting = sum(len(plan.ready()) for plan in self.plans.values() if not plan.done)
+        return f.Quiesced(held=f"turns held, {waiting} ready task(s) wait for the next generation")
+
+    def _resume(self) -> None:
+        """Leave the quiet point (a rollover rolled back): apply what came in, then place."""
+        self.held = False
+        unread, self._unread = self._unread, []
+        for result in unread:
+            self._apply(result, pump=False)
+        self._pump()
+
     # --- the plan runner -------------------------------------------------------------------------
 
     def _apply(self, result: f.LaneResult, *, pump: bool) -> None:
@@ -481,7 +528,7 @@ class Coordinator:
         """Start every ready task that has a place to go, oldest plan first (nothing once the
         tree is stopping: what is not running then waits for the next start)."""
         assert self.node is not None
-        if self.stopping:
+        if self.stopping or self.held:
             return
         self._loads()
         for plan in sorted(self.plans.values(), key=lambda p: p.submitted_at):

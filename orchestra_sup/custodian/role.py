@@ -53,6 +53,8 @@ class Custodian:
         self._ordered = asyncio.Lock()
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
         self._busy = 0
+        self._held = False
+        """A rollover's quiet point holds the ordered lock: writes queue behind it."""
 
     async def open(self, node: Node) -> None:
         self.node = node
@@ -80,6 +82,8 @@ class Custodian:
         pass
 
     async def close(self) -> None:
+        if self._held:  # at a quiet point no write is in flight; the queued ones never ran
+            return
         async with self._ordered:  # let a commit in flight land before the process goes
             pass
 
@@ -102,6 +106,13 @@ class Custodian:
                 self.node.answer(ep, peer, env, self._commit(body))
             case f.ToolCall():
                 self.node.answer(ep, peer, env, self._tool(body))
+            case f.Quiesce():
+                self.node.answer(ep, peer, env, self._quiesce(body.timeout_s))
+            case f.Resume():
+                if self._held:
+                    self._held = False
+                    self._ordered.release()
+                ep.reply(env, peer, f.Ack())
             case _:
                 ep.reply(
                     env,
@@ -111,6 +122,23 @@ class Custodian:
                         message=f"the custodian does not serve {type(body).__name__}",
                     ),
                 )
+
+    async def _quiesce(self, timeout_s: float) -> f.Body:
+        """The single-writer hand-off's quiet point (ARCHITECTURE.md §9): take the ordered lock,
+        so the write in flight (if any) lands first and every later one waits, never to run in
+        this generation: stopped, its requester sees `peer_down` and asks the next generation.
+        Reads go on. Answers `Quiesced`; raises `RemoteError(timeout)` when the write in flight
+        has not landed within `timeout_s` seconds (nothing is then held)."""
+        if not self._held:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._ordered.acquire()
+            except TimeoutError:
+                raise RemoteError(
+                    ErrorCode.TIMEOUT, f"a workspace write still in flight after {timeout_s:g} s"
+                ) from None
+            self._held = True
+        return f.Quiesced(held="workspace writes held; reads go on")
 
     def _sandbox_path(self, lane: str) -> Path:
         if not lane or "/" in lane or lane.startswith("."):

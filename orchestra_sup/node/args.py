@@ -15,7 +15,9 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     `transcript_retention_s` is `[lanes] transcript_retention_s` (seconds a shard keeps a finished
     lane's transcript); `relay_deadline_s` is `[relay] deadline_s` (the coordinator's tool-call
     deadline, seconds); `boot` identifies this run of the tree (affinity tickets carry it, since
-    generations start again at 1 in the next run).
+    generations start again at 1 in the next run); `endpoint` is where it binds its ROUTER
+    ("": `ipc://<run_dir>/<name>.ipc`; a surge generation binds beside the running one, at
+    `<name>.<generation>.ipc`).
     """
 
     role: str
@@ -34,6 +36,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     relay_deadline_s: float = 55.0
     lane_nice: int = 10
     lane_programs: list[str] = []
+    endpoint: str = ""
 
 
 def encode(args: ChildArgs) -> str:

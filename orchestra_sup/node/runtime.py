@@ -105,6 +105,9 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.lag = LoopLag()
         self.stopping = asyncio.Event()
+        self.stale_frames = 0
+        """Requests refused because their sender's generation was retired (ARCHITECTURE.md §11
+        invariant 11), reported in heartbeats."""
         self._exit_code = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -135,14 +138,13 @@ class Node:
         if self.colocated:
             public = f"inproc://{self.name}"
         else:
-            endpoint = self.paths.run_dir / f"{self.name}.ipc"
-            public = f"ipc://{endpoint}"
+            public = self.args.endpoint or self.paths.endpoint(self.name)
         if self.front is None:
             self.server.bind(public)
         else:
             self.front.start(public)
-        if not self.colocated:
-            os.chmod(endpoint, 0o600)
+        if public.startswith("ipc://"):
+            os.chmod(public.removeprefix("ipc://"), 0o600)
         self.server.start()
         self.control.connect(
             "inproc://supervisor" if self.colocated else self.paths.endpoint("supervisor")
@@ -230,7 +232,7 @@ class Node:
 
     async def _heartbeat(self) -> None:
         while True:
-            beat = f.Heartbeat(load=self.role.load())
+            beat = f.Heartbeat(load=self.role.load(), stale_frames=self.stale_frames)
             if self.lag.samples:  # before its first sample a loop has no figures, not zeros
                 p50, p99, worst = self.lag.figures()
                 beat = f.Heartbeat(
@@ -238,6 +240,7 @@ class Node:
                     loop_lag_p99_ms=p99,
                     loop_lag_max_ms=worst,
                     load=beat.load,
+                    stale_frames=beat.stale_frames,
                 )
             with contextlib.suppress(PeerDown):
                 self.control.send(beat)
@@ -311,6 +314,25 @@ class Node:
             time.sleep(hook.seconds)  # the whole point: a wedged loop, heartbeats stop
 
     def _on_request(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        """Hand a peer's request to the role, unless its sender is a generation the roster has
+        retired (older than the current one and not draining): that is refused with
+        `stale_generation` and counted. A sender newer than the roster is let through: its
+        roster update may simply not have arrived yet."""
+        known = self.peers.get(env.sender)
+        if known is not None and env.gen < known.generation and env.gen not in known.draining:
+            self.stale_frames += 1
+            ep.reply(
+                env,
+                peer,
+                f.Error(
+                    code=ErrorCode.STALE_GENERATION,
+                    message=(
+                        f"{env.sender} generation {env.gen} is retired "
+                        f"(generation {known.generation} is current)"
+                    ),
+                ),
+            )
+            return
         self.role.handle(ep, peer, env)
 
     def _apply_roster(self, roster: f.Roster) -> None:

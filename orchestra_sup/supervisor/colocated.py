@@ -52,7 +52,7 @@ class ColocatedSeam:
         self,
         ctx: zmq.Context,
         make_args: Callable[[Worker], ChildArgs],
-        after_exit: Callable[[Worker], None],
+        after_exit: Callable[[Worker, int], None],
         changed: Callable[[Worker], None],
     ):
         self.ctx = ctx
@@ -153,5 +153,5 @@ class ColocatedSeam:
                 ChildStartError(worker.name, f"ended before its handshake: {info}")
             )
             welcomed.exception()
-        self._after_exit(worker)
+        self._after_exit(worker, worker.generation)
         worker.on_exit(info)

@@ -117,6 +117,13 @@ class Seam(Protocol):
         handshake). Raise `ChildStartError` when it exits first or misses its deadline. Later,
         call `worker.on_exit(info)` on the loop exactly once when that process has exited."""
 
+    def set_aside(self, worker: Worker) -> None:
+        """Surge: `worker`'s current process (at `worker.generation`) goes on running but is no
+        longer the worker's: its exit is reaped and cleaned up without `on_exit`."""
+
+    def reinstate(self, worker: Worker, generation: int) -> None:
+        """Undo `set_aside`: the process of `generation` set aside is `worker`'s again."""
+
     def signal(self, worker: Worker, sig: int) -> bool:
         """Signal `worker`'s current process; False when it has none or it is gone."""
 
@@ -147,6 +154,10 @@ class Worker:
         A restart keeps it; only a rollover changes it."""
         self.version = ""
         """The orchestra-sup version its current process said in its handshake."""
+        self.retiring: int | None = None
+        """The generation of its previous process while that one still runs beside the current
+        one (a surge, `start_beside`), else None."""
+        self._surging = False
         self.backoff = Backoff(flags.backoff_initial_s, flags.backoff_max_s, flags.max_seconds)
         self._exited: asyncio.Future[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -200,6 +211,38 @@ class Worker:
             self.started_at = self.seam.clock()
             self.transition(ChildState.RUNNING)
 
+    async def start_beside(self) -> int:
+        """Surge (a shard's rollover, ARCHITECTURE.md §9): start the next generation while the
+        running process goes on beside it, set aside by the seam; returns the old generation,
+        now in `retiring`. Whoever called this ends the old process and then calls
+        `retired()`. Raises `ChildStartError` when the new process never becomes ready: the old
+        one is then the worker's again (its generation, pid and version restored, running), and
+        the failed start is not reported to the parent as an exit (nothing is restarted)."""
+        assert self.state is ChildState.RUNNING, self.state
+        old = (self.generation, self.pid, self.started_at, self.version)
+        self.seam.set_aside(self)
+        self.retiring = self.generation
+        self._surging = True
+        try:
+            await self.start()
+        except ChildStartError:
+            if self._exited is not None and self.seam.signal(self, 0):
+                await asyncio.shield(self._exited)  # a missed deadline: it is being killed
+            self.seam.reinstate(self, old[0])
+            self.generation, self.pid, self.started_at, self.version = old
+            self.retiring = None
+            self._exited = asyncio.get_running_loop().create_future()  # the old one's exit
+            self.transition(ChildState.RUNNING)
+            raise
+        finally:
+            self._surging = False
+        return old[0]
+
+    def retired(self) -> None:
+        """The process `start_beside` set aside has exited: no longer report it."""
+        self.retiring = None
+        self.seam.changed(self)
+
     async def stop(self) -> None:
         """Ask, wait, kill, reap: SIGTERM, up to `shutdown_s`, then SIGKILL (`brutal_kill`:
         SIGKILL at once). Returns once the process has been reaped; a child without a process
@@ -230,6 +273,10 @@ class Worker:
 
     def on_exit(self, exit_info: ExitInfo) -> None:
         """Called by the seam when this worker's process has exited and been reaped."""
+        if self._surging:  # a surge's new process that never became ready: `start_beside`
+            if self._exited is not None and not self._exited.done():
+                self._exited.set_result(None)
+            return
         self.last_exit = exit_info
         self.exited_at = self.seam.clock()
         self.pid = None

@@ -1,8 +1,9 @@
 """The ctl endpoint: what `orchestra-sup ctl` asks of a running tree.
 
 Answered by the supervisor itself: `status` (from the control record, never waiting on a child),
-`restart`, `stop`. Forwarded to the coordinator as a task, so a slow or wedged coordinator never
-holds up the supervisor: `submit`, `plan`, `cancel`. Fanned out to every shard: `lanes`, `logs`.
+`restart`, `stop`, `rollover` (`supervisor.rollover`). Forwarded to the coordinator as a task,
+so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`, `cancel`.
+Fanned out to every shard: `lanes`, `logs`.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class CtlService:
                 | f.CtlBenchRelay()
             ):
                 self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
+            case f.CtlRollover():
+                self._answer(ep, peer, env, self.sup.rollovers.begin(body))
+            case f.CtlRolloverStatus():
+                self._answer(ep, peer, env, self.sup.rollovers.status(body))
             case f.CtlLanes():
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))
             case f.CtlLogs():

@@ -28,6 +28,7 @@ import sys
 import time
 import uuid
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -46,6 +47,7 @@ from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
 from orchestra_sup.supervisor.process import kill_orphans
+from orchestra_sup.supervisor.rollover import Rollovers
 from orchestra_sup.supervisor.runlock import RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.spec import ChildSpec, ChildState
@@ -150,6 +152,9 @@ class RootSupervisor:
         self.debug_hooks = os.environ.get("ORCHESTRA_SUP_DEBUG_HOOKS") == "1"
         self._cgroups = tree_path(paths.run_dir)
         self._last_summary = ""
+        self.endpoints: dict[tuple[str, int], str] = {}
+        """Where the live process of each (child, generation) listens."""
+        self.rollovers = Rollovers(self)
         self.boot = uuid.uuid4().hex[:12]
         """This run of the tree; generations start again at 1 in the next, boot ids do not."""
 
@@ -213,6 +218,7 @@ class RootSupervisor:
                 notify.send(f"READY=1\nSTATUS={self.summary()}")
             await self._stop.wait()
             notify.send("STOPPING=1")
+            await self.rollovers.cancel()
             await self._announce_stop()
             await self.tree.stop()
             await self.seam.close()
@@ -248,6 +254,11 @@ class RootSupervisor:
                 dest_gen=coordinator.generation,
             )
 
+    @property
+    def stopping(self) -> bool:
+        """The tree has been asked to stop."""
+        return self._stop.is_set()
+
     def request_stop(self, exit_code: int = EXIT_OK) -> None:
         """Stop the tree (SIGTERM, SIGINT, `ctl stop`, or escalation with `EXIT_INTENSITY`)."""
         if exit_code != EXIT_OK:
@@ -267,7 +278,12 @@ class RootSupervisor:
     # --- seam callbacks --------------------------------------------------------------------------
 
     def _child_args(self, worker: Worker) -> ChildArgs:
+        # A surge generation binds beside the running one, which still holds `<name>.ipc`.
+        name = worker.name if worker.retiring is None else f"{worker.name}.{worker.generation}"
+        endpoint = self.child_endpoint(name)
+        self.endpoints[(worker.name, worker.generation)] = endpoint
         return ChildArgs(
+            endpoint=endpoint,
             role=worker.spec.role,
             name=worker.name,
             generation=worker.generation,
@@ -286,15 +302,18 @@ class RootSupervisor:
             lane_programs=list(self.settings.lanes.programs),
         )
 
-    def _after_exit(self, worker: Worker) -> None:
-        """Kill what the dead child left behind: its lanes' cgroups (a shard), and orphans
-        reparented to us (we are the subreaper), identified by (pid, create time)."""
+    def _after_exit(self, worker: Worker, generation: int) -> None:
+        """Kill what the dead process of `worker` at `generation` left behind: its lanes'
+        cgroups (a shard), and orphans reparented to us (we are the subreaper), identified by
+        (pid, create time)."""
+        endpoint = self.endpoints.pop((worker.name, generation), None)
+        # its socket file, unless a live generation listens there too
+        if endpoint and endpoint.startswith("ipc://") and endpoint not in self.endpoints.values():
+            Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
         if self.control is not None:  # requests in flight to it will never be answered
-            self.control.fail_pending(
-                routing_id(worker.name, worker.generation), PeerDown(worker.name)
-            )
+            self.control.fail_pending(routing_id(worker.name, generation), PeerDown(worker.name))
         if worker.spec.role == "shard" and self._cgroups is not None:
-            subtree = self._cgroups / f"{worker.name}.{worker.generation}"
+            subtree = self._cgroups / f"{worker.name}.{generation}"
             self.spawn(asyncio.to_thread(kill_tree_sync, subtree))
         if worker.state is not ChildState.STOPPING and not self.colocated:
             kill_orphans(self.seam.known_pids())
@@ -362,23 +381,38 @@ class RootSupervisor:
         children: `ipc://` in the run directory, or `inproc://` when colocated."""
         return f"inproc://{name}" if self.colocated else self.paths.endpoint(name)
 
-    def roster(self) -> f.Roster:
-        return f.Roster(
-            peers=[
-                f.PeerState(
-                    name=w.name,
-                    role=w.spec.role,
-                    generation=w.generation,
-                    up=w.state in UP,
-                    endpoint=self.child_endpoint(w.name),
-                    capacity=w.spec.capacity,
-                    capabilities=list(w.spec.capabilities),
-                    tenants=list(w.spec.tenants),
-                    stopping=w.state is ChildState.STOPPING,
-                )
-                for w in self.workers
-            ]
+    def endpoint(self, worker: Worker, generation: int | None = None) -> str:
+        """Where `worker`'s process at `generation` (default: its current one) listens."""
+        generation = worker.generation if generation is None else generation
+        return self.endpoints.get((worker.name, generation), self.child_endpoint(worker.name))
+
+    def peer_state(self, w: Worker) -> f.PeerState:
+        """`w` as the roster shows it. During a surge (`Worker.start_beside`) the retiring
+        process stands for the worker, up but taking nothing new, until the new one is running;
+        then the new one does, and the retiring generation is listed as draining."""
+        generation, up, stopping, draining = (
+            w.generation,
+            w.state in UP,
+            w.state is ChildState.STOPPING,
+            [] if w.retiring is None else [w.retiring],
         )
+        if w.retiring is not None and w.state is ChildState.STARTING:
+            generation, up, stopping, draining = w.retiring, True, True, []
+        return f.PeerState(
+            name=w.name,
+            role=w.spec.role,
+            generation=generation,
+            up=up,
+            endpoint=self.endpoint(w, generation),
+            capacity=w.spec.capacity,
+            capabilities=list(w.spec.capabilities),
+            tenants=list(w.spec.tenants),
+            stopping=stopping,
+            draining=draining,
+        )
+
+    def roster(self) -> f.Roster:
+        return f.Roster(peers=[self.peer_state(w) for w in self.workers])
 
     def broadcast_roster(self) -> None:
         """Tell every running child who is up, where, and at which generation."""
@@ -386,9 +420,12 @@ class RootSupervisor:
             return
         roster = self.roster()
         for worker in self.workers:
-            if worker.state in UP:
+            live = [worker.generation] if worker.state in UP else []
+            if worker.retiring is not None:  # it finds its successor in the roster
+                live.append(worker.retiring)
+            for generation in live:
                 with contextlib.suppress(Exception):
-                    self.control.send(roster, to=routing_id(worker.name, worker.generation))
+                    self.control.send(roster, to=routing_id(worker.name, generation))
 
     def child_info(self, worker: Worker) -> f.ChildInfo:
         """One worker as `ctl status` shows it."""
@@ -402,7 +439,7 @@ class RootSupervisor:
             operator_restarts=worker.operator_restarts,
             uptime_s=round(worker.uptime(), 3),
             last_exit=worker.last_exit,
-            endpoint=self.child_endpoint(worker.name),
+            endpoint=self.endpoint(worker),
             capacity=worker.spec.capacity,
             loop_lag_ms=self.liveness[worker.name].lag_ms,
             capabilities=list(worker.spec.capabilities),

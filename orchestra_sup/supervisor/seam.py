@@ -33,8 +33,9 @@ HANDSHAKE_TIMEOUT_S = 15.0
 class ProcessSeam:
     """Spawns workers as OS processes.
 
-    `make_args(worker)` builds the child's `ChildArgs`; `after_exit(worker)` runs after a
-    worker's process was reaped, before the worker is told (kill its leftovers);
+    `make_args(worker)` builds the child's `ChildArgs`; `after_exit(worker, generation)` runs
+    after the process of `worker` at `generation` was reaped, before the worker is told (kill its
+    leftovers);
     `changed(worker)` is called on every state change; `template` is the fork template children
     are forked from (None: every child is a fresh interpreter). `open` starts it, `close` stops it.
     `release` is the interpreter the supervisor itself runs: the template is of that release, so
@@ -45,7 +46,7 @@ class ProcessSeam:
     def __init__(
         self,
         make_args: Callable[[Worker], ChildArgs],
-        after_exit: Callable[[Worker], None],
+        after_exit: Callable[[Worker, int], None],
         changed: Callable[[Worker], None],
         template: ForkTemplate | None = None,
     ):
@@ -55,6 +56,9 @@ class ProcessSeam:
         self.template = template
         self.release = sys.executable
         self.procs: dict[str, ChildProcess] = {}
+        self.retiring: dict[tuple[str, int], ChildProcess] = {}
+        """Processes set aside by a surge, by (name, generation), until they exit."""
+        self._retired: dict[tuple[str, int], asyncio.Future[ExitInfo]] = {}
         self._workers: dict[str, Worker] = {}
         self._welcomed: dict[str, asyncio.Future[None]] = {}
 
@@ -80,7 +84,7 @@ class ProcessSeam:
 
     def known_pids(self) -> set[int]:
         """Every live process this seam started and holds: children, template, adoptees."""
-        pids = {proc.pid for proc in self.procs.values()}
+        pids = {proc.pid for proc in (*self.procs.values(), *self.retiring.values())}
         if self.template is not None:
             pids |= self.template.known_pids()
         return pids
@@ -133,6 +137,31 @@ class ProcessSeam:
         proc.watch(asyncio.get_running_loop().add_reader, lambda: self._reap(worker, proc))
         return proc
 
+    def set_aside(self, worker: Worker) -> None:
+        key = (worker.name, worker.generation)
+        self.retiring[key] = self.procs.pop(worker.name)
+        self._retired[key] = asyncio.get_running_loop().create_future()
+
+    def reinstate(self, worker: Worker, generation: int) -> None:
+        key = (worker.name, generation)
+        self.procs[worker.name] = self.retiring.pop(key)
+        self._retired.pop(key).cancel()
+
+    def signal_retiring(self, name: str, generation: int, sig: int) -> bool:
+        """Signal the set-aside process of `name` at `generation`; False when it is gone."""
+        proc = self.retiring.get((name, generation))
+        return proc.signal(sig) if proc is not None else False
+
+    async def wait_retired(self, name: str, generation: int) -> ExitInfo:
+        """Wait for the set-aside process of `name` at `generation` to exit and be reaped; its
+        exit. Raises `KeyError` when no such process was set aside (or it was waited for)."""
+        key = (name, generation)
+        try:
+            return await asyncio.shield(self._retired[key])
+        finally:
+            if self._retired[key].done():
+                del self._retired[key]
+
     def welcome(self, name: str, generation: int, pid: int, worker: Worker | None) -> str | None:
         """Accept a `Hello` from the process spawned for `worker`; returns why not, or None."""
         proc = self.procs.get(name)
@@ -160,6 +189,10 @@ class ProcessSeam:
         if template is not None and template.proc is not None and pid == template.proc.pid:
             template.reap()
             return
+        for (retiring, _gen), proc in list(self.retiring.items()):
+            if proc.pid == pid:
+                self._reap(self._workers[retiring], proc)
+                return
         proc = self.procs.get(name) if name is not None else None
         worker = self._workers.get(name) if name is not None else None
         if proc is not None and worker is not None:
@@ -167,7 +200,22 @@ class ProcessSeam:
 
     def _reap(self, worker: Worker, proc: ChildProcess) -> None:
         exit_info = proc.reap(asyncio.get_running_loop().remove_reader)
-        if exit_info is None or self.procs.get(worker.name) is not proc:
+        if exit_info is None:
+            return
+        retiring = next((key for key, p in self.retiring.items() if p is proc), None)
+        if retiring is not None:  # set aside by a surge: cleaned up, not the worker's exit
+            del self.retiring[retiring]
+            log.info(
+                "child %s gen=%d pid=%d (retiring) exited: %s",
+                worker.name,
+                retiring[1],
+                proc.pid,
+                describe(exit_info),
+            )
+            self._after_exit(worker, retiring[1])
+            self._retired[retiring].set_result(exit_info)
+            return
+        if self.procs.get(worker.name) is not proc:
             return
         del self.procs[worker.name]
         log.info(
@@ -181,7 +229,7 @@ class ProcessSeam:
         if welcomed is not None and not welcomed.done():
             welcomed.set_exception(ChildStartError(worker.name, describe(exit_info)))
             welcomed.exception()  # retrieved: spawn() re-raises it
-        self._after_exit(worker)
+        self._after_exit(worker, worker.generation)
         worker.on_exit(exit_info)
 
 

@@ -42,7 +42,9 @@ class ChildState(enum.StrEnum):
 
     starting -> running once its handshake is done; running -> stopping on a requested stop;
     any -> exited when the process is gone; exited -> starting on a restart; exited -> stopped
-    when it is not to be restarted.
+    when it is not to be restarted. running -> starting is a surge (a shard's rollover): the next
+    generation starts while the running process goes on beside it, retiring; if the new one
+    never becomes ready, starting -> running again puts the retiring one back.
     """
 
     STARTING = "starting"
@@ -56,7 +58,7 @@ class ChildState(enum.StrEnum):
 ALLOWED = {
     ChildState.STOPPED: {ChildState.STARTING},
     ChildState.STARTING: {ChildState.RUNNING, ChildState.STOPPING, ChildState.EXITED},
-    ChildState.RUNNING: {ChildState.STOPPING, ChildState.EXITED},
+    ChildState.RUNNING: {ChildState.STOPPING, ChildState.EXITED, ChildState.STARTING},
     ChildState.STOPPING: {ChildState.EXITED},
     ChildState.EXITED: {ChildState.STARTING, ChildState.BACKOFF, ChildState.STOPPED},
     ChildState.BACKOFF: {ChildState.STARTING, ChildState.STOPPED},

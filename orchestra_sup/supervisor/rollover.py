@@ -1,0 +1,415 @@
+"""Rollovers: moving running children onto another release, one process at a time.
+
+`ctl rollover NAME --release PYTHON` (ARCHITECTURE.md §9; the coordinator separation write-up in
+seeds/ gives the semantics: quiet points, generation bumps, version skew). Before anything moves,
+the release is probed (`release.probe`) and its protocol range checked against the tree's; a
+release that cannot be used is refused in one line and nothing changes. Then each target moves in
+turn, each the way its role allows:
+
+- coordinator, custodian (`_replace`): asked for a quiet point (`Quiesce`: the coordinator holds
+  its turns, wakes and unread inbox; the custodian lets the write in flight land and holds the
+  next), then stopped (SIGTERM: it flushes its state) and started on the new release at the next
+  generation. Nothing else stops: lanes keep running, and what they report waits in the shards'
+  durable outboxes until the new coordinator is up. A new process that never becomes ready is
+  rolled back: the child starts again on its old release.
+- a shard (`_surge`): the next generation starts beside the running one (`Worker.start_beside`),
+  new lanes go to it, the old one drains (`Drain`: each lane parks at its next quiet point and
+  resumes on the new one; a lane that finds none within the drain timeout is stopped and re-runs
+  its step there, flagged partial), then it is retired (SIGTERM). A new generation that never
+  becomes ready is rolled back: the old one goes on as if nothing happened.
+
+Targets: a child's name, `shards` (each shard in turn) or `all` (custodian, coordinator, then
+each shard). A rollover stops at the first target that rolls back or fails, and reports it.
+Progress is a list of `RolloverEvent`s that `ctl rollover` long-polls (`CtlRolloverStatus`).
+Only one rollover runs at a time; restarts of the child being moved wait for it (the rollover
+holds its supervisor's restart lock), and stopping the tree cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from orchestra_sup import release as releases
+from orchestra_sup.errors import (
+    ChildStartError,
+    ErrorCode,
+    RelayError,
+    ReleaseError,
+    RemoteError,
+)
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.endpoint import routing_id
+from orchestra_sup.supervisor.core import Worker
+from orchestra_sup.supervisor.spec import ChildState
+
+if TYPE_CHECKING:
+    from orchestra_sup.supervisor.root import RootSupervisor
+
+log = logging.getLogger("orchestra_sup.supervisor")
+
+REPLY_MARGIN_S = 5.0
+"""Seconds a quiesce or drain request waits beyond the timeout it gives the child."""
+HISTORY = 8
+"""Finished rollovers whose reports `ctl rollover` can still ask for."""
+
+
+class RolloverFailed(Exception):
+    """A step did not complete; `str()` is the one line the report's `error` carries."""
+
+
+class Rollover:
+    """One rollover's record: its events, whether it is done and how it ended (`ok`)."""
+
+    def __init__(self, target: str, release: f.ReleaseInfo):
+        self.id = uuid.uuid4().hex[:8]
+        self.target = target
+        self.release = release
+        self.began = time.monotonic()
+        self.events: list[f.RolloverEvent] = []
+        self.done = False
+        self.ok: bool | None = None
+        self.error: str | None = None
+        self._changed = asyncio.Event()
+
+    def event(self, child: str, text: str, took_s: float | None = None) -> None:
+        """Record one step (`took_s`: its own duration, seconds) and wake the pollers."""
+        took = None if took_s is None else round(took_s, 3)
+        self.events.append(
+            f.RolloverEvent(
+                seq=len(self.events),
+                at_s=round(time.monotonic() - self.began, 3),
+                child=child,
+                text=text,
+                took_s=took,
+            )
+        )
+        log.info("rollover %s: %s%s", self.id, f"{child}: " if child else "", text)
+        self._wake()
+
+    def finish(self, error: str | None) -> None:
+        self.done, self.ok, self.error = True, error is None, error
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def report(self, after_seq: int = -1) -> f.RolloverReport:
+        return f.RolloverReport(
+            id=self.id,
+            target=self.target,
+            release=self.release,
+            done=self.done,
+            ok=self.ok,
+            events=self.events[max(0, after_seq + 1) :],
+            error=self.error,
+        )
+
+    async def wait(self, after_seq: int, wait_s: float) -> None:
+        """Return once there is an event after `after_seq`, the rollover is done, or `wait_s`
+        seconds have passed."""
+        if self.done or len(self.events) > after_seq + 1 or wait_s <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await self._changed.wait()
+
+
+class Rollovers:
+    """The supervisor's rollovers: at most one running, the last `HISTORY` kept."""
+
+    def __init__(self, sup: RootSupervisor):
+        self.sup = sup
+        self.history: dict[str, Rollover] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # --- ctl -------------------------------------------------------------------------------------
+
+    async def begin(self, req: f.CtlRollover) -> f.RolloverReport:
+        """Check everything, then start rollover `req` in the background; its first report.
+
+        Raises `RemoteError`: `bad_request` for a colocated tree, a tree that is stopping, a
+        target that is not running, a bad drain timeout, or a release that cannot be probed;
+        `not_found` for an unknown target; `busy` while another rollover runs;
+        `version_skew` for a release whose protocol range does not overlap the tree's.
+        """
+        sup = self.sup
+        if sup.colocated:
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                "a colocated tree runs every role in the supervisor's own process; "
+                "stop it and start it on the new release instead",
+            )
+        if sup.stopping:
+            raise RemoteError(ErrorCode.BAD_REQUEST, "the tree is stopping")
+        if self._task is not None and not self._task.done():
+            running = next(r for r in self.history.values() if not r.done)
+            raise RemoteError(
+                ErrorCode.BUSY, f"rollover {running.id} of {running.target} is still running"
+            )
+        drain_s = sup.settings.supervisor.drain_timeout_s
+        if req.drain_timeout_s is not None:
+            if not 0 < req.drain_timeout_s <= 3600:
+                raise RemoteError(
+                    ErrorCode.BAD_REQUEST, "the drain timeout must be > 0 and <= 3600 seconds"
+                )
+            drain_s = req.drain_timeout_s
+        workers = self.targets(req.name)
+        for worker in workers:
+            if worker.state is not ChildState.RUNNING:
+                raise RemoteError(
+                    ErrorCode.BAD_REQUEST,
+                    f"{worker.name} is {worker.state}; try again when it is running",
+                )
+        python = req.release or sup.seam.release
+        try:
+            info = await releases.probe(python)
+        except ReleaseError as exc:
+            raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        if not releases.compatible_with(info):
+            raise RemoteError(ErrorCode.VERSION_SKEW, releases.refusal(info))
+        rollover = Rollover(req.name, info)
+        rollover.event(
+            "",
+            f"release {info.python}: orchestra-sup {info.version}, protocol "
+            f"{info.proto_min}..{info.proto_max}; moving {', '.join(w.name for w in workers)}",
+        )
+        self.history[rollover.id] = rollover
+        while len(self.history) > HISTORY:
+            del self.history[next(iter(self.history))]
+        self._task = sup.spawn(self._run(rollover, workers, drain_s))
+        return rollover.report()
+
+    async def status(self, req: f.CtlRolloverStatus) -> f.RolloverReport:
+        """Events of rollover `req.id` after `req.after_seq` (a long poll of `req.wait_s`
+        seconds). Raises `RemoteError(not_found)` for an unknown id."""
+        rollover = self.history.get(req.id)
+        if rollover is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover {req.id!r}")
+        await rollover.wait(req.after_seq, req.wait_s)
+        return rollover.report(req.after_seq)
+
+    def targets(self, name: str) -> list[Worker]:
+        """The children `name` moves, in order. Raises `RemoteError(not_found)`."""
+        by_role = {w.spec.role: w for w in self.sup.workers if w.spec.role != "shard"}
+        shards = [w for w in self.sup.workers if w.spec.role == "shard"]
+        if name == "shards":
+            return shards
+        if name == "all":
+            return [by_role["custodian"], by_role["coordinator"], *shards]
+        worker = self.sup.by_name.get(name)
+        if worker is None:
+            known = ", ".join([*self.sup.by_name, "shards", "all"])
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover target {name!r} ({known})")
+        return [worker]
+
+    async def cancel(self) -> None:
+        """Stop the running rollover, if any (the tree is stopping); a shard caught in its
+        surge has its retiring generation stopped first."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # --- the steps -------------------------------------------------------------------------------
+
+    async def _run(self, rollover: Rollover, workers: list[Worker], drain_s: float) -> None:
+        try:
+            for worker in workers:
+                step = self._surge if worker.spec.role == "shard" else self._replace
+                await step(rollover, worker, drain_s)
+        except RolloverFailed as exc:
+            rollover.finish(str(exc))
+        except asyncio.CancelledError:
+            rollover.event("", "cancelled: the tree is stopping")
+            rollover.finish("cancelled: the tree is stopping")
+            raise
+        else:
+            took = time.monotonic() - rollover.began
+            rollover.event("", f"done: every target runs orchestra-sup {rollover.release.version}")
+            log.info("rollover %s of %s done in %.3f s", rollover.id, rollover.target, took)
+            rollover.finish(None)
+
+    async def _replace(self, rollover: Rollover, worker: Worker, quiet_s: float) -> None:
+        """Coordinator or custodian: quiet point, stop, start on the new release; roll back
+        to the old release when the new process never becomes ready."""
+        name, release = worker.name, rollover.release
+        owner = worker.parent
+        assert owner is not None
+        async with owner._lock:  # no restart of it interleaves with the hand-off
+            if worker.state is not ChildState.RUNNING:
+                raise RolloverFailed(f"{name} is {worker.state}; nothing moved")
+            began = time.monotonic()
+            rollover.event(name, f"asking generation {worker.generation} for a quiet point")
+            try:
+                held = await self._request(
+                    worker, worker.generation, f.Quiesce(timeout_s=quiet_s), quiet_s
+                )
+            except (RemoteError, RelayError) as exc:
+                await self._resume(worker)
+                raise RolloverFailed(
+                    f"{name} reached no quiet point: {exc}; nothing moved"
+                ) from None
+            detail = held.held if isinstance(held, f.Quiesced) and held.held else "quiet"
+            rollover.event(name, f"quiet point: {detail}", time.monotonic() - began)
+            old_release, old_generation = worker.release, worker.generation
+            began = time.monotonic()
+            await worker.stop()
+            rollover.event(name, f"generation {old_generation} stopped", time.monotonic() - began)
+            began = time.monotonic()
+            worker.release = release.python
+            try:
+                await worker.start()
+            except ChildStartError as exc:
+                rollover.event(
+                    name,
+                    f"generation {worker.generation} on {release.python} never became ready "
+                    f"({exc.reason}); rolling back",
+                    time.monotonic() - began,
+                )
+                worker.release = old_release
+                began = time.monotonic()
+                try:
+                    await worker.start()
+                except ChildStartError as again:
+                    raise RolloverFailed(
+                        f"{name}: the new release never became ready ({exc.reason}) and neither "
+                        f"did the old one ({again.reason}); it is restarted as any failed child"
+                    ) from None
+                rollover.event(
+                    name,
+                    f"rolled back: generation {worker.generation} runs the old release "
+                    f"(pid {worker.pid})",
+                    time.monotonic() - began,
+                )
+                raise RolloverFailed(
+                    f"{name}: the new release never became ready ({exc.reason}); rolled back"
+                ) from None
+            rollover.event(
+                name,
+                f"generation {worker.generation} ready on orchestra-sup {worker.version or '?'} "
+                f"(pid {worker.pid})",
+                time.monotonic() - began,
+            )
+
+    async def _surge(self, rollover: Rollover, worker: Worker, drain_s: float) -> None:
+        """A shard: surge, drain, retire; roll back when the new generation never becomes
+        ready. A drain that fails (the old generation did not answer in time or died) is not
+        rolled back, since new lanes already run on the new generation: the old one is
+        retired, the lanes it still had are lost (their tasks are paused and re-placed), and
+        the rollover reports the failure."""
+        name, release = worker.name, rollover.release
+        owner = worker.parent
+        assert owner is not None
+        async with owner._lock:
+            if worker.state is not ChildState.RUNNING:
+                raise RolloverFailed(f"{name} is {worker.state}; nothing moved")
+            old_release, old_generation = worker.release, worker.generation
+            worker.release = release.python
+            began = time.monotonic()
+            rollover.event(
+                name,
+                f"starting generation {old_generation + 1} beside generation {old_generation}",
+            )
+            try:
+                await worker.start_beside()
+            except ChildStartError as exc:
+                worker.release = old_release
+                rollover.event(
+                    name,
+                    f"generation {old_generation + 1} never became ready ({exc.reason}); rolled "
+                    f"back: generation {old_generation} goes on",
+                    time.monotonic() - began,
+                )
+                raise RolloverFailed(
+                    f"{name}: the new release never became ready ({exc.reason}); rolled back"
+                ) from None
+            rollover.event(
+                name,
+                f"generation {worker.generation} ready on orchestra-sup {worker.version or '?'} "
+                f"(pid {worker.pid}); new lanes go there",
+                time.monotonic() - began,
+            )
+            try:
+                failure = await self._drain(rollover, worker, old_generation, drain_s)
+            finally:
+                await self._retire(rollover, worker, old_generation)
+            if failure is not None:
+                raise RolloverFailed(failure)
+
+    async def _drain(
+        self, rollover: Rollover, worker: Worker, old_generation: int, drain_s: float
+    ) -> str | None:
+        """Ask the old generation to hand its lanes over; one event per lane. Returns why the
+        drain failed, or None."""
+        name = worker.name
+        began = time.monotonic()
+        rollover.event(name, f"draining generation {old_generation} (at most {drain_s:g} s)")
+        try:
+            drained = await self._request(
+                worker,
+                old_generation,
+                f.Drain(successor_gen=worker.generation, timeout_s=drain_s),
+                drain_s,
+            )
+        except (RemoteError, RelayError) as exc:
+            rollover.event(name, f"generation {old_generation} did not drain: {exc}")
+            return f"{name}: generation {old_generation} did not drain ({exc})"
+        lanes = drained.lanes if isinstance(drained, f.Drained) else []
+        for move in lanes:
+            detail = f": {move.detail}" if move.detail else ""
+            rollover.event(name, f"lane {move.lane} {move.how}{detail}", move.elapsed_s)
+        counts = collections.Counter(m.how for m in lanes)
+        rollover.event(
+            name,
+            f"generation {old_generation} drained: {counts['moved']} moved, {counts['partial']} "
+            f"re-run partial, {counts['finished']} finished there",
+            time.monotonic() - began,
+        )
+        lost = [m.lane for m in lanes if m.how == "lost"]
+        if lost:
+            return f"{name}: lanes {', '.join(lost)} could not be handed over (re-placed)"
+        return None
+
+    async def _retire(self, rollover: Rollover, worker: Worker, generation: int) -> None:
+        """Stop the set-aside generation: SIGTERM, SIGKILL after the child's shutdown grace;
+        then the roster no longer lists it as draining. Runs even when the rollover is
+        cancelled (the tree is stopping), so no retiring process outlives it."""
+        seam = self.sup.seam
+        began = time.monotonic()
+        seam.signal_retiring(worker.name, generation, signal.SIGTERM)
+        grace = worker.spec.shutdown_s
+        try:
+            async with asyncio.timeout(grace):
+                await seam.wait_retired(worker.name, generation)
+        except TimeoutError:
+            log.warning("%s generation %d ignored SIGTERM; killing", worker.name, generation)
+            seam.signal_retiring(worker.name, generation, signal.SIGKILL)
+            await seam.wait_retired(worker.name, generation)
+        worker.retired()
+        rollover.event(worker.name, f"generation {generation} retired", time.monotonic() - began)
+
+    async def _request(
+        self, worker: Worker, generation: int, body: f.Body, timeout_s: float
+    ) -> f.Body:
+        control = self.sup.control
+        assert control is not None
+        return await control.request(
+            body,
+            to=routing_id(worker.name, generation),
+            timeout_s=timeout_s + REPLY_MARGIN_S,
+            dest_gen=generation,
+        )
+
+    async def _resume(self, worker: Worker) -> None:
+        """Tell a child that was asked for a quiet point to go on (best effort: one that does
+        not answer is not waited for)."""
+        with contextlib.suppress(RemoteError, RelayError):
+            await self._request(worker, worker.generation, f.Resume(), 0.0)
