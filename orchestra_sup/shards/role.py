@@ -98,9 +98,12 @@ MESSAGE_KEYS = 4096
 """Idempotency keys remembered per lane: a re-send of any of its last 4,096 messages is caught."""
 HELD_MAX = MAILBOX_SIZE
 """Requests held for lanes on their way here (or for one lane being handed over) at most."""
-HANDOVER_S = 10.0
+HANDOVER_S = 2.0
 """How long a drain keeps offering a parked lane to the next generation (`LaneResume` is
 idempotent by lane id, so an unanswered offer is made again)."""
+DRAIN_KILL_S = 1.0
+"""Seconds a command stopped at the drain timeout has between SIGTERM and SIGKILL (at most
+`lane_grace_s`): the supervisor waits for `Drained` only a few seconds past the timeout."""
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
 """Variables a lane command inherits from the shard; everything else is scrubbed."""
@@ -272,7 +275,8 @@ class Shard:
             case f.Drain():
                 assert self.node is not None
                 if self._drain is None:
-                    self._drain = asyncio.ensure_future(self._drain_lanes(body))
+                    answer_by = time.monotonic() + (env.ttl_s or body.timeout_s) - RETRY_S
+                    self._drain = asyncio.ensure_future(self._drain_lanes(body, answer_by))
                 self.node.answer(ep, peer, env, _shielded(self._drain))
             case f.LaneCancel(lane=lane_id):
                 lane = self._route(ep, peer, env, lane_id)
@@ -672,9 +676,12 @@ class Shard:
 
     # --- rollover: the old generation drains -----------------------------------------------------
 
-    async def _drain_lanes(self, req: f.Drain) -> f.Body:
-        """`Drain`: hand every lane over (see the module docstring) and say how each went. Runs
-        once; a repeated `Drain` is answered with the same `Drained`."""
+    async def _drain_lanes(self, req: f.Drain, answer_by: float) -> f.Body:
+        """`Drain`: hand every lane over (see the module docstring) and say how each went, by
+        `answer_by` (monotonic seconds: the request's deadline): lanes get `req.timeout_s` to
+        reach a quiet point, a stopped command `DRAIN_KILL_S` more, a hand-over `HANDOVER_S`,
+        the outbox `DELIVER_ON_STOP_S`, each cut short at `answer_by`. Runs once; a repeated
+        `Drain` is answered with the same `Drained`."""
         assert self.node is not None
         log.info(
             "%s: draining %d lanes to generation %d (timeout %g s)",
@@ -685,15 +692,16 @@ class Shard:
         )
         deadline = time.monotonic() + req.timeout_s
         moves = await asyncio.gather(
-            *(self._drain_lane(lane, deadline) for lane in list(self.lanes.values()))
+            *(self._drain_lane(lane, deadline, answer_by) for lane in list(self.lanes.values()))
         )
         self._flush_outbox()
         pending = list(self._sending_tasks.values())
-        if pending:
-            await asyncio.wait(pending, timeout=DELIVER_ON_STOP_S)
+        left = min(DELIVER_ON_STOP_S, answer_by - time.monotonic())
+        if pending and left > 0:
+            await asyncio.wait(pending, timeout=left)
         return f.Drained(lanes=list(moves))
 
-    async def _drain_lane(self, lane: Lane, deadline: float) -> f.LaneMove:
+    async def _drain_lane(self, lane: Lane, deadline: float, answer_by: float) -> f.LaneMove:
         """Bring `lane` to an end here or to the next generation (`Drain`)."""
         assert lane.task is not None
         began = time.monotonic()
@@ -715,12 +723,14 @@ class Shard:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(lane.pgid, signal.SIGTERM)
             assert self.node is not None
-            await asyncio.wait([task], timeout=self.node.args.lane_grace_s)
+            await asyncio.wait([task], timeout=min(DRAIN_KILL_S, self.node.args.lane_grace_s))
         task.cancel()  # SIGKILLs a command still running; a parked program ends at once
         await asyncio.gather(task, return_exceptions=True)
-        return await self._hand_over(lane, partial, began)
+        return await self._hand_over(lane, partial, began, answer_by)
 
-    async def _hand_over(self, lane: Lane, partial: bool, began: float) -> f.LaneMove:
+    async def _hand_over(
+        self, lane: Lane, partial: bool, began: float, answer_by: float
+    ) -> f.LaneMove:
         """Snapshot the stopped `lane` and offer it to the next generation until it takes it
         (`moved`/`partial`), refuses it (`lost`: the lane ends here `interrupted`, so the
         coordinator re-runs it) or `HANDOVER_S` passes unanswered (`lost`: whether the next
@@ -740,11 +750,11 @@ class Shard:
             elapsed_s=time.monotonic() - lane.began,
         )
         with contextlib.suppress(TimeoutError):  # a slow disk delays the rows, nothing more
-            async with asyncio.timeout(HANDOVER_S):
+            async with asyncio.timeout(HANDOVER_S / 2):
                 await landed  # the next generation's rows follow ours in LMDB, without a gap
         how: Literal["moved", "partial", "lost"] = "partial" if partial else "moved"
         detail = ""
-        give_up = time.monotonic() + HANDOVER_S
+        give_up = min(time.monotonic() + HANDOVER_S, answer_by - DELIVER_ON_STOP_S)
         while True:
             try:
                 await self.node.call(
