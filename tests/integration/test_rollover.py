@@ -184,3 +184,34 @@ def test_results_that_arrive_during_a_coordinator_rollover_land_once(
     assert report.ok, report
     assert all(t.attempts == 1 for t in report.tasks), report
     assert sorted(runs.read_text().split()) == sorted(f"t{i}" for i in range(40))
+
+
+def test_a_start_the_old_coordinator_never_saw_answered_is_sent_again(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """The coordinator records a placement durably before it sends the `LaneStart`. Restarted
+    while its shard is stopped (SIGSTOP), it leaves the start unanswered: queued at the shard,
+    which then refuses it as coming from a retired generation. The next generation sends it
+    again, so the task runs, once, instead of waiting for ever."""
+    import os
+    import signal
+
+    tree = tree_factory(workspace=repo, shards=1)
+    runs = tmp_path / "runs"
+    shard = tree.child("shard-0")
+    assert shard.pid is not None
+    os.kill(shard.pid, signal.SIGSTOP)
+    try:
+        plan_id = tree.submit(plan("resend", task("t", f"echo t >> {runs}")))
+
+        def placed() -> bool:
+            report = tree.ctl(f.CtlPlan(id=plan_id))
+            return isinstance(report, f.PlanReport) and report.tasks[0].lane is not None
+
+        wait_until(placed, 10, "the task placed")
+        tree.ctl(f.CtlRestart(name="coordinator"), timeout_s=20)
+    finally:
+        os.kill(shard.pid, signal.SIGCONT)
+    report = tree.wait_plan(plan_id, timeout_s=20)
+    assert report.ok and report.tasks[0].attempts == 1, report
+    assert runs.read_text().split() == ["t"]
