@@ -534,11 +534,29 @@ class Coordinator:
         for plan in sorted(self.plans.values(), key=lambda p: p.submitted_at):
             if plan.done:
                 continue
+            self._resend_starts(plan)
             if plan.skip_blocked():
                 self._persist(plan)
                 self._maybe_done(plan)
             for spec in plan.ready():
                 self._place(plan, spec)
+
+    def _resend_starts(self, plan: PlanRecord) -> None:
+        """Send again the `LaneStart` of every placement this process has not sent: one an
+        earlier generation recorded (durably, before sending) and then stopped or died before
+        its shard answered. A start sent but never acted on (refused as coming from a retired
+        generation, or lost with its connection) would otherwise leave the task starting for
+        ever; the shard acknowledges a lane it already has without starting it twice."""
+        assert self.node is not None
+        for spec in plan.spec.tasks:
+            rec = plan.tasks[spec.id]
+            if rec.status is not TaskStatus.STARTING or rec.lane in self._starting:
+                continue
+            view = self.shards.get(rec.shard or "")
+            if view is None or not view.up or view.generation != rec.shard_gen or not rec.lane:
+                continue  # the roster decides: a lost shard (generation) pauses the task
+            self._starting[rec.lane] = asyncio.get_running_loop().create_future()
+            self.node.spawn(self._start(plan, spec.id, plan.start_of(spec), view.name))
 
     def _place(self, plan: PlanRecord, spec: f.TaskSpec) -> None:
         """Place one ready task (placement.py: affinity, eligibility, score, tie-break), fail it

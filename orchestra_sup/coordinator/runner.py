@@ -170,6 +170,13 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.lane = f"{self.id}-{spec.id}-{rec.attempts}"
         rec.shard, rec.shard_gen = ticket.shard, ticket.generation
         rec.ticket = str(ticket)
+        return self.start_of(spec)
+
+    def start_of(self, spec: f.TaskSpec) -> f.LaneStart:
+        """The `LaneStart` of task `spec`'s current placement (its lane must be set). Sent again
+        as it is, it is harmless: the lane id is the shard's idempotency key."""
+        rec = self.tasks[spec.id]
+        assert rec.lane is not None
         return f.LaneStart(
             lane=rec.lane,
             plan=self.id,

@@ -60,6 +60,9 @@ class ProcessSeam:
         """Processes set aside by a surge, by (name, generation), until they exit."""
         self._retired: dict[tuple[str, int], asyncio.Future[ExitInfo]] = {}
         self._workers: dict[str, Worker] = {}
+        self.helpers: set[int] = set()
+        """Pids of short-lived helpers the supervisor runs and waits for itself (a release's
+        probe): known, so the orphan reaper and killer leave them alone."""
         self._welcomed: dict[str, asyncio.Future[None]] = {}
 
     def clock(self) -> float:
@@ -85,6 +88,7 @@ class ProcessSeam:
     def known_pids(self) -> set[int]:
         """Every live process this seam started and holds: children, template, adoptees."""
         pids = {proc.pid for proc in (*self.procs.values(), *self.retiring.values())}
+        pids |= self.helpers
         if self.template is not None:
             pids |= self.template.known_pids()
         return pids
