@@ -8,15 +8,13 @@ partial. Every step appends a line to a file outside the tree, so a step that ra
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from orchestra_sup.errors import RemoteError
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, plan, task, wait_until
+from tests.integration.harness import Tree, make_release, plan, task, wait_until
 from tests.integration.test_logs import logs, rows_of
 
 pytestmark = pytest.mark.integration
@@ -26,30 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 DRAIN_S = 3.0
 
 
-def second_release(tmp_path: Path) -> Path:
-    """A wrapper script that runs this interpreter as orchestra-sup 9.0.0 (`release.py`)."""
-    script = tmp_path / "release-9" / "python"
-    script.parent.mkdir()
-    script.write_text(f'#!/bin/sh\nORCHESTRA_SUP_TEST_VERSION=9.0.0 exec {sys.executable} "$@"\n')
-    script.chmod(0o755)
-    return script
-
-
 def rollover(
     tree: Tree, name: str, release: Path, on_event: Callable[[f.RolloverEvent], None]
 ) -> tuple[f.RolloverReport, list[f.RolloverEvent]]:
     """Start a rollover and follow it to its end, calling `on_event` with each event as it
     comes; the final report and every event."""
     ask = f.CtlRollover(name=name, release=str(release), drain_timeout_s=DRAIN_S)
-    for _ in range(3):
-        try:
-            report = tree.ctl(ask, timeout_s=30)
-            break
-        except RemoteError as exc:
-            # The supervisor's orphan reaping can take the release probe's exit status before
-            # asyncio does (it then reads 255): a supervisor race, not what this test pins.
-            if "probe exited 255" not in str(exc):
-                raise
+    report = tree.ctl(ask, timeout_s=30)
     assert isinstance(report, f.RolloverReport), report
     events: list[f.RolloverEvent] = []
     while True:
@@ -115,7 +96,9 @@ def test_a_shard_rollover_moves_live_lanes_and_the_plan_completes_once(
             during.append(chunk)
             short_gate.touch()  # the short lane ends during the drain
 
-    report, events = rollover(tree, "shard-0", second_release(tmp_path), on_event)
+    report, events = rollover(
+        tree, "shard-0", make_release(tmp_path / "release-9", "python", version="9.0.0"), on_event
+    )
     (chunk,) = during
     assert chunk.found and not chunk.done, chunk
     assert not any(r.data.startswith("lost") for r in chunk.rows), chunk
