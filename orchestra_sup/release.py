@@ -87,9 +87,13 @@ def refusal(info: ReleaseInfo) -> str:
     )
 
 
-async def probe(python: str, timeout_s: float = PROBE_TIMEOUT_S) -> ReleaseInfo:
+async def probe(
+    python: str, timeout_s: float = PROBE_TIMEOUT_S, *, hold: set[int] | None = None
+) -> ReleaseInfo:
     """Ask the release at `python` about itself: run `python -m orchestra_sup.release` with
-    this process's environment and decode what it prints.
+    this process's environment and decode what it prints. While it runs its pid is in `hold`:
+    a supervisor's orphan reaper and killer leave the pids there alone (the probe is a child of
+    the supervisor that asyncio, not the reaper, must wait for).
 
     Raises `ReleaseError` (one line) when `python` is not an executable file, the probe exits
     non-zero (its last stderr line is quoted), prints something that is not a `ReleaseInfo`, or
@@ -108,6 +112,8 @@ async def probe(python: str, timeout_s: float = PROBE_TIMEOUT_S) -> ReleaseInfo:
         )
     except OSError as exc:
         raise ReleaseError(f"release {python}: cannot run it: {exc}") from exc
+    if hold is not None:
+        hold.add(proc.pid)
     try:
         async with asyncio.timeout(timeout_s):
             out, err = await proc.communicate()
@@ -117,6 +123,9 @@ async def probe(python: str, timeout_s: float = PROBE_TIMEOUT_S) -> ReleaseInfo:
         raise ReleaseError(
             f"release {python}: no answer to its probe within {timeout_s:g} s"
         ) from None
+    finally:
+        if hold is not None:
+            hold.discard(proc.pid)
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines()
         last = lines[-1] if lines else "no output"

@@ -73,9 +73,12 @@ class Coordinator:
         self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
         self.lanes: dict[str, tuple[str, str]] = {}
+        """Lane id -> (plan id, task id) of every lane placed since start (pruned on lookup)."""
         self._starting: dict[str, asyncio.Future[None]] = {}
         """Lanes whose `LaneStart` is in flight; resolved when their shard answers (or not)."""
-        """Lane id -> (plan id, task id) of every lane placed since start (pruned on lookup)."""
+        self._moving: dict[str, frozenset[int]] = {}
+        """Per shard, its generations whose lanes are moving to the current one: draining, or
+        retired and not yet settled (`_settle_moved`)."""
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._enc = msgspec.msgpack.Encoder()
         self._plan_dec = msgspec.msgpack.Decoder(PlanRecord)
@@ -138,12 +141,26 @@ class Coordinator:
                 stopping=peer.stopping,
             )
             self._refused.pop(peer.name, None)
+            # Rollover: lanes of a draining generation are moving here, not lost; those of one
+            # that just retired are kept until the shard says which it has (`_settle_moved`).
+            keep = self._moving.pop(peer.name, frozenset())
+            if peer.up:
+                retired = keep - set(peer.draining)
+                keep = self._moving[peer.name] = keep | set(peer.draining)
+                if retired:
+                    assert self.node is not None
+                    self.node.spawn(self._settle_moved(peer.name, peer.generation, retired))
+            else:
+                keep = frozenset()
             for plan in self.plans.values():
                 if self.stopping and not peer.up:
                     lost = plan.interrupt_shard(peer.name)
                 else:
                     lost = plan.lose_shard(
-                        peer.name, peer.generation if peer.up else None, self.max_worker_loss
+                        peer.name,
+                        peer.generation if peer.up else None,
+                        self.max_worker_loss,
+                        keep,
                     )
                 if lost:
                     log.warning(
@@ -156,6 +173,33 @@ class Coordinator:
                     self._persist(plan)
                     self._maybe_done(plan)
         self._lose_unknown_shards()
+        self._pump()
+
+    async def _settle_moved(self, shard: str, generation: int, retired: frozenset[int]) -> None:
+        """Generations `retired` of `shard` drained and are gone: ask generation `generation`
+        which lanes it has (live, or with a result in its outbox) and move their tasks on to it;
+        the rest are lost (`PlanRecord.settle_moved`). A shard that cannot say loses them all."""
+        assert self.node is not None
+        try:
+            reply: object = await self.node.call(
+                shard, f.ListLanes(results=True), timeout_s=START_TIMEOUT_S
+            )
+        except OrchestraError as exc:
+            reply = exc
+        there: set[str] = set()
+        if isinstance(reply, f.LaneList):
+            there = {lane.lane for lane in reply.lanes} | set(reply.results)
+        else:
+            log.warning("%s: which lanes moved is unknown (%s): they are lost", shard, reply)
+        moving = self._moving.get(shard)
+        if moving is not None:
+            self._moving[shard] = moving - retired
+        for plan in self.plans.values():
+            moved, lost = plan.settle_moved(shard, retired, generation, there, self.max_worker_loss)
+            if moved or lost:
+                log.info("plan %s: moved to %s: %s; lost: %s", plan.id, shard, moved, lost)
+                self._persist(plan)
+                self._maybe_done(plan)
         self._pump()
 
     def _lose_unknown_shards(self) -> None:
@@ -472,8 +516,9 @@ class Coordinator:
         for plan in self.plans.values():
             for rec in plan.tasks.values():
                 view = self.shards.get(rec.shard or "")
-                if rec.status in LIVE and view is not None and rec.shard_gen == view.generation:
-                    view.load += 1
+                if rec.status in LIVE and view is not None:
+                    here = rec.shard_gen == view.generation
+                    view.load += here or rec.shard_gen in self._moving.get(view.name, ())
         for name, generation in self._refused.items():
             view = self.shards.get(name)
             if view is not None and view.generation == generation:
@@ -489,11 +534,29 @@ class Coordinator:
         for plan in sorted(self.plans.values(), key=lambda p: p.submitted_at):
             if plan.done:
                 continue
+            self._resend_starts(plan)
             if plan.skip_blocked():
                 self._persist(plan)
                 self._maybe_done(plan)
             for spec in plan.ready():
                 self._place(plan, spec)
+
+    def _resend_starts(self, plan: PlanRecord) -> None:
+        """Send again the `LaneStart` of every placement this process has not sent: one an
+        earlier generation recorded (durably, before sending) and then stopped or died before
+        its shard answered. A start sent but never acted on (refused as coming from a retired
+        generation, or lost with its connection) would otherwise leave the task starting for
+        ever; the shard acknowledges a lane it already has without starting it twice."""
+        assert self.node is not None
+        for spec in plan.spec.tasks:
+            rec = plan.tasks[spec.id]
+            if rec.status is not TaskStatus.STARTING or rec.lane in self._starting:
+                continue
+            view = self.shards.get(rec.shard or "")
+            if view is None or not view.up or view.generation != rec.shard_gen or not rec.lane:
+                continue  # the roster decides: a lost shard (generation) pauses the task
+            self._starting[rec.lane] = asyncio.get_running_loop().create_future()
+            self.node.spawn(self._start(plan, spec.id, plan.start_of(spec), view.name))
 
     def _place(self, plan: PlanRecord, spec: f.TaskSpec) -> None:
         """Place one ready task (placement.py: affinity, eligibility, score, tie-break), fail it

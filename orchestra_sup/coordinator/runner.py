@@ -15,11 +15,17 @@ its step re-runs with a partial-work warning, since whatever the dead attempt di
 sandbox may still be there. Every placement counts in `attempts`. The `max_worker_loss`-th loss
 of the same task fails it with the failure class `worker_process_loss` instead, so a command that
 kills its own shard cannot loop.
+
+A rollover moves lanes between generations of one shard (ARCHITECTURE.md §9): a task whose lane
+runs on a generation the roster lists as draining is not lost (`lose_shard`'s `keep`); once that
+generation has retired, the lanes the shard's current generation has (live, or with a result in
+its outbox) move on to it, and only the others are lost (`settle_moved`).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 
 import msgspec
 
@@ -164,6 +170,13 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.lane = f"{self.id}-{spec.id}-{rec.attempts}"
         rec.shard, rec.shard_gen = ticket.shard, ticket.generation
         rec.ticket = str(ticket)
+        return self.start_of(spec)
+
+    def start_of(self, spec: f.TaskSpec) -> f.LaneStart:
+        """The `LaneStart` of task `spec`'s current placement (its lane must be set). Sent again
+        as it is, it is harmless: the lane id is the shard's idempotency key."""
+        rec = self.tasks[spec.id]
+        assert rec.lane is not None
         return f.LaneStart(
             lane=rec.lane,
             plan=self.id,
@@ -192,6 +205,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             rec.output_tail = result.output_tail
             return True
         rec.status = TaskStatus(result.status)
+        rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)
         rec.exit_code = result.exit_code
         rec.duration_s = result.duration_s
         rec.output_tail = result.output_tail
@@ -216,9 +230,17 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             self._interrupt(self.tasks[task_id], f"{shard} was stopped with the tree")
         return hit
 
-    def lose_shard(self, shard: str, generation: int | None, max_worker_loss: int) -> list[str]:
+    def lose_shard(
+        self,
+        shard: str,
+        generation: int | None,
+        max_worker_loss: int,
+        keep: Collection[int] = (),
+    ) -> list[str]:
         """Pause every live task on `shard` whose lane ran on a generation other than
-        `generation` (None: the shard is down, so every generation); returns their ids.
+        `generation` (None: the shard is down, so every generation) and not in `keep` (generations
+        still draining, or retired and not yet settled: their lanes are moving, not lost);
+        returns their ids.
 
         A worker-process loss is not a verdict on the work (ARCHITECTURE.md §11 invariant 5): the
         task is paused, so `ready` offers it again, with a partial-work warning for its re-run.
@@ -229,26 +251,56 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         for task_id, rec in self.tasks.items():
             if rec.status not in LIVE or rec.shard != shard or rec.shard_gen == generation:
                 continue
-            rec.worker_losses += 1
-            interrupted = (
-                f"partial work: lane {rec.lane} was interrupted when {shard} "
-                f"(generation {rec.shard_gen}) was lost"
-            )
-            if rec.worker_losses >= max_worker_loss:
-                rec.status = TaskStatus.FAILED
-                rec.failure = FailureClass.WORKER_PROCESS_LOSS
-                rec.warnings.append(f"{interrupted}; not re-run")
-                rec.error = (
-                    f"worker process lost {rec.worker_losses} times (max_worker_loss = "
-                    f"{max_worker_loss}); last: {shard} (generation {rec.shard_gen}) exited "
-                    f"while lane {rec.lane} was running"
-                )
-            else:
-                rec.status = TaskStatus.PAUSED
-                rec.warnings.append(f"{interrupted}; re-running the step")
-                rec.lane = rec.shard = rec.shard_gen = None
+            if rec.shard_gen in keep:
+                continue
+            self._lose(rec, shard, max_worker_loss)
             lost.append(task_id)
         return lost
+
+    def settle_moved(
+        self,
+        shard: str,
+        retired: Collection[int],
+        generation: int,
+        there: Collection[str],
+        max_worker_loss: int,
+    ) -> tuple[list[str], list[str]]:
+        """Generations `retired` of `shard` drained and are gone: each live task whose lane ran
+        on one of them now runs on `generation` if its lane is in `there` (the lanes that
+        generation has, live or with a result in its outbox), else it is lost as in
+        `lose_shard`. Returns (moved task ids, lost task ids)."""
+        moved: list[str] = []
+        lost: list[str] = []
+        for task_id, rec in self.tasks.items():
+            if rec.status not in LIVE or rec.shard != shard or rec.shard_gen not in retired:
+                continue
+            if rec.lane in there:
+                rec.shard_gen = generation
+                moved.append(task_id)
+            else:
+                self._lose(rec, shard, max_worker_loss)
+                lost.append(task_id)
+        return moved, lost
+
+    def _lose(self, rec: TaskRecord, shard: str, max_worker_loss: int) -> None:
+        rec.worker_losses += 1
+        interrupted = (
+            f"partial work: lane {rec.lane} was interrupted when {shard} "
+            f"(generation {rec.shard_gen}) was lost"
+        )
+        if rec.worker_losses >= max_worker_loss:
+            rec.status = TaskStatus.FAILED
+            rec.failure = FailureClass.WORKER_PROCESS_LOSS
+            rec.warnings.append(f"{interrupted}; not re-run")
+            rec.error = (
+                f"worker process lost {rec.worker_losses} times (max_worker_loss = "
+                f"{max_worker_loss}); last: {shard} (generation {rec.shard_gen}) exited "
+                f"while lane {rec.lane} was running"
+            )
+        else:
+            rec.status = TaskStatus.PAUSED
+            rec.warnings.append(f"{interrupted}; re-running the step")
+            rec.lane = rec.shard = rec.shard_gen = None
 
     def summary(self) -> f.PlanSummary:
         """The plan in one line: its tasks counted by the status a report shows."""

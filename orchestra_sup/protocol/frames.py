@@ -139,7 +139,8 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
 
     `status` is "succeeded", "failed", "cancelled" (`ctl cancel`) or "interrupted" (its shard was
     stopped: not a verdict on the work, which runs again); `error` says why when it is not
-    "succeeded".
+    "succeeded"; `warnings` are things to know about the result, oldest first (a partial-work
+    warning when a rollover stopped its step and the next generation re-ran it).
     """
 
     lane: str
@@ -153,6 +154,7 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     sandbox: str | None
     commit: str | None
     error: str | None
+    warnings: list[str] = []
 
 
 # --- control channel: supervisor <-> child -------------------------------------------------------
@@ -318,11 +320,18 @@ class LaneCancel(Frame, tag="lane_cancel"):
 
 
 class ListLanes(Frame, tag="list_lanes"):
-    """Ask a shard for its live lanes."""
+    """Ask a shard for its live lanes; with `results`, also for the lanes whose result waits in
+    its durable outbox (adopting first what a retired generation of it left there)."""
+
+    results: bool = False
 
 
 class LaneList(Frame, tag="lane_list"):
+    """A shard's live lanes; `results` names the lanes whose result waits in its outbox (only
+    when asked: `ListLanes.results`)."""
+
     lanes: list[LaneInfo]
+    results: list[str] = []
 
 
 # --- inbox: shard outbox -> coordinator inbox ----------------------------------------------------

@@ -16,8 +16,24 @@ What a program gets (`LaneContext`):
 - `emit(text)`: one line of the lane's own output (transcript row and tail);
 - `await recv(timeout_s=None) -> str | None`: the next `message_lane` text, in order (None when
   `timeout_s` passes first). A lane waiting here is parked: no process, a suspended coroutine.
+- `await checkpoint(value)`: `value` (anything msgpack encodes, at most `CHECKPOINT_MAX_BYTES`)
+  is where the lane can resume from; `resumed` is the checkpoint a resumed lane starts from (None
+  on a fresh start, and for a lane that never took one).
 
 Cancelling the lane cancels `run` (an `exec` in flight has its group killed first).
+
+Rollovers (ARCHITECTURE.md §9): a shard generation being drained parks each program lane at its
+next *quiet point* and resumes it on the next generation, where `run` is called again on a fresh
+instance with `resumed` set and the unread messages still unread. The quiet points are exactly the
+`checkpoint` calls and the `recv` waits: a program is parked only where it is suspended in one
+of them, so whatever it did after its last checkpoint and before a `recv` it now waits in is done
+again only if it checkpointed nothing in between. An `exec` is not a quiet point, even right after
+a checkpoint: the code between the checkpoint and the `exec` may have acted outside the lane (a
+file written directly), and parking there would hide that it must run again. A lane not quiet
+within the drain timeout is stopped (an `exec` in flight has its group sent SIGTERM, then
+SIGKILL) and resumed from its last checkpoint with a partial-work warning. Checkpoints live in
+the shard's memory and travel with the lane: they serve rollovers, not crash recovery (a lane
+whose shard dies re-runs from the start, as before).
 """
 
 from __future__ import annotations
@@ -27,7 +43,7 @@ import importlib
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -39,6 +55,8 @@ PROGRAM_PATTERN = re.compile(r"shell|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 """What a task's `program` must match: `shell`, or `module:Class`."""
 MAILBOX_SIZE = 1000
 """Messages a lane's mailbox holds before `message_lane` is refused (`busy`)."""
+CHECKPOINT_MAX_BYTES = 1024 * 1024
+"""The largest checkpoint (msgpack-encoded bytes): it travels in one frame with its lane."""
 
 
 class Mailbox:
@@ -48,9 +66,14 @@ class Mailbox:
 
     __slots__ = ("_items", "_waiter")
 
-    def __init__(self) -> None:
-        self._items: list[str] = []  # an empty deque is a 600-byte block; a list, 56 bytes
+    def __init__(self, unread: list[str] | None = None) -> None:
+        # an empty deque is a 600-byte block; a list, 56 bytes
+        self._items: list[str] = list(unread) if unread else []
         self._waiter: asyncio.Future[None] | None = None
+
+    def unread(self) -> list[str]:
+        """The unread messages, oldest first (a copy)."""
+        return list(self._items)
 
     def full(self) -> bool:
         return len(self._items) >= MAILBOX_SIZE
@@ -86,8 +109,54 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
+class QuietPoints:
+    """Where a program lane stands for a drain: its last checkpoint, whether it is suspended at
+    a quiet point now, and whether a drain asked it to stop at the next one (see the module
+    docstring). The shard keeps one per program lane; `LaneContext` enters and leaves."""
+
+    __slots__ = ("_reached", "checkpoint", "quiet")
+
+    def __init__(self, checkpoint: Any = None) -> None:
+        self.checkpoint = checkpoint
+        """The last checkpoint as msgpack gives it back (None: none taken)."""
+        self.quiet = False
+        self._reached: asyncio.Future[None] | None = None
+
+    def request(self) -> asyncio.Future[None]:
+        """Ask the lane to stop at its next quiet point: the future resolves when it is at one
+        (at once when it already waits in `recv`). It stays there until the shard cancels it."""
+        self._reached = asyncio.get_running_loop().create_future()
+        if self.quiet:
+            self._reached.set_result(None)
+        return self._reached
+
+    @property
+    def requested(self) -> bool:
+        return self._reached is not None
+
+    def save(self, value: Any) -> None:
+        """Keep `value` as the checkpoint, as the next generation will decode it (tuples become
+        lists, Structs dicts). Raises `TypeError` for a value msgpack cannot encode, `ValueError`
+        for one over `CHECKPOINT_MAX_BYTES`."""
+        data = msgspec.msgpack.encode(value)
+        if len(data) > CHECKPOINT_MAX_BYTES:
+            raise ValueError(
+                f"a checkpoint is at most {CHECKPOINT_MAX_BYTES} bytes, this one {len(data)}"
+            )
+        self.checkpoint = msgspec.msgpack.decode(data)
+
+    def enter(self) -> None:
+        self.quiet = True
+        if self._reached is not None and not self._reached.done():
+            self._reached.set_result(None)
+
+    def leave(self) -> None:
+        self.quiet = False
+
+
 class LaneContext:
-    """What a lane program sees of its lane; see the module docstring."""
+    """What a lane program sees of its lane; see the module docstring. `quiet` is the lane's
+    `QuietPoints`; its checkpoint when the context is made is `resumed`."""
 
     def __init__(
         self,
@@ -96,15 +165,19 @@ class LaneContext:
         exec_fn: Callable[[str, float | None], Awaitable[ShellOutcome]],
         emit_fn: Callable[[str], None],
         mailbox: Mailbox,
+        quiet: QuietPoints,
     ):
         self.lane = start.lane
         self.plan = start.plan
         self.task = start.task
         self.attempt = start.attempt
         self.sandbox = sandbox
+        self.resumed: Any = quiet.checkpoint
+        """The checkpoint this lane resumes from (None: a fresh start, or none was taken)."""
         self._exec = exec_fn
         self._emit = emit_fn
         self._mailbox = mailbox
+        self._quiet = quiet
 
     async def exec(self, command: str, timeout_s: float | None = None) -> ShellOutcome:
         """Run `command` with `/bin/sh -c` in the sandbox. Raises `ValueError` for a timeout
@@ -116,12 +189,29 @@ class LaneContext:
         self._emit(text)
 
     async def recv(self, timeout_s: float | None = None) -> str | None:
-        """The next message sent to this lane, or None after `timeout_s` seconds."""
+        """The next message sent to this lane, or None after `timeout_s` seconds. A quiet point:
+        a drain may park the lane while it waits here (the message stays unread)."""
+        self._quiet.enter()
         try:
             async with asyncio.timeout(timeout_s):
                 return await self._mailbox.get()
         except TimeoutError:
             return None
+        finally:
+            self._quiet.leave()
+
+    async def checkpoint(self, value: Any) -> None:
+        """Record `value` as where this lane can resume from (`resumed` on the next generation
+        after a rollover). A quiet point: when a drain has asked, the lane is parked here and
+        this never returns. Raises `TypeError` for a value msgpack cannot encode, `ValueError`
+        for one over `CHECKPOINT_MAX_BYTES` (the previous checkpoint is kept)."""
+        self._quiet.save(value)
+        if self._quiet.requested:
+            self._quiet.enter()
+            try:
+                await asyncio.get_running_loop().create_future()  # the shard cancels the lane
+            finally:
+                self._quiet.leave()
 
 
 class LaneProgram(Protocol):

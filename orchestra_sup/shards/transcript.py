@@ -21,9 +21,16 @@ lane's older rows first awaits a durable write of the lane's entry: the persiste
 in queue order, so once that barrier has landed, every row queued before it has too. A finished
 lane is dropped from memory only once its finished entry (queued after its last row) has landed.
 
-A lane still unfinished in LMDB when a shard opens belonged to a generation that died: it is
-closed with a `lost` event row. Finished lanes older than `[lanes] transcript_retention_s` are
-pruned (every row, then the entry) at open and every `PRUNE_EVERY_S` seconds.
+A lane moving to the next generation of its shard (a rollover's drain) leaves this process's
+transcript without an end (`detach`, which gives its next seq and a barrier for the rows already
+queued), and continues in the next generation's (`resume`) at that seq, in the same LMDB
+environment: one transcript, no gap, across both processes.
+
+A lane still unfinished in LMDB and not live here belonged to a generation that is gone: the shard
+closes it with a `lost` event row (`close_lost`) once it is the only generation of its name, never
+while a predecessor still drains (whose live lanes are unfinished too). Finished lanes older than
+`[lanes] transcript_retention_s` are pruned (every row, then the entry) at open and every
+`PRUNE_EVERY_S` seconds.
 """
 
 from __future__ import annotations
@@ -153,6 +160,11 @@ class Transcript:
         self.tail_rows = tail_rows
         self.tail_bytes = tail_bytes
         self._live: dict[str, _Live] = {}
+        self._detached: set[str] = set()  # moved to another generation (`detach`)
+        self.settled = False
+        """True once `close_lost` ran: an unfinished lane not live here is then known to be
+        lost; before, it may still run in a predecessor generation, or be on its way here."""
+        self._arrival: asyncio.Event | None = None  # set on `resume` and `close_lost`
         self._encoder = msgspec.msgpack.Encoder()
         self._rows = msgspec.msgpack.Decoder(StoredRow)
         self._entries = msgspec.msgpack.Decoder(LaneEntry)
@@ -163,10 +175,20 @@ class Transcript:
     # --- lifecycle (loop side) -------------------------------------------------------------------
 
     async def open(self, retention_s: float) -> None:
-        """Close the lanes a dead generation left unfinished (a `lost` event row each), then
-        prune. Call once, before serving. Raises `StateError` when LMDB cannot be read."""
+        """Prune. Call once, before serving. Raises `StateError` when LMDB cannot be read."""
+        await self.prune(retention_s)
+
+    async def close_lost(self) -> list[str]:
+        """Close every lane unfinished in LMDB and not live here (a gone generation's) with a
+        `lost` event row; returns their ids. Call once no other generation of this shard runs:
+        a draining predecessor's lanes are unfinished too. Raises `StateError` when LMDB cannot
+        be read."""
+        here = set(self._live)  # taken before the scan: a lane that ends meanwhile is kept
         lost = await self._off_loop(self._find_lost)
+        closed = []
         for lane, entry, last in lost:
+            if lane in here or lane in self._live:
+                continue
             # Not awaited: a shard whose disk is failing still starts. Until these land, a read
             # of such a lane gives its rows up to the first missing one, and `done`.
             ts = self.clock()
@@ -174,7 +196,15 @@ class Transcript:
             self._put_row(lane, last + 1, ts, "event", text.encode())
             done = LaneEntry(started_at=entry.started_at, finished_at=ts, last_seq=last + 1)
             self._queue(INDEX_DB, lane.encode(), self._encoder.encode(done))
-        await self.prune(retention_s)
+            closed.append(lane)
+        self.settled = True
+        self._arrived()
+        return closed
+
+    def _arrived(self) -> None:
+        if self._arrival is not None:
+            self._arrival.set()
+            self._arrival = None
 
     async def close(self) -> None:
         """Let reads in flight finish (they hold LMDB transactions) and refuse new ones. Call
@@ -222,6 +252,38 @@ class Transcript:
             return
         live = self._live[lane] = _Live(self.clock())
         self._queue(INDEX_DB, lane.encode(), self._encoder.encode(live.entry))
+
+    def resume(self, lane: str, next_seq: int, started_at: float) -> None:
+        """Register `lane`, moved here from another generation, as live again: its rows go on
+        at `next_seq` (the rows before it are in LMDB already: `detach`'s barrier). `started_at`
+        is when it first began (wall-clock seconds). A lane already live here is left as it
+        is."""
+        if lane in self._live:
+            return
+        self._detached.discard(lane)
+        live = self._live[lane] = _Live(started_at)
+        live.next_seq = next_seq
+        live.entry = LaneEntry(started_at=started_at, last_seq=next_seq - 1)
+        self._arrived()
+
+    def detach(self, lane: str) -> tuple[int, asyncio.Future[None]]:
+        """`lane` moves to another generation: it leaves memory here without an end, and rows
+        for it are dropped from now on. Returns its next seq and a future that resolves once
+        every row queued for it here has landed (a durable write of its still unfinished
+        entry: the persistence thread commits in queue order). Raises `KeyError` when `lane` is
+        not live here, `StateError` when the store is closed."""
+        live = self._live.pop(lane)
+        self._detached.add(lane)
+        live.ended = True
+        live.notify()  # a follower re-reads: from LMDB, or from the next generation
+        entry = LaneEntry(started_at=live.entry.started_at, last_seq=live.next_seq - 1)
+        landed = self.store.put_durable(INDEX_DB, lane.encode(), self._encoder.encode(entry))
+        return live.next_seq, landed
+
+    def started_at(self, lane: str) -> float | None:
+        """When live lane `lane` began (wall-clock seconds); None when it is not live here."""
+        live = self._live.get(lane)
+        return None if live is None else live.entry.started_at
 
     def output(self, lane: str, stream: str, chunk: bytes) -> None:
         """One chunk of the lane's command output, as it came: one row."""
@@ -300,13 +362,29 @@ class Transcript:
         ran here, or pruned). Raises `StateError` when LMDB cannot be read or written."""
         after_seq = max(-1, after_seq)
         limit = max(1, min(limit, MAX_LIMIT))
+        if lane in self._detached:  # moved on: the next generation answers for it
+            return f.LogChunk(lane=lane, rows=[], done=False, found=False)
         live = self._live.get(lane)
         if live is not None and wait_s > 0 and not live.ended and live.next_seq - 1 <= after_seq:
             await live.wait(wait_s)
             live = self._live.get(lane)  # its end may have landed meanwhile
-        if live is None:
-            return await self._off_loop(self._read_finished, lane, after_seq, limit)
-        return await self._read_live(lane, live, after_seq, limit)
+        if live is not None:
+            return await self._read_live(lane, live, after_seq, limit)
+        settled = self.settled
+        chunk = await self._off_loop(self._read_finished, lane, after_seq, limit, settled)
+        if chunk.rows or chunk.done or not chunk.found or wait_s <= 0:
+            return chunk
+        # Unfinished, not live, and a predecessor may still run it (or be sending it here): its
+        # rows come from that process, so wait for the lane to arrive or the shard to settle.
+        if self._arrival is None:
+            self._arrival = asyncio.Event()
+        arrival = self._arrival
+        try:
+            async with asyncio.timeout(wait_s):
+                await arrival.wait()
+        except TimeoutError:
+            pass
+        return await self.read(lane, after_seq=after_seq, limit=limit)
 
     async def _read_live(self, lane: str, live: _Live, after_seq: int, limit: int) -> f.LogChunk:
         first = live.rows[0][0] if live.rows else live.next_seq
@@ -338,15 +416,17 @@ class Transcript:
             raise StateError("transcripts are closed: the shard is stopping") from exc
         return await asyncio.wrap_future(job)
 
-    def _read_finished(self, lane: str, after_seq: int, limit: int) -> f.LogChunk:
+    def _read_finished(self, lane: str, after_seq: int, limit: int, settled: bool) -> f.LogChunk:
         raw = self._get(INDEX_DB, lane.encode())
         if raw is None:
             return f.LogChunk(lane=lane, rows=[], done=False, found=False)
         entry = self._entries.decode(raw)
-        # Not live and unfinished: a dead generation's lane whose `lost` entry has not landed.
+        # Not live and unfinished: once settled, a dead generation's lane whose `lost` entry has
+        # not landed; before, maybe a lane a draining predecessor still runs.
         upto = None if entry.finished_at is None else entry.last_seq + 1
         rows, exhausted = self._read_rows(lane, after_seq, limit, upto)
-        return f.LogChunk(lane=lane, rows=rows, done=exhausted, found=True)
+        done = exhausted and (settled or entry.finished_at is not None)
+        return f.LogChunk(lane=lane, rows=rows, done=done, found=True)
 
     def _read_rows(
         self, lane: str, after_seq: int, limit: int, upto: int | None

@@ -23,6 +23,12 @@ work, and the failed batch's `put_durable` futures stay pending. The first commi
 clears `degraded`: new work is accepted again without a restart. A full map is not a failure:
 `MapFullError` doubles the map and the batch is retried at once.
 
+Two processes may hold one environment at once (a shard's old and new generation during a
+rollover's surge): LMDB lets one write transaction in at a time across processes, so `append`'s
+sequence, read and bumped inside the write transaction, stays unique. When the other process has
+grown the map, this one's next transaction fails with `MapResizedError`; the store then adopts the
+new size (`set_mapsize(0)`, with no transaction of its own open) and retries, for reads and writes.
+
 Reads at start-up come straight from LMDB (`items`, `rows`, `get`); after that, owners answer from
 their in-memory projections, never from the queue, which may not have landed. Shutdown (`close`,
 which owners call on SIGTERM and `ctl stop`) flushes the queue before it returns.
@@ -39,7 +45,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 
@@ -52,6 +58,8 @@ _STOP = object()
 # build on the hot path. `value` is None for a delete.
 _PUT, _DELETE, _APPEND = 0, 1, 2
 _Write = tuple[int, Any, bytes, bytes | None, "asyncio.Future[None] | None"]
+
+_T = TypeVar("_T")
 
 _META_DB = "__meta__"
 _SEQ_KEY = b"append_seq"  # the last sequence number `append` handed out (8 bytes, big-endian)
@@ -76,7 +84,8 @@ class Store:
 
     Counters (read from any thread; approximate while the thread runs): `batches` (commits),
     `writes` (writes committed), `last_batch` (writes in the last commit), `failures` (failed
-    commit attempts), `grows` (map doublings), and `queue_depth`.
+    commit attempts), `grows` (map doublings), `adopted` (map sizes taken over from another
+    process that grew it), and `queue_depth`.
     """
 
     def __init__(
@@ -110,8 +119,11 @@ class Store:
         self._retry_max_s = retry_max_s
         self._max_batch = max_batch
         self._on_commit = on_commit
-        # set_mapsize must not run while this process has a read transaction open (it remaps)
+        # set_mapsize must not run while this process has a transaction open (it remaps): reads
+        # hold `_remap`, the write transaction holds `_writing`; adopting a size takes both,
+        # always `_writing` first.
         self._remap = threading.Lock()
+        self._writing = threading.Lock()
         self._wake = threading.Event()  # cuts a retry backoff short (close)
         self._closed = False
         self._abandon = False
@@ -128,6 +140,7 @@ class Store:
         self.last_batch = 0
         self.failures = 0
         self.grows = 0
+        self.adopted = 0
 
     def start(self) -> None:
         """Start the persistence thread. Called on a running loop, `put_durable` futures resolve
@@ -196,32 +209,45 @@ class Store:
             "queue_depth": self.queue_depth,
             "failures": self.failures,
             "grows": self.grows,
+            "adopted": self.adopted,
             "degraded": int(self.degraded is not None),
         }
 
     def items(self, db: str) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) of `db` as committed (a snapshot); for start-up, before serving."""
-        with self._remap, self.env.begin(db=self._dbs[db]) as txn:
-            rows = list(txn.cursor().iternext(keys=True, values=True))
-        return iter(rows)
+        dbi = self._dbs[db]
+        return iter(self._read(lambda txn: list(txn.cursor(dbi).iternext(keys=True, values=True))))
 
     def rows(self, db: str, key: bytes) -> list[bytes]:
         """The values appended under `key` (`append`), in append order, as committed."""
         want = len(key) + SEQ_BYTES
-        out: list[bytes] = []
-        with self._remap, self.env.begin(db=self._dbs[db]) as txn:
-            cursor = txn.cursor()
+        dbi = self._dbs[db]
+
+        def scan(txn: lmdb.Transaction) -> list[bytes]:
+            out: list[bytes] = []
+            cursor = txn.cursor(dbi)
             if cursor.set_range(key):
                 for k, v in cursor.iternext(keys=True, values=True):
                     if not k.startswith(key):
                         break
                     if len(k) == want:
                         out.append(v)
-        return out
+            return out
+
+        return self._read(scan)
 
     def get(self, db: str, key: bytes) -> bytes | None:
-        with self._remap, self.env.begin(db=self._dbs[db]) as txn:
-            return txn.get(key)
+        dbi = self._dbs[db]
+        return self._read(lambda txn: txn.get(key, db=dbi))
+
+    def _read(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
+        """`fn` in a read transaction, retried after adopting a map another process grew."""
+        while True:
+            try:
+                with self._remap, self.env.begin() as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:
+                self._adopt_map_size()
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Flush everything queued, stop the thread and close the environment.
@@ -279,6 +305,9 @@ class Store:
             except lmdb.MapFullError:
                 self._grow()
                 continue
+            except lmdb.MapResizedError:
+                self._adopt_map_size()
+                continue
             except lmdb.TxnFullError:
                 if len(batch) > 1:  # too many dirty pages for one transaction: split, in order
                     half = len(batch) // 2
@@ -299,7 +328,7 @@ class Store:
             delay = min(delay * 2, self._retry_max_s)
 
     def _write(self, batch: list[_Write]) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._writing, self.env.begin(write=True) as txn:
             put, delete = txn.put, txn.delete
             seq = -1
             for kind, dbi, key, value, _ in batch:
@@ -323,6 +352,14 @@ class Store:
             self.env.set_mapsize(size)
         self.grows += 1
         log.info("state %s: map full, grown to %d bytes", self.path, size)
+
+    def _adopt_map_size(self) -> None:
+        """Take the map size another process grew the environment to (any thread)."""
+        with self._writing, self._remap:
+            self.env.set_mapsize(0)
+            size = self.env.info()["map_size"]
+        self.adopted += 1
+        log.info("state %s: map grown by another process, now %d bytes", self.path, size)
 
     def _fail(self, error: StateError, batch: list[_Write]) -> None:
         self.failures += 1

@@ -170,7 +170,7 @@ class Rollovers:
                 )
         python = req.release or sup.seam.release
         try:
-            info = await releases.probe(python)
+            info = await releases.probe(python, hold=self.sup.seam.helpers)
         except ReleaseError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from None
         if not releases.compatible_with(info):

@@ -60,7 +60,13 @@ class ProcessSeam:
         """Processes set aside by a surge, by (name, generation), until they exit."""
         self._retired: dict[tuple[str, int], asyncio.Future[ExitInfo]] = {}
         self._workers: dict[str, Worker] = {}
+        self.helpers: set[int] = set()
+        """Pids of short-lived helpers the supervisor runs and waits for itself (a release's
+        probe): known, so the orphan reaper and killer leave them alone."""
         self._welcomed: dict[str, asyncio.Future[None]] = {}
+        self._forked: dict[str, int] = {}
+        """The pid of a child forked from the template, from before it is released (when it may
+        already say hello) until it is held in `procs`."""
 
     def clock(self) -> float:
         return time.monotonic()
@@ -85,6 +91,7 @@ class ProcessSeam:
     def known_pids(self) -> set[int]:
         """Every live process this seam started and holds: children, template, adoptees."""
         pids = {proc.pid for proc in (*self.procs.values(), *self.retiring.values())}
+        pids |= self.helpers
         if self.template is not None:
             pids |= self.template.known_pids()
         return pids
@@ -117,7 +124,12 @@ class ProcessSeam:
         release = worker.release or self.release
         proc = None
         if self.template is not None and release == self.release:
-            proc = await self.template.fork(args)
+            try:
+                proc = await self.template.fork(
+                    args, lambda pid: self._forked.__setitem__(worker.name, pid)
+                )
+            finally:
+                self._forked.pop(worker.name, None)
         if proc is None:
             argv = [release, "-m", "orchestra_sup.node", encode(args)]
             try:
@@ -198,10 +210,11 @@ class ProcessSeam:
     def welcome(self, name: str, generation: int, pid: int, worker: Worker | None) -> str | None:
         """Accept a `Hello` from the process spawned for `worker`; returns why not, or None."""
         proc = self.procs.get(name)
+        expected = proc.pid if proc is not None else self._forked.get(name)
         welcomed = self._welcomed.get(name)
-        if worker is None or proc is None or welcomed is None or welcomed.done():
+        if worker is None or expected is None or welcomed is None or welcomed.done():
             return f"{name} is not starting"
-        if generation != worker.generation or pid != proc.pid:
+        if generation != worker.generation or pid != expected:
             return f"{name} generation {generation} pid {pid} is not expected"
         welcomed.set_result(None)
         return None

@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 
 import msgspec
 
@@ -205,10 +206,14 @@ class ForkTemplate:
 
     # --- requests --------------------------------------------------------------------------------
 
-    async def fork(self, args: ChildArgs) -> ChildProcess | None:
+    async def fork(
+        self, args: ChildArgs, on_forked: Callable[[int], None] | None = None
+    ) -> ChildProcess | None:
         """Fork the child `args` describes; returns it already reparented to this process and
         held (not yet watched: the caller watches it), or None when the caller must exec a fresh
-        interpreter instead (see the module docstring). Raises nothing else."""
+        interpreter instead (see the module docstring). Raises nothing else. `on_forked(pid)` is
+        called before the child is released: once released it may say hello before this
+        coroutine has returned."""
         if not self.ready:
             return None
         try:
@@ -225,6 +230,8 @@ class ForkTemplate:
         # child is not ours yet, so our orphan reaper cannot see it. Once released it is ours:
         # from then until the caller holds it, `known_pids` covers it.
         self._adopting.add(reply.pid)
+        if on_forked is not None:
+            on_forked(reply.pid)
         try:
             try:
                 child = ChildProcess.adopt(reply.pid)

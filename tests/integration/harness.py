@@ -127,6 +127,16 @@ class Tree:
         with CtlClient(self.run_dir) as client:
             return client.request(body, timeout_s=timeout_s)
 
+    def rollover(
+        self, name: str, release: Path | None = None, *options: str, timeout_s: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        """`orchestra-sup ctl rollover NAME [--release R] [options]` as a user runs it."""
+        argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(self.run_dir)]
+        argv += ["rollover", name, *options]
+        if release is not None:
+            argv += ["--release", str(release)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+
     def call(self, tool: str, *, ctl_timeout_s: float = 30.0, **params: str) -> Any:
         """A coordinator tool through the real relay (`ctl call`); returns its value."""
         reply = self.ctl(f.CtlCall(tool=tool, params=params), timeout_s=ctl_timeout_s)
@@ -221,6 +231,37 @@ def assert_no_leftovers(timeout_s: float = 10.0) -> None:
                 procs.append((p.pid, p.cmdline()))
                 p.kill()
         raise AssertionError(f"processes left behind: {procs}") from None
+
+
+def make_release(
+    directory: Path,
+    name: str,
+    *,
+    version: str | None = None,
+    protocol: str | None = None,
+    crash: bool = False,
+) -> Path:
+    """A second release built for a test: a wrapper script that execs this interpreter,
+    re-labelled through the test-only overrides (`orchestra_sup.release`). `crash`: it answers
+    its probe but every child started on it exits 3 at once (a release that cannot start)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    env = ""
+    if version is not None:
+        env += f"ORCHESTRA_SUP_TEST_VERSION={version} "
+    if protocol is not None:
+        env += f"ORCHESTRA_SUP_TEST_PROTOCOL={protocol} "
+    body = f'exec env {env}{sys.executable} "$@"\n'
+    if crash:
+        body = (
+            'if [ "$2" = orchestra_sup.release ]; then\n'
+            f'  exec {sys.executable} "$@"\n'
+            "fi\n"
+            'echo "this release cannot start" >&2; exit 3\n'
+        )
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
 
 
 def plan(name: str, *tasks: f.TaskSpec) -> f.PlanSpec:

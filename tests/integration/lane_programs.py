@@ -40,3 +40,23 @@ class NotAnOutcome:
 class HugeExitCode:
     async def run(self, lane: LaneContext) -> Outcome:
         return Outcome(status="failed", exit_code=-(10**30))
+
+
+class Steps:
+    """`run` is "N FILE": N steps, each appending "<task> <step>" to FILE with a command in the
+    sandbox and then checkpointing the next step; before each step but the first it waits for a
+    message. A resumed lane starts at its checkpoint, so no step runs twice unless one was
+    interrupted mid-way."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        steps, path = lane.task.run.split(" ", 1)
+        step = int(lane.resumed or 0)
+        while step < int(steps):
+            if step > 0:
+                lane.emit(f"step {step}: {await lane.recv()}")
+            outcome = await lane.exec(f"echo '{lane.task.id} {step}' >> '{path}'", 30.0)
+            if outcome.exit_code != 0:
+                return Outcome(status="failed", exit_code=outcome.exit_code, error=f"step {step}")
+            step += 1
+            await lane.checkpoint(step)
+        return Outcome(status="succeeded", exit_code=0)

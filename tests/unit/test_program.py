@@ -1,11 +1,27 @@
-"""Lane programs: loading by name against the allow-list, and the shell verdict table."""
+"""Lane programs: loading by name against the allow-list, the shell verdict table, and the
+quiet points and checkpoints a rollover parks and resumes a program lane by."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+import msgspec
 import pytest
 
 from orchestra_sup.bench.scale import PARKED, Parked
-from orchestra_sup.shards.program import Outcome, ProgramError, Shell, judge, load_program
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.program import (
+    CHECKPOINT_MAX_BYTES,
+    LaneContext,
+    Mailbox,
+    Outcome,
+    ProgramError,
+    QuietPoints,
+    Shell,
+    judge,
+    load_program,
+)
 from orchestra_sup.shards.shell import ShellOutcome
 
 
@@ -68,3 +84,82 @@ def outcome(**kw: object) -> ShellOutcome:
 )
 def test_judge(shell: ShellOutcome, verdict: Outcome) -> None:
     assert judge(shell, 2.0) == verdict
+
+
+# --- quiet points and checkpoints (rollovers) ----------------------------------------------------
+
+
+def _context(quiet: QuietPoints, mailbox: Mailbox | None = None) -> LaneContext:
+    start = f.LaneStart(lane="L", plan="p", task=f.TaskSpec(id="t", run="", program="m:C"))
+
+    async def no_exec(command: str, timeout_s: float | None) -> ShellOutcome:
+        raise AssertionError("no command runs here")
+
+    return LaneContext(
+        start, Path("/nowhere"), no_exec, lambda text: None, mailbox or Mailbox(), quiet
+    )
+
+
+def test_a_checkpoint_resumes_as_the_next_generation_decodes_it() -> None:
+    """A checkpoint is kept as msgpack gives it back (what `resumed` is after a move); a fresh
+    lane has `resumed` None; an unencodable or oversized value is refused, the last one kept."""
+
+    async def main() -> None:
+        quiet = QuietPoints()
+        context = _context(quiet)
+        assert context.resumed is None
+        await context.checkpoint({"step": 2, "done": ("a", "b"), "raw": b"\x00"})
+        with pytest.raises(TypeError):
+            await context.checkpoint(object())
+        with pytest.raises(ValueError, match="at most"):
+            await context.checkpoint("x" * (CHECKPOINT_MAX_BYTES + 1))
+        snapshot = f.LaneSnapshot(
+            start=f.LaneStart(lane="L", plan="p", task=f.TaskSpec(id="t", run="")),
+            checkpoint=quiet.checkpoint,
+        )
+        wire = msgspec.msgpack.decode(msgspec.msgpack.encode(snapshot), type=f.LaneSnapshot)
+        resumed = _context(QuietPoints(wire.checkpoint))
+        assert resumed.resumed == {"step": 2, "done": ["a", "b"], "raw": b"\x00"}
+
+    asyncio.run(main())
+
+
+def test_recv_and_checkpoint_are_quiet_points_and_nothing_else() -> None:
+    """A drain's request resolves at once for a lane waiting in `recv`, and the message that
+    arrives as it is parked stays unread; a lane between quiet points is reached at its next
+    `checkpoint`, where it stays (the shard cancels it there)."""
+
+    async def main() -> None:
+        quiet, mailbox = QuietPoints(), Mailbox()
+        context = _context(quiet, mailbox)
+        waiting = asyncio.ensure_future(context.recv())
+        await asyncio.sleep(0)
+        reached = quiet.request()
+        assert reached.done()
+        mailbox.put_nowait("hello")  # wakes the reader, which the shard cancels first
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert mailbox.unread() == ["hello"] and not quiet.quiet
+
+        quiet = QuietPoints()
+        context = _context(quiet)
+        gate = asyncio.Event()
+
+        async def program() -> None:
+            await gate.wait()  # working: not a quiet point
+            await context.checkpoint(7)
+            raise AssertionError("a parked lane does not go on")
+
+        running = asyncio.ensure_future(program())
+        await asyncio.sleep(0)
+        reached = quiet.request()
+        assert not reached.done()
+        gate.set()
+        async with asyncio.timeout(5):
+            await reached
+        assert quiet.quiet and quiet.checkpoint == 7
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        assert not quiet.quiet
+
+    asyncio.run(main())

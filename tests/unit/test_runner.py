@@ -415,6 +415,68 @@ def test_lose_shard_generation_spares_that_generation() -> None:
         assert rec.tasks[task_id] == before[task_id]
 
 
+# --- rollovers: lanes moving between generations of one shard ------------------------------------
+
+
+def test_lose_shard_keeps_tasks_on_draining_generations() -> None:
+    """A rollover's surge: the roster shows shard-0 at generation 2 with 1 draining. Tasks whose
+    lanes run on generation 1 are moving, not lost; the rule still loses other generations."""
+    rec = _fleet()
+    _live(rec, "wait", lane="lane-5", shard="shard-0", gen=0)  # a generation long gone
+    before = {k: _copy(v) for k, v in rec.tasks.items()}
+    assert rec.lose_shard("shard-0", 2, CAP, keep={1}) == ["wait"]
+    for task_id in ("r1", "st2", "other", "done", "dep"):
+        assert rec.tasks[task_id] == before[task_id]
+    assert rec.lose_shard("shard-0", None, CAP) == ["r1", "st2"]  # down: nothing is kept
+
+
+def test_settle_moved_moves_the_lanes_the_shard_has_and_loses_the_rest() -> None:
+    """Generation 1 retired: lanes generation 2 has (live, or with a result in its outbox) run
+    there now; the others are lost as with a dead shard. Nothing else changes."""
+    rec = _plan("moved", "pending-result", "gone", "other", "new")
+    _live(rec, "moved", lane="lane-m", gen=1)
+    _live(rec, "pending-result", lane="lane-p", gen=1)
+    _live(rec, "gone", lane="lane-g", gen=1)
+    _live(rec, "other", lane="lane-o", shard="shard-1", gen=1)
+    _live(rec, "new", lane="lane-n", gen=2)
+    before = {k: _copy(v) for k, v in rec.tasks.items()}
+    moved, lost = rec.settle_moved("shard-0", {1}, 2, {"lane-m", "lane-p", "lane-n"}, CAP)
+    assert (moved, lost) == (["moved", "pending-result"], ["gone"])
+    for task_id in ("moved", "pending-result"):
+        t = rec.tasks[task_id]
+        assert (t.status, t.shard_gen, t.attempts, t.worker_losses) == (S.RUNNING, 2, 1, 0)
+        assert not t.warnings
+    assert rec.tasks["gone"].status is S.PAUSED
+    assert rec.tasks["gone"].warnings == [_warning("lane-g", "shard-0", 1)]
+    for task_id in ("other", "new"):
+        assert rec.tasks[task_id] == before[task_id]
+    assert rec.lose_shard("shard-0", 2, CAP) == []  # settled: nothing left on generation 1
+
+
+def test_a_result_still_in_an_outbox_when_its_generation_retires_runs_once() -> None:
+    """The lane finished on the draining generation and its result was not delivered before it
+    retired: the successor reports it among its outbox results, so the task stays placed and the
+    result, delivered late, is applied: one attempt, no re-run."""
+    rec = _plan("a")
+    _live(rec, "a", lane="lane-a", gen=1)
+    assert rec.lose_shard("shard-0", 2, CAP, keep={1}) == []
+    assert rec.settle_moved("shard-0", {1}, 2, {"lane-a"}, CAP) == (["a"], [])
+    assert rec.ready() == []
+    assert rec.apply(_result("a", "lane-a"))
+    assert (rec.tasks["a"].status, rec.tasks["a"].attempts) == (S.SUCCEEDED, 1)
+
+
+def test_a_results_warnings_are_kept_once_each() -> None:
+    """A partial-work warning a lane's result carries (its step re-ran after a rollover) is
+    recorded in the task's warnings, after those it had, and not twice."""
+    rec = _plan("a")
+    t = _live(rec, "a", lane="lane-a")
+    t.warnings = ["earlier"]
+    warned = _result("a", "lane-a", warnings=["partial work: re-run", "earlier"])
+    assert rec.apply(warned)
+    assert t.warnings == ["earlier", "partial work: re-run"]
+
+
 def test_lose_unknown_shard_changes_nothing() -> None:
     """Losing a shard no task runs on returns nothing and changes nothing."""
     rec = _fleet()

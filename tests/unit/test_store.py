@@ -348,6 +348,61 @@ def test_a_full_disk_degrades_refuses_new_work_and_loses_nothing(tiny_fs: Path) 
     asyncio.run(main())
 
 
+def grow_from_another_process(path: Path, rows: int, value_bytes: int) -> None:
+    """A second `Store` on `path`, in its own process (LMDB forbids one environment opened twice
+    in one process), appends `rows` rows under b"r" to db "a" from a 1 MiB map, growing it."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from orchestra_sup.state.store import Store\n"
+        "s = Store(Path(sys.argv[1]), ['a'], map_size=1 << 20)\n"
+        "for i in range(int(sys.argv[2])):\n"
+        "    s.append('a', b'r', bytes(int(sys.argv[3])))\n"
+        "s.close(timeout_s=30)\n"
+        "assert s.grows >= 1, s.stats()\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(path), str(rows), str(value_bytes)],
+        check=True,
+        timeout=60,
+    )
+
+
+def test_a_map_grown_by_another_process_is_adopted_for_reads_and_writes(tmp_path: Path) -> None:
+    """Two processes on one environment (a shard's surge): after the other grew the map, this
+    one's reads and writes adopt the new size and go on; appends of both share one sequence."""
+    path = tmp_path / "s"
+    store = Store(path, ["a"], map_size=1 << 20)
+    store.start()
+    store.append("a", b"r", b"mine-1")
+    store.close()  # flushed; reopened below so the open handle predates the growth
+    store = Store(path, ["a"], map_size=1 << 20)
+    store.start()
+    grow_from_another_process(path, rows=400, value_bytes=8192)  # ~3 MiB through a 1 MiB map
+    assert len(store.rows("a", b"r")) == 401  # a read: MapResizedError, adopted, retried
+    assert store.adopted == 1
+    store.append("a", b"r", b"mine-2")
+    store.put("a", b"k", b"v")
+    store.close()
+    assert store.failures == 0 and store.degraded is None
+    rows = rows_of(path, "a")
+    appended = sorted(k for k in rows if k.startswith(b"r"))
+    assert len(appended) == 402 and rows[appended[-1]] == b"mine-2"  # one sequence, no overwrite
+    assert rows[b"k"] == b"v"
+
+
+def test_a_write_after_another_process_grew_the_map_adopts_it(tmp_path: Path) -> None:
+    """The persistence thread meets the grown map first: it adopts the size, nothing fails."""
+    path = tmp_path / "s"
+    store = Store(path, ["a"], map_size=1 << 20)
+    store.start()
+    grow_from_another_process(path, rows=400, value_bytes=8192)
+    store.put("a", b"k", b"v")
+    store.close()
+    assert store.adopted == 1 and store.failures == 0
+    assert rows_of(path, "a")[b"k"] == b"v"
+
+
 def test_check_writable_passes_while_healthy(tmp_path: Path) -> None:
     store = Store(tmp_path / "s", ["a"])
     store.start()
@@ -362,6 +417,7 @@ def test_check_writable_passes_while_healthy(tmp_path: Path) -> None:
         "queue_depth": 0,
         "failures": 0,
         "grows": 0,
+        "adopted": 0,
         "degraded": 0,
     }
 

@@ -51,7 +51,8 @@ DEADLINE_S = 5.0
 """Guard for a whole scenario; the fake seam makes every scenario finish in milliseconds."""
 
 Event = tuple[str, str, int]
-"""("start", name, generation) or ("signal", name, signal number), in the order they happened."""
+"""("start", name, generation), ("signal", name, signal number), ("set_aside", name,
+generation) or ("reinstate", name, generation), in the order they happened."""
 
 
 # --- the fake seam -------------------------------------------------------------------------------
@@ -108,6 +109,12 @@ class FakeSeam:
             self._alive.discard(worker.name)
             self._exit_soon(worker, ExitInfo(signal=int(sig)))
         return True
+
+    def set_aside(self, worker: Worker) -> None:
+        self.log.append(("set_aside", worker.name, worker.generation))
+
+    def reinstate(self, worker: Worker, generation: int) -> None:
+        self.log.append(("reinstate", worker.name, generation))
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
@@ -792,5 +799,63 @@ def test_temporary_sibling_is_stopped_not_restarted() -> None:
             ("b", 2), ("c", 2)
         )
         assert tree["a"].state is ChildState.STOPPED
+
+    run(scenario)
+
+
+# --- 8. surges (a shard's rollover) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", list(Strategy), ids=str)
+def test_a_surge_starts_the_next_generation_beside_and_restarts_nothing(
+    strategy: Strategy,
+) -> None:
+    """start_beside sets the running process aside, starts generation + 1 and returns the old
+    generation, which stays `retiring` until `retired()`; no sibling moves, nothing counts."""
+    tree = make_tree(strategy)
+
+    async def scenario() -> None:
+        await tree.sup.start()
+        b = tree["b"]
+        mark = len(tree.seam.log)
+        assert await b.start_beside() == 1
+        assert tree.seam.since(mark) == [("set_aside", "b", 1), *starts(("b", 2))]
+        assert (b.state, b.generation, b.retiring) == (ChildState.RUNNING, 2, 1)
+        b.retired()
+        assert b.retiring is None
+        await quiesce(tree.seam, tree.sup)
+        assert tree.generations() == {"a": 1, "b": 2, "c": 1}
+        assert (b.restarts, b.operator_restarts, len(tree.sup.intensity._times)) == (0, 0, 0)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("strategy", list(Strategy), ids=str)
+def test_a_surge_whose_new_generation_fails_puts_the_old_one_back(strategy: Strategy) -> None:
+    """The new process dies in its handshake: the set-aside one is the worker's again, with its
+    generation, pid and exit record; the failure is not an exit of the worker, so nothing is
+    restarted (under every strategy) and the old process is supervised as before."""
+    tree = make_tree(strategy)
+
+    async def scenario() -> None:
+        await tree.sup.start()
+        b = tree["b"]
+        pid = b.pid
+        tree.seam.fail_next_start("b")
+        mark = len(tree.seam.log)
+        with pytest.raises(ChildStartError):
+            await b.start_beside()
+        await quiesce(tree.seam, tree.sup)
+        assert tree.seam.since(mark) == [
+            ("set_aside", "b", 1),
+            *starts(("b", 2)),
+            *signals(("b", 0)),
+            ("reinstate", "b", 1),
+        ]
+        assert (b.state, b.generation, b.pid, b.retiring) == (ChildState.RUNNING, 1, pid, None)
+        assert (b.last_exit, b.restarts) == (None, 0)
+        assert tree.generations() == {"a": 1, "b": 1, "c": 1}
+        await tree.crash("b")  # still b's process: its exit is handled as any
+        assert b.generation == 2 and b.restarts == 1
 
     run(scenario)

@@ -30,10 +30,12 @@ def run(
     tmp_path: Path,
     body: Callable[[Transcript], Awaitable[None]],
     retention_s: float = 3600.0,
+    settle: bool = True,
     **kw: Any,
 ) -> None:
-    """Run `body` with a started store at `tmp_path/state` and an opened transcript over it;
-    both are closed afterwards (the store flushes)."""
+    """Run `body` with a started store at `tmp_path/state` and an opened transcript over it
+    (settled, as a shard that is the only generation of its name: `close_lost` ran, unless
+    `settle` is false); both are closed afterwards (the store flushes)."""
 
     async def main() -> None:
         store = Store(tmp_path / "state", ["outbox", *DBS])
@@ -41,6 +43,8 @@ def run(
         transcript = Transcript(store, **kw)
         try:
             await transcript.open(retention_s)
+            if settle:
+                await transcript.close_lost()
             await body(transcript)
         finally:
             await transcript.close()
@@ -239,6 +243,69 @@ def test_a_lane_left_running_by_a_dead_shard_is_closed_as_lost(tmp_path: Path) -
 
     run(tmp_path, write)
     run(tmp_path, check)
+
+
+def test_a_moved_lane_continues_its_transcript_without_a_gap(tmp_path: Path) -> None:
+    """A lane detached by one generation and resumed by the next (same environment) reads as
+    one transcript: seq 0..n without a gap, one `done`; the old generation no longer claims it."""
+
+    async def body(t: Transcript) -> None:
+        old = t
+        old.begin("L")
+        for i in range(300):  # more than the tail: the old rows must come from LMDB
+            old.output("L", "stdout", b"%d\n" % i)
+        started = old.started_at("L")
+        assert started is not None
+        next_seq, barrier = old.detach("L")
+        old.output("L", "stdout", b"late\n")  # dropped: the lane is not here any more
+        await barrier
+        assert next_seq == 300
+        gone = await old.read("L")
+        assert not gone.found
+        new = Transcript(t.store)  # the next generation's, over the same environment
+        new.settled = True
+        new.resume("L", next_seq, started)
+        new.event("L", "resumed from generation 1")
+        new.output("L", "stdout", b"after\n")
+        new.end("L", "succeeded")
+        rows, done = await read_all(new, "L", limit=64)
+        assert done
+        assert [r.seq for r in rows] == list(range(303))
+        assert [r.data for r in rows[299:]] == [
+            "299\n",
+            "resumed from generation 1",
+            "after\n",
+            "succeeded",
+        ]
+        await new.close()
+
+    run(tmp_path, body)
+
+
+def test_an_unsettled_successor_leaves_a_predecessors_lanes_open(tmp_path: Path) -> None:
+    """While a predecessor may still run a lane, the successor neither closes it as lost nor
+    says it is done (a follower waits); `close_lost` then closes only what is not live here."""
+
+    async def write(t: Transcript) -> None:
+        for lane in ("running-there", "moved-here"):
+            t.begin(lane)
+            t.output(lane, "stdout", b"x\n")
+
+    async def check(t: Transcript) -> None:
+        assert not t.settled
+        chunk = await t.read("running-there", after_seq=0, wait_s=0.05)
+        assert chunk.found and not chunk.done and not chunk.rows
+        t.resume("moved-here", 1, 0.0)
+        assert await t.close_lost() == ["running-there"]
+        await landed(t)
+        rows, done = await read_all(t, "running-there")
+        assert done and rows[-1].data.startswith("lost:")
+        t.end("moved-here", "succeeded")
+        rows, done = await read_all(t, "moved-here")
+        assert done and [r.data for r in rows] == ["x\n", "succeeded"]
+
+    run(tmp_path, write, settle=False)
+    run(tmp_path, check, settle=False)
 
 
 def test_retention_prunes_only_finished_lanes_older_than_the_setting(tmp_path: Path) -> None:

@@ -1,0 +1,217 @@
+"""`ctl rollover` on real trees: each role moves onto a second release built in the test (a
+wrapper script re-labelled through the test-only version override), at a quiet point, while a
+plan runs; refusals and roll-backs leave the tree as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import RawPeer, Tree, git, make_release, plan, task, wait_until
+
+pytestmark = pytest.mark.integration
+
+NEW = "9.0.0"
+
+
+def lanes_running(tree: Tree, *tasks: str) -> bool:
+    reply = tree.ctl(f.CtlLanes())
+    assert isinstance(reply, f.LaneList)
+    running = {lane.task for lane in reply.lanes if lane.state == "running"}
+    return set(tasks) <= running
+
+
+def gated(runs: Path, gate: Path, name: str) -> str:
+    """A command that records that it ran, then waits for `gate`."""
+    return f"echo {name} >> {runs}; while [ ! -e {gate} ]; do sleep 0.05; done"
+
+
+def test_coordinator_moves_mid_plan_and_lanes_keep_running(tree: Tree, tmp_path: Path) -> None:
+    """The coordinator is replaced at a quiet point on the new release; the shards (and the
+    lanes in them) are untouched, and the new coordinator finishes the plan from its durable
+    state: every task ran once."""
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    plan_id = tree.submit(
+        plan(
+            "coord",
+            task("a", gated(runs, gate, "a")),
+            task("b", gated(runs, gate, "b")),
+            task("after", f"echo after >> {runs}", needs=["a", "b"]),
+        )
+    )
+    wait_until(lambda: lanes_running(tree, "a", "b"), 20, "both lanes running")
+    before = tree.status()
+    result = tree.rollover("coordinator", release)
+    assert result.returncode == 0, result.stderr
+    assert "quiet point" in result.stdout and "generation 2 ready" in result.stdout
+    after = {c.name: c for c in tree.status().children}
+    for child in before.children:
+        if child.name != "coordinator":  # nothing else moved
+            assert (after[child.name].pid, after[child.name].generation) == (
+                child.pid,
+                child.generation,
+            )
+    coordinator = after["coordinator"]
+    assert coordinator.generation == 2 and coordinator.version == NEW
+    assert coordinator.release == str(release)
+    gate.touch()
+    report = tree.wait_plan(plan_id, timeout_s=30)
+    assert report.ok, report
+    assert all(t.attempts == 1 for t in report.tasks), report
+    assert sorted(runs.read_text().split()) == ["a", "after", "b"]
+
+
+def test_custodian_moves_with_no_write_lost(tree: Tree, tmp_path: Path, repo: Path) -> None:
+    """The custodian hands the workspace over at a quiet point: a lane running in its sandbox
+    goes on (the sandbox stays on disk), and every commit lands exactly once."""
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    gate = tmp_path / "gate"
+    plan_id = tree.submit(
+        plan(
+            "custodian",
+            task(
+                "slow",
+                f"echo slow > slow.txt; while [ ! -e {gate} ]; do sleep 0.05; done",
+                commit=True,
+            ),
+            *(task(f"w{i}", f"echo {i} > w{i}.txt", commit=True) for i in range(6)),
+        )
+    )
+    wait_until(lambda: lanes_running(tree, "slow"), 20, "the slow lane running")
+    result = tree.rollover("custodian", release)
+    assert result.returncode == 0, result.stderr
+    custodian = tree.child("custodian")
+    assert custodian.generation == 2 and custodian.version == NEW
+    gate.touch()
+    report = tree.wait_plan(plan_id, timeout_s=30)
+    assert report.ok, report
+    assert all(t.attempts == 1 and t.commit for t in report.tasks), report
+    subjects = git(repo, "log", "--format=%s").splitlines()
+    for t in report.tasks:
+        assert sum(s.startswith(f"custodian/{t.id}:") for s in subjects) == 1, subjects
+
+
+def test_an_incompatible_release_is_refused_and_nothing_moves(tree: Tree, tmp_path: Path) -> None:
+    """A release whose protocol range does not overlap the tree's is refused before anything
+    moves, in one line that names both versions; exit status 2."""
+    release = make_release(tmp_path / "rel", "python", version="5.0.0", protocol="5..6")
+    before = tree.status()
+    result = tree.rollover("all", release)
+    assert result.returncode == 2, result
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in line, line
+    assert "5.0.0" in line and "5..6" in line and before.version in line and "1..1" in line
+    after = tree.status()
+    assert [(c.name, c.pid, c.generation, c.release) for c in after.children] == [
+        (c.name, c.pid, c.generation, c.release) for c in before.children
+    ]
+
+
+def test_a_coordinator_whose_release_cannot_start_is_rolled_back(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """The new coordinator exits at once: the rollover rolls back onto the old release, says
+    so, and exits 1; the coordinator runs (and answers) on the old release."""
+    release = make_release(tmp_path / "rel", "python", crash=True)
+    result = tree.rollover("coordinator", release)
+    assert result.returncode == 1, result
+    assert "rolled back" in result.stdout and "rolled back" in result.stderr
+    coordinator = tree.child("coordinator")
+    assert coordinator.state == "running" and coordinator.release == tree.status().release
+    plan_id = tree.submit(plan("after", task("t", "true")))
+    assert tree.wait_plan(plan_id, timeout_s=20).ok
+
+
+def test_a_shard_whose_release_cannot_start_goes_on_as_before(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """The surge's new generation exits at once: the old one goes on as if nothing happened
+    (same pid and generation, its lane neither lost nor re-run), and takes new lanes again."""
+    tree = tree_factory(workspace=repo, shards=1)
+    release = make_release(tmp_path / "rel", "python", crash=True)
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    plan_id = tree.submit(plan("surge", task("long", gated(runs, gate, "long"))))
+    wait_until(lambda: lanes_running(tree, "long"), 20, "the lane running")
+    before = tree.child("shard-0")
+    result = tree.rollover("shard-0", release)
+    assert result.returncode == 1, result
+    assert "rolled back" in result.stdout
+    after = tree.child("shard-0")
+    assert (after.pid, after.generation, after.state) == (before.pid, before.generation, "running")
+    assert after.last_exit == before.last_exit  # the failed start is not the worker's exit
+    gate.touch()
+    report = tree.wait_plan(plan_id, timeout_s=20)
+    assert report.ok and report.tasks[0].attempts == 1, report
+    assert runs.read_text().split() == ["long"]
+    second = tree.submit(plan("again", task("t", "true")))
+    assert tree.wait_plan(second, timeout_s=20).ok
+
+
+def test_frames_from_a_retired_generation_are_refused_and_counted(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """After the coordinator moved to generation 2, a frame signed by generation 1 is refused
+    with `stale_generation` (typed, answered) and counted in the receiver's status."""
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    assert tree.rollover("coordinator", release).returncode == 0
+    shard = tree.child("shard-0")
+    assert shard.stale_frames == 0
+    with RawPeer(tree.run_dir / "shard-0.ipc", b"coordinator.1", "coordinator", 1) as peer:
+        reply = peer.ask(f.ListLanes())
+    assert isinstance(reply, f.Error) and reply.code == "stale_generation", reply
+    assert "generation 1 is retired" in reply.message
+    wait_until(lambda: tree.child("shard-0").stale_frames == 1, 10, "the refusal counted")
+
+
+def test_results_that_arrive_during_a_coordinator_rollover_land_once(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """Lanes keep ending while the coordinator moves: results that reach the old generation at
+    its quiet point are committed but left for the new one, later ones wait in the shards'
+    outboxes; each lands exactly once, and every task ran once."""
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    runs = tmp_path / "runs"
+    tasks = [task(f"t{i}", f"sleep 0.{i % 5}; echo t{i} >> {runs}") for i in range(40)]
+    plan_id = tree.submit(plan("stream", *tasks))
+    wait_until(lambda: runs.exists() and len(runs.read_text().split()) >= 4, 20, "some results")
+    result = tree.rollover("coordinator", release)
+    assert result.returncode == 0, result.stderr
+    report = tree.wait_plan(plan_id, timeout_s=60)
+    assert report.ok, report
+    assert all(t.attempts == 1 for t in report.tasks), report
+    assert sorted(runs.read_text().split()) == sorted(f"t{i}" for i in range(40))
+
+
+def test_a_start_the_old_coordinator_never_saw_answered_is_sent_again(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """The coordinator records a placement durably before it sends the `LaneStart`. Restarted
+    while its shard is stopped (SIGSTOP), it leaves the start unanswered: queued at the shard,
+    which then refuses it as coming from a retired generation. The next generation sends it
+    again, so the task runs, once, instead of waiting for ever."""
+    import os
+    import signal
+
+    tree = tree_factory(workspace=repo, shards=1)
+    runs = tmp_path / "runs"
+    shard = tree.child("shard-0")
+    assert shard.pid is not None
+    os.kill(shard.pid, signal.SIGSTOP)
+    try:
+        plan_id = tree.submit(plan("resend", task("t", f"echo t >> {runs}")))
+
+        def placed() -> bool:
+            report = tree.ctl(f.CtlPlan(id=plan_id))
+            return isinstance(report, f.PlanReport) and report.tasks[0].lane is not None
+
+        wait_until(placed, 10, "the task placed")
+        tree.ctl(f.CtlRestart(name="coordinator"), timeout_s=20)
+    finally:
+        os.kill(shard.pid, signal.SIGCONT)
+    report = tree.wait_plan(plan_id, timeout_s=20)
+    assert report.ok and report.tasks[0].attempts == 1, report
+    assert runs.read_text().split() == ["t"]

@@ -1,0 +1,95 @@
+"""Releases (`orchestra_sup.release`) and a rollover's record (`supervisor.rollover.Rollover`)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup import release
+from orchestra_sup.errors import ReleaseError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.supervisor.rollover import Rollover
+
+
+def info(low: int, high: int, version: str = "7.0.0") -> f.ReleaseInfo:
+    return f.ReleaseInfo(python="/x/python", version=version, proto_min=low, proto_max=high)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "ok"),
+    [(1, 1, True), (0, 1, True), (1, 5, True), (2, 3, False), (0, 0, False)],
+)
+def test_compatible_when_the_ranges_overlap(low: int, high: int, ok: bool) -> None:
+    assert release.compatible_with(info(low, high)) is ok
+
+
+def test_the_refusal_names_both_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRA_SUP_TEST_VERSION", "1.2.3")
+    line = release.refusal(info(4, 6, "4.0.0"))
+    assert "4.0.0" in line and "4..6" in line and "1.2.3" in line and "1..1" in line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize("text", ["2", "a..b", "1-2", ".."])
+def test_a_bad_protocol_override_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv("ORCHESTRA_SUP_TEST_PROTOCOL", text)
+    with pytest.raises(ReleaseError, match=r"is not MIN\.\.MAX"):
+        release.protocol_range()
+
+
+def test_the_probe_of_this_interpreter_describes_it() -> None:
+    got = asyncio.run(release.probe(sys.executable))
+    assert got == release.describe(sys.executable)
+
+
+def test_the_probe_refuses_what_is_not_a_release(tmp_path: Path) -> None:
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\necho 'no module named orchestra_sup' >&2; exit 1\n")
+    script.chmod(0o755)
+    with pytest.raises(ReleaseError, match="its probe exited 1: no module named orchestra_sup"):
+        asyncio.run(release.probe(str(script)))
+    with pytest.raises(ReleaseError, match="not an executable file"):
+        asyncio.run(release.probe(str(tmp_path / "missing")))
+    script.write_text("#!/bin/sh\necho hello\n")
+    with pytest.raises(ReleaseError, match="answered nonsense"):
+        asyncio.run(release.probe(str(script)))
+
+
+def test_a_probe_that_hangs_is_killed_at_its_deadline(tmp_path: Path) -> None:
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nexec sleep 60\n")
+    script.chmod(0o755)
+    held: set[int] = set()
+
+    async def go() -> None:
+        with pytest.raises(ReleaseError, match=r"no answer to its probe within 0\.2 s"):
+            await release.probe(str(script), 0.2, hold=held)
+
+    asyncio.run(go())
+    assert held == set()  # released from the supervisor's known pids once waited for
+
+
+def test_a_rollover_record_pages_its_events_and_wakes_its_pollers() -> None:
+    async def go() -> None:
+        rollover = Rollover("shard-0", info(1, 1))
+        rollover.event("", "begin")
+        rollover.event("shard-0", "step", took_s=0.12345)
+        assert [e.seq for e in rollover.report().events] == [0, 1]
+        assert [e.text for e in rollover.report(after_seq=0).events] == ["step"]
+        assert rollover.report().events[1].took_s == 0.123
+        poll = asyncio.ensure_future(rollover.wait(after_seq=1, wait_s=5.0))
+        await asyncio.sleep(0)
+        assert not poll.done()  # nothing new yet: held
+        rollover.finish("shard-0: rolled back")
+        async with asyncio.timeout(1.0):
+            await poll
+        report = rollover.report(after_seq=1)
+        assert (report.done, report.ok, report.error) == (True, False, "shard-0: rolled back")
+        assert report.events == []
+
+    asyncio.run(go())
