@@ -17,18 +17,24 @@ from pathlib import Path
 import pytest
 
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, assert_no_leftovers, plan, task, wait_until
+from tests.integration.harness import (
+    Tree,
+    assert_no_leftovers,
+    make_release,
+    plan,
+    task,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
-WRAPPER = '#!/bin/sh\nexport ORCHESTRA_SUP_TEST_VERSION=9.0.0\n{before}exec {python} "$@"\n'
-
 
 def release(tmp_path: Path, name: str = "release-9", before: str = "") -> Path:
-    """A second release: this interpreter, re-labelled 9.0.0; `before` runs first (sh)."""
-    path = tmp_path / name
-    path.write_text(WRAPPER.format(before=before, python=sys.executable))
-    path.chmod(0o755)
+    """A second release (`make_release`: this interpreter, re-labelled 9.0.0); `before` is sh
+    run first, for a release that misbehaves."""
+    path = make_release(tmp_path, name, version="9.0.0")
+    if before:
+        path.write_text(path.read_text().replace("#!/bin/sh\n", "#!/bin/sh\n" + before, 1))
     return path
 
 
@@ -131,8 +137,8 @@ def test_a_release_that_cannot_be_executed_changes_nothing(
     tree = tree_factory(workspace=repo)
     before = tree.status()
 
-    plain = tmp_path / "not-executable"
-    plain.write_text(WRAPPER.format(before="", python=sys.executable))
+    plain = release(tmp_path, "not-executable")
+    plain.chmod(0o644)
     refused = rollover_supervisor(tree, plain)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "not an executable" in refused.stderr
