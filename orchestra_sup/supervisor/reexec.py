@@ -298,8 +298,6 @@ def resume(fd: int) -> int:
     another schema), the locks not inherited, a socket that cannot be bound, or a tree of
     another shape (this release builds other children from the same settings).
     """
-    import zmq
-
     from orchestra_sup.config import SupervisorSettings
     from orchestra_sup.errors import OrchestraError
     from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
