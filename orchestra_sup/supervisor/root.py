@@ -170,13 +170,14 @@ class RootSupervisor:
         self._last_summary = ""
         self.endpoints: dict[tuple[str, int], str] = {}
         """Where the live process of each (child, generation) listens."""
-        self.rollovers = Rollovers(self)
         self.boot = uuid.uuid4().hex[:12] if handoff is None else handoff.boot
         """This run of the tree; generations start again at 1 in the next, boot ids do not (a
         re-exec is the same run)."""
         self.handoff = handoff
         self.carried = handoff.carry if handoff is not None else None
-        """What the image this one re-executed from passed on (`reexec`'s `carry`), or None."""
+        """What the image this one re-executed from passed on (`reexec`'s `carry`), or None;
+        set before `rollovers` is built, so it can take up a rollover in progress."""
+        self.rollovers = Rollovers(self)
         self.unheard: set[str] = set()
         """Adopted children not heard from since the re-exec: each is sent the roster again
         at its first heartbeat (until its DEALER has reconnected, a send to it fails)."""
