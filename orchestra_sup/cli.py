@@ -576,6 +576,10 @@ def logs(
 
 ROLLOVER_POLL_S = 5.0
 """Seconds one `ctl rollover` progress poll is held by the supervisor (a long poll)."""
+REEXEC_POLL_S = 0.05
+"""Seconds between progress polls while the supervisor re-executes itself."""
+POLL_MARGIN_S = 0.5
+"""Seconds a progress poll may take beyond its hold before it is asked again."""
 
 
 @ctl_app.command()
@@ -583,7 +587,9 @@ def rollover(
     ctx: typer.Context,
     name: Annotated[
         str,
-        typer.Argument(help="coordinator, custodian, shard-K, shards (one at a time) or all."),
+        typer.Argument(
+            help="coordinator, custodian, shard-K, shards (one at a time), supervisor or all."
+        ),
     ],
     release: Annotated[
         Path | None,
@@ -610,7 +616,8 @@ def rollover(
 ) -> None:
     """Move running children onto another release, one process at a time, and print each step
     as it happens. Shards start their next generation beside the old one and hand their lanes
-    over at quiet points; the coordinator and the custodian are replaced at a quiet point.
+    over at quiet points; the coordinator and the custodian are replaced at a quiet point; the
+    supervisor re-executes itself in place (same pid) and re-adopts its children.
 
     Exits 0 when everything moved; 1 when a step rolled back or failed (the report says why);
     2 when the release or the target is refused before anything moved (for example a release
@@ -629,13 +636,16 @@ def rollover(
                 _rollover_event(event, as_json)
             unreachable_since: float | None = None
             while not report.done:
+                # While the supervisor re-executes itself a poll may be lost in the exec: ask
+                # without a hold, briefly, and again, until its new image answers.
+                hold = 0.0 if report.reexecuting else ROLLOVER_POLL_S
+                if report.reexecuting:
+                    time.sleep(REEXEC_POLL_S)
                 poll = f.CtlRolloverStatus(
-                    id=report.id,
-                    after_seq=events[-1].seq if events else -1,
-                    wait_s=ROLLOVER_POLL_S,
+                    id=report.id, after_seq=events[-1].seq if events else -1, wait_s=hold
                 )
                 try:
-                    report = client.request(poll, timeout_s=ROLLOVER_POLL_S + timeout)
+                    report = client.request(poll, timeout_s=hold + POLL_MARGIN_S)
                 except TreeUnreachable:
                     unreachable_since = unreachable_since or time.monotonic()
                     if time.monotonic() - unreachable_since > timeout:

@@ -11,6 +11,8 @@ Two test-only overrides re-label a release without building a second one (ARCHIT
 issue 7): `ORCHESTRA_SUP_TEST_VERSION` replaces the version it reports and
 `ORCHESTRA_SUP_TEST_PROTOCOL` ("MIN..MAX") the protocol range it reports in its probe and its
 handshakes. A wrapper script that sets them and execs the real interpreter is a second release.
+They are taken out of the environment when this module is imported: they label the process the
+wrapper started, not the children it starts on other releases.
 """
 
 from __future__ import annotations
@@ -40,16 +42,20 @@ PROBE_MODULES = (
 )
 
 
+_TEST_VERSION = os.environ.pop("ORCHESTRA_SUP_TEST_VERSION", None)
+_TEST_PROTOCOL = os.environ.pop("ORCHESTRA_SUP_TEST_PROTOCOL", None)
+
+
 def version() -> str:
     """This process's orchestra-sup version (`ORCHESTRA_SUP_TEST_VERSION` when set)."""
-    return os.environ.get("ORCHESTRA_SUP_TEST_VERSION") or __version__
+    return _TEST_VERSION or __version__
 
 
 def protocol_range() -> tuple[int, int]:
     """The protocol versions this process speaks, (min, max), both inclusive
     (`ORCHESTRA_SUP_TEST_PROTOCOL` "MIN..MAX" when set; raises `ReleaseError` when it is not
     of that form)."""
-    text = os.environ.get("ORCHESTRA_SUP_TEST_PROTOCOL")
+    text = _TEST_PROTOCOL
     if not text:
         return PROTOCOL_MIN, PROTOCOL_MAX
     low, sep, high = text.partition("..")

@@ -648,6 +648,9 @@ class RolloverReport(Frame, tag="rollover_report"):
     ok: bool | None
     events: list[RolloverEvent]
     error: str | None = None
+    reexecuting: bool = False
+    """The supervisor is about to re-execute itself: a poll sent now may be lost in the exec,
+    so ask again soon rather than wait out a long poll."""
 
 
 Control = (

@@ -18,8 +18,14 @@ turn, each the way its role allows:
   its step there, flagged partial), then it is retired (SIGTERM). A new generation that never
   becomes ready is rolled back: the old one goes on as if nothing happened.
 
-Targets: a child's name, `shards` (each shard in turn) or `all` (custodian, coordinator, then
-each shard). A rollover stops at the first target that rolls back or fails, and reports it.
+- the supervisor itself (`_reexec`): re-executed in place on the release (same pid), re-adopting
+  its running children without restarting them (`supervisor.reexec`, ADR 0007). The rollover's
+  record travels across the exec (`Carried`), and the new image finishes it once it has adopted
+  every child. A refused re-exec leaves the old image running.
+
+Targets: a child's name, `supervisor`, `shards` (each shard in turn) or `all` (custodian,
+coordinator, each shard, then the supervisor). A rollover stops at the first target that rolls
+back or fails, and reports it.
 Progress is a list of `RolloverEvent`s that `ctl rollover` long-polls (`CtlRolloverStatus`).
 Only one rollover runs at a time; restarts of the child being moved wait for it (the rollover
 holds its supervisor's restart lock), and stopping the tree cancels it.
@@ -31,10 +37,13 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import signal
 import time
 import uuid
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from orchestra_sup import release as releases
 from orchestra_sup.errors import (
@@ -47,6 +56,7 @@ from orchestra_sup.errors import (
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
 from orchestra_sup.supervisor.core import Worker
+from orchestra_sup.supervisor.reexec import reexec
 from orchestra_sup.supervisor.spec import ChildState
 
 if TYPE_CHECKING:
@@ -58,6 +68,20 @@ REPLY_MARGIN_S = 5.0
 """Seconds a quiesce or drain request waits beyond the timeout it gives the child."""
 HISTORY = 8
 """Finished rollovers whose reports `ctl rollover` can still ask for."""
+FLUSH_S = 1.0
+"""Seconds a supervisor about to re-execute waits for its pollers to have been answered."""
+SUPERVISOR = "supervisor"
+
+
+class Carried(msgspec.Struct, frozen=True, kw_only=True):
+    """A rollover's record as it crosses the supervisor's re-exec (`began`: monotonic seconds,
+    which an exec keeps)."""
+
+    id: str
+    target: str
+    release: f.ReleaseInfo
+    events: list[f.RolloverEvent]
+    began: float
 
 
 class RolloverFailed(Exception):
@@ -67,16 +91,44 @@ class RolloverFailed(Exception):
 class Rollover:
     """One rollover's record: its events, whether it is done and how it ended (`ok`)."""
 
-    def __init__(self, target: str, release: f.ReleaseInfo):
-        self.id = uuid.uuid4().hex[:8]
+    def __init__(self, target: str, release: f.ReleaseInfo, carried: Carried | None = None):
+        self.id = carried.id if carried else uuid.uuid4().hex[:8]
         self.target = target
         self.release = release
-        self.began = time.monotonic()
-        self.events: list[f.RolloverEvent] = []
+        self.began = carried.began if carried else time.monotonic()
+        self.events: list[f.RolloverEvent] = list(carried.events) if carried else []
         self.done = False
         self.ok: bool | None = None
         self.error: str | None = None
         self._changed = asyncio.Event()
+        self._pollers = 0
+        self.reexecuting = False
+
+    def carry(self) -> bytes:
+        """This record, for the supervisor's next image (`Carried`, msgpack)."""
+        return msgspec.msgpack.encode(
+            Carried(
+                id=self.id,
+                target=self.target,
+                release=self.release,
+                events=self.events,
+                began=self.began,
+            )
+        )
+
+    @classmethod
+    def carried(cls, data: bytes) -> Rollover:
+        """The record `carry` encoded. Raises `msgspec.DecodeError` when it is not one."""
+        was = msgspec.msgpack.decode(data, type=Carried)
+        return cls(was.target, was.release, was)
+
+    async def answered(self, timeout_s: float) -> None:
+        """Return once no `wait` is pending (every poller has its answer), or after
+        `timeout_s` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self._pollers:
+                    await asyncio.sleep(0.001)
 
     def event(self, child: str, text: str, took_s: float | None = None) -> None:
         """Record one step (`took_s`: its own duration, seconds) and wake the pollers."""
@@ -110,6 +162,7 @@ class Rollover:
             ok=self.ok,
             events=self.events[max(0, after_seq + 1) :],
             error=self.error,
+            reexecuting=self.reexecuting,
         )
 
     async def wait(self, after_seq: int, wait_s: float) -> None:
@@ -117,9 +170,13 @@ class Rollover:
         seconds have passed."""
         if self.done or len(self.events) > after_seq + 1 or wait_s <= 0:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait_s):
-                await self._changed.wait()
+        self._pollers += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await self._changed.wait()
+        finally:
+            self._pollers -= 1
 
 
 class Rollovers:
@@ -129,6 +186,29 @@ class Rollovers:
         self.sup = sup
         self.history: dict[str, Rollover] = {}
         self._task: asyncio.Task[None] | None = None
+        self._resumed: Rollover | None = None
+        if sup.carried:  # this image was re-executed by a rollover: it takes its record up
+            try:
+                self._resumed = Rollover.carried(sup.carried)
+            except msgspec.DecodeError as exc:
+                log.error("the rollover record passed across the re-exec is unreadable: %s", exc)
+            else:
+                self.history[self._resumed.id] = self._resumed
+
+    def adopted(self, children: int, exec_at: float) -> None:
+        """This image has adopted `children` children of the one that re-executed it at
+        `exec_at` (monotonic seconds): the rollover that asked for it is done."""
+        rollover, self._resumed = self._resumed, None
+        if rollover is None:
+            return
+        rollover.event(
+            SUPERVISOR,
+            f"re-executed in place (pid {os.getpid()}) on orchestra-sup "
+            f"{releases.version()}: {children} children re-adopted, none restarted",
+            time.monotonic() - exec_at,
+        )
+        rollover.event("", f"done: every target runs orchestra-sup {rollover.release.version}")
+        rollover.finish(None)
 
     # --- ctl -------------------------------------------------------------------------------------
 
@@ -162,6 +242,7 @@ class Rollovers:
                 )
             drain_s = req.drain_timeout_s
         workers = self.targets(req.name)
+        itself = req.name in (SUPERVISOR, "all")
         for worker in workers:
             if worker.state is not ChildState.RUNNING:
                 raise RemoteError(
@@ -176,15 +257,16 @@ class Rollovers:
         if not releases.compatible_with(info):
             raise RemoteError(ErrorCode.VERSION_SKEW, releases.refusal(info))
         rollover = Rollover(req.name, info)
+        moving = [w.name for w in workers] + ([SUPERVISOR] if itself else [])
         rollover.event(
             "",
             f"release {info.python}: orchestra-sup {info.version}, protocol "
-            f"{info.proto_min}..{info.proto_max}; moving {', '.join(w.name for w in workers)}",
+            f"{info.proto_min}..{info.proto_max}; moving {', '.join(moving)}",
         )
         self.history[rollover.id] = rollover
         while len(self.history) > HISTORY:
             del self.history[next(iter(self.history))]
-        self._task = sup.spawn(self._run(rollover, workers, drain_s))
+        self._task = sup.spawn(self._run(rollover, workers, drain_s, itself))
         return rollover.report()
 
     async def status(self, req: f.CtlRolloverStatus) -> f.RolloverReport:
@@ -197,16 +279,19 @@ class Rollovers:
         return rollover.report(req.after_seq)
 
     def targets(self, name: str) -> list[Worker]:
-        """The children `name` moves, in order. Raises `RemoteError(not_found)`."""
+        """The children `name` moves, in order (`supervisor`: none; `all`: every child, and then
+        the supervisor moves too). Raises `RemoteError(not_found)`."""
         by_role = {w.spec.role: w for w in self.sup.workers if w.spec.role != "shard"}
         shards = [w for w in self.sup.workers if w.spec.role == "shard"]
+        if name == SUPERVISOR:
+            return []
         if name == "shards":
             return shards
         if name == "all":
             return [by_role["custodian"], by_role["coordinator"], *shards]
         worker = self.sup.by_name.get(name)
         if worker is None:
-            known = ", ".join([*self.sup.by_name, "shards", "all"])
+            known = ", ".join([*self.sup.by_name, SUPERVISOR, "shards", "all"])
             raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover target {name!r} ({known})")
         return [worker]
 
@@ -220,11 +305,15 @@ class Rollovers:
 
     # --- the steps -------------------------------------------------------------------------------
 
-    async def _run(self, rollover: Rollover, workers: list[Worker], drain_s: float) -> None:
+    async def _run(
+        self, rollover: Rollover, workers: list[Worker], drain_s: float, itself: bool
+    ) -> None:
         try:
             for worker in workers:
                 step = self._surge if worker.spec.role == "shard" else self._replace
                 await step(rollover, worker, drain_s)
+            if itself:
+                await self._reexec(rollover)  # returns only when it was refused
         except RolloverFailed as exc:
             rollover.finish(str(exc))
         except asyncio.CancelledError:
@@ -395,6 +484,22 @@ class Rollovers:
             await seam.wait_retired(worker.name, generation)
         worker.retired()
         rollover.event(worker.name, f"generation {generation} retired", time.monotonic() - began)
+
+    async def _reexec(self, rollover: Rollover) -> None:
+        """The supervisor itself: re-execute in place on the release (`supervisor.reexec`).
+        The event saying so reaches the pollers before the exec; the new image finishes the
+        rollover (`adopted`). Raises `RolloverFailed` when the re-exec was refused."""
+        began = time.monotonic()
+        python = rollover.release.python
+        rollover.reexecuting = True
+        rollover.event(SUPERVISOR, f"re-executing pid {os.getpid()} on {python}")
+        await rollover.answered(FLUSH_S)
+        try:
+            await reexec(self.sup, python, rollover.carry())
+        except ReleaseError as exc:
+            rollover.reexecuting = False
+            rollover.event(SUPERVISOR, f"not re-executed: {exc}", time.monotonic() - began)
+            raise RolloverFailed(f"supervisor: {exc}") from None
 
     async def _request(
         self, worker: Worker, generation: int, body: f.Body, timeout_s: float

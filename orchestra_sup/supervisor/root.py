@@ -318,6 +318,8 @@ class RootSupervisor:
         self.spawn(self._watchdog())
         log.info("tree adopted: %d children, run dir %s", len(self.workers), self.paths.run_dir)
         notify.send(f"READY=1\nSTATUS={self.summary()}")
+        if self.handoff is not None:
+            self.rollovers.adopted(len(self.workers), self.handoff.exec_at)
 
     async def _announce_stop(self) -> None:
         """Tell the coordinator the tree is stopping (bounded: a wedged one is not waited for)."""

@@ -45,12 +45,7 @@ def rollover_supervisor(
     progress poll that the exec cut off is waited for."""
     argv = [sys.executable, "-m", "orchestra_sup", "ctl", "rollover", "supervisor"]
     argv += ["--release", str(to), "--run-dir", str(tree.run_dir), "--timeout", str(timeout_s)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
-    # Until `ctl rollover` has its `supervisor` target (the rollover code calls `reexec`);
-    # remove this skip when wiring it.
-    if "no rollover target 'supervisor'" in done.stderr:
-        pytest.skip("ctl rollover supervisor is not wired to reexec yet")
-    return done
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
 
 
 def children_of_main_thread(pid: int) -> set[int]:

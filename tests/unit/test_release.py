@@ -27,7 +27,7 @@ def test_compatible_when_the_ranges_overlap(low: int, high: int, ok: bool) -> No
 
 
 def test_the_refusal_names_both_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ORCHESTRA_SUP_TEST_VERSION", "1.2.3")
+    monkeypatch.setattr(release, "_TEST_VERSION", "1.2.3")
     line = release.refusal(info(4, 6, "4.0.0"))
     assert "4.0.0" in line and "4..6" in line and "1.2.3" in line and "1..1" in line
     assert "\n" not in line
@@ -37,7 +37,7 @@ def test_the_refusal_names_both_versions(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_a_bad_protocol_override_is_one_clear_error(
     monkeypatch: pytest.MonkeyPatch, text: str
 ) -> None:
-    monkeypatch.setenv("ORCHESTRA_SUP_TEST_PROTOCOL", text)
+    monkeypatch.setattr(release, "_TEST_PROTOCOL", text)
     with pytest.raises(ReleaseError, match=r"is not MIN\.\.MAX"):
         release.protocol_range()
 
