@@ -215,3 +215,41 @@ def test_a_start_the_old_coordinator_never_saw_answered_is_sent_again(
     report = tree.wait_plan(plan_id, timeout_s=20)
     assert report.ok and report.tasks[0].attempts == 1, report
     assert runs.read_text().split() == ["t"]
+
+
+def test_all_moves_every_process_mid_plan_and_the_plan_completes(
+    tree: Tree, tmp_path: Path, repo: Path
+) -> None:
+    """`rollover all` moves the custodian, the coordinator, both shards (their lanes hand over)
+    and the supervisor itself onto the new release while a plan runs: the plan completes, every
+    step ran once (a step stopped at the drain timeout re-runs, and says so), the supervisor
+    kept its pid, and every process reports the new version."""
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    spec = plan(
+        "all",
+        task("a", gated(runs, gate, "a")),
+        task("b", gated(runs, gate, "b")),
+        task("quick", f"echo quick >> {runs}"),
+        task("commit", f"echo c > c.txt; echo commit >> {runs}", needs=["quick"], commit=True),
+        task("last", f"echo last >> {runs}", needs=["a", "b", "commit"]),
+    )
+    plan_id = tree.submit(spec)
+    wait_until(lambda: lanes_running(tree, "a", "b"), 20, "the gated lanes running")
+    supervisor_pid = tree.status().supervisor_pid
+    result = tree.rollover("all", release, "--drain-timeout", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "re-executed in place" in result.stdout, result.stdout
+    status = tree.status()
+    assert status.supervisor_pid == supervisor_pid and status.version == NEW
+    assert all(c.version == NEW and c.state == "running" for c in status.children), status
+    gate.touch()
+    report = tree.wait_plan(plan_id, timeout_s=60)
+    assert report.ok, report
+    by_id = {t.id: t for t in report.tasks}
+    ran = runs.read_text().split()
+    for t in ("quick", "commit", "last"):
+        assert ran.count(t) == 1 and by_id[t].attempts == 1, (t, ran, by_id[t])
+    for t in ("a", "b"):  # stopped at the drain timeout: re-run once, flagged partial
+        assert ran.count(t) == 2 and any("partial work" in w for w in by_id[t].warnings), by_id[t]
+    assert git(repo, "log", "--format=%s").count("all/commit:") == 1
