@@ -31,7 +31,8 @@ class Lane:
         self.state = "starting"
         self.sandbox: str | None = None if snapshot is None else snapshot.sandbox
         self.task: asyncio.Task[None] | None = None
-        self.cancel_requested = False
+        self.started = False  # its task has taken its first step (`Shard._run`)
+        self.cancel_requested = False  # `cancel` was called: it is to end at once
         self.pgid: int | None = None
         self.interrupted = False
         self.message_keys: dict[str, None] | None = None
@@ -63,6 +64,16 @@ class Lane:
         if self.state == "starting":
             return True
         return self.quiet is not None and self.quiet.quiet and not self.finishing
+
+    def cancel(self) -> None:
+        """End the lane's task at its next await (`cancel_requested`). A task that has not
+        taken its first step yet is not cancelled but sees `cancel_requested` when it starts:
+        asyncio never runs a task cancelled before its first step, so the lane would never end
+        or report (a cancel held for a lane in transit is served in the very step that resumes
+        it)."""
+        self.cancel_requested = True
+        if self.task is not None and self.started:
+            self.task.cancel()
 
     def spawned(self, pgid: int) -> None:
         """The lane's command runs as process group `pgid` (for a graceful SIGTERM on stop)."""

@@ -127,8 +127,8 @@ class Shard:
             if lane.pgid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(lane.pgid, signal.SIGTERM)
-            elif lane.mailbox is not None and lane.task is not None:
-                lane.task.cancel()  # a program with no command running: nothing to wait for
+            elif lane.mailbox is not None:
+                lane.cancel()  # a program with no command running: nothing to wait for
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=self.node.args.lane_grace_s)
             for task in late:
@@ -172,9 +172,7 @@ class Shard:
                 lane = self.handover.route(ep, peer, env, lane_id)
                 if lane is None:
                     return
-                assert lane.task is not None
-                lane.cancel_requested = True
-                lane.task.cancel()
+                lane.cancel()
                 ep.reply(env, peer, f.Ack())
             case f.ListLanes(results=False):
                 ep.reply(
@@ -353,7 +351,10 @@ class Shard:
         spec = lane.start.task
         verdict: Outcome | None = None
         status, error, commit = "failed", None, None
+        lane.started = True
         try:
+            if lane.cancel_requested:  # before this task's first step (`Lane.cancel`)
+                raise asyncio.CancelledError
             program = load_program(spec.program, frozenset(self.node.args.lane_programs))
             if lane.sandbox is None:
                 ready = await self._custodian(f.SandboxCreate(lane=lane.id))
