@@ -54,11 +54,12 @@ class Outbox:
         self._decoder = msgspec.msgpack.Decoder(f.InboxPut)
 
     def holds(self, lane: str) -> bool:
-        """Whether `lane`'s result waits here (the lane has ended in this shard)."""
+        """Whether `lane`'s result waits here: it ended in this process, or in an earlier one
+        whose row was adopted."""
         return _msg_id(lane) in self._puts
 
     def lanes(self) -> list[str]:
-        """The lanes whose result waits here, oldest first."""
+        """The lanes whose result waits here, in the order this process took them."""
         return [put.result.lane for put in self._puts.values()]
 
     async def deliver(self, result: f.LaneResult) -> None:
