@@ -122,6 +122,15 @@ def start(
             "bench isolation; not for production).",
         ),
     ] = False,
+    adopt: Annotated[
+        int | None,
+        typer.Option(
+            "--adopt",
+            hidden=True,
+            help="Internal: the hand-off descriptor of a supervisor re-executing itself "
+            "(supervisor/reexec.py); it carries every other option.",
+        ),
+    ] = None,
 ) -> None:
     """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
 
@@ -129,6 +138,12 @@ def start(
     """
     from orchestra_sup.supervisor.root import RootSupervisor
     from orchestra_sup.supervisor.runlock import RunLock, StateLock
+
+    if adopt is not None:
+        from orchestra_sup.supervisor.reexec import resume
+
+        logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
+        raise typer.Exit(resume(adopt))
 
     def prepare() -> tuple[Any, Any]:
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)

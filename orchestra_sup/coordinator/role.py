@@ -73,12 +73,12 @@ class Coordinator:
         self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
         self.lanes: dict[str, tuple[str, str]] = {}
+        """Lane id -> (plan id, task id) of every lane placed since start (pruned on lookup)."""
         self._starting: dict[str, asyncio.Future[None]] = {}
         """Lanes whose `LaneStart` is in flight; resolved when their shard answers (or not)."""
         self._moving: dict[str, frozenset[int]] = {}
         """Per shard, its generations whose lanes are moving to the current one: draining, or
         retired and not yet settled (`_settle_moved`)."""
-        """Lane id -> (plan id, task id) of every lane placed since start (pruned on lookup)."""
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._enc = msgspec.msgpack.Encoder()
         self._plan_dec = msgspec.msgpack.Decoder(PlanRecord)

@@ -101,14 +101,17 @@ class Endpoint:
         self._loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
         self._schedule_drain()
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 0.0) -> None:
+        """Close the socket; pending requests fail with `PeerDown`, and so does any later send.
+        Frames already sent are dropped, unless `linger_s` (seconds) gives them that long to
+        leave: the context's `term()` then waits for them (a supervisor about to re-exec)."""
         if self._loop is not None and not self.sock.closed:
             self._loop.remove_reader(self.sock.getsockopt(zmq.FD))
         for fut, _peer in self._pending.values():
             if not fut.done():
                 fut.set_exception(PeerDown(self.name))
         self._pending.clear()
-        self.sock.close(linger=0)
+        self.sock.close(linger=round(linger_s * 1000))
 
     # --- sending ---------------------------------------------------------------------------------
 
@@ -127,8 +130,11 @@ class Endpoint:
     ) -> str:
         """Send one frame without blocking; returns its message id.
 
-        Raises `PeerDown` when a ROUTER has no connection to `to`, or when a DEALER's queue is full.
+        Raises `PeerDown` when a ROUTER has no connection to `to`, when a DEALER's queue is full,
+        or when the endpoint was closed (a reply finishing after its socket went away).
         """
+        if self.sock.closed:
+            raise PeerDown(_peer_name(to))
         msg_id = msg_id or self.next_id()
         env = f.Envelope(
             v=PROTOCOL_VERSION,

@@ -243,6 +243,21 @@ class Worker:
         self.retiring = None
         self.seam.changed(self)
 
+    def resume(self, generation: int, started_at: float) -> None:
+        """Take over generation `generation`'s running process instead of starting one: a
+        supervisor that re-executed itself re-adopts its children (`supervisor.reexec`). The
+        generation is kept, never bumped: it is the same process, still connected under the
+        same routing id. `started_at` is when it started, monotonic seconds (the clock is the
+        machine's, so it means the same across an exec). The worker goes stopped -> starting
+        -> running at once; the caller then has the seam hold the process
+        (`ProcessSeam.adopt`), which reports its exit from then on as for any start.
+        Raises `AssertionError` unless the worker is stopped."""
+        self.generation = generation
+        self.transition(ChildState.STARTING)
+        self._exited = asyncio.get_running_loop().create_future()
+        self.transition(ChildState.RUNNING)
+        self.started_at = started_at
+
     async def stop(self) -> None:
         """Ask, wait, kill, reap: SIGTERM, up to `shutdown_s`, then SIGKILL (`brutal_kill`:
         SIGKILL at once). Returns once the process has been reaped; a child without a process

@@ -62,7 +62,9 @@ class ChildProcess:
         """Hold process `pid` through a new pidfd. Raises `ProcessLookupError` when it is gone.
 
         The caller guarantees `pid` cannot have been recycled: the template's intermediate holds
-        the process unreaped until `adopt` has returned (see `supervisor.template`)."""
+        the process unreaped until `adopt` has returned (see `supervisor.template`), or the
+        caller compares `create_time` with the one it recorded (`ProcessSeam.adopt`): read
+        after the pidfd was opened, it is the held process's."""
         return cls(pid)
 
     def abandon(self) -> None:

@@ -11,7 +11,9 @@ only the root has:
   `Roster` pushed to every child whenever a child's state changes;
 - the watchdog: a child silent for `watchdog_s` is SIGKILLed, and its exit is handled like any;
 - `ctl.ipc` (`supervisor.ctl`);
-- what a dead child leaves behind: orphans reparented here and, for a shard, its lanes' cgroups.
+- what a dead child leaves behind: orphans reparented here and, for a shard, its lanes' cgroups;
+- re-executing itself onto another release with its children left running (`supervisor.reexec`):
+  a `RootSupervisor` given a `Handoff` adopts the tree instead of starting it.
 
 Exit statuses: `EXIT_OK` after a requested stop, `EXIT_FAILED_START` when the tree could not
 start, `EXIT_INTENSITY` when the root's restart intensity was exceeded.
@@ -47,8 +49,9 @@ from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
 from orchestra_sup.supervisor.process import kill_orphans
+from orchestra_sup.supervisor.reexec import HELD_SIGNALS, Handoff, adopt, check
 from orchestra_sup.supervisor.rollover import Rollovers
-from orchestra_sup.supervisor.runlock import RunLock, StateLock
+from orchestra_sup.supervisor.runlock import DirLock, RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.spec import ChildSpec, ChildState
 from orchestra_sup.supervisor.template import template_for
@@ -120,9 +123,22 @@ def build_tree(settings: Settings, seam: Seam, on_give_up: Any) -> Supervisor:
 
 
 class RootSupervisor:
-    """Runs one tree in the foreground until asked to stop; `run()` returns the exit status."""
+    """Runs one tree in the foreground until asked to stop; `run()` returns the exit status.
 
-    def __init__(self, paths: Paths, settings: Settings, *, colocated: bool = False):
+    With `handoff` (this process is a supervisor that re-executed itself, `supervisor.reexec`)
+    `run()` adopts the tree the old image left running instead of starting one; `carried` is
+    then the old image's `carry` (None otherwise). Raises `SupervisionError` when the
+    hand-off's children are not this tree's.
+    """
+
+    def __init__(
+        self,
+        paths: Paths,
+        settings: Settings,
+        *,
+        colocated: bool = False,
+        handoff: Handoff | None = None,
+    ):
         self.paths = paths
         self.settings = settings
         self.colocated = colocated
@@ -154,68 +170,50 @@ class RootSupervisor:
         self._last_summary = ""
         self.endpoints: dict[tuple[str, int], str] = {}
         """Where the live process of each (child, generation) listens."""
+        self.boot = uuid.uuid4().hex[:12] if handoff is None else handoff.boot
+        """This run of the tree; generations start again at 1 in the next, boot ids do not (a
+        re-exec is the same run)."""
+        self.handoff = handoff
+        self.carried = handoff.carry if handoff is not None else None
+        """What the image this one re-executed from passed on (`reexec`'s `carry`), or None;
+        set before `rollovers` is built, so it can take up a rollover in progress."""
         self.rollovers = Rollovers(self)
-        self.boot = uuid.uuid4().hex[:12]
-        """This run of the tree; generations start again at 1 in the next, boot ids do not."""
+        self.unheard: set[str] = set()
+        """Adopted children not heard from since the re-exec: each is sent the roster again
+        at its first heartbeat (until its DEALER has reconnected, a send to it fails)."""
+        self.dir_locks: tuple[DirLock, DirLock] | None = None
+        """The run and state directories' locks, while `run()` holds them."""
+        if handoff is not None:
+            check(handoff, self.workers)
+            self.seam.release = handoff.release
 
     # --- the whole tree --------------------------------------------------------------------------
 
     async def run(self) -> int:
-        from orchestra_sup.supervisor.ctl import CtlService
-
-        lock = RunLock(self.paths.run_dir)
-        try:
-            state_lock = StateLock(self.paths.state_dir)
-        except BaseException:
-            lock.release()
-            raise
+        lock, state_lock = self.dir_locks = self._lock_dirs()
         if not self.colocated:  # components' lane commands are waited for by asyncio
-            linux.set_child_subreaper()
-        if self._cgroups is not None:
+            linux.set_child_subreaper()  # kept across a re-exec's execve; said again anyway
+        if self._cgroups is not None and self.handoff is None:
             kill_tree_sync(self._cgroups)  # what a crashed tree on this run dir left running
         loop = asyncio.get_running_loop()
-        self.control = Endpoint(
-            self.ctx,
-            zmq.ROUTER,
-            name="supervisor",
-            generation=1,
-            codec=self.codec,
-            handler=self._on_control,
-        )
-        self.ctl = Endpoint(
-            self.ctx,
-            zmq.ROUTER,
-            name="supervisor",
-            generation=1,
-            codec=self.codec,
-            handler=CtlService(self).handle,
-        )
-        for ep, name in ((self.control, "supervisor"), (self.ctl, "ctl")):
-            ep.bind(self.paths.endpoint(name))
-            os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
-            ep.start()
-        if self.colocated:
-            self.control.bind(self.child_endpoint("supervisor"))
+        self.control, self.ctl = self.open_sockets()
+        if self.handoff is not None:
+            adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
         self.spawn(self.lag.run())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         if not self.colocated:
             loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
+        if self.handoff is not None:
+            # Blocked across the exec (`reexec.HELD_SIGNALS`): one sent meanwhile lands now.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+            self.seam.on_sigchld()  # orphans whose SIGCHLD fell into the exec
         try:
             await self.seam.open()
-            try:
-                await self.tree.start()
-            except ChildStartError as exc:
-                log.error("%s; stopped what was started", exc)
-                print(f"orchestra-sup: {exc}", file=sys.stderr)
-                self._exit_code = EXIT_FAILED_START
-                self._stop.set()
+            if self.handoff is not None:
+                self._adopted()
             else:
-                self.spawn(self._watchdog())
-                log.info(
-                    "tree ready: %d children, run dir %s", len(self.workers), self.paths.run_dir
-                )
-                notify.send(f"READY=1\nSTATUS={self.summary()}")
+                await self._start_tree()
             await self._stop.wait()
             notify.send("STOPPING=1")
             await self.rollovers.cancel()
@@ -240,6 +238,86 @@ class RootSupervisor:
             lock.release()
         log.info("tree stopped (exit status %d)", self._exit_code)
         return self._exit_code
+
+    def open_sockets(self) -> tuple[Endpoint, Endpoint]:
+        """Bind and start `supervisor.ipc` (the children's control socket) and `ctl.ipc` on
+        `ctx`; returns them (control, ctl). On the loop. Raises `zmq.ZMQError` when either
+        cannot be bound."""
+        from orchestra_sup.supervisor.ctl import CtlService
+
+        control = Endpoint(
+            self.ctx,
+            zmq.ROUTER,
+            name="supervisor",
+            generation=1,
+            codec=self.codec,
+            handler=self._on_control,
+        )
+        ctl = Endpoint(
+            self.ctx,
+            zmq.ROUTER,
+            name="supervisor",
+            generation=1,
+            codec=self.codec,
+            handler=CtlService(self).handle,
+        )
+        for ep, name in ((control, "supervisor"), (ctl, "ctl")):
+            ep.bind(self.paths.endpoint(name))
+            os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
+            ep.start()
+        if self.colocated:
+            control.bind(self.child_endpoint("supervisor"))
+        return control, ctl
+
+    def close_sockets(self, linger_s: float) -> None:
+        """Close both sockets and terminate `ctx`, giving frames already sent `linger_s`
+        seconds to leave (blocks the loop that long at most); `ctx` is then a fresh context,
+        for `open_sockets` should the caller need them again. Not for a colocated tree."""
+        for ep in (self.control, self.ctl):
+            if ep is not None:
+                ep.close(linger_s)
+        self.ctx.destroy(linger=round(linger_s * 1000))
+        self.ctx = zmq.Context()
+
+    def _lock_dirs(self) -> tuple[DirLock, DirLock]:
+        """Take the run and state directories' locks, or, adopting, the ones the old image
+        held (no gap, and the children's sockets in the run directory are left alone).
+        Raises `DirBusy` or `ConfigError`."""
+        if self.handoff is not None:
+            return (
+                RunLock.inherited(self.handoff.run_lock_fd, self.paths.run_dir),
+                StateLock.inherited(self.handoff.state_lock_fd, self.paths.state_dir),
+            )
+        lock = RunLock(self.paths.run_dir)
+        try:
+            return lock, StateLock(self.paths.state_dir)
+        except BaseException:
+            lock.release()
+            raise
+
+    async def _start_tree(self) -> None:
+        try:
+            await self.tree.start()
+        except ChildStartError as exc:
+            log.error("%s; stopped what was started", exc)
+            print(f"orchestra-sup: {exc}", file=sys.stderr)
+            self._exit_code = EXIT_FAILED_START
+            self._stop.set()
+        else:
+            self.spawn(self._watchdog())
+            log.info("tree ready: %d children, run dir %s", len(self.workers), self.paths.run_dir)
+            notify.send(f"READY=1\nSTATUS={self.summary()}")
+
+    def _adopted(self) -> None:
+        """The adopted tree is ready: each child gets a full `watchdog_s` from now to be heard
+        again (its DEALER reconnects within a few hundred ms), and the roster is sent out."""
+        now = time.monotonic()
+        for name in self.unheard:
+            self.liveness[name].last_beat = now
+        self.broadcast_roster()
+        self.spawn(self._watchdog())
+        log.info("tree adopted: %d children, run dir %s", len(self.workers), self.paths.run_dir)
+        notify.send(f"READY=1\nSTATUS={self.summary()}")
 
     async def _announce_stop(self) -> None:
         """Tell the coordinator the tree is stopping (bounded: a wedged one is not waited for)."""
@@ -340,6 +418,8 @@ class RootSupervisor:
             case f.Hello():
                 self._on_hello(ep, peer, env, body)
             case f.Heartbeat() if worker is not None and worker.state is ChildState.RUNNING:
+                if worker.name in self.unheard:
+                    self._heard_again(worker, peer)
                 live = self.liveness[worker.name]
                 live.last_beat = time.monotonic()
                 p50, p99, worst = body.loop_lag_p50_ms, body.loop_lag_p99_ms, body.loop_lag_max_ms
@@ -356,6 +436,19 @@ class RootSupervisor:
                 ep.reply(env, peer, f.Ack())
             case _:
                 log.warning("supervisor: unexpected %s from %r", type(body).__name__, peer)
+
+    def _heard_again(self, worker: Worker, peer: bytes | None) -> None:
+        """An adopted child's first heartbeat since the re-exec: its DEALER has reconnected,
+        so the roster, which could not reach it before, is sent to it now."""
+        self.unheard.discard(worker.name)
+        if self.control is not None:
+            with contextlib.suppress(PeerDown):
+                self.control.send(self.roster(), to=peer)
+        if not self.unheard and self.handoff is not None:
+            log.info(
+                "every adopted child heard again %.1f ms after the exec",
+                (time.monotonic() - self.handoff.exec_at) * 1000,
+            )
 
     def _on_hello(self, ep: Endpoint, peer: bytes | None, env: f.Envelope, hello: f.Hello) -> None:
         worker = self.by_name.get(hello.name)

@@ -4,6 +4,10 @@ The supervisor holds an exclusive `flock` on `<run_dir>/supervisor.lock` and on
 `<state_dir>/tree.lock` for its whole life and writes its pid in both. The kernel drops a lock
 when the process dies however it dies, so a lock that can be taken is stale by construction and is
 taken over; no pid is ever signalled or trusted to decide that.
+
+A lock is held by an open file description, so it survives `execve` when its descriptor is
+inheritable: a supervisor that re-executes itself (`supervisor.reexec`) passes both descriptors
+to its new image, which takes them over with `inherit` and never lets go of either directory.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from typing import Self
 
 from orchestra_sup.errors import ConfigError, DirBusy
 
@@ -41,6 +46,35 @@ class DirLock:
         os.ftruncate(self._fd, 0)
         os.write(self._fd, f"{os.getpid()}\n".encode())
 
+    @classmethod
+    def inherit(cls, fd: int, directory: Path, name: str, what: str) -> Self:
+        """Take over the lock held by descriptor `fd`, inherited across `execve` from the image
+        this process was (`supervisor.reexec`): no second open, no gap in which another tree
+        could take the directory, and nothing in the directory touched. The descriptor is made
+        close-on-exec again, so no child inherits it.
+
+        Raises `ConfigError` when `fd` is not open on `directory/name`, or does not hold its
+        lock (another open file holds it)."""
+        self = cls.__new__(cls)
+        self.directory, self.path, self._fd = directory, directory / name, fd
+        try:
+            held, there = os.fstat(fd), os.stat(self.path)
+            if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+                raise ConfigError(f"{what} {directory}: descriptor {fd} is not its lock file")
+            # Taking a lock this open file already holds succeeds at once; anyone else's blocks.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{what} {directory}: descriptor {fd} is not its lock") from None
+        except OSError as exc:
+            raise ConfigError(f"{what} {directory}: descriptor {fd}: {exc.strerror}") from exc
+        os.set_inheritable(fd, False)
+        return self
+
+    def fileno(self) -> int:
+        """The descriptor that holds the lock (close-on-exec unless a re-exec made it
+        inheritable)."""
+        return self._fd
+
     def release(self) -> None:
         os.close(self._fd)
 
@@ -52,6 +86,12 @@ class RunLock(DirLock):
         super().__init__(run_dir, "supervisor.lock", "run directory")
         for stale in run_dir.glob("*.ipc"):
             stale.unlink(missing_ok=True)
+
+    @classmethod
+    def inherited(cls, fd: int, run_dir: Path) -> Self:
+        """`DirLock.inherit` for the run directory. Its sockets are left alone: they are the
+        live children's, not a crashed tree's. Raises `ConfigError` (see `inherit`)."""
+        return cls.inherit(fd, run_dir, "supervisor.lock", "run directory")
 
     def release(self) -> None:
         for sock in self.directory.glob("*.ipc"):
@@ -65,6 +105,11 @@ class StateLock(DirLock):
 
     def __init__(self, state_dir: Path):
         super().__init__(state_dir, "tree.lock", "state directory", mode=0o755)
+
+    @classmethod
+    def inherited(cls, fd: int, state_dir: Path) -> Self:
+        """`DirLock.inherit` for the state directory. Raises `ConfigError` (see `inherit`)."""
+        return cls.inherit(fd, state_dir, "tree.lock", "state directory")
 
 
 def read_owner(lock_path: Path) -> int | None:

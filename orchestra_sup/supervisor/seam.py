@@ -174,6 +174,39 @@ class ProcessSeam:
             if self._retired[key].done():
                 del self._retired[key]
 
+    def adopt(self, worker: Worker, pid: int, create_time: float) -> bool:
+        """Hold and watch `worker`'s running process `pid`, started by the image this
+        supervisor was before it re-executed itself (`supervisor.reexec`; `worker.resume` came
+        first). `create_time` is the one recorded then (psutil's, seconds since the epoch).
+
+        True when `pid` is still that process (alive, or a zombie: one that exited during the
+        exec is reaped through its pidfd, by the normal path). False when it is gone or its
+        create time differs (another process has the pid): nothing is held or signalled, and
+        the exit is reported as if reaped, with no status (its parent then decides on a
+        restart). Either way the exit is handled on a later loop step, so a caller adopting
+        every child in one step has them all held before any exit's clean-up looks for
+        orphans (which would take a child not yet adopted for one)."""
+        try:
+            proc = ChildProcess.adopt(pid)
+        except ProcessLookupError:
+            proc = None
+        if proc is None or proc.create_time != create_time:
+            if proc is not None:
+                proc.abandon()
+            log.warning("child %s gen=%d pid=%d is gone", worker.name, worker.generation, pid)
+            asyncio.get_running_loop().call_soon(self._lost, worker)
+            return False
+        log.info("child %s gen=%d pid=%d adopted", worker.name, worker.generation, pid)
+        self.procs[worker.name] = proc
+        self._workers[worker.name] = worker
+        worker.pid = pid
+        proc.watch(asyncio.get_running_loop().add_reader, lambda: self._reap(worker, proc))
+        return True
+
+    def _lost(self, worker: Worker) -> None:
+        self._after_exit(worker, worker.generation)
+        worker.on_exit(ExitInfo(status=None, signal=None))
+
     def welcome(self, name: str, generation: int, pid: int, worker: Worker | None) -> str | None:
         """Accept a `Hello` from the process spawned for `worker`; returns why not, or None."""
         proc = self.procs.get(name)

@@ -107,13 +107,17 @@ class Tree:
         self._await_ready()
 
     def _await_ready(self) -> None:
-        self.notify.settimeout(READY_TIMEOUT_S)
+        self.await_notify(b"READY=1")
+
+    def await_notify(self, line: bytes, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Read the tree's sd_notify datagrams until one has `line` (e.g. b"READY=1")."""
+        self.notify.settimeout(timeout_s)
         while True:
             try:
                 data = self.notify.recv(4096)
             except TimeoutError:
-                raise AssertionError(f"tree not ready; log:\n{self.log()}") from None
-            if b"READY=1" in data.split(b"\n"):
+                raise AssertionError(f"no {line!r} from the tree; log:\n{self.log()}") from None
+            if line in data.split(b"\n"):
                 return
 
     def log(self) -> str:
