@@ -1,39 +1,16 @@
 """A worker-host shard: hosts at most `lanes_per_shard` lanes and reports what they did.
 
-A lane is registered (so `cancel` can find it) before its task is spawned, then: ask the custodian
-for a sandbox, run the task's command there (`shards.shell.run_shell`: own process group, output
-drained as it comes, the whole group killed on timeout or cancel), ask the custodian to commit when
-the task says so, and hand the result to the outbox.
+A lane (`shards.lane.Lane`) is registered (so `cancel` can find it) before its task is spawned,
+then: ask the custodian for a sandbox, run the task's command there (`shards.shell.run_shell`: own
+process group, output drained as it comes, the whole group killed on timeout or cancel) or its
+program (`shards.program`), ask the custodian to commit when the task says so, and hand the result
+to the durable outbox (`shards.outbox`), which sends it to the coordinator until it is
+acknowledged.
 
-The outbox is durable (ARCHITECTURE.md §5, invariant 8): a result is committed to this shard's LMDB
-before it is sent, and dropped only when the coordinator acknowledges it, which it does after its
-own commit. Until then it is re-sent whenever the coordinator comes (back) up and every
-`RESEND_S` seconds; the message id is derived from the lane id, so the coordinator de-duplicates.
-
-Rollovers (ARCHITECTURE.md §9). Generation g+1 of a shard starts beside g (the surge) and opens the
-same LMDB environment. g is sent `Drain`: it admits nothing more, and each lane either finishes on
-g (a shell lane whose command runs to its end, any lane that ends by itself: "finished"), or is
-parked at its next quiet point and handed over (`LaneResume` with a `LaneSnapshot`, to its own
-name, which the roster now resolves to g+1: "moved"), or, still not quiet after the drain timeout,
-is stopped (its command's group gets SIGTERM, then SIGKILL after `lane_grace_s`) and handed over to
-re-run its step with a partial-work warning ("partial"). Quiet points: a lane still waiting for
-its sandbox; a program lane suspended in `recv` or `checkpoint` (`shards.program`). A shell lane
-whose command runs is never quiet: it finishes on g, or is stopped at the timeout. `Drained` lists
-every lane with how it went and how long it took, once no lane is left and the outbox has been
-sent (what is not acknowledged within `DELIVER_ON_STOP_S` stays in the durable outbox).
-
-Requests for a lane in motion are neither lost nor applied twice (the idempotency keys travel in
-the snapshot). On g, a message or cancel for a lane being handed over is held and forwarded to
-g+1 once it has the lane; one for a lane already handed over is forwarded at once (the reply is
-g+1's). The coordinator addresses the roster's generation, g+1, before the lanes get there: until
-g+1 has *settled* (the roster shows it with no draining predecessor), a request for a lane it
-does not have is held (at most `HELD_MAX`, then `busy`) and served when the lane arrives; once
-settled, what is still held is answered `not_found`.
-
-Settling is also when g+1 closes as lost the transcripts of lanes no generation runs any more and
-adopts the rows its predecessor left in the outbox: never before, since the predecessor's live
-lanes are unfinished and its outbox is still its own. A shard that simply (re)starts settles on its
-first roster.
+In a rollover this process is one of two generations of its shard: the old one drains and hands
+its lanes over, the new one resumes them (`LaneResume`, admitted like a start) and holds requests
+for lanes still on their way. `shards.handover` does both sides, and says where a message or a
+cancel for a lane goes (`Handover.route`) before this module delivers it.
 """
 
 from __future__ import annotations
@@ -47,23 +24,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
 
-import msgspec
-
-from orchestra_sup.errors import (
-    CallTimeout,
-    ErrorCode,
-    OrchestraError,
-    PeerDown,
-    RelayError,
-    RemoteError,
-    StateError,
-)
+from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
+from orchestra_sup.shards.handover import Handover
+from orchestra_sup.shards.lane import TAIL_BYTES, Lane
+from orchestra_sup.shards.outbox import DB as OUTBOX_DB
+from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox
 from orchestra_sup.shards.program import (
     MAILBOX_SIZE,
     SHELL,
@@ -82,84 +52,19 @@ from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
 
-RESEND_S = 2.0
-DELIVER_ON_STOP_S = 2.0
-"""How long a stopping shard waits for the coordinator to acknowledge the lanes it interrupted;
-what is not acknowledged by then waits in the durable outbox for the next generation."""
-TAIL_BYTES = 4096
 CUSTODIAN_WAIT_S = 60.0
 """How long a lane waits for a custodian that is down (restarting) before it fails."""
 CALL_TIMEOUT_S = 55.0
+"""How long one call to the custodian (a sandbox, a commit) waits for its answer."""
 RETRY_S = 0.05
 """Pause before re-sending to a custodian the roster says is up again."""
 MESSAGE_MAX_BYTES = 64 * 1024
 """The largest `message_lane` text (UTF-8 bytes): a lane's mailbox then holds at most 64 MiB."""
 MESSAGE_KEYS = 4096
 """Idempotency keys remembered per lane: a re-send of any of its last 4,096 messages is caught."""
-HELD_MAX = MAILBOX_SIZE
-"""Requests held for lanes on their way here (or for one lane being handed over) at most."""
-HANDOVER_S = 2.0
-"""How long a drain keeps offering a parked lane to the next generation (`LaneResume` is
-idempotent by lane id, so an unanswered offer is made again)."""
-DRAIN_KILL_S = 1.0
-"""Seconds a command stopped at the drain timeout has between SIGTERM and SIGKILL (at most
-`lane_grace_s`): the supervisor waits for `Drained` only a few seconds past the timeout."""
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
 """Variables a lane command inherits from the shard; everything else is scrubbed."""
-
-
-class Lane:
-    """One lane's record in its shard: what it runs and where it stands."""
-
-    def __init__(self, start: f.LaneStart, snapshot: f.LaneSnapshot | None = None):
-        self.start = start
-        self.id = start.lane
-        self.state = "starting"
-        self.sandbox: str | None = None if snapshot is None else snapshot.sandbox
-        self.task: asyncio.Task[None] | None = None
-        self.cancel_requested = False
-        self.pgid: int | None = None
-        self.interrupted = False
-        self.message_keys: dict[str, None] | None = None
-        """The idempotency keys of its last `MESSAGE_KEYS` messages, oldest first (made by the
-        first message: parked lanes are many)."""
-        self.inbox_lock: asyncio.Lock | None = None  # made by the first inbox-file append
-        self.tail = bytearray()
-        self.mailbox: Mailbox | None = None
-        """A program's `recv` reads it; a shell command reads its inbox file instead."""
-        self.quiet: QuietPoints | None = None  # a program's quiet points and last checkpoint
-        if start.task.program != SHELL:
-            self.mailbox = Mailbox(snapshot.mailbox if snapshot is not None else None)
-            self.quiet = QuietPoints(snapshot.checkpoint if snapshot is not None else None)
-        self.resumed = snapshot
-        """The snapshot it was resumed from (another generation ran it before), or None."""
-        if snapshot is not None and snapshot.message_keys:
-            self.message_keys = dict.fromkeys(snapshot.message_keys)
-        self.finishing = False  # its program has returned: it ends here, whatever drains
-        self.moving = False  # a drain stopped it to hand it over: it reports no result
-        self.held: list[tuple[Endpoint, bytes | None, f.Envelope]] | None = None
-        """Requests for it while it is handed over (None when it is not), in arrival order."""
-        self.warnings: list[str] = []  # for its result (a partial-work warning)
-        self.began = time.monotonic() - (snapshot.elapsed_s if snapshot is not None else 0.0)
-        """When it started (monotonic seconds), counting the time other generations ran it."""
-
-    def parked_now(self) -> bool:
-        """At a quiet point: still waiting for its sandbox, or a program suspended in `recv`
-        or `checkpoint`."""
-        if self.state == "starting":
-            return True
-        return self.quiet is not None and self.quiet.quiet and not self.finishing
-
-    def spawned(self, pgid: int) -> None:
-        """The lane's command runs as process group `pgid` (for a graceful SIGTERM on stop)."""
-        self.pgid = pgid
-
-    def output(self, _stream: str, chunk: bytes) -> None:
-        """Keep the last `TAIL_BYTES` of the command's output as it comes, so a lane that is
-        cancelled mid-run still reports what it printed."""
-        self.tail += chunk
-        del self.tail[: max(0, len(self.tail) - TAIL_BYTES)]
 
 
 class Shard:
@@ -171,17 +76,10 @@ class Shard:
         self.transcript: Transcript | None = None  # lane transcripts, `ctl logs` (open())
         self.cgroups: LaneCgroups | None = None  # cgroup tracking of lane processes (open())
         self.lanes: dict[str, Lane] = {}
-        self.outbox: dict[str, f.InboxPut] = {}
-        self._sending_tasks: dict[str, asyncio.Task[None]] = {}
+        self.outbox: Outbox | None = None  # results on their way to the coordinator (open())
+        self.handover: Handover | None = None  # rollovers: this generation's side (open())
         self._custodian_up = asyncio.Event()
         self._closing = False
-        self._settled = False  # the only generation of this name (see the module docstring)
-        self._drain: asyncio.Future[f.Body] | None = None  # Drained, once drained
-        self._awaiting: dict[str, list[tuple[Endpoint, bytes | None, f.Envelope]]] = {}
-        """Requests for lanes this shard does not have, held until it settles."""
-        self._moved: set[str] = set()  # lanes handed over to the next generation
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(f.InboxPut)
 
     @property
     def capacity(self) -> int:
@@ -193,14 +91,24 @@ class Shard:
         # Lane cgroups live under <tree>/<shard>.<generation>: the supervisor kills a dead
         # generation's subtree while the next generation starts its own beside it.
         self.cgroups = LaneCgroups(tree_id(node.paths.run_dir), f"{node.name}.{node.generation}")
-        self.store = Store(node.paths.state_dir / node.name, ["outbox", *TRANSCRIPT_DBS])
+        self.store = Store(node.paths.state_dir / node.name, [OUTBOX_DB, *TRANSCRIPT_DBS])
         self.store.start()
         # --- transcripts: prune now and periodically (lost lanes are closed on settling)
         self.transcript = Transcript(self.store)
         await self.transcript.open(node.args.transcript_retention_s)
         node.spawn(self.transcript.prune_every(node.args.transcript_retention_s))
         # --- end transcripts
-        node.spawn(self._resend_loop())
+        self.outbox = Outbox(node, self.store)
+        node.spawn(self.outbox.resend_loop())
+        self.handover = Handover(
+            node,
+            self.lanes,
+            self.transcript,
+            self.outbox,
+            serve=self.handle,
+            end=self._end,
+            info=self._info,
+        )
 
     def load(self) -> int:
         return len(self.lanes)
@@ -219,16 +127,15 @@ class Shard:
             if lane.pgid is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(lane.pgid, signal.SIGTERM)
-            elif lane.mailbox is not None and lane.task is not None:
-                lane.task.cancel()  # a program with no command running: nothing to wait for
+            elif lane.mailbox is not None:
+                lane.cancel()  # a program with no command running: nothing to wait for
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=self.node.args.lane_grace_s)
             for task in late:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        pending = [self._sending_tasks[m] for m in list(self._sending_tasks)]
-        if pending:
-            await asyncio.wait(pending, timeout=DELIVER_ON_STOP_S)
+        assert self.outbox is not None
+        await self.outbox.wait_sent(DELIVER_ON_STOP_S)
         if self.cgroups is not None:  # cgroup tracking: nothing of any lane outlives the shard
             self.cgroups.kill_all_sync()
         if self.transcript is not None:  # transcripts: reads in flight end before the store
@@ -237,35 +144,22 @@ class Shard:
         self.store.close()
 
     def on_roster(self, changed: list[f.PeerState]) -> None:
-        assert self.node is not None
+        assert self.node is not None and self.outbox is not None and self.handover is not None
         for peer in changed:
             if peer.name == "custodian":
                 (self._custodian_up.set if peer.up else self._custodian_up.clear)()
             if peer.name == "coordinator" and peer.up:
-                self._flush_outbox()
+                self.outbox.flush()
             if (
                 peer.name == self.node.name
                 and peer.generation == self.node.generation
                 and not peer.draining
-                and not self._settled
+                and not self.handover.settled
             ):
-                self._settle()
-
-    def _settle(self) -> None:
-        """This generation is the only one of its name now (the roster shows no draining
-        predecessor): requests held for lanes that never came are answered (`not_found`), and
-        off the loop, a gone generation's unfinished transcripts are closed as lost and the
-        rows it left in the outbox are adopted and sent."""
-        assert self.node is not None and self.transcript is not None
-        self._settled = True
-        held, self._awaiting = self._awaiting, {}
-        for requests in held.values():
-            for ep, peer, env in requests:
-                self.handle(ep, peer, env)
-        self.node.spawn(self.transcript.close_lost())
-        self.node.spawn(self._adopt_outbox())
+                self.handover.settle()
 
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        assert self.handover is not None
         body = env.body
         match body:
             case f.LaneStart():
@@ -273,18 +167,12 @@ class Shard:
             case f.LaneResume():
                 ep.reply(env, peer, self._admit_resumed(body.snapshot, env.gen))
             case f.Drain():
-                assert self.node is not None
-                if self._drain is None:
-                    answer_by = time.monotonic() + (env.ttl_s or body.timeout_s) - RETRY_S
-                    self._drain = asyncio.ensure_future(self._drain_lanes(body, answer_by))
-                self.node.answer(ep, peer, env, _shielded(self._drain))
+                self.handover.drain(ep, peer, env, body)
             case f.LaneCancel(lane=lane_id):
-                lane = self._route(ep, peer, env, lane_id)
+                lane = self.handover.route(ep, peer, env, lane_id)
                 if lane is None:
                     return
-                assert lane.task is not None
-                lane.cancel_requested = True
-                lane.task.cancel()
+                lane.cancel()
                 ep.reply(env, peer, f.Ack())
             case f.ListLanes(results=False):
                 ep.reply(
@@ -292,9 +180,9 @@ class Shard:
                 )
             case f.ListLanes():
                 assert self.node is not None
-                self.node.answer(ep, peer, env, self._lanes_and_results())
+                self.node.answer(ep, peer, env, self.handover.lanes_and_results())
             case f.LaneMessage():
-                if self._route(ep, peer, env, body.lane) is not None:
+                if self.handover.route(ep, peer, env, body.lane) is not None:
                     self._message(ep, peer, env, body)
             case f.LaneLogs():  # transcripts: answered off the receive loop (memory, then LMDB)
                 assert self.node is not None and self.transcript is not None
@@ -316,8 +204,8 @@ class Shard:
 
     def _refusal(self) -> f.Error | None:
         """Why a lane cannot be taken now (a start or a resumed lane), or None."""
-        assert self.node is not None and self.store is not None
-        if self._closing or self._drain is not None:
+        assert self.node is not None and self.store is not None and self.handover is not None
+        if self._closing or self.handover.draining:
             # Stopping or drained: a lane placed here now would only be interrupted. Full, to
             # the coordinator, until this shard's next generation says otherwise.
             return f.Error(code=ErrorCode.SHARD_FULL, message=f"{self.node.name} is stopping")
@@ -333,7 +221,8 @@ class Shard:
         return None
 
     def _admit(self, start: f.LaneStart) -> f.Body:
-        if start.lane in self.lanes or f"result:{start.lane}" in self.outbox:
+        assert self.outbox is not None
+        if start.lane in self.lanes or self.outbox.holds(start.lane):
             return f.Ack()  # a re-sent start: the lane id is its idempotency key
         refusal = self._refusal()
         if refusal is not None:
@@ -359,7 +248,7 @@ class Shard:
         refusal = self._refusal()
         if refusal is not None:
             return refusal
-        assert self.node is not None and self.transcript is not None
+        assert self.node is not None and self.transcript is not None and self.handover is not None
         lane = Lane(snapshot.start, snapshot)
         self.lanes[lane_id] = lane
         self.transcript.resume(lane_id, snapshot.next_seq, time.time() - snapshot.elapsed_s)
@@ -381,44 +270,8 @@ class Shard:
             )
             self.transcript.event(lane_id, f"warning: {lane.warnings[-1]}")
         lane.task = self.node.spawn(self._run(lane))
-        for ep, peer, env in self._awaiting.pop(lane_id, []):
-            self.handle(ep, peer, env)
+        self.handover.arrived(lane_id)
         return f.Ack()
-
-    def _route(
-        self, ep: Endpoint, peer: bytes | None, env: f.Envelope, lane_id: str
-    ) -> Lane | None:
-        """The live lane a message or cancel is for, or None when the request was dealt with
-        here: held (the lane is being handed over, or may be on its way here), forwarded (it
-        was handed over) or refused (`not_found`; `busy` past `HELD_MAX` held requests)."""
-        assert self.node is not None
-        lane = self.lanes.get(lane_id)
-        if lane is not None and lane.held is None:
-            return lane
-        if lane is None and lane_id in self._moved:
-            self.node.answer(ep, peer, env, self._forward(env))
-            return None
-        if lane is not None:
-            held = lane.held
-            full = len(held) >= HELD_MAX
-        elif not self._settled:
-            held = self._awaiting.setdefault(lane_id, [])
-            full = sum(map(len, self._awaiting.values())) >= HELD_MAX
-        else:
-            message = f"no live lane {lane_id!r} on this shard"
-            ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
-            return None
-        if full:
-            message = f"lane {lane_id} is moving between generations; try again shortly"
-            ep.reply(env, peer, f.Error(code=ErrorCode.BUSY, message=message))
-        else:
-            held.append((ep, peer, env))
-        return None
-
-    async def _forward(self, env: f.Envelope) -> f.Body:
-        """`env`'s request, answered by this shard's next generation (it has the lane now)."""
-        assert self.node is not None
-        return await self.node.call(self.node.name, env.body, timeout_s=env.ttl_s or CALL_TIMEOUT_S)
 
     def _message(
         self, ep: Endpoint, peer: bytes | None, env: f.Envelope, msg: f.LaneMessage
@@ -498,7 +351,10 @@ class Shard:
         spec = lane.start.task
         verdict: Outcome | None = None
         status, error, commit = "failed", None, None
+        lane.started = True
         try:
+            if lane.cancel_requested:  # before this task's first step (`Lane.cancel`)
+                raise asyncio.CancelledError
             program = load_program(spec.program, frozenset(self.node.args.lane_programs))
             if lane.sandbox is None:
                 ready = await self._custodian(f.SandboxCreate(lane=lane.id))
@@ -572,7 +428,7 @@ class Shard:
         commit: str | None = None,
     ) -> None:
         """Record how `lane` ended (its last transcript row) and deliver its result."""
-        assert self.node is not None
+        assert self.node is not None and self.outbox is not None
         result = f.LaneResult(
             lane=lane.id,
             plan=lane.start.plan,
@@ -591,7 +447,7 @@ class Shard:
         if self.transcript is not None:  # transcripts: the last row, then the finished entry
             self.transcript.end(lane.id, _end_event(result))
         try:
-            await self._deliver(result)
+            await self.outbox.deliver(result)
         finally:
             self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
 
@@ -673,192 +529,6 @@ class Shard:
                         await self._custodian_up.wait()
                 except TimeoutError:
                     raise PeerDown("custodian") from None
-
-    # --- rollover: the old generation drains -----------------------------------------------------
-
-    async def _drain_lanes(self, req: f.Drain, answer_by: float) -> f.Body:
-        """`Drain`: hand every lane over (see the module docstring) and say how each went, by
-        `answer_by` (monotonic seconds: the request's deadline): lanes get `req.timeout_s` to
-        reach a quiet point, a stopped command `DRAIN_KILL_S` more, a hand-over `HANDOVER_S`,
-        the outbox `DELIVER_ON_STOP_S`, each cut short at `answer_by`. Runs once; a repeated
-        `Drain` is answered with the same `Drained`."""
-        assert self.node is not None
-        log.info(
-            "%s: draining %d lanes to generation %d (timeout %g s)",
-            self.node.name,
-            len(self.lanes),
-            req.successor_gen,
-            req.timeout_s,
-        )
-        deadline = time.monotonic() + req.timeout_s
-        moves = await asyncio.gather(
-            *(self._drain_lane(lane, deadline, answer_by) for lane in list(self.lanes.values()))
-        )
-        self._flush_outbox()
-        pending = list(self._sending_tasks.values())
-        left = min(DELIVER_ON_STOP_S, answer_by - time.monotonic())
-        if pending and left > 0:
-            await asyncio.wait(pending, timeout=left)
-        return f.Drained(lanes=list(moves))
-
-    async def _drain_lane(self, lane: Lane, deadline: float, answer_by: float) -> f.LaneMove:
-        """Bring `lane` to an end here or to the next generation (`Drain`)."""
-        assert lane.task is not None
-        began = time.monotonic()
-        task = lane.task
-        if not lane.parked_now():
-            waits: list[asyncio.Future[Any]] = [task]
-            if lane.quiet is not None:
-                waits.append(lane.quiet.request())
-            await asyncio.wait(
-                waits, timeout=max(0.0, deadline - began), return_when=asyncio.FIRST_COMPLETED
-            )
-        partial = not (task.done() or lane.parked_now())
-        if partial and lane.finishing:  # its step is done: it ends here (commit, result)
-            await asyncio.wait([task])
-        if task.done():
-            return f.LaneMove(lane=lane.id, how="finished", elapsed_s=_since(began))
-        lane.moving = True
-        if partial and lane.pgid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(lane.pgid, signal.SIGTERM)
-            assert self.node is not None
-            await asyncio.wait([task], timeout=min(DRAIN_KILL_S, self.node.args.lane_grace_s))
-        task.cancel()  # SIGKILLs a command still running; a parked program ends at once
-        await asyncio.gather(task, return_exceptions=True)
-        return await self._hand_over(lane, partial, began, answer_by)
-
-    async def _hand_over(
-        self, lane: Lane, partial: bool, began: float, answer_by: float
-    ) -> f.LaneMove:
-        """Snapshot the stopped `lane` and offer it to the next generation until it takes it
-        (`moved`/`partial`), refuses it (`lost`: the lane ends here `interrupted`, so the
-        coordinator re-runs it) or `HANDOVER_S` passes unanswered (`lost`: whether the next
-        generation has it is what the coordinator then asks it)."""
-        assert self.node is not None and self.transcript is not None
-        lane.state = "moving"
-        lane.held = []
-        next_seq, landed = self.transcript.detach(lane.id)
-        snapshot = f.LaneSnapshot(
-            start=lane.start,
-            sandbox=lane.sandbox,
-            checkpoint=lane.quiet.checkpoint if lane.quiet is not None else None,
-            mailbox=lane.mailbox.unread() if lane.mailbox is not None else [],
-            message_keys=list(lane.message_keys or ()),
-            next_seq=next_seq,
-            partial=partial,
-            elapsed_s=time.monotonic() - lane.began,
-        )
-        with contextlib.suppress(TimeoutError):  # a slow disk delays the rows, nothing more
-            async with asyncio.timeout(HANDOVER_S / 2):
-                await landed  # the next generation's rows follow ours in LMDB, without a gap
-        how: Literal["moved", "partial", "lost"] = "partial" if partial else "moved"
-        detail = ""
-        give_up = min(time.monotonic() + HANDOVER_S, answer_by - DELIVER_ON_STOP_S)
-        while True:
-            try:
-                await self.node.call(
-                    self.node.name, f.LaneResume(snapshot=snapshot), timeout_s=HANDOVER_S / 4
-                )
-                break
-            except (CallTimeout, PeerDown) as exc:  # the outcome is unknown: offer it again
-                if time.monotonic() >= give_up:
-                    how, detail = "lost", str(exc)
-                    break
-                await asyncio.sleep(RETRY_S)
-            except RemoteError as exc:  # refused: the lane is not there, so it ends here
-                how, detail = "lost", f"refused by the next generation: {exc}"
-                self.transcript.resume(lane.id, next_seq, time.time() - snapshot.elapsed_s)
-                lane.moving = False
-                await self._end(lane, "interrupted", f"interrupted: it was {detail}")
-                break
-        if lane.moving:  # there (or, unanswered, maybe there: the next generation says)
-            self._moved.add(lane.id)
-            self.lanes.pop(lane.id, None)
-        held, lane.held = lane.held, None
-        for ep, peer, env in held:
-            self.handle(ep, peer, env)
-        if how == "lost":
-            log.warning("lane %s: not handed over: %s", lane.id, detail)
-        return f.LaneMove(lane=lane.id, how=how, elapsed_s=_since(began), detail=detail)
-
-    # --- outbox ----------------------------------------------------------------------------------
-
-    async def _deliver(self, result: f.LaneResult) -> None:
-        assert self.store is not None
-        put = f.InboxPut(msg_id=f"result:{result.lane}", result=result)
-        self.outbox[put.msg_id] = put
-        try:
-            await self.store.put_durable("outbox", put.msg_id.encode(), self._encoder.encode(put))
-        except StateError as exc:
-            # Not durable, but not lost while this process lives: it is sent all the same.
-            log.error(
-                "lane %s: result not persisted (%s); sending it from memory", result.lane, exc
-            )
-        self._send(put.msg_id)
-
-    async def _adopt_outbox(self) -> None:
-        """Take every outbox row LMDB holds that this process does not (a predecessor's, which
-        has retired, or this generation's own from before a restart) and send them. The rows
-        are read off the loop."""
-        assert self.store is not None
-        rows = await asyncio.to_thread(self.store.items, "outbox")
-        for key, value in rows:
-            msg_id = key.decode(errors="replace")
-            if msg_id in self.outbox:
-                continue
-            try:
-                self.outbox[msg_id] = self._decoder.decode(value)
-            except msgspec.DecodeError as exc:  # one bad record must not stop the shard
-                log.error("outbox %r: unreadable record dropped: %s", key, exc)
-                self.store.delete("outbox", key)
-        self._flush_outbox()
-
-    async def _lanes_and_results(self) -> f.Body:
-        """`ListLanes(results=True)`: the live lanes, and the lanes whose result waits in the
-        outbox, after adopting what a retired predecessor left there."""
-        await self._adopt_outbox()
-        results = [put.result.lane for put in self.outbox.values()]
-        return f.LaneList(lanes=[self._info(lane) for lane in self.lanes.values()], results=results)
-
-    def _flush_outbox(self) -> None:
-        for msg_id in list(self.outbox):
-            self._send(msg_id)
-
-    def _send(self, msg_id: str) -> None:
-        assert self.node is not None
-        if msg_id in self._sending_tasks or not self.node.peer_up("coordinator"):
-            return
-        self._sending_tasks[msg_id] = self.node.spawn(self._send_one(msg_id))
-
-    async def _send_one(self, msg_id: str) -> None:
-        assert self.node is not None and self.store is not None
-        try:
-            put = self.outbox.get(msg_id)
-            if put is None:
-                return
-            reply = await self.node.call("coordinator", put, timeout_s=10.0)
-            if isinstance(reply, f.InboxAck) and reply.msg_id == msg_id:
-                self.outbox.pop(msg_id, None)
-                self.store.delete("outbox", msg_id.encode())
-        except (RelayError, RemoteError) as exc:
-            log.info("outbox: %s not delivered yet: %s", msg_id, exc)
-        finally:
-            self._sending_tasks.pop(msg_id, None)
-
-    async def _resend_loop(self) -> None:
-        while True:
-            await asyncio.sleep(RESEND_S)
-            self._flush_outbox()
-
-
-def _since(began: float) -> float:
-    return round(time.monotonic() - began, 3)
-
-
-async def _shielded(drain: asyncio.Future[f.Body]) -> f.Body:
-    """The drain's answer; a caller giving up (its reply task cancelled) leaves it running."""
-    return await asyncio.shield(drain)
 
 
 def _end_event(result: f.LaneResult) -> str:

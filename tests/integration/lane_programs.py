@@ -60,3 +60,25 @@ class Steps:
             step += 1
             await lane.checkpoint(step)
         return Outcome(status="succeeded", exit_code=0)
+
+
+class Gated:
+    """`run` is "FILE GATE": appends "<task> start" to FILE and waits, in a command, until GATE
+    exists (an `exec`: no quiet point while it waits); then checkpoints and appends
+    "<task> got <text>" to FILE for each message until one says "done". A lane resumed from the
+    checkpoint goes straight to its messages; a fresh start (a re-placed task) starts again."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        path, gate = lane.task.run.split(" ", 1)
+        if lane.resumed is None:
+            wait = f"while [ ! -e '{gate}' ]; do sleep 0.02; done"
+            outcome = await lane.exec(f"echo '{lane.task.id} start' >> '{path}'; {wait}", 60.0)
+            if outcome.exit_code != 0:
+                return Outcome(status="failed", exit_code=outcome.exit_code, error="start")
+            await lane.checkpoint("gated")
+        while (text := await lane.recv()) != "done":
+            lane.emit(f"got {text}")
+            outcome = await lane.exec(f"echo '{lane.task.id} got {text}' >> '{path}'", 30.0)
+            if outcome.exit_code != 0:
+                return Outcome(status="failed", exit_code=outcome.exit_code, error=str(text))
+        return Outcome(status="succeeded", exit_code=0)

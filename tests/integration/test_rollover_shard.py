@@ -25,11 +25,16 @@ DRAIN_S = 3.0
 
 
 def rollover(
-    tree: Tree, name: str, release: Path, on_event: Callable[[f.RolloverEvent], None]
+    tree: Tree,
+    name: str,
+    release: Path,
+    on_event: Callable[[f.RolloverEvent], None],
+    drain_timeout_s: float = DRAIN_S,
 ) -> tuple[f.RolloverReport, list[f.RolloverEvent]]:
-    """Start a rollover and follow it to its end, calling `on_event` with each event as it
-    comes; the final report and every event."""
-    ask = f.CtlRollover(name=name, release=str(release), drain_timeout_s=DRAIN_S)
+    """Start a rollover (lanes get `drain_timeout_s` seconds to reach a quiet point) and follow
+    it to its end, calling `on_event` with each event as it comes; the final report and every
+    event."""
+    ask = f.CtlRollover(name=name, release=str(release), drain_timeout_s=drain_timeout_s)
     report = tree.ctl(ask, timeout_s=30)
     assert isinstance(report, f.RolloverReport), report
     events: list[f.RolloverEvent] = []
