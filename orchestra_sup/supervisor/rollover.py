@@ -378,15 +378,8 @@ class Rollovers:
                     f"(pid {worker.pid})",
                     time.monotonic() - began,
                 )
-                raise RolloverFailed(
-                    f"{name}: the new release never became ready ({exc.reason}); rolled back"
-                ) from None
-            rollover.event(
-                name,
-                f"generation {worker.generation} ready on orchestra-sup {worker.version or '?'} "
-                f"(pid {worker.pid})",
-                time.monotonic() - began,
-            )
+                raise _rolled_back(name, exc) from None
+            _ready(rollover, worker, began)
 
     async def _surge(self, rollover: Rollover, worker: Worker, drain_s: float) -> None:
         """A shard: surge, drain, retire; roll back when the new generation never becomes
@@ -417,15 +410,8 @@ class Rollovers:
                     f"back: generation {old_generation} goes on",
                     time.monotonic() - began,
                 )
-                raise RolloverFailed(
-                    f"{name}: the new release never became ready ({exc.reason}); rolled back"
-                ) from None
-            rollover.event(
-                name,
-                f"generation {worker.generation} ready on orchestra-sup {worker.version or '?'} "
-                f"(pid {worker.pid}); new lanes go there",
-                time.monotonic() - began,
-            )
+                raise _rolled_back(name, exc) from None
+            _ready(rollover, worker, began, "; new lanes go there")
             try:
                 failure = await self._drain(rollover, worker, old_generation, drain_s)
             finally:
@@ -518,3 +504,17 @@ class Rollovers:
         not answer is not waited for)."""
         with contextlib.suppress(RemoteError, RelayError):
             await self._request(worker, worker.generation, f.Resume(), 0.0)
+
+
+def _ready(rollover: Rollover, worker: Worker, began: float, more: str = "") -> None:
+    """The event of `worker`'s new generation being ready, `began` (monotonic) after its start."""
+    rollover.event(
+        worker.name,
+        f"generation {worker.generation} ready on orchestra-sup {worker.version or '?'} "
+        f"(pid {worker.pid}){more}",
+        time.monotonic() - began,
+    )
+
+
+def _rolled_back(name: str, exc: ChildStartError) -> RolloverFailed:
+    return RolloverFailed(f"{name}: the new release never became ready ({exc.reason}); rolled back")

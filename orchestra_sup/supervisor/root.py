@@ -42,7 +42,7 @@ from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint, routing_id
+from orchestra_sup.protocol.endpoint import Endpoint, Handler, routing_id
 from orchestra_sup.release import describe, protocol_range
 from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
 from orchestra_sup.supervisor import notify
@@ -245,22 +245,17 @@ class RootSupervisor:
         cannot be bound."""
         from orchestra_sup.supervisor.ctl import CtlService
 
-        control = Endpoint(
-            self.ctx,
-            zmq.ROUTER,
-            name="supervisor",
-            generation=1,
-            codec=self.codec,
-            handler=self._on_control,
-        )
-        ctl = Endpoint(
-            self.ctx,
-            zmq.ROUTER,
-            name="supervisor",
-            generation=1,
-            codec=self.codec,
-            handler=CtlService(self).handle,
-        )
+        def router(handler: Handler) -> Endpoint:
+            return Endpoint(
+                self.ctx,
+                zmq.ROUTER,
+                name="supervisor",
+                generation=1,
+                codec=self.codec,
+                handler=handler,
+            )
+
+        control, ctl = router(self._on_control), router(CtlService(self).handle)
         for ep, name in ((control, "supervisor"), (ctl, "ctl")):
             ep.bind(self.paths.endpoint(name))
             os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)

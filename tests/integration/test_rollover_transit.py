@@ -43,6 +43,15 @@ def gated_tree(
     )
 
 
+def start_gated(tree: Tree, name: str, runs: Path, gate: Path) -> tuple[str, str]:
+    """Submit plan `name`: one gated program task `t`; wait until its lane has started; returns
+    (plan id, lane id)."""
+    plan_id = tree.submit(plan(name, task("t", f"{runs} {gate}", program=GATED)))
+    lane = running_lane(tree, plan_id, "t")
+    wait_until(lambda: lines(runs) == ["t start"], 20, "the lane to start")
+    return plan_id, lane
+
+
 def roll_shard_0(
     tree: Tree, tmp_path: Path, on_event: Callable[[f.RolloverEvent], None]
 ) -> tuple[f.RolloverReport, list[f.RolloverEvent]]:
@@ -94,9 +103,7 @@ def test_a_message_sent_while_its_lane_moves_reaches_the_resumed_program_once(
     to the resumed program, when the lane arrives; a re-send with its key is a duplicate."""
     tree = gated_tree(tree_factory, repo, tmp_path, shards=1, lanes=4)
     runs, gate = tmp_path / "runs", tmp_path / "gate"
-    plan_id = tree.submit(plan("transit", task("t", f"{runs} {gate}", program=GATED)))
-    lane = running_lane(tree, plan_id, "t")
-    wait_until(lambda: lines(runs) == ["t start"], 20, "the lane to start")
+    plan_id, lane = start_gated(tree, "transit", runs, gate)
     held: list[RemoteError] = []
 
     def on_event(event: f.RolloverEvent) -> None:
@@ -132,9 +139,7 @@ def test_a_cancel_sent_while_its_lane_moves_cancels_it_once(
     it arrives: the task ends cancelled on its only attempt, its program never goes on."""
     tree = gated_tree(tree_factory, repo, tmp_path, shards=1, lanes=4)
     runs, gate = tmp_path / "runs", tmp_path / "gate"
-    plan_id = tree.submit(plan("transit", task("t", f"{runs} {gate}", program=GATED)))
-    lane = running_lane(tree, plan_id, "t")
-    wait_until(lambda: lines(runs) == ["t start"], 20, "the lane to start")
+    plan_id, lane = start_gated(tree, "transit", runs, gate)
     held: list[RemoteError] = []
 
     def on_event(event: f.RolloverEvent) -> None:
@@ -166,9 +171,7 @@ def test_a_hand_over_the_full_successor_refuses_ends_interrupted_and_re_runs_war
     lane with a partial-work warning: the only second run, and never an unwarned one."""
     tree = gated_tree(tree_factory, repo, tmp_path, shards=2, lanes=1)
     runs, gate = tmp_path / "runs", tmp_path / "gate"
-    plan_id = tree.submit(plan("refused", task("t", f"{runs} {gate}", program=GATED)))
-    lane = running_lane(tree, plan_id, "t")
-    wait_until(lambda: lines(runs) == ["t start"], 20, "the lane to start")
+    plan_id, lane = start_gated(tree, "refused", runs, gate)
     filled: list[f.Body] = []
 
     def on_event(event: f.RolloverEvent) -> None:
