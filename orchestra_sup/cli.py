@@ -131,17 +131,27 @@ def start(
             "(supervisor/reexec.py); it carries every other option.",
         ),
     ] = None,
+    preflight: Annotated[
+        bool,
+        typer.Option(
+            "--preflight",
+            hidden=True,
+            help="Internal: exit 0 once what `start` needs is imported (a rollover checks a "
+            "release this way before the supervisor re-executes itself onto it).",
+        ),
+    ] = False,
 ) -> None:
     """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
 
     Example: orchestra-sup start --workspace ~/src/project --shards 4
     """
+    from orchestra_sup.supervisor.reexec import resume
     from orchestra_sup.supervisor.root import RootSupervisor
     from orchestra_sup.supervisor.runlock import RunLock, StateLock
 
+    if preflight:
+        raise typer.Exit(0)
     if adopt is not None:
-        from orchestra_sup.supervisor.reexec import resume
-
         logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
         raise typer.Exit(resume(adopt))
 
@@ -604,8 +614,9 @@ def rollover(
         typer.Option(
             "--drain-timeout",
             min=0.1,
-            help="Seconds lanes (or the coordinator, the custodian) have to reach a quiet "
-            "point; default [supervisor] drain_timeout_s.",
+            max=3600,
+            help="Seconds (0.1 to 3600) lanes, or the coordinator or the custodian, have to "
+            "reach a quiet point; default [supervisor] drain_timeout_s.",
         ),
     ] = None,
     as_json: Annotated[
@@ -662,7 +673,7 @@ def rollover(
     if as_json:
         print_json(render.rollover_json(final))
     elif final.ok:
-        out.print(f"rollover {final.id}: {name} runs orchestra-sup {final.release.version}")
+        out.print(f"rollover {final.id} of {name} done: orchestra-sup {final.release.version}")
     if not final.ok:
         raise fail(f"rollover {final.id} of {name}: {final.error}", EXIT_FAILED)
 

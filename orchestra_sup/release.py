@@ -18,8 +18,10 @@ wrapper started, not the children it starts on other releases.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
+import signal
 import sys
 
 import msgspec
@@ -103,18 +105,49 @@ async def probe(
 
     Raises `ReleaseError` (one line) when `python` is not an executable file, the probe exits
     non-zero (its last stderr line is quoted), prints something that is not a `ReleaseInfo`, or
-    takes longer than `timeout_s` seconds (it is then killed).
+    takes longer than `timeout_s` seconds (it is then killed, with whatever it started).
     """
+    out = await _run(python, ["-m", "orchestra_sup.release"], "its probe", timeout_s, hold)
+    if not out.strip():
+        raise ReleaseError(f"release {python}: its probe printed nothing")
+    try:
+        info = msgspec.json.decode(out, type=ReleaseInfo)
+    except msgspec.DecodeError as exc:
+        raise ReleaseError(f"release {python}: its probe answered nonsense: {exc}") from None
+    return msgspec.structs.replace(info, python=python)
+
+
+async def check_start(
+    python: str, timeout_s: float = PROBE_TIMEOUT_S, *, hold: set[int] | None = None
+) -> None:
+    """Check that the release at `python` runs the supervisor's own start command
+    (`python -m orchestra_sup start --preflight`, which imports what `start` needs and exits
+    0): a supervisor re-executes itself onto a release only after this, because once it has
+    exec'd there is no old image to roll back to. `hold` is as for `probe`.
+
+    Raises `ReleaseError` (one line) as `probe` does when the check does not exit 0 in time.
+    """
+    await _run(
+        python, ["-m", "orchestra_sup", "start", "--preflight"], "its start", timeout_s, hold
+    )
+
+
+async def _run(
+    python: str, args: list[str], what: str, timeout_s: float, hold: set[int] | None
+) -> bytes:
+    """Run `python *args` in a process group of its own; its stdout. Raises `ReleaseError`
+    when it cannot run, exits non-zero or outlasts `timeout_s` seconds (its whole group is then
+    killed: a leftover child holding the pipe must not hold the caller)."""
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise ReleaseError(f"release {python}: not an executable file")
     try:
         proc = await asyncio.create_subprocess_exec(
             python,
-            "-m",
-            "orchestra_sup.release",
+            *args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            process_group=0,
         )
     except OSError as exc:
         raise ReleaseError(f"release {python}: cannot run it: {exc}") from exc
@@ -124,10 +157,13 @@ async def probe(
         async with asyncio.timeout(timeout_s):
             out, err = await proc.communicate()
     except TimeoutError:
-        proc.kill()
+        # Still in progress means its group still has a member (the leader, or whatever holds
+        # the pipe), so this group id is its own and cannot have been recycled.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         raise ReleaseError(
-            f"release {python}: no answer to its probe within {timeout_s:g} s"
+            f"release {python}: no answer from {what} within {timeout_s:g} s"
         ) from None
     finally:
         if hold is not None:
@@ -135,12 +171,8 @@ async def probe(
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines()
         last = lines[-1] if lines else "no output"
-        raise ReleaseError(f"release {python}: its probe exited {proc.returncode}: {last}")
-    try:
-        info = msgspec.json.decode(out, type=ReleaseInfo)
-    except msgspec.DecodeError as exc:
-        raise ReleaseError(f"release {python}: its probe answered nonsense: {exc}") from None
-    return msgspec.structs.replace(info, python=python)
+        raise ReleaseError(f"release {python}: {what} exited {proc.returncode}: {last}")
+    return out
 
 
 def main() -> int:

@@ -200,12 +200,14 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks.get(result.task)
         if rec is None or rec.lane != result.lane or rec.status in FINAL:
             return False
+        # What the lane's own run warns of (a re-run after a rollover's drain) is kept whatever
+        # the end, so an interruption after it does not hide it.
+        rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)
         if result.status == "interrupted":
             self._interrupt(rec, f"{result.shard} was stopped")
             rec.output_tail = result.output_tail
             return True
         rec.status = TaskStatus(result.status)
-        rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)
         rec.exit_code = result.exit_code
         rec.duration_s = result.duration_s
         rec.output_tail = result.output_tail

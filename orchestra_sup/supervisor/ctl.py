@@ -122,6 +122,13 @@ class CtlService:
         self.sup.spawn(reply_when_done(ep, peer, env, work))
 
     async def _restart(self, worker: Worker) -> f.Body:
+        running = self.sup.rollovers.running()
+        if running is not None:  # it holds the restart lock of what it moves for its whole run
+            raise RemoteError(
+                ErrorCode.BUSY,
+                f"rollover {running.id} of {running.target} is running; restart "
+                f"{worker.name} once it is done (ctl rollover prints when)",
+            )
         if worker.state not in (ChildState.RUNNING, ChildState.EXITED, ChildState.BACKOFF):
             raise RemoteError(
                 ErrorCode.BAD_REQUEST,

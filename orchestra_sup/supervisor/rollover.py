@@ -229,8 +229,8 @@ class Rollovers:
             )
         if sup.stopping:
             raise RemoteError(ErrorCode.BAD_REQUEST, "the tree is stopping")
-        if self._task is not None and not self._task.done():
-            running = next(r for r in self.history.values() if not r.done)
+        running = self.running()
+        if running is not None:
             raise RemoteError(
                 ErrorCode.BUSY, f"rollover {running.id} of {running.target} is still running"
             )
@@ -277,6 +277,12 @@ class Rollovers:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover {req.id!r}")
         await rollover.wait(req.after_seq, req.wait_s)
         return rollover.report(req.after_seq)
+
+    def running(self) -> Rollover | None:
+        """The rollover in progress, if any."""
+        if self._task is None or self._task.done():
+            return None
+        return next((r for r in self.history.values() if not r.done), None)
 
     def targets(self, name: str) -> list[Worker]:
         """The children `name` moves, in order (`supervisor`: none; `all`: every child, and then
@@ -477,6 +483,11 @@ class Rollovers:
         rollover (`adopted`). Raises `RolloverFailed` when the re-exec was refused."""
         began = time.monotonic()
         python = rollover.release.python
+        try:  # no old image to roll back to once exec'd: its start must work first
+            await releases.check_start(python, hold=self.sup.seam.helpers)
+        except ReleaseError as exc:
+            rollover.event(SUPERVISOR, f"not re-executed: {exc}", time.monotonic() - began)
+            raise RolloverFailed(f"supervisor: {exc}; nothing moved") from None
         rollover.reexecuting = True
         rollover.event(SUPERVISOR, f"re-executing pid {os.getpid()} on {python}")
         await rollover.answered(FLUSH_S)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.errors import RemoteError
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import RawPeer, Tree, git, make_release, plan, task, wait_until
 
@@ -253,3 +254,52 @@ def test_all_moves_every_process_mid_plan_and_the_plan_completes(
     for t in ("a", "b"):  # stopped at the drain timeout: re-run once, flagged partial
         assert ran.count(t) == 2 and any("partial work" in w for w in by_id[t].warnings), by_id[t]
     assert git(repo, "log", "--format=%s").count("all/commit:") == 1
+
+
+def test_the_supervisor_is_not_re_executed_onto_a_release_that_cannot_start(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """A release that answers its probe but cannot run `start`: once exec'd there would be no
+    old image to roll back to, so the supervisor runs the release's start command first, and
+    refuses; same pid, same version, every child untouched; exit 1."""
+    release = make_release(tmp_path / "rel", "python", crash=True)
+    before = tree.status()
+    result = tree.rollover("supervisor", release)
+    assert result.returncode == 1, result
+    assert "its start exited 3" in result.stderr and "nothing moved" in result.stderr, result
+    after = tree.status()
+    assert (after.supervisor_pid, after.version, after.release) == (
+        before.supervisor_pid,
+        before.version,
+        before.release,
+    )
+    assert [(c.pid, c.generation) for c in after.children] == [
+        (c.pid, c.generation) for c in before.children
+    ]
+
+
+def test_a_restart_while_a_rollover_runs_is_refused_at_once(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """The rollover holds the restart lock of what it moves for its whole run: `ctl restart`
+    meanwhile is refused at once (busy, naming the rollover) instead of waiting out the drain
+    and restarting afterwards what the operator may no longer want restarted."""
+    tree = tree_factory(workspace=repo, shards=1)
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    plan_id = tree.submit(plan("busy", task("long", gated(runs, gate, "long"))))
+    wait_until(lambda: lanes_running(tree, "long"), 20, "the lane running")
+    first = tree.ctl(f.CtlRollover(name="shard-0", release=str(release), drain_timeout_s=60))
+    assert isinstance(first, f.RolloverReport) and not first.done
+    with pytest.raises(RemoteError) as refused:
+        tree.ctl(f.CtlRestart(name="shard-0"), timeout_s=5)
+    assert refused.value.code == "busy" and first.id in refused.value.message
+    gate.touch()  # the lane ends: the drain finishes, and so does the rollover
+
+    def done() -> bool:
+        report = tree.ctl(f.CtlRolloverStatus(id=first.id, wait_s=1.0), timeout_s=5)
+        return isinstance(report, f.RolloverReport) and report.done
+
+    wait_until(done, 30, "the rollover to finish")
+    assert tree.child("shard-0").operator_restarts == 0
+    assert tree.wait_plan(plan_id, timeout_s=20).ok

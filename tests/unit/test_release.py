@@ -67,11 +67,42 @@ def test_a_probe_that_hangs_is_killed_at_its_deadline(tmp_path: Path) -> None:
     held: set[int] = set()
 
     async def go() -> None:
-        with pytest.raises(ReleaseError, match=r"no answer to its probe within 0\.2 s"):
+        with pytest.raises(ReleaseError, match=r"no answer from its probe within 0\.2 s"):
             await release.probe(str(script), 0.2, hold=held)
 
     asyncio.run(go())
     assert held == set()  # released from the supervisor's known pids once waited for
+
+
+def test_a_hung_probe_is_killed_with_what_it_started(tmp_path: Path) -> None:
+    """A probe that leaves a child holding its output pipe: the deadline still holds (the whole
+    process group is killed), rather than the child's own lifetime."""
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nsleep 60\necho never\n")
+    script.chmod(0o755)
+
+    async def go() -> None:
+        async with asyncio.timeout(5.0):
+            with pytest.raises(ReleaseError, match=r"within 0\.2 s"):
+                await release.probe(str(script), 0.2)
+
+    asyncio.run(go())
+
+
+def test_a_release_whose_start_fails_is_refused(tmp_path: Path) -> None:
+    """`check_start` runs the release's start command the way a re-exec would: a release that
+    answers its probe but cannot start is refused, its last stderr line quoted."""
+    script = tmp_path / "python"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$2" = orchestra_sup.release ]; then exec {sys.executable} "$@"; fi\n'
+        "echo 'cannot start here' >&2; exit 3\n"
+    )
+    script.chmod(0o755)
+    asyncio.run(release.probe(str(script)))
+    with pytest.raises(ReleaseError, match="its start exited 3: cannot start here"):
+        asyncio.run(release.check_start(str(script)))
+    asyncio.run(release.check_start(sys.executable))
 
 
 def test_a_rollover_record_pages_its_events_and_wakes_its_pollers() -> None:

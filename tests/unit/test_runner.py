@@ -721,6 +721,18 @@ def test_interrupted_result_is_not_a_verdict() -> None:
     assert not plan.done
 
 
+def test_an_interrupted_re_run_keeps_the_warning_of_its_drain() -> None:
+    """A lane re-running its step after a rollover's drain (its result carries that warning) is
+    then interrupted by a stop: the task keeps both warnings, the drain's first."""
+    spec = f.PlanSpec(name="p", tasks=[f.TaskSpec(id="a", run="true")])
+    plan = PlanRecord.new("pid", spec, 0.0)
+    rec = plan.tasks["a"]
+    rec.status, rec.lane, rec.shard, rec.shard_gen, rec.attempts = S.RUNNING, "L1", "shard-0", 2, 1
+    drained = "partial work: lane L1 was stopped mid-step when generation 1 was drained"
+    assert plan.apply(_result("a", "L1", "interrupted", warnings=[drained]))
+    assert rec.warnings[0] == drained and "was interrupted when" in rec.warnings[1]
+
+
 def test_interrupt_shard_on_stop_counts_no_loss() -> None:
     """When the tree is stopping, a shard going down interrupts its live tasks instead of
     losing them."""
