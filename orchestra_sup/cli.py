@@ -657,11 +657,17 @@ def rollover(
                 )
                 try:
                     report = client.request(poll, timeout_s=hold + POLL_MARGIN_S)
-                except TreeUnreachable:
+                except TreeUnreachable as exc:
                     unreachable_since = unreachable_since or time.monotonic()
-                    if time.monotonic() - unreachable_since > timeout:
-                        raise
-                    continue
+                    if time.monotonic() - unreachable_since <= timeout:
+                        continue
+                    if report.reexecuting:
+                        raise TreeUnreachable(
+                            f"the supervisor did not come back from re-executing itself on "
+                            f"{report.release.python} within {timeout:g} s; the tree may be "
+                            "down (see the supervisor's log)"
+                        ) from None
+                    raise exc
                 unreachable_since = None
                 assert isinstance(report, f.RolloverReport)
                 for event in report.events:

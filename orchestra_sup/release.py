@@ -33,6 +33,9 @@ from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
 PROBE_TIMEOUT_S = 30.0
 """Seconds a release has to answer its probe (a cold interpreter importing every module)."""
+OUTPUT_MAX_BYTES = 64 * 1024
+"""The most a probe may print on each of stdout and stderr; more, and it is killed and refused
+(a release must not make the supervisor buffer without bound)."""
 PROBE_MODULES = (
     "orchestra_sup.node.runtime",
     "orchestra_sup.node.template",
@@ -153,15 +156,29 @@ async def _run(
         raise ReleaseError(f"release {python}: cannot run it: {exc}") from exc
     if hold is not None:
         hold.add(proc.pid)
+    assert proc.stdout is not None and proc.stderr is not None
+    streams = (proc.stdout, proc.stderr)
+    readers = [asyncio.ensure_future(_capped(stream)) for stream in streams]
     try:
         async with asyncio.timeout(timeout_s):
-            out, err = await proc.communicate()
-    except TimeoutError:
+            out, err = await asyncio.gather(*readers)
+            await proc.wait()
+    except (TimeoutError, _TooMuch) as exc:
         # Still in progress means its group still has a member (the leader, or whatever holds
         # the pipe), so this group id is its own and cannot have been recycled.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        for stream in streams:  # to end-of-file: a paused pipe never reports its close
+            while await stream.read(65536):
+                pass
         await proc.wait()
+        if isinstance(exc, _TooMuch):
+            raise ReleaseError(
+                f"release {python}: {what} printed more than {OUTPUT_MAX_BYTES} bytes"
+            ) from None
         raise ReleaseError(
             f"release {python}: no answer from {what} within {timeout_s:g} s"
         ) from None
@@ -173,6 +190,20 @@ async def _run(
         last = lines[-1] if lines else "no output"
         raise ReleaseError(f"release {python}: {what} exited {proc.returncode}: {last}")
     return out
+
+
+class _TooMuch(Exception):
+    """A probe printed more than `OUTPUT_MAX_BYTES` on one stream."""
+
+
+async def _capped(stream: asyncio.StreamReader) -> bytes:
+    """Everything `stream` gives until end-of-file; raises `_TooMuch` past the cap."""
+    data = bytearray()
+    while chunk := await stream.read(65536):
+        data += chunk
+        if len(data) > OUTPUT_MAX_BYTES:
+            raise _TooMuch
+    return bytes(data)
 
 
 def main() -> int:

@@ -20,6 +20,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "pid": reply.supervisor_pid,
             "version": reply.version,
             "release": reply.release,
+            "rollover": reply.rollover,
             "run_dir": reply.run_dir,
             "state_dir": reply.state_dir,
             "workspace": reply.workspace,
@@ -111,6 +112,8 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         f"supervisor pid {reply.supervisor_pid}, version {reply.version} ({reply.release}), "
         f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}"
     )
+    if reply.rollover is not None:
+        console.print(f"rollover {reply.rollover}")
     table = Table(
         Column("name", no_wrap=True),
         "role",

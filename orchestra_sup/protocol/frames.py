@@ -382,6 +382,8 @@ class StatusReply(Frame, tag="status_reply"):
     loop_lag_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     release: str = ""
     """The interpreter the supervisor runs (`orchestra_sup.release`)."""
+    rollover: str | None = None
+    """The rollover in progress, in one line ("ID of TARGET for N s: last step"), or None."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

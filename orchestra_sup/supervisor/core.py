@@ -226,8 +226,7 @@ class Worker:
         try:
             await self.start()
         except ChildStartError:
-            if self._exited is not None and self.seam.signal(self, 0):
-                await asyncio.shield(self._exited)  # a missed deadline: it is being killed
+            await self.failed_start_gone()
             self.seam.reinstate(self, old[0])
             self.generation, self.pid, self.started_at, self.version = old
             self.retiring = None
@@ -237,6 +236,13 @@ class Worker:
         finally:
             self._surging = False
         return old[0]
+
+    async def failed_start_gone(self) -> None:
+        """After a `ChildStartError`: return once the process that failed to start (if there
+        was one) has exited and been reaped. One that missed its handshake deadline was only
+        sent SIGKILL, and the worker stays starting until its exit is handled."""
+        if self._exited is not None and self.seam.signal(self, 0):
+            await asyncio.shield(self._exited)
 
     def retired(self) -> None:
         """The process `start_beside` set aside has exited: no longer report it."""

@@ -110,6 +110,7 @@ class CtlService:
             supervisors=list(_supervisors(self.sup.tree)),
             loop_lag_ms=tuple(round(ms, 3) for ms in self.sup.lag.figures()),
             release=self.sup.seam.release,
+            rollover=self.sup.rollovers.summary(),
         )
 
     def _answer(

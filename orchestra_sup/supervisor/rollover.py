@@ -256,6 +256,14 @@ class Rollovers:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from None
         if not releases.compatible_with(info):
             raise RemoteError(ErrorCode.VERSION_SKEW, releases.refusal(info))
+        # Again, now: the probe took time, and another rollover or a stop may have begun.
+        if sup.stopping:
+            raise RemoteError(ErrorCode.BAD_REQUEST, "the tree is stopping")
+        running = self.running()
+        if running is not None:
+            raise RemoteError(
+                ErrorCode.BUSY, f"rollover {running.id} of {running.target} is still running"
+            )
         rollover = Rollover(req.name, info)
         moving = [w.name for w in workers] + ([SUPERVISOR] if itself else [])
         rollover.event(
@@ -274,7 +282,7 @@ class Rollovers:
         seconds). Raises `RemoteError(not_found)` for an unknown id."""
         rollover = self.history.get(req.id)
         if rollover is None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover {req.id!r}")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover {_shown(req.id)}")
         await rollover.wait(req.after_seq, req.wait_s)
         return rollover.report(req.after_seq)
 
@@ -283,6 +291,15 @@ class Rollovers:
         if self._task is None or self._task.done():
             return None
         return next((r for r in self.history.values() if not r.done), None)
+
+    def summary(self) -> str | None:
+        """The rollover in progress in one line, for `ctl status`; None when none runs."""
+        running = self.running()
+        if running is None:
+            return None
+        last = running.events[-1].text if running.events else "starting"
+        took = time.monotonic() - running.began
+        return f"{running.id} of {running.target} for {took:.1f} s: {last}"
 
     def targets(self, name: str) -> list[Worker]:
         """The children `name` moves, in order (`supervisor`: none; `all`: every child, and then
@@ -298,7 +315,7 @@ class Rollovers:
         worker = self.sup.by_name.get(name)
         if worker is None:
             known = ", ".join([*self.sup.by_name, SUPERVISOR, "shards", "all"])
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover target {name!r} ({known})")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover target {_shown(name)} ({known})")
         return [worker]
 
     async def cancel(self) -> None:
@@ -326,6 +343,10 @@ class Rollovers:
             rollover.event("", "cancelled: the tree is stopping")
             rollover.finish("cancelled: the tree is stopping")
             raise
+        except Exception as exc:  # a bug here must still end the record its caller follows
+            log.exception("rollover %s failed", rollover.id)
+            rollover.event("", f"stopped by an internal error: {exc!r}")
+            rollover.finish(f"internal error: {exc!r} (see the supervisor's log)")
         else:
             took = time.monotonic() - rollover.began
             rollover.event("", f"done: every target runs orchestra-sup {rollover.release.version}")
@@ -334,35 +355,37 @@ class Rollovers:
 
     async def _replace(self, rollover: Rollover, worker: Worker, quiet_s: float) -> None:
         """Coordinator or custodian: quiet point, stop, start on the new release; roll back
-        to the old release when the new process never becomes ready."""
+        to the old release when the new process never becomes ready. Only the swap holds the
+        restart lock of the child's supervisor, so other children restart as usual meanwhile
+        (a child restarted while it was being quiesced is not moved)."""
         name, release = worker.name, rollover.release
         owner = worker.parent
         assert owner is not None
-        async with owner._lock:  # no restart of it interleaves with the hand-off
-            if worker.state is not ChildState.RUNNING:
-                raise RolloverFailed(f"{name} is {worker.state}; nothing moved")
-            began = time.monotonic()
-            rollover.event(name, f"asking generation {worker.generation} for a quiet point")
-            try:
-                held = await self._request(
-                    worker, worker.generation, f.Quiesce(timeout_s=quiet_s), quiet_s
-                )
-            except (RemoteError, RelayError) as exc:
-                await self._resume(worker)
-                raise RolloverFailed(
-                    f"{name} reached no quiet point: {exc}; nothing moved"
-                ) from None
-            detail = held.held if isinstance(held, f.Quiesced) and held.held else "quiet"
-            rollover.event(name, f"quiet point: {detail}", time.monotonic() - began)
-            old_release, old_generation = worker.release, worker.generation
+        if worker.state is not ChildState.RUNNING:
+            raise RolloverFailed(f"{name} is {worker.state}; nothing moved")
+        generation = worker.generation
+        began = time.monotonic()
+        rollover.event(name, f"asking generation {generation} for a quiet point")
+        try:
+            held = await self._request(worker, generation, f.Quiesce(timeout_s=quiet_s), quiet_s)
+        except (RemoteError, RelayError) as exc:
+            await self._resume(worker)
+            raise RolloverFailed(f"{name} reached no quiet point: {exc}; nothing moved") from None
+        detail = held.held if isinstance(held, f.Quiesced) and held.held else "quiet"
+        rollover.event(name, f"quiet point: {detail}", time.monotonic() - began)
+        async with owner._lock:
+            if worker.generation != generation or worker.state is not ChildState.RUNNING:
+                raise RolloverFailed(f"{name} was restarted at its quiet point; nothing moved")
+            old_release = worker.release
             began = time.monotonic()
             await worker.stop()
-            rollover.event(name, f"generation {old_generation} stopped", time.monotonic() - began)
+            rollover.event(name, f"generation {generation} stopped", time.monotonic() - began)
             began = time.monotonic()
             worker.release = release.python
             try:
                 await worker.start()
             except ChildStartError as exc:
+                await worker.failed_start_gone()
                 rollover.event(
                     name,
                     f"generation {worker.generation} on {release.python} never became ready "
@@ -389,10 +412,11 @@ class Rollovers:
 
     async def _surge(self, rollover: Rollover, worker: Worker, drain_s: float) -> None:
         """A shard: surge, drain, retire; roll back when the new generation never becomes
-        ready. A drain that fails (the old generation did not answer in time or died) is not
-        rolled back, since new lanes already run on the new generation: the old one is
-        retired, the lanes it still had are lost (their tasks are paused and re-placed), and
-        the rollover reports the failure."""
+        ready. Only the surge's start holds the restart lock of the shards' supervisor: during
+        the drain every shard, the new generation too, restarts as usual. A drain that fails
+        (the old generation did not answer in time or died) is not rolled back, since new lanes
+        already run on the new generation: the old one is retired, the lanes it still had are
+        lost (their tasks are paused and re-placed), and the rollover reports the failure."""
         name, release = worker.name, rollover.release
         owner = worker.parent
         assert owner is not None
@@ -418,12 +442,12 @@ class Rollovers:
                 )
                 raise _rolled_back(name, exc) from None
             _ready(rollover, worker, began, "; new lanes go there")
-            try:
-                failure = await self._drain(rollover, worker, old_generation, drain_s)
-            finally:
-                await self._retire(rollover, worker, old_generation)
-            if failure is not None:
-                raise RolloverFailed(failure)
+        try:
+            failure = await self._drain(rollover, worker, old_generation, drain_s)
+        finally:
+            await self._retire(rollover, worker, old_generation)
+        if failure is not None:
+            raise RolloverFailed(failure)
 
     async def _drain(
         self, rollover: Rollover, worker: Worker, old_generation: int, drain_s: float
@@ -529,3 +553,8 @@ def _ready(rollover: Rollover, worker: Worker, began: float, more: str = "") -> 
 
 def _rolled_back(name: str, exc: ChildStartError) -> RolloverFailed:
     return RolloverFailed(f"{name}: the new release never became ready ({exc.reason}); rolled back")
+
+
+def _shown(name: str) -> str:
+    """`name` as an error message quotes it: at most 64 characters of it."""
+    return repr(name) if len(name) <= 64 else f"{name[:64]!r}... ({len(name)} characters)"

@@ -216,8 +216,8 @@ class RootSupervisor:
                 await self._start_tree()
             await self._stop.wait()
             notify.send("STOPPING=1")
+            await self._announce_stop()  # first: the coordinator places nothing from now on
             await self.rollovers.cancel()
-            await self._announce_stop()
             await self.tree.stop()
             await self.seam.close()
             if self._cgroups is not None:

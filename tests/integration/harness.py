@@ -240,10 +240,14 @@ def make_release(
     version: str | None = None,
     protocol: str | None = None,
     crash: bool = False,
+    hang: bool = False,
+    slow_probe_s: float = 0.0,
 ) -> Path:
     """A second release built for a test: a wrapper script that execs this interpreter,
     re-labelled through the test-only overrides (`orchestra_sup.release`). `crash`: it answers
-    its probe but every child started on it exits 3 at once (a release that cannot start)."""
+    its probe but every child started on it exits 3 at once (a release that cannot start);
+    `hang`: it answers its probe but every child started on it hangs, never saying hello;
+    `slow_probe_s`: its probe takes that many seconds longer."""
     directory.mkdir(parents=True, exist_ok=True)
     env = ""
     if version is not None:
@@ -251,6 +255,15 @@ def make_release(
     if protocol is not None:
         env += f"ORCHESTRA_SUP_TEST_PROTOCOL={protocol} "
     body = f'exec env {env}{sys.executable} "$@"\n'
+    if slow_probe_s:
+        body = f'[ "$2" = orchestra_sup.release ] && sleep {slow_probe_s}\n' + body
+    if hang:
+        body = (
+            'if [ "$2" = orchestra_sup.release ]; then\n'
+            f'  exec {sys.executable} "$@"\n'
+            "fi\n"
+            "exec sleep 600\n"
+        )
     if crash:
         body = (
             'if [ "$2" = orchestra_sup.release ]; then\n'

@@ -143,11 +143,12 @@ def test_a_release_that_cannot_be_executed_changes_nothing(
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "not an executable" in refused.stderr
 
-    # passes its probe, then turns into a file the kernel cannot execute (ENOEXEC)
+    # passes its probe and its start check, then turns into a file the kernel cannot execute
+    # (ENOEXEC)
     spoiled = release(
         tmp_path,
         "spoiled",
-        'case "$*" in *orchestra_sup.release*) printf "not a program\\n" > "$0.new"; '
+        'case "$*" in *--preflight*) printf "not a program\\n" > "$0.new"; '
         'chmod 755 "$0.new"; mv "$0.new" "$0";; esac\n',
     )
     failed = rollover_supervisor(tree, spoiled)

@@ -294,6 +294,7 @@ def test_a_restart_while_a_rollover_runs_is_refused_at_once(
     with pytest.raises(RemoteError) as refused:
         tree.ctl(f.CtlRestart(name="shard-0"), timeout_s=5)
     assert refused.value.code == "busy" and first.id in refused.value.message
+    assert (tree.status().rollover or "").startswith(f"{first.id} of shard-0 for ")
     gate.touch()  # the lane ends: the drain finishes, and so does the rollover
 
     def done() -> bool:
@@ -303,3 +304,73 @@ def test_a_restart_while_a_rollover_runs_is_refused_at_once(
     wait_until(done, 30, "the rollover to finish")
     assert tree.child("shard-0").operator_restarts == 0
     assert tree.wait_plan(plan_id, timeout_s=20).ok
+
+
+def test_a_coordinator_whose_release_hangs_at_start_is_rolled_back(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """The new coordinator never says hello: after the handshake deadline it is killed, and
+    only once its exit is handled does the old release start again; the rollover ends rolled
+    back (exit 1) rather than wedged, and nothing of the hung start is left."""
+    release = make_release(tmp_path / "rel", "python", hang=True)
+    result = tree.rollover("coordinator", release)
+    assert result.returncode == 1, result
+    assert "no handshake" in result.stdout and "rolled back" in result.stderr, result
+    coordinator = tree.child("coordinator")
+    assert coordinator.state == "running" and coordinator.release == tree.status().release
+    plan_id = tree.submit(plan("after", task("t", "true")))
+    assert tree.wait_plan(plan_id, timeout_s=20).ok
+
+
+def test_two_rollovers_asked_at_once_run_one(tree: Tree, tmp_path: Path) -> None:
+    """Two `ctl rollover`s whose release probes overlap: the one whose probe ends second finds
+    the first running and is refused (busy), so only one rollover ever runs."""
+    import subprocess
+    import sys
+
+    release = make_release(tmp_path / "rel", "python", version=NEW, slow_probe_s=1.0)
+    argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir)]
+    procs = [
+        subprocess.Popen(
+            [*argv, "rollover", name, "--release", str(release)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("shard-0", "shard-1")
+    ]
+    results = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        results.append((proc.returncode, err))
+    assert sorted(code for code, _ in results) == [0, 1], results
+    (refusal,) = [err for code, err in results if code == 1]
+    assert "is still running" in refusal, refusal
+    moved = [c.name for c in tree.status().children if c.version == NEW]
+    assert len(moved) == 1 and moved[0].startswith("shard-"), moved
+
+
+def test_other_shards_restart_at_once_while_one_drains(tree: Tree, tmp_path: Path) -> None:
+    """A shard's drain does not hold its siblings' restarts: shard-1, killed while shard-0
+    drains a lane that takes its time, is back at once (its first restart is immediate)."""
+    import os
+    import signal
+
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    tree.submit(plan("drain", task("long", gated(runs, gate, "long"), requires=[])))
+    wait_until(lambda: lanes_running(tree, "long"), 20, "the lane running")
+    lane_shard = next(
+        lane.shard
+        for lane in tree.ctl(f.CtlLanes()).lanes  # type: ignore[attr-defined]
+    )
+    other = "shard-1" if lane_shard == "shard-0" else "shard-0"
+    first = tree.ctl(f.CtlRollover(name=lane_shard, release=str(release), drain_timeout_s=60))
+    assert isinstance(first, f.RolloverReport)
+    wait_until(lambda: "draining" in (tree.status().rollover or ""), 10, "the drain to have begun")
+    victim = tree.child(other)
+    assert victim.pid is not None
+    os.kill(victim.pid, signal.SIGKILL)
+    tree.wait_running(other, victim.generation + 1, timeout_s=5)
+    assert not tree.ctl(f.CtlRolloverStatus(id=first.id)).done  # type: ignore[attr-defined]
+    gate.touch()

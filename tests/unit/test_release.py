@@ -89,6 +89,21 @@ def test_a_hung_probe_is_killed_with_what_it_started(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_a_probe_that_prints_without_end_is_cut_off(tmp_path: Path) -> None:
+    """The supervisor does not buffer a probe's output without bound: past 64 KiB on one
+    stream the probe is killed and refused."""
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nexec yes\n")
+    script.chmod(0o755)
+
+    async def go() -> None:
+        async with asyncio.timeout(10.0):
+            with pytest.raises(ReleaseError, match="printed more than 65536 bytes"):
+                await release.probe(str(script))
+
+    asyncio.run(go())
+
+
 def test_a_release_whose_start_fails_is_refused(tmp_path: Path) -> None:
     """`check_start` runs the release's start command the way a re-exec would: a release that
     answers its probe but cannot start is refused, its last stderr line quoted."""
