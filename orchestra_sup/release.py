@@ -31,6 +31,10 @@ from orchestra_sup.errors import ReleaseError
 from orchestra_sup.protocol.frames import ReleaseInfo
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
+SPAWNING = 0
+"""In a `hold` set while a helper is being spawned, before its pid is known (asyncio awaits
+between the fork and returning the process, and a helper that exits at once can be gone by
+then): a supervisor must neither reap nor kill children it does not know meanwhile."""
 PROBE_TIMEOUT_S = 30.0
 """Seconds a release has to answer its probe (a cold interpreter importing every module)."""
 OUTPUT_MAX_BYTES = 64 * 1024
@@ -143,6 +147,8 @@ async def _run(
     killed: a leftover child holding the pipe must not hold the caller)."""
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise ReleaseError(f"release {python}: not an executable file")
+    if hold is not None:
+        hold.add(SPAWNING)
     try:
         proc = await asyncio.create_subprocess_exec(
             python,
@@ -154,6 +160,9 @@ async def _run(
         )
     except OSError as exc:
         raise ReleaseError(f"release {python}: cannot run it: {exc}") from exc
+    finally:
+        if hold is not None:
+            hold.discard(SPAWNING)
     if hold is not None:
         hold.add(proc.pid)
     assert proc.stdout is not None and proc.stderr is not None

@@ -390,7 +390,12 @@ class RootSupervisor:
         if worker.spec.role == "shard" and self._cgroups is not None:
             subtree = self._cgroups / f"{worker.name}.{generation}"
             self.spawn(asyncio.to_thread(kill_tree_sync, subtree))
-        if worker.state is not ChildState.STOPPING and not self.colocated:
+        # (while a helper is being spawned, an unknown child may be that helper)
+        if (
+            worker.state is not ChildState.STOPPING
+            and not self.colocated
+            and not self.seam.spawning_helper()
+        ):
             kill_orphans(self.seam.known_pids())
 
     def _changed(self, worker: Worker) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from orchestra_sup.errors import ChildStartError
 from orchestra_sup.node.args import ChildArgs, encode
 from orchestra_sup.protocol.frames import ExitInfo
+from orchestra_sup.release import SPAWNING
 from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.process import ChildProcess, reap_orphans
 from orchestra_sup.supervisor.template import ForkTemplate
@@ -227,8 +228,14 @@ class ProcessSeam:
         """Reap orphans reparented to us; hand exited known children (and the template) to
         their pidfd path. A child being adopted from the template is left alone: its pidfd path
         comes next."""
+        if self.spawning_helper():
+            return  # an unknown child may be that helper: the next SIGCHLD reaps orphans
         by_pid = {proc.pid: name for name, proc in self.procs.items()}
         reap_orphans(self.known_pids(), lambda pid: self._reap_pid(pid, by_pid.get(pid)))
+
+    def spawning_helper(self) -> bool:
+        """A helper (`helpers`) is being spawned and its pid is not known yet."""
+        return SPAWNING in self.helpers
 
     def _reap_pid(self, pid: int, name: str | None) -> None:
         template = self.template
