@@ -21,6 +21,14 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_colocated_tree_runs_plans_restarts_components_and_stops_clean(tmp_path: Path) -> None:
+    try:
+        _runs_plans_restarts_components_and_stops_clean(tmp_path)
+    except Exception as exc:  # the tree's own account is in its log: show its end
+        log = (tmp_path / "state" / "tree.log").read_text(errors="replace").splitlines()
+        raise AssertionError(f"{exc!r}; tree log ends:\n" + "\n".join(log[-40:])) from exc
+
+
+def _runs_plans_restarts_components_and_stops_clean(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "ws")
     with private_tree(
         workspace=repo,
