@@ -165,8 +165,8 @@ class Front:
             dest_gen=None,
             body=body,
         )
+        self.answered += 1  # before the reply leaves: whoever got it can count on the count
         self._send([parts[0], self.codec.encode(reply)])
-        self.answered += 1
         return True
 
     def _send(self, parts: list[bytes]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +17,16 @@ from tests.integration.harness import Tree, leftovers, make_repo, reap_zombies
 @pytest.fixture(scope="session", autouse=True)
 def subreaper() -> None:
     linux.set_child_subreaper()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def interruptible() -> None:
+    """SIGINT and SIGQUIT as an interactive shell leaves them. A shell without job control
+    starts a background command (`make test &`, some CI runners) with both ignored, and every
+    process the tests start would inherit that: a Ctrl-C test's SIGINT would be ignored, and a
+    child's signal set would differ from a fresh interpreter's for a reason outside the tree."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture
