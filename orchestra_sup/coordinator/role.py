@@ -142,11 +142,14 @@ class Coordinator:
             )
             self._refused.pop(peer.name, None)
             # Rollover: lanes of a draining generation are moving here, not lost; those of one
-            # that just retired are kept until the shard says which it has (`_settle_moved`).
+            # that retired are kept until the shard says which it has (`_settle_moved`). So are
+            # those of any older generation of a shard that is up: this coordinator may have been
+            # away while a drain ended (lanes a crashed generation ran are simply not there).
             keep = self._moving.pop(peer.name, frozenset())
             if peer.up:
-                retired = keep - set(peer.draining)
-                keep = self._moving[peer.name] = keep | set(peer.draining)
+                older = self._older_generations(peer.name, peer.generation)
+                retired = (keep | older) - set(peer.draining)
+                keep = self._moving[peer.name] = keep | older | set(peer.draining)
                 if retired:
                     assert self.node is not None
                     self.node.spawn(self._settle_moved(peer.name, peer.generation, retired))
@@ -174,6 +177,18 @@ class Coordinator:
                     self._maybe_done(plan)
         self._lose_unknown_shards()
         self._pump()
+
+    def _older_generations(self, shard: str, generation: int) -> frozenset[int]:
+        """Generations of `shard` older than `generation` that live tasks were placed on."""
+        return frozenset(
+            rec.shard_gen
+            for plan in self.plans.values()
+            for rec in plan.tasks.values()
+            if rec.status in LIVE
+            and rec.shard == shard
+            and rec.shard_gen is not None
+            and rec.shard_gen < generation
+        )
 
     async def _settle_moved(self, shard: str, generation: int, retired: frozenset[int]) -> None:
         """Generations `retired` of `shard` drained and are gone: ask generation `generation`

@@ -374,3 +374,42 @@ def test_other_shards_restart_at_once_while_one_drains(tree: Tree, tmp_path: Pat
     tree.wait_running(other, victim.generation + 1, timeout_s=5)
     assert not tree.ctl(f.CtlRolloverStatus(id=first.id)).done  # type: ignore[attr-defined]
     gate.touch()
+
+
+def test_a_coordinator_away_while_a_drain_ends_asks_before_it_loses(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """The coordinator is stopped (SIGSTOP) while a shard rolls over and its parked lane moves,
+    then killed and restarted: its durable record still places the lane on the retired
+    generation. Before losing it, the new coordinator asks the shard, finds the lane there, and
+    the task finishes on its only attempt, each step once."""
+    import os
+    import signal
+
+    steps = "tests.integration.lane_programs:Steps"
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text(f'[lanes]\nprograms = ["{steps}"]\n')
+    repo_root = Path(__file__).resolve().parents[2]
+    tree = tree_factory(
+        workspace=repo, shards=1, config=cfg, extra_env={"PYTHONPATH": str(repo_root)}
+    )
+    release = make_release(tmp_path / "rel", "python", version=NEW)
+    runs = tmp_path / "runs"
+    plan_id = tree.submit(plan("away", task("t", f"2 {runs}", program=steps)))
+    wait_until(lambda: runs.exists() and runs.read_text().split() == ["t", "0"], 20, "step 0")
+    coordinator = tree.child("coordinator")
+    assert coordinator.pid is not None
+    os.kill(coordinator.pid, signal.SIGSTOP)
+    try:
+        result = tree.rollover("shard-0", release)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "moved" in result.stdout, result.stdout
+    finally:
+        os.kill(coordinator.pid, signal.SIGKILL)
+    tree.wait_running("coordinator", coordinator.generation + 1)
+    lane = wait_until(lambda: tree.call("list_lanes")["lanes"], 20, "the moved lane listed")
+    tree.call("message_lane", lane=lane[0]["lane"], text="go")  # type: ignore[index]
+    report = tree.wait_plan(plan_id, timeout_s=30)
+    assert report.ok, report
+    assert (report.tasks[0].attempts, report.tasks[0].warnings) == (1, []), report.tasks[0]
+    assert runs.read_text().split() == ["t", "0", "t", "1"]
