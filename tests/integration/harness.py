@@ -47,6 +47,14 @@ def make_repo(path: Path) -> Path:
     return path
 
 
+def alive(proc: psutil.Process) -> bool:
+    """`proc` runs and is not a zombie; a process reaped between the two questions is gone."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def wait_until(pred: Callable[[], object], timeout_s: float, what: str) -> object:
     """Re-check `pred` until it is truthy or the deadline passes (then fail naming `what`)."""
     deadline = time.monotonic() + timeout_s

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, assert_no_leftovers, git, plan, task, wait_until
+from tests.integration.harness import Tree, alive, assert_no_leftovers, git, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -120,11 +120,8 @@ def test_cancel_stops_the_lane_and_its_group(tree: Tree) -> None:
     group = wait_until(lane_group, 10, "the lane's two sleeps")
     assert isinstance(group, list)
     assert tree.ctl(f.CtlCancel(lane=lane)) == f.Ack()  # type: ignore[arg-type]
-    wait_until(
-        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in group),
-        5,
-        "every process of the lane's group to be killed",
-    )
+    gone = "every process of the lane's group to be killed"
+    wait_until(lambda: not any(alive(p) for p in group), 5, gone)
     report = tree.wait_plan(plan_id, timeout_s=10)
     by_id = {t.id: t for t in report.tasks}
     assert by_id["long"].status == "cancelled"

@@ -13,7 +13,15 @@ import psutil
 import pytest
 
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import RawPeer, Tree, assert_no_leftovers, plan, task, wait_until
+from tests.integration.harness import (
+    RawPeer,
+    Tree,
+    alive,
+    assert_no_leftovers,
+    plan,
+    task,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +158,7 @@ def test_stale_run_dir_of_a_crashed_tree_is_taken_over(
     children = [psutil.Process(pid) for pid in first.pids().values() if pid]
     first.stop(signal.SIGKILL)
     wait_until(
-        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children),
+        lambda: not any(alive(p) for p in children),
         10,
         "children to die with their supervisor",
     )
