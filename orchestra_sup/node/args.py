@@ -17,7 +17,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     deadline, seconds); `boot` identifies this run of the tree (affinity tickets carry it, since
     generations start again at 1 in the next run); `endpoint` is where it binds its ROUTER
     ("": `ipc://<run_dir>/<name>.ipc`; a surge generation binds beside the running one, at
-    `<name>.<generation>.ipc`).
+    `<name>.<generation>.ipc`; a colocated component at `inproc://<name>.<generation>`).
     """
 
     role: str

@@ -135,10 +135,8 @@ class Node:
                 self.ctx.term()
 
     async def _serve(self) -> int:
-        if self.colocated:
-            public = f"inproc://{self.name}"
-        else:
-            public = self.args.endpoint or self.paths.endpoint(self.name)
+        default = f"inproc://{self.name}" if self.colocated else self.paths.endpoint(self.name)
+        public = self.args.endpoint or default
         if self.front is None:
             self.server.bind(public)
         else:
@@ -187,7 +185,9 @@ class Node:
         answered on the front's thread as they arrive, everything else reaches the role's
         `handle` as before. Call from `Role.open`. `serve` must not touch loop state."""
         loop = asyncio.get_running_loop()
-        inner = f"inproc://{self.name}.front"
+        # Per generation: a closed inproc:// socket is unbound by libzmq's reaper thread, later,
+        # and the next generation binds at once.
+        inner = f"inproc://{self.name}.{self.generation}.front"
         self.server.close()  # never bound: the loop is reached through the front now
         self.server = self._endpoint(
             zmq.DEALER, self._on_request, identity=LOOP_ID.decode(), routed=True

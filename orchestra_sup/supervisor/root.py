@@ -353,8 +353,11 @@ class RootSupervisor:
     # --- seam callbacks --------------------------------------------------------------------------
 
     def _child_args(self, worker: Worker) -> ChildArgs:
-        # A surge generation binds beside the running one, which still holds `<name>.ipc`.
-        name = worker.name if worker.retiring is None else f"{worker.name}.{worker.generation}"
+        # A surge generation binds beside the running one, which still holds `<name>.ipc`; a
+        # component binds `inproc://<name>.<generation>`, since libzmq unbinds a closed inproc
+        # socket later, on its reaper thread, and the next generation binds at once.
+        beside = worker.retiring is not None or self.colocated
+        name = f"{worker.name}.{worker.generation}" if beside else worker.name
         endpoint = self.child_endpoint(name)
         self.endpoints[(worker.name, worker.generation)] = endpoint
         return ChildArgs(
