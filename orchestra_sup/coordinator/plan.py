@@ -4,6 +4,15 @@ A plan looks like this::
 
     name = "selfcheck"            # required, non-empty string
     tenant = "acme"               # optional: whom it runs for; only shards serving it take it
+                                  # (and the [quotas.acme] it counts against)
+    budget = { wall_s = 600, cpu_s = 300, output_bytes = 10_000_000 }
+                                  # optional: what all its lanes together may spend
+    strategy = "one_for_one"      # optional: which tasks a retry re-runs: "one_for_one" (the
+                                  # failed one), "one_for_all" (all), "rest_for_one" (it and
+                                  # every task after it in file order)
+    replan = { timeout = "retry", quality_miss = "retry_with_feedback" }
+                                  # optional: failure class -> action, for every task
+                                  # (coordinator/strategy.py: SelectiveReplan)
 
     [[task]]
     id = "lint"                   # required, unique, matches [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
@@ -13,6 +22,12 @@ A plan looks like this::
     commit = false                # optional: commit the task's sandbox changes
     requires = ["gpu"]            # optional: capabilities its shard must offer
     program = "shell"             # optional: what the lane runs (shards/program.py)
+    retries = 2                   # optional: retries after the first attempt (0..100)
+    backoff_s = 1.0               # optional: seconds before the first retry, doubling after
+    on_failure = "retry"          # optional: "escalate" | "retry" | "pause" (default "retry"
+                                  # when retries > 0, else "escalate")
+    approve = true                # optional: a human approves before it runs (ctl approve)
+    budget = { wall_s = 60 }      # optional: what all its attempts together may spend
 
 Every problem is reported as one `PlanError` whose message names the task (by id, or by position
 as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
@@ -34,8 +49,9 @@ from typing import Any
 import msgspec
 
 from orchestra_sup.coordinator.placement import NAME_PATTERN
+from orchestra_sup.coordinator.strategy import Action
 from orchestra_sup.errors import PlanError
-from orchestra_sup.protocol.frames import PlanSpec, TaskSpec
+from orchestra_sup.protocol.frames import Budget, FailureClass, PlanSpec, TaskSpec
 from orchestra_sup.shards.program import PROGRAM_PATTERN, SHELL
 
 __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", "validate_plan"]
@@ -43,8 +59,30 @@ __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a task id must match, in full."""
 
-_TOP_KEYS = frozenset({"name", "task", "tenant"})
-_TASK_KEYS = frozenset({"id", "run", "needs", "timeout_s", "commit", "requires", "program"})
+_TOP_KEYS = frozenset({"name", "task", "tenant", "budget", "strategy", "replan"})
+_TASK_KEYS = frozenset(
+    {
+        "id",
+        "run",
+        "needs",
+        "timeout_s",
+        "commit",
+        "requires",
+        "program",
+        "retries",
+        "backoff_s",
+        "on_failure",
+        "approve",
+        "budget",
+    }
+)
+MAX_RETRIES = 100
+"""The largest `retries` a task may declare."""
+MAX_BACKOFF_S = 3600.0
+"""The largest `backoff_s` a task may declare (seconds)."""
+STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
+ON_FAILURE = ("escalate", "retry", "pause")
+_BUDGET_KEYS = ("wall_s", "cpu_s", "output_bytes")
 
 _TOML_TYPES: dict[type, str] = {
     str: "string",
@@ -109,10 +147,78 @@ def validate_plan(spec: PlanSpec, *, source: str = "<submitted plan>") -> PlanSp
     """
     data = msgspec.to_builtins(spec)
     # TOML has no null: an unset optional is an absent key there
-    data["task"] = [{k: v for k, v in t.items() if v is not None} for t in data.pop("tasks")]
-    if data.get("tenant") is None:
-        data.pop("tenant", None)
+    data["task"] = [_without_nulls(t) for t in data.pop("tasks")]
+    data = _without_nulls(data)
     return plan_from_mapping(data, source=source)
+
+
+def _without_nulls(table: dict[str, Any]) -> dict[str, Any]:
+    """`table` with every None value (and every None inside a budget table) left out."""
+    out = {k: v for k, v in table.items() if v is not None}
+    if isinstance(out.get("budget"), dict):
+        out["budget"] = {k: v for k, v in out["budget"].items() if v is not None}
+    return out
+
+
+def _budget(value: Any, where: str) -> Budget:
+    """A `budget` table: `wall_s` and `cpu_s` positive finite seconds, `output_bytes` a positive
+    integer, at least one of them. Raises `ValueError` with the problem."""
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"key 'budget'{where} must be a table like {{ wall_s = 60 }}, got {_describe(value)}"
+        )
+    unknown = sorted(set(value) - set(_BUDGET_KEYS))
+    if unknown:
+        raise ValueError(
+            f"key 'budget'{where} has unknown key {unknown[0]!r} "
+            f"(allowed: {', '.join(_BUDGET_KEYS)})"
+        )
+    if not value:
+        raise ValueError(f"key 'budget'{where} is empty: give wall_s, cpu_s or output_bytes")
+    for key, limit in value.items():
+        if key == "output_bytes":
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+                raise ValueError(
+                    f"budget key 'output_bytes'{where} must be a positive integer, "
+                    f"got {_describe(limit)}"
+                )
+        elif (
+            isinstance(limit, bool)
+            or not isinstance(limit, int | float)
+            or not math.isfinite(limit)
+            or limit <= 0
+        ):
+            raise ValueError(
+                f"budget key {key!r}{where} must be a positive finite number of seconds, "
+                f"got {_describe(limit)}"
+            )
+    return Budget(
+        wall_s=None if "wall_s" not in value else float(value["wall_s"]),
+        cpu_s=None if "cpu_s" not in value else float(value["cpu_s"]),
+        output_bytes=value.get("output_bytes"),
+    )
+
+
+def _replan(value: Any) -> dict[str, str]:
+    """The `replan` table: failure class -> action. Raises `ValueError` with the problem."""
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"key 'replan' must be a table of failure class = action, got {_describe(value)}"
+        )
+    classes = [c.value for c in FailureClass]
+    actions = [a.value for a in Action]
+    for failure, action in value.items():
+        if failure not in classes:
+            raise ValueError(
+                f"key 'replan' names unknown failure class {failure!r} "
+                f"(known: {', '.join(classes)})"
+            )
+        if not isinstance(action, str) or action not in actions:
+            raise ValueError(
+                f"key 'replan' maps {failure!r} to {_describe(action)}; "
+                f"expected one of {', '.join(actions)}"
+            )
+    return dict(value)
 
 
 def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSpec:
@@ -124,7 +230,8 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     for key in data:
         if key not in _TOP_KEYS:
             raise PlanError(
-                f"unknown top-level key {key!r} (expected 'name', 'tenant' and [[task]] tables)",
+                f"unknown top-level key {key!r} (expected 'name', 'tenant', 'budget', "
+                "'strategy', 'replan' and [[task]] tables)",
                 source=source,
             )
 
@@ -145,6 +252,18 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     if tenant is not None and (not isinstance(tenant, str) or not NAME_PATTERN.fullmatch(tenant)):
         raise PlanError(
             f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {_describe(tenant)}",
+            source=source,
+        )
+
+    try:
+        budget = None if "budget" not in data else _budget(data["budget"], "")
+        replan = _replan(data.get("replan", {}))
+    except ValueError as exc:
+        raise PlanError(str(exc), source=source) from exc
+    strategy = data.get("strategy", "one_for_one")
+    if strategy not in STRATEGIES:
+        raise PlanError(
+            f"key 'strategy' must be one of {', '.join(STRATEGIES)}, got {_describe(strategy)}",
             source=source,
         )
 
@@ -170,7 +289,14 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
         position[task.id] = number
         tasks.append(task)
 
-    plan = PlanSpec(name=name, tasks=tasks, tenant=tenant)
+    plan = PlanSpec(
+        name=name,
+        tasks=tasks,
+        tenant=tenant,
+        budget=budget,
+        strategy=strategy,
+        replan=replan,
+    )
     topological_order(plan, source=source)  # dependency and cycle checks
     return plan
 
@@ -255,6 +381,37 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
             )
     requires = list(dict.fromkeys(requires_raw))
 
+    retries = raw.get("retries", 0)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise refuse(
+            f"key 'retries' must be an integer from 0 to {MAX_RETRIES}, got {_describe(retries)}"
+        )
+    backoff_s = raw.get("backoff_s", 1.0)
+    if (
+        isinstance(backoff_s, bool)
+        or not isinstance(backoff_s, int | float)
+        or not math.isfinite(backoff_s)
+        or not 0 < backoff_s <= MAX_BACKOFF_S
+    ):
+        raise refuse(
+            f"key 'backoff_s' must be a number of seconds in (0, {MAX_BACKOFF_S:g}], "
+            f"got {_describe(backoff_s)}"
+        )
+    on_failure = raw.get("on_failure")
+    if on_failure is not None and on_failure not in ON_FAILURE:
+        raise refuse(
+            f"key 'on_failure' must be one of {', '.join(ON_FAILURE)}, got {_describe(on_failure)}"
+        )
+    if on_failure == "retry" and retries == 0:
+        raise refuse("on_failure = 'retry' needs retries >= 1 (how many times to retry)")
+    approve = raw.get("approve", False)
+    if not isinstance(approve, bool):
+        raise refuse(f"key 'approve' must be a boolean, got {_describe(approve)}")
+    try:
+        budget = None if "budget" not in raw else _budget(raw["budget"], "")
+    except ValueError as exc:
+        raise refuse(str(exc)) from exc
+
     return TaskSpec(
         id=task_id,
         run=run,
@@ -263,6 +420,11 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         commit=commit,
         requires=requires,
         program=program,
+        retries=retries,
+        backoff_s=float(backoff_s),
+        on_failure=on_failure,
+        approve=approve,
+        budget=budget,
     )
 
 

@@ -31,6 +31,7 @@ import msgspec
 
 from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.frames import FailureClass
 
 
 class TaskStatus(enum.StrEnum):
@@ -51,23 +52,6 @@ FINAL = frozenset(
 LIVE = frozenset({TaskStatus.STARTING, TaskStatus.RUNNING})
 WAITING = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPTED})
 """Not placed yet (pending) or no longer placed (paused): ready once every need succeeded."""
-
-
-class FailureClass(enum.StrEnum):
-    """Why a task failed, as a typed class (ARCHITECTURE.md §7); a report's `failure`.
-
-    Only `WORKER_PROCESS_LOSS` is produced today: the task's worker process was lost
-    `max_worker_loss` times. The others are named so that reports and strategies built later share
-    one vocabulary; an ordinary failure (a command exiting non-zero) has no class yet (None).
-    """
-
-    QUALITY_MISS = "quality_miss"
-    TOOL_FAILURE = "tool_failure"
-    BUDGET_EXHAUSTION = "budget_exhaustion"
-    TIMEOUT = "timeout"
-    PREFLIGHT_ESCALATION = "preflight_escalation"
-    WORKER_PROCESS_LOSS = "worker_process_loss"
-    QUOTA_BREACH = "quota_breach"
 
 
 class TaskRecord(msgspec.Struct, kw_only=True):

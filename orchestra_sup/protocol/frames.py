@@ -11,6 +11,7 @@ a body outside its channel answers `Error(code="unexpected")`.
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Literal
 
 import msgspec
@@ -18,11 +19,83 @@ import msgspec
 from orchestra_sup.errors import ErrorCode
 
 
+class FailureClass(enum.StrEnum):
+    """Why a lane or a task failed, as a typed class (ARCHITECTURE.md §7; seeds/003
+    "Supervision: typed failures, named strategies"): a `LaneResult`'s and a task report's
+    `failure`. A shard says the first five; the coordinator the last two.
+
+    - `quality_miss`: a program judged its own result not good enough (`Outcome.failure`).
+    - `tool_failure`: a command failed (non-zero exit, killed, could not be spawned), or a
+      program raised or failed without a class.
+    - `budget_exhaustion`: the lane spent its grant in some dimension (`Budget`), or its task or
+      plan had nothing left to carve a lane from.
+    - `timeout`: the task's `timeout_s` passed; the command's whole process group was killed.
+    - `preflight_escalation`: a program refused to go on without a human (`Outcome.failure`),
+      or a human rejected the task before it ran.
+    - `worker_process_loss`: the shard running the lane exited.
+    - `quota_breach`: the plan's tenant was over a quota when the lane was to start; nothing
+      started and nothing was spent.
+    """
+
+    QUALITY_MISS = "quality_miss"
+    TOOL_FAILURE = "tool_failure"
+    BUDGET_EXHAUSTION = "budget_exhaustion"
+    TIMEOUT = "timeout"
+    PREFLIGHT_ESCALATION = "preflight_escalation"
+    WORKER_PROCESS_LOSS = "worker_process_loss"
+    QUOTA_BREACH = "quota_breach"
+
+
 class Frame(msgspec.Struct, frozen=True, kw_only=True, tag_field="t"):
     """Base of every frame body."""
 
 
 # --- shared values -------------------------------------------------------------------------------
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True):
+    """Spend limits; None in a dimension is no limit there (ARCHITECTURE.md §7, seeds/003
+    "Cost and budget enforcement").
+
+    - `wall_s`: wall-clock seconds (float) the lane runs; time it waits for a human is not
+      counted.
+    - `cpu_s`: CPU seconds (float, user + system) of every process the lane's commands start.
+    - `output_bytes`: bytes (int) its commands write on stdout and stderr, plus what it `emit`s.
+
+    A plan's and a task's `budget` are declared in the plan; a lane's (`LaneStart.budget`) is the
+    grant carved from them when it is spawned (`coordinator.budget`).
+    """
+
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    output_bytes: int | None = None
+
+
+class Spend(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lane (or a task, or a plan: the sum of its lanes) spent, in `Budget`'s units."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    output_bytes: int = 0
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """A human's answer to a HITL pause (ARCHITECTURE.md §11 invariant 9).
+
+    - `verdict`: "approve" (go on; `grant` and `retries` add to the task's budget and retry cap),
+      "reject" (`text` is the reason: revision feedback), "redirect" (`text` says what to do
+      instead), "accept_partial" (take what there is and end the step).
+    - `responder`, `uid`: who answered, stamped by the supervisor from the ctl connection's peer
+      credentials, never taken from the request; `at`: when it was recorded (Unix seconds).
+    """
+
+    verdict: Literal["approve", "reject", "redirect", "accept_partial"]
+    text: str = ""
+    grant: Budget | None = None
+    retries: int = 0
+    responder: str = ""
+    uid: int = -1
+    at: float = 0.0
 
 
 class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +114,18 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     program: str = "shell"
     """What the lane runs (`shards.program`): `shell` runs `run`; `module:Class` is a lane
     program listed in `[lanes] programs`, and `run` is its argument string."""
+    retries: int = 0
+    """Retries after the first attempt (0..100): the retry cap of `coordinator.strategy`."""
+    backoff_s: float = 1.0
+    """Seconds before the first retry; each next one waits twice as long (at most
+    `coordinator.strategy.MAX_BACKOFF_S`)."""
+    on_failure: Literal["escalate", "retry", "pause"] | None = None
+    """What a failure of this task does (`coordinator.strategy.task_strategy`); None: "retry"
+    when `retries` > 0, else "escalate"."""
+    approve: bool = False
+    """Pause for a human before the task's first attempt runs."""
+    budget: Budget | None = None
+    """The task's budget over all its attempts (None: only the plan's)."""
 
 
 class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +135,13 @@ class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     tasks: list[TaskSpec]
     tenant: str | None = None
+    budget: Budget | None = None
+    """The plan's budget: every lane's grant is carved from what is left of it."""
+    strategy: Literal["one_for_one", "one_for_all", "rest_for_one"] = "one_for_one"
+    """Which tasks a retry re-runs (`coordinator.strategy`): the failed one, every task of the
+    plan, or the failed one and every task after it in file order."""
+    replan: dict[str, str] = {}
+    """Failure class -> action (`coordinator.strategy.SelectiveReplan`); empty: none."""
 
 
 class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +169,14 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     warnings: list[str] = []
     ticket: str | None = None
     """The affinity ticket of its latest placement (`coordinator.placement.AffinityTicket`)."""
+    spent: Spend = Spend()
+    """What all its attempts spent."""
+    question: str | None = None
+    """What it waits for a human about (`status` "awaiting_approval"), else None."""
+    answers: list[Answer] = []
+    """Every answer a human gave it, oldest first."""
+    retry_at: float | None = None
+    """When its next attempt may start (Unix seconds) while it backs off, else None."""
 
 
 class PlanReport(Frame, tag="plan_report"):
@@ -87,6 +187,8 @@ class PlanReport(Frame, tag="plan_report"):
     done: bool
     ok: bool
     tasks: list[TaskReport]
+    spent: Spend = Spend()
+    budget: Budget | None = None
 
 
 class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,6 +234,10 @@ class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
     shard: str
     state: str
     sandbox: str | None
+    question: str | None = None
+    """What it waits for a human about (state "awaiting_approval"), else None."""
+    since: float | None = None
+    """When it started waiting for that answer (Unix seconds)."""
 
 
 class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,6 +261,33 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     commit: str | None
     error: str | None
     warnings: list[str] = []
+    failure: FailureClass | None = None
+    """The failure class when `status` is "failed"."""
+    spent: Spend = Spend()
+    """What the lane spent (this attempt, across the generations that ran it)."""
+
+
+class HitlPause(msgspec.Struct, frozen=True, kw_only=True):
+    """A lane's program asked a human (`LaneContext.ask_human`): question `key` (unique within
+    the task's attempts), its `question` text, when (`asked_at`, Unix seconds)."""
+
+    lane: str
+    plan: str
+    task: str
+    shard: str
+    key: str
+    question: str
+    asked_at: float
+
+
+class LaneNote(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lane's program tells the coordinator (`LaneContext.tell_coordinator`)."""
+
+    lane: str
+    plan: str
+    task: str
+    text: str
+    at: float
 
 
 # --- control channel: supervisor <-> child -------------------------------------------------------
@@ -311,6 +444,24 @@ class LaneStart(Frame, tag="lane_start"):
     attempt: int = 1
     plan_name: str = ""
     warnings: list[str] = []
+    budget: Budget | None = None
+    """This lane's grant, carved from its task's and its plan's budgets (None: no limit)."""
+    feedback: str | None = None
+    """Revision feedback for this attempt (a rejection's reason, a redirect, the previous
+    attempt's error after a quality miss): `$ORCHESTRA_FEEDBACK`, `LaneContext.feedback`."""
+    answers: dict[str, Answer] = {}
+    """Answers already recorded for the task's questions, by key: an `ask_human` with one of
+    these keys returns at once (a re-run after its shard was lost while it waited)."""
+
+
+class HitlAnswer(Frame, tag="hitl_answer"):
+    """Answer lane `lane`'s question `key` (recorded by the coordinator before it is sent).
+    Answered `Ack`; `Error(not_found)` when the shard has no such lane. Idempotent: a second
+    answer to a key already answered is acknowledged and ignored."""
+
+    lane: str
+    key: str
+    answer: Answer
 
 
 class LaneCancel(Frame, tag="lane_cancel"):
@@ -341,7 +492,10 @@ class InboxPut(Frame, tag="inbox_put"):
     """A durable message for the coordinator; `msg_id` is unique and used to de-duplicate."""
 
     msg_id: str
-    result: LaneResult
+    result: LaneResult | None = None
+    pause: HitlPause | None = None
+    note: LaneNote | None = None
+    """Exactly one of `result`, `pause` and `note` is set."""
 
 
 class InboxAck(Frame, tag="inbox_ack"):
@@ -436,6 +590,47 @@ class CtlLanes(Frame, tag="ctl_lanes"):
 
 class CtlCancel(Frame, tag="ctl_cancel"):
     lane: str
+
+
+class CtlRespond(Frame, tag="ctl_respond"):
+    """`ctl approve | reject | redirect | accept-partial LANE`: answer the HITL pause of the task
+    whose lane (pending approval, failed for review, or asking) is `lane`. The caller's identity
+    is not part of it: the supervisor stamps it (`HitlRespond`)."""
+
+    lane: str
+    verdict: Literal["approve", "reject", "redirect", "accept_partial"]
+    text: str = ""
+    grant: Budget | None = None
+    retries: int = 0
+
+
+class HitlRespond(Frame, tag="hitl_respond"):
+    """`CtlRespond` as the supervisor forwards it to the coordinator, with the responder's
+    `uid` and name from the ctl connection's peer credentials. Answered `HitlRecorded`;
+    `Error(not_found)` when no task waits on that lane, `bad_request` for an answer that does
+    not fit the pause."""
+
+    lane: str
+    verdict: Literal["approve", "reject", "redirect", "accept_partial"]
+    uid: int
+    responder: str
+    text: str = ""
+    grant: Budget | None = None
+    retries: int = 0
+
+
+class HitlRecorded(Frame, tag="hitl_recorded"):
+    """The answer is recorded (durably) and acted on: `outcome` says what it did."""
+
+    lane: str
+    plan: str
+    task: str
+    outcome: str
+
+
+class ListPending(Frame, tag="list_pending"):
+    """Ask the coordinator for every task that waits for a human; answered `LaneList` (state
+    "awaiting_approval", `question` and `since` set; `shard` "" when no lane holds it)."""
 
 
 class CtlCall(Frame, tag="ctl_call"):
@@ -701,6 +896,7 @@ LanePlane = (
     | LaneMessage
     | MessageAck
     | LaneResume
+    | HitlAnswer
 )
 Inbox = InboxPut | InboxAck
 Ctl = (
@@ -716,6 +912,10 @@ Ctl = (
     | PlanList
     | CtlLanes
     | CtlCancel
+    | CtlRespond
+    | HitlRespond
+    | HitlRecorded
+    | ListPending
     | CtlCall
     | CtlBenchRelay
     | BenchSamples

@@ -5,8 +5,8 @@ their ranges overlap. The handshake (`Hello`) carries the range, and a frame who
 the receiver's range is refused with `version_skew`.
 """
 
-PROTOCOL_MIN = 1
-PROTOCOL_MAX = 1
+PROTOCOL_MIN = 2
+PROTOCOL_MAX = 2
 PROTOCOL_VERSION = PROTOCOL_MAX
 
 

@@ -11,6 +11,7 @@ import pytest
 from orchestra_sup import release
 from orchestra_sup.errors import ReleaseError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 from orchestra_sup.supervisor.rollover import Rollover
 
 
@@ -20,7 +21,13 @@ def info(low: int, high: int, version: str = "7.0.0") -> f.ReleaseInfo:
 
 @pytest.mark.parametrize(
     ("low", "high", "ok"),
-    [(1, 1, True), (0, 1, True), (1, 5, True), (2, 3, False), (0, 0, False)],
+    [
+        (PROTOCOL_MIN, PROTOCOL_MAX, True),
+        (PROTOCOL_MIN - 1, PROTOCOL_MIN, True),
+        (PROTOCOL_MAX, PROTOCOL_MAX + 4, True),
+        (PROTOCOL_MAX + 1, PROTOCOL_MAX + 2, False),
+        (PROTOCOL_MIN - 2, PROTOCOL_MIN - 1, False),
+    ],
 )
 def test_compatible_when_the_ranges_overlap(low: int, high: int, ok: bool) -> None:
     assert release.compatible_with(info(low, high)) is ok
@@ -28,8 +35,9 @@ def test_compatible_when_the_ranges_overlap(low: int, high: int, ok: bool) -> No
 
 def test_the_refusal_names_both_versions(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(release, "_TEST_VERSION", "1.2.3")
-    line = release.refusal(info(4, 6, "4.0.0"))
-    assert "4.0.0" in line and "4..6" in line and "1.2.3" in line and "1..1" in line
+    line = release.refusal(info(7, 9, "4.0.0"))
+    ours = f"{PROTOCOL_MIN}..{PROTOCOL_MAX}"
+    assert "4.0.0" in line and "7..9" in line and "1.2.3" in line and ours in line
     assert "\n" not in line
 
 

@@ -1,0 +1,131 @@
+"""Budgets: what a plan and its tasks may spend, and the grant each lane is carved at spawn.
+
+seeds/003 ("Cost and budget enforcement"): "a parent's allocator reserves a child's budget from
+its own when the child is created, so a subtree can never outspend its parent. Exceeding a
+declared dimension raises a budget failure into supervision." Here the parent is the plan, the
+children its tasks' lanes: a lane's grant (`LaneStart.budget`) is, in each dimension, the least
+of what its task has left (its `budget`, plus what humans granted, minus what its earlier
+attempts spent) and what its plan has left (its `budget` minus what ended lanes spent and what
+live lanes hold as grants). The shard stops a lane that spends its grant in any dimension (failure
+class `budget_exhaustion`). Pure arithmetic over `frames.Budget` and `frames.Spend`.
+
+Units: `wall_s` and `cpu_s` are seconds (float), `output_bytes` bytes (int); None in a `Budget`
+is no limit in that dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from orchestra_sup.protocol.frames import Budget, Spend
+
+DIMENSIONS = ("wall_s", "cpu_s", "output_bytes")
+
+
+def add(a: Spend, b: Spend) -> Spend:
+    """`a` + `b`, dimension by dimension."""
+    return Spend(
+        wall_s=round(a.wall_s + b.wall_s, 6),
+        cpu_s=round(a.cpu_s + b.cpu_s, 6),
+        output_bytes=a.output_bytes + b.output_bytes,
+    )
+
+
+def total(spends: Iterable[Spend]) -> Spend:
+    out = Spend()
+    for spend in spends:
+        out = add(out, spend)
+    return out
+
+
+def as_spend(grant: Budget | None) -> Spend:
+    """A grant as the spend it reserves (an unlimited dimension reserves nothing)."""
+    if grant is None:
+        return Spend()
+    return Spend(
+        wall_s=grant.wall_s or 0.0,
+        cpu_s=grant.cpu_s or 0.0,
+        output_bytes=grant.output_bytes or 0,
+    )
+
+
+def extend(limit: Budget | None, extra: Budget | None) -> Budget | None:
+    """`limit` raised by a human's `extra` grant in the dimensions `limit` limits (a dimension
+    with no limit stays unlimited; one `extra` names that `limit` does not is ignored)."""
+    if limit is None or extra is None:
+        return limit
+    return Budget(
+        wall_s=_plus(limit.wall_s, extra.wall_s),
+        cpu_s=_plus(limit.cpu_s, extra.cpu_s),
+        output_bytes=_plus(limit.output_bytes, extra.output_bytes),
+    )
+
+
+def left(limit: Budget | None, spent: Spend, held: Spend | None = None) -> Budget | None:
+    """What is left of `limit` after `spent` and `held` (grants of live lanes; None: none),
+    never below 0; None when `limit` is None."""
+    held = held or Spend()
+    if limit is None:
+        return None
+
+    def rest(cap: float | None, used: float) -> float | None:
+        return None if cap is None else max(0.0, cap - used)
+
+    out = rest(limit.output_bytes, spent.output_bytes + held.output_bytes)
+    return Budget(
+        wall_s=rest(limit.wall_s, spent.wall_s + held.wall_s),
+        cpu_s=rest(limit.cpu_s, spent.cpu_s + held.cpu_s),
+        output_bytes=None if out is None else int(out),
+    )
+
+
+def carve(task_left: Budget | None, plan_left: Budget | None) -> Budget | None:
+    """The grant of a lane: in each dimension, the least of what its task and its plan have
+    left (None when neither limits anything)."""
+    if task_left is None:
+        return plan_left
+    if plan_left is None:
+        return task_left
+    return Budget(
+        wall_s=_least(task_left.wall_s, plan_left.wall_s),
+        cpu_s=_least(task_left.cpu_s, plan_left.cpu_s),
+        output_bytes=_least(task_left.output_bytes, plan_left.output_bytes),
+    )
+
+
+def empty(grant: Budget | None) -> str | None:
+    """The first dimension in which `grant` has nothing left ("wall_s", ...), or None when it
+    covers another attempt (something is left in every dimension it limits)."""
+    if grant is None:
+        return None
+    for name in DIMENSIONS:
+        value = getattr(grant, name)
+        if value is not None and value <= 0:
+            return name
+    return None
+
+
+def describe(budget: Budget | None) -> str:
+    """`budget` in one line ("wall_s 60, output_bytes 1000"; "unlimited")."""
+    if budget is None:
+        return "unlimited"
+    parts = [
+        f"{name} {getattr(budget, name):g}"
+        for name in DIMENSIONS
+        if getattr(budget, name) is not None
+    ]
+    return ", ".join(parts) or "unlimited"
+
+
+def _plus(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return None
+    return a + (b or 0)
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
