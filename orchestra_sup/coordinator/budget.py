@@ -61,6 +61,18 @@ def extend(limit: Budget | None, extra: Budget | None) -> Budget | None:
     )
 
 
+def plus(a: Budget | None, b: Budget) -> Budget:
+    """Two grants added up, dimension by dimension (None counts as 0 unless both are None)."""
+    if a is None:
+        return b
+    out = _sum(a.output_bytes, b.output_bytes)
+    return Budget(
+        wall_s=_sum(a.wall_s, b.wall_s),
+        cpu_s=_sum(a.cpu_s, b.cpu_s),
+        output_bytes=None if out is None else int(out),
+    )
+
+
 def left(limit: Budget | None, spent: Spend, held: Spend | None = None) -> Budget | None:
     """What is left of `limit` after `spent` and `held` (grants of live lanes; None: none),
     never below 0; None when `limit` is None."""
@@ -121,6 +133,10 @@ def _plus(a: float | None, b: float | None) -> float | None:
     if a is None:
         return None
     return a + (b or 0)
+
+
+def _sum(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
 
 
 def _least(a: float | None, b: float | None) -> float | None:
