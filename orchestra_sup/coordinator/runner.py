@@ -307,12 +307,15 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         )
 
     def grant_for(self, spec: f.TaskSpec) -> f.Budget | None:
-        """The grant a new lane of `spec` would get: the least of what its task and its plan
-        have left, in each dimension (None: nothing limits it)."""
+        """The grant a new lane of `spec` would get (`coordinator.budget.carve`): the least of
+        what its task and its plan have left in each dimension, or a share of the plan's among
+        the tasks still to run (neither ended nor running) where the task sets no limit. None:
+        nothing limits it."""
         rec = self.tasks[spec.id]
         task_left = budget.left(budget.extend(spec.budget, rec.granted), rec.spent)
         plan_limit = budget.extend(self.spec.budget, self.granted)
-        return budget.carve(task_left, budget.left(plan_limit, self.spent, self.held()))
+        to_run = sum(r.status not in FINAL | LIVE for r in self.tasks.values())
+        return budget.carve(task_left, budget.left(plan_limit, self.spent, self.held()), to_run)
 
     def _charge(
         self,

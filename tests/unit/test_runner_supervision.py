@@ -334,3 +334,14 @@ def test_a_quota_breach_fails_the_task_without_an_attempt() -> None:
     rec.fail("a", C.QUOTA_BREACH, "quota breach: x", T0)
     t = rec.tasks["a"]
     assert (t.status, t.failure, t.attempts, t.history) == (S.FAILED, C.QUOTA_BREACH, 0, [])
+
+
+def test_tasks_without_a_budget_of_their_own_share_the_plan_s() -> None:
+    rec = _plan(_task("a"), _task("b"), _task("c"), budget=f.Budget(wall_s=9.0))
+    a = _place(rec, "a")
+    assert a.budget == f.Budget(wall_s=3.0)  # a third: three tasks still to run
+    b = _place(rec, "b")
+    assert b.budget == f.Budget(wall_s=3.0)  # (9 - 3 held) / 2
+    _end(rec, a, "succeeded", wall_s=1.0)
+    _end(rec, b, "succeeded", wall_s=1.0)
+    assert _place(rec, "c").budget == f.Budget(wall_s=7.0)  # the last one gets what is left
