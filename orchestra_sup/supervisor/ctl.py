@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 DEFAULT_FORWARD_TIMEOUT_S = 10.0
 LOGS_MARGIN_S = 1.0
 """How much sooner than the caller's deadline a `ctl logs` long poll ends at the shard."""
+PENDING_WAIT_S = 1.0
+"""Seconds `ctl lanes` waits for the coordinator's pending approvals (`ListPending`). It answers
+from memory at once; only a wedged or stopped one takes longer, and then the shards' lanes are
+answered without them rather than held up for the caller's whole deadline."""
 
 
 class CtlService:
@@ -160,12 +164,20 @@ class CtlService:
         await self.sup.tree.restart_worker(worker)
         return f.Ack()
 
-    async def _forward(self, name: str, body: f.Body, ttl_s: float | None) -> f.Body:
+    async def _forward(
+        self, name: str, body: f.Body, ttl_s: float | None, wait_s: float | None = None
+    ) -> f.Body:
+        """Ask child `name`, waiting until just before the caller's deadline `ttl_s` (seconds;
+        None: `DEFAULT_FORWARD_TIMEOUT_S`), or `wait_s` seconds when that is sooner. Returns
+        its reply, its `Error` as a body; raises `RemoteError(peer_down)` when it is not
+        running, `PeerDown`/`CallTimeout` when it cannot be reached or does not answer."""
         child = self.sup.by_name[name]
         assert self.sup.control is not None
         if child.state is not ChildState.RUNNING:
             raise RemoteError(ErrorCode.PEER_DOWN, f"{name} is {child.state}; try again shortly")
         timeout = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
+        if wait_s is not None:
+            timeout = min(timeout, wait_s)
         try:
             return await self.sup.control.request(
                 body,
@@ -188,11 +200,11 @@ class CtlService:
 
     async def _lanes(self, ttl_s: float | None) -> f.Body:
         """Every shard's live lanes, merged with the coordinator's pending approvals
-        (`merge_pending`). A shard or a coordinator that does not answer is left out: what the
-        others said is still worth showing."""
+        (`merge_pending`). A shard or a coordinator that does not answer is left out (the
+        coordinator after `PENDING_WAIT_S`): what the others said is still worth showing."""
         shards = [w for w in self.sup.workers if w.spec.role == "shard"]
         pending, *replies = await asyncio.gather(
-            self._forward("coordinator", f.ListPending(), ttl_s),
+            self._forward("coordinator", f.ListPending(), ttl_s, wait_s=PENDING_WAIT_S),
             *(self._forward(c.name, f.ListLanes(), ttl_s) for c in shards),
             return_exceptions=True,
         )
