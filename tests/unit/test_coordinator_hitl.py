@@ -1,0 +1,100 @@
+"""The coordinator records a human's answer before it acts on it (ARCHITECTURE.md §11 invariant 9:
+"the answer is recorded before it resumes the lane").
+
+A unit test of the ordering inside `Coordinator._respond`, with a real LMDB store: the moment the
+coordinator hands the answer to its messaging layer (to send it to the waiting lane), the answer
+must already be committed. The messaging layer is the one part stood in for: `Recorder` keeps
+what the coordinator asks it to send and checks the store at that moment. Real trees answer
+pauses in `tests/integration/test_hitl.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
+from orchestra_sup.coordinator.role import Coordinator
+from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
+from orchestra_sup.node.args import ChildArgs
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.state.store import Store
+
+
+class Recorder:
+    """The coordinator's node, as far as `_respond` uses it: `args`, `peers`, and `spawn`, which
+    here runs nothing and notes, for each coroutine the coordinator starts, whether the plan's
+    answer was already committed to LMDB at that moment."""
+
+    def __init__(self, store: Store, plan_id: str) -> None:
+        self.args = ChildArgs(
+            role="coordinator",
+            name="coordinator",
+            generation=1,
+            run_dir="/nonexistent",
+            state_dir="/nonexistent",
+            workspace=None,
+            lanes_per_shard=8,
+            supervisor_pid=1,
+        )
+        self.peers = {"shard-0": object()}
+        self.spawned: list[tuple[str, bool]] = []
+        self._store = store
+        self._plan_id = plan_id
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        raw = self._store.get("plans", self._plan_id.encode())
+        committed = raw is not None and bool(
+            msgspec.msgpack.decode(raw, type=PlanRecord).tasks["ask"].answers
+        )
+        self.spawned.append((coro.__qualname__, committed))
+        coro.close()
+
+
+def test_an_answer_is_committed_before_it_is_sent_to_the_lane(tmp_path: Path) -> None:
+    async def main() -> list[tuple[str, bool]]:
+        store = Store(tmp_path / "coordinator", ["plans", "inbox"])
+        store.start()
+        try:
+            spec = f.PlanSpec(name="p", tasks=[f.TaskSpec(id="ask", run="", program="m:P")])
+            plan = PlanRecord.new("p1", spec, submitted_at=0.0)
+            start = plan.place(
+                spec.tasks[0], AffinityTicket(shard="shard-0", generation=1, boot="")
+            )
+            plan.tasks["ask"].status = TaskStatus.RUNNING
+            plan.pause_for_question(
+                f.HitlPause(
+                    lane=start.lane,
+                    plan="p1",
+                    task="ask",
+                    shard="shard-0",
+                    key="q1",
+                    question="ship it?",
+                    asked_at=0.0,
+                )
+            )
+            coordinator = Coordinator()
+            node = Recorder(store, plan.id)
+            coordinator.node = node  # type: ignore[assignment]
+            coordinator.store = store
+            coordinator.plans[plan.id] = plan
+            coordinator.shards["shard-0"] = ShardView(
+                name="shard-0", generation=1, up=True, capacity=8
+            )
+            await store.put_durable("plans", b"p1", msgspec.msgpack.encode(plan))
+            recorded = await coordinator._respond(
+                f.HitlRespond(lane=start.lane, verdict="approve", uid=0, responder="root")
+            )
+            assert isinstance(recorded, f.HitlRecorded)
+            assert recorded.outcome == f"approve sent to lane {start.lane}"
+            return node.spawned
+        finally:
+            store.close()
+
+    spawned = asyncio.run(main())
+    sends = [committed for name, committed in spawned if name.endswith("_send_answer")]
+    assert sends == [True], spawned
