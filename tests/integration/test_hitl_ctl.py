@@ -20,13 +20,7 @@ from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from tests.integration.harness import Tree, wait_until
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skip(
-        reason="waits for the coordinator's HitlRespond/ListPending handling (issue 8) to land "
-        "on main and be merged into ctl8"
-    ),
-]
+pytestmark = pytest.mark.integration
 
 APPROVE_PLAN = 'name = "gate"\n[[task]]\nid = "deploy"\nrun = "echo deployed"\napprove = true\n'
 
