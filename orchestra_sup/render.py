@@ -51,7 +51,21 @@ def rollover_line(event: f.RolloverEvent) -> str:
     return f"+{event.at_s:7.3f} s  {who}{event.text}{took}"
 
 
+def recorded_json(reply: f.HitlRecorded) -> dict[str, Any]:
+    """{"lane", "plan", "task", "outcome"}: what a HITL answer did."""
+    return {"lane": reply.lane, "plan": reply.plan, "task": reply.task, "outcome": reply.outcome}
+
+
+def recorded_line(reply: f.HitlRecorded) -> str:
+    """What a HITL answer did, in one line: "plan 3f2a9c1b7d44: task deploy approved: it runs"
+    (the coordinator's `outcome`, whitespace collapsed)."""
+    return f"plan {reply.plan}: {one_line(reply.outcome, 500)}"
+
+
 def lanes_json(reply: f.LaneList) -> dict[str, Any]:
+    """{"lanes": [{"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}]}:
+    `question` and `since` (Unix seconds) are set on a lane that waits for a human (state
+    "awaiting_approval"), else null; `shard` is "" for a task no lane holds yet."""
     return {"lanes": msgspec.to_builtins(reply.lanes)}
 
 
@@ -177,11 +191,41 @@ def _verdict(done: bool, ok: bool, statuses: set[str]) -> str:
     return "cancelled" if statuses - {"succeeded"} == {"cancelled"} else "FAILED"
 
 
+QUESTION_CHARS = 60
+"""How much of a HITL question a table shows (`ctl lanes`); `--json` has all of it."""
+AWAITING = "awaiting_approval"
+"""The state (of a lane) and status (of a task) of work that waits for a human."""
+ANSWER_HINT = "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial LANE"
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` with its whitespace runs (newlines too) collapsed to one space, cut to at most
+    `limit` characters with a trailing "…" when it was longer."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def waited(seconds: float) -> str:
+    """A wait for people: "42 s", "7 min", "3 h 05 min", "2 d 4 h" (negative: clock skew
+    between the hosts, shown as "0 s")."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
 def plan_table(report: f.PlanReport, console: Console) -> None:
+    """The plan's verdict, a table of its tasks (the failure class of each failed one), then one
+    line per task that waits for a human: its lane (to answer with) and its question."""
     console.print(f"plan {report.plan} ({report.id}): {plan_verdict(report)}")
     table = Table(
         Column("task", no_wrap=True),
         Column("status", no_wrap=True),
+        Column("failure", no_wrap=True),
         "exit",
         "attempts",
         Column("shard", no_wrap=True),
@@ -195,6 +239,7 @@ def plan_table(report: f.PlanReport, console: Console) -> None:
         table.add_row(
             t.id,
             t.status,
+            t.failure or "-",
             "-" if t.exit_code is None else str(t.exit_code),
             str(t.attempts),
             t.shard or "-",
@@ -205,6 +250,11 @@ def plan_table(report: f.PlanReport, console: Console) -> None:
             str(len(t.warnings)) if t.warnings else "",  # in full with --json
         )
     console.print(table)
+    asking = [t for t in report.tasks if t.question is not None]
+    for t in asking:
+        console.print(f"{t.id} asks (lane {t.lane or '-'}): {one_line(t.question or '', 200)}")
+    if asking:
+        console.print(ANSWER_HINT)
 
 
 def plans_table(reply: f.PlanList, console: Console) -> None:
@@ -226,16 +276,22 @@ def plans_table(reply: f.PlanList, console: Console) -> None:
     console.print(table)
 
 
-def lanes_table(reply: f.LaneList, console: Console) -> None:
+def lanes_table(reply: f.LaneList, console: Console, now: float | None = None) -> None:
+    """Live lanes and tasks awaiting approval: for those, how long they have waited (from
+    `since` to `now`, Unix seconds; default: the wall clock, as `since` is another process's)
+    and their question on one line of at most `QUESTION_CHARS`."""
     if not reply.lanes:
-        console.print("no live lanes")
+        console.print("no live lanes, nothing awaits approval")
         return
+    now = time.time() if now is None else now
     table = Table(
         Column("lane", no_wrap=True),
         "task",
         "plan",
         Column("shard", no_wrap=True),
-        "state",
+        Column("state", no_wrap=True),
+        Column("waiting", no_wrap=True),
+        "question",  # cut to QUESTION_CHARS, then wrapped: ids must never be cut
         Column("sandbox", overflow="fold"),
     )
     for lane in reply.lanes:
@@ -243,11 +299,15 @@ def lanes_table(reply: f.LaneList, console: Console) -> None:
             lane.lane,
             lane.task or "-",
             lane.plan or "-",
-            lane.shard,
+            lane.shard or "-",
             lane.state,
+            "-" if lane.since is None else waited(now - lane.since),
+            "" if lane.question is None else one_line(lane.question, QUESTION_CHARS),
             lane.sandbox or "-",
         )
     console.print(table)
+    if any(lane.state == AWAITING for lane in reply.lanes):
+        console.print(ANSWER_HINT)
 
 
 # --- ctl logs ------------------------------------------------------------------------------------

@@ -14,6 +14,14 @@ refused by libzmq, so nobody can take over a live peer's id and cut it off.
 
 Requests carry a message id and replies carry it back as `corr`; a reply whose request is no
 longer pending is stale and dropped.
+
+Caller identity (ARCHITECTURE.md §11 invariant 9): a handler marked with `needs_caller` learns
+who sent each frame from the connection, never from the frame. Its endpoint receives with
+`copy=False` and reads the message's `Peer-Address` property, which libzmq fills on `ipc://`
+from the kernel's `SO_PEERCRED` at connect time as `localhost:<uid>:<gid>:<pid>`
+(`notes/isolation.md`); `Endpoint.caller` holds it, parsed (`PeerCredentials`), for the duration
+of each synchronous handler call. Unmarked endpoints (the relay's hot path) receive plain bytes
+and pay nothing for it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import zmq
 
@@ -42,7 +51,60 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[["Endpoint", bytes | None, f.Envelope], None]
 """Called on the loop for every request or one-way frame: (endpoint, peer routing id or None for a
-DEALER, envelope). It must not block; slow work goes to a task that replies when done."""
+DEALER, envelope). It must not block; slow work goes to a task that replies when done. One
+marked with `needs_caller` also finds the sender's credentials in `Endpoint.caller`."""
+
+H = TypeVar("H", bound=Callable[..., None])
+
+_NEEDS_CALLER = "needs_caller"
+
+
+def needs_caller(handler: H) -> H:
+    """Mark `handler` (a function or a method) as needing each frame's caller identity.
+
+    An `Endpoint` constructed with a marked handler receives with `copy=False` (a `zmq.Frame`
+    per part, copied to bytes after the property is read: a few microseconds a message, which is
+    why nothing else pays it) and sets `Endpoint.caller` to the sender's `PeerCredentials`, or
+    None when the connection has none (`inproc://`, `tcp://`, a malformed property), for the
+    duration of each handler call. Returns `handler` itself.
+    """
+    setattr(handler, _NEEDS_CALLER, True)
+    return handler
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCredentials:
+    """Who is at the other end of an `ipc://` connection, as the kernel said when it connected
+    (`SO_PEERCRED`): user id, group id and process id. Unforgeable by the sender's frames."""
+
+    uid: int
+    gid: int
+    pid: int
+
+
+def parse_peer_address(address: object) -> PeerCredentials | None:
+    """`localhost:<uid>:<gid>:<pid>` (decimal, non-negative) -> `PeerCredentials`; anything
+    else (a `tcp://` peer's IP address, a missing part, a sign, a non-ASCII digit) -> None.
+    Never raises: no identity is the answer to whatever cannot be read as one."""
+    if not isinstance(address, str):
+        return None
+    host, *numbers = address.split(":")
+    if host != "localhost" or len(numbers) != 3:
+        return None
+    if not all(n.isascii() and n.isdigit() for n in numbers):
+        return None
+    uid, gid, pid = (int(n) for n in numbers)
+    return PeerCredentials(uid=uid, gid=gid, pid=pid)
+
+
+def frame_credentials(frame: zmq.Frame) -> PeerCredentials | None:
+    """The credentials of the connection `frame` (received with `copy=False`) came in on, or
+    None when the transport has none (`inproc://` has no `Peer-Address` at all)."""
+    try:
+        address = frame.get("Peer-Address")
+    except zmq.ZMQError:  # EINVAL: no such property on this message
+        return None
+    return parse_peer_address(address)
 
 
 class Endpoint:
@@ -52,6 +114,10 @@ class Endpoint:
     `[peer routing id, frame]` like a ROUTER: the handler gets the peer, replies go back to it,
     and an undecodable frame is answered. Counters `bad_frames` and `stale_replies` count what was
     dropped. Construction does not touch the loop; `start()` must be called from the loop thread.
+
+    `caller` is the sender's `PeerCredentials` while a `needs_caller` handler runs (None when
+    its connection has none); it is None at every other time and on every other endpoint, so a
+    task the handler spawns must take it as an argument, not read it later.
     """
 
     def __init__(
@@ -72,6 +138,8 @@ class Endpoint:
         self.routed = routed or kind == zmq.ROUTER
         self.codec = codec
         self.handler = handler
+        self.reads_caller = bool(getattr(handler, _NEEDS_CALLER, False))
+        self.caller: PeerCredentials | None = None
         self.sock: zmq.Socket = ctx.socket(kind)
         self.sock.linger = 0
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
@@ -225,8 +293,19 @@ class Endpoint:
         sock = self.sock
         # Ask EVENTS rather than recv until zmq.Again: raising and catching Again once per
         # wake-up cost more than the question (pyzmq's own asyncio layer asks it too).
+        if self.reads_caller:
+            while not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._dispatch_with_caller(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            return
         while not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self._dispatch(sock.recv_multipart(zmq.NOBLOCK))
+
+    def _dispatch_with_caller(self, parts: list[zmq.Frame]) -> None:
+        self.caller = frame_credentials(parts[-1])
+        try:
+            self._dispatch([part.bytes for part in parts])
+        finally:
+            self.caller = None
 
     def _dispatch(self, parts: list[bytes]) -> None:
         peer = parts[0] if self.routed and len(parts) > 1 else None

@@ -2,20 +2,31 @@
 
 Answered by the supervisor itself: `status` (from the control record, never waiting on a child),
 `restart`, `stop`, `rollover` (`supervisor.rollover`). Forwarded to the coordinator as a task,
-so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`, `cancel`.
-Fanned out to every shard: `lanes`, `logs`.
+so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`, `cancel`, and
+the HITL answers (`approve`, `reject`, `redirect`, `accept-partial`: `CtlRespond`), stamped with
+the caller's identity from the connection. Fanned out to every shard: `lanes` (with the
+coordinator's pending approvals merged in), `logs`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.endpoint import Endpoint, reply_when_done, routing_id
+from orchestra_sup.protocol.endpoint import (
+    Endpoint,
+    PeerCredentials,
+    needs_caller,
+    reply_when_done,
+    routing_id,
+)
 from orchestra_sup.release import version
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildState
@@ -26,14 +37,23 @@ if TYPE_CHECKING:
 DEFAULT_FORWARD_TIMEOUT_S = 10.0
 LOGS_MARGIN_S = 1.0
 """How much sooner than the caller's deadline a `ctl logs` long poll ends at the shard."""
+PENDING_WAIT_S = 1.0
+"""Seconds `ctl lanes` waits for the coordinator's pending approvals (`ListPending`). It answers
+from memory at once; only a wedged or stopped one takes longer, and then the shards' lanes are
+answered without them rather than held up for the caller's whole deadline."""
 
 
 class CtlService:
-    """Serves `Ctl*` frames on the supervisor's ctl ROUTER."""
+    """Serves `Ctl*` frames on the supervisor's ctl ROUTER.
+
+    Its handler is `needs_caller`: the ctl socket is `ipc://` (mode 0600 in a 0700 run
+    directory), so every request comes with its sender's uid, gid and pid from the kernel.
+    """
 
     def __init__(self, sup: RootSupervisor):
         self.sup = sup
 
+    @needs_caller
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
         body = env.body
         match body:
@@ -69,6 +89,12 @@ class CtlService:
                 self._answer(ep, peer, env, self.sup.rollovers.begin(body))
             case f.CtlRolloverStatus():
                 self._answer(ep, peer, env, self.sup.rollovers.status(body))
+            case f.CtlRespond():
+                if ep.caller is None:
+                    message = "no peer credentials on this connection; answer over ctl.ipc"
+                    ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
+                    return
+                self._answer(ep, peer, env, self._respond(body, ep.caller, env.ttl_s))
             case f.CtlLanes():
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))
             case f.CtlLogs():
@@ -138,12 +164,20 @@ class CtlService:
         await self.sup.tree.restart_worker(worker)
         return f.Ack()
 
-    async def _forward(self, name: str, body: f.Body, ttl_s: float | None) -> f.Body:
+    async def _forward(
+        self, name: str, body: f.Body, ttl_s: float | None, wait_s: float | None = None
+    ) -> f.Body:
+        """Ask child `name`, waiting until just before the caller's deadline `ttl_s` (seconds;
+        None: `DEFAULT_FORWARD_TIMEOUT_S`), or `wait_s` seconds when that is sooner. Returns
+        its reply, its `Error` as a body; raises `RemoteError(peer_down)` when it is not
+        running, `PeerDown`/`CallTimeout` when it cannot be reached or does not answer."""
         child = self.sup.by_name[name]
         assert self.sup.control is not None
         if child.state is not ChildState.RUNNING:
             raise RemoteError(ErrorCode.PEER_DOWN, f"{name} is {child.state}; try again shortly")
         timeout = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
+        if wait_s is not None:
+            timeout = min(timeout, wait_s)
         try:
             return await self.sup.control.request(
                 body,
@@ -154,15 +188,32 @@ class CtlService:
         except RemoteError as exc:
             return f.Error(code=exc.code, message=exc.message)
 
+    async def _respond(
+        self, req: f.CtlRespond, caller: PeerCredentials, ttl_s: float | None
+    ) -> f.Body:
+        """Forward `req` to the coordinator as `HitlRespond`, stamped with `caller`'s uid and
+        user name; nothing of who answered is taken from `req` (extra fields a sender adds to
+        the frame are not even decoded). Answers `HitlRecorded`, or the coordinator's `Error`
+        (`not_found`, `bad_request`), or `peer_down`/`timeout` when it cannot be asked."""
+        responder = await asyncio.to_thread(user_name, caller.uid)  # NSS may read files
+        return await self._forward("coordinator", stamped(req, caller, responder), ttl_s)
+
     async def _lanes(self, ttl_s: float | None) -> f.Body:
+        """Every shard's live lanes, merged with the coordinator's pending approvals
+        (`merge_pending`). A shard or a coordinator that does not answer is left out (the
+        coordinator after `PENDING_WAIT_S`): what the others said is still worth showing."""
         shards = [w for w in self.sup.workers if w.spec.role == "shard"]
-        replies = await asyncio.gather(
-            *(self._forward(c.name, f.ListLanes(), ttl_s) for c in shards), return_exceptions=True
+        pending, *replies = await asyncio.gather(
+            self._forward("coordinator", f.ListPending(), ttl_s, wait_s=PENDING_WAIT_S),
+            *(self._forward(c.name, f.ListLanes(), ttl_s) for c in shards),
+            return_exceptions=True,
         )
         lanes: list[f.LaneInfo] = []
         for reply in replies:
             if isinstance(reply, f.LaneList):
                 lanes.extend(reply.lanes)
+        if isinstance(pending, f.LaneList):
+            lanes = merge_pending(lanes, pending.lanes)
         return f.LaneList(lanes=lanes)
 
     async def _logs(self, req: f.CtlLogs, ttl_s: float | None) -> f.Body:
@@ -195,6 +246,52 @@ class CtlService:
                 f"{', '.join(silent)} did not answer, try again shortly",
             )
         raise RemoteError(ErrorCode.NOT_FOUND, f"no lane {req.lane!r} on any shard")
+
+
+def stamped(req: f.CtlRespond, caller: PeerCredentials, responder: str) -> f.HitlRespond:
+    """`req` as the coordinator gets it: the answer as asked, and who answered as the connection
+    says (`caller.uid`, `responder`: its user name, `user_name`)."""
+    return f.HitlRespond(
+        lane=req.lane,
+        verdict=req.verdict,
+        uid=caller.uid,
+        responder=responder,
+        text=req.text,
+        grant=req.grant,
+        retries=req.retries,
+    )
+
+
+def user_name(uid: int) -> str:
+    """The login name of `uid` (`pwd`), or "uid N" when the user database has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def merge_pending(live: list[f.LaneInfo], pending: list[f.LaneInfo]) -> list[f.LaneInfo]:
+    """The shards' `live` lanes with the coordinator's `pending` approvals folded in.
+
+    A pending entry for a lane a shard lists takes that lane's place with the coordinator's
+    state, question and since (the shard's own are kept where the coordinator has none) and the
+    shard's placement (shard, sandbox); a pending entry with no live lane (a task waiting for
+    approval before it runs, or one whose shard is down) is added after the live lanes. Order:
+    live lanes as the shards listed them, then the others as the coordinator did.
+    """
+    waiting = {p.lane: p for p in pending}
+    merged = []
+    for lane in live:
+        p = waiting.pop(lane.lane, None)
+        if p is not None:
+            lane = msgspec.structs.replace(
+                lane,
+                state=p.state,
+                question=p.question if p.question is not None else lane.question,
+                since=p.since if p.since is not None else lane.since,
+            )
+        merged.append(lane)
+    return merged + list(waiting.values())
 
 
 def _supervisors(sup: Supervisor, parent: str | None = None) -> Iterator[f.SupervisorInfo]:

@@ -98,9 +98,52 @@ def test_bad_config_names_key_and_value(tmp_path: Path) -> None:
 
 def test_ctl_with_no_tree(tmp_path: Path) -> None:
     """Every ctl command with no tree at the run directory: one line, exit 3."""
-    for args in (["status"], ["lanes", "--json"], ["stop"], ["restart", "shard-0"]):
+    for args in (
+        ["status"],
+        ["lanes", "--json"],
+        ["stop"],
+        ["restart", "shard-0"],
+        ["approve", "l1", "--grant", "wall_s=60"],
+        ["accept-partial", "l1"],
+    ):
         proc = cli("ctl", "--run-dir", str(tmp_path / "nothing"), *args)
         assert_one_line_error(proc, 3, "no tree is running")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["approve", "l1", "--grant", "wall_s=0"], ["--grant wall_s=0", "positive"]),
+        (["approve", "l1", "--grant", "memory=5"], ["unknown key 'memory'"]),
+        (["approve", "l1", "--grant", "cpu_s=ten"], ["cpu_s='ten'"]),
+        (["approve", "l1", "--grant", ""], ["KEY=VALUE"]),
+        (["approve", "l1", "--retries", "-1"], ["--retries"]),
+        (["reject", "l1", "--reason", ""], ["--reason must not be empty"]),
+        (["reject", "l1", "--reason", " \n "], ["--reason must not be empty"]),
+        (["reject", "l1"], ["Missing option", "--reason"]),
+        (["redirect", "l1", "--to", ""], ["--to must not be empty"]),
+        (["accept-partial"], ["Missing argument"]),
+    ],
+    ids=[
+        "zero-grant",
+        "unknown-grant-key",
+        "grant-not-a-number",
+        "empty-grant",
+        "negative-retries",
+        "empty-reason",
+        "blank-reason",
+        "missing-reason",
+        "empty-redirect",
+        "missing-lane",
+    ],
+)
+def test_bad_hitl_answers_are_refused_before_anything_is_sent(
+    tmp_path: Path, args: list[str], needles: list[str]
+) -> None:
+    """A bad answer is one line and exit 2 even with no tree to send it to (which would be
+    exit 3): it is refused before any connection is made."""
+    proc = cli("ctl", "--run-dir", str(tmp_path / "nothing"), *args)
+    assert_one_line_error(proc, 2, *needles)
 
 
 def test_run_json_on_a_default_workspace(tmp_path: Path) -> None:
@@ -166,6 +209,7 @@ def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None
 
     (lane,) = wait_until(lanes, 20, "the lane to run")  # type: ignore[misc]
     assert set(lane) == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
+    assert lane["question"] is None and lane["since"] is None
     assert lane["plan"] == plan_id and lane["task"] == "slow"
     pending = json.loads(cli("ctl", "--run-dir", run_dir, "plan", plan_id, "--json").stdout)
     assert pending["tasks"][0]["status"] == "running"

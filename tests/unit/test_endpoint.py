@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,7 +26,14 @@ from orchestra_sup.errors import (
 )
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint, Handler
+from orchestra_sup.protocol.endpoint import (
+    Endpoint,
+    Handler,
+    PeerCredentials,
+    frame_credentials,
+    needs_caller,
+    parse_peer_address,
+)
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
 ADDR = "inproc://router"
@@ -33,9 +42,11 @@ DEADLINE_S = 5.0
 
 
 class Net:
-    """One context and the sockets made on it; `close()` closes them all and terminates it."""
+    """One context and the sockets made on it, all on `addr`; `close()` closes them all and
+    terminates it."""
 
-    def __init__(self) -> None:
+    def __init__(self, addr: str = ADDR) -> None:
+        self.addr = addr
         self.ctx = zmq.Context()
         self.endpoints: list[Endpoint] = []
         self.raw: list[zmq.Socket] = []
@@ -52,7 +63,7 @@ class Net:
             handler=handler,
         )
         self.endpoints.append(ep)
-        ep.bind(ADDR)
+        ep.bind(self.addr)
         ep.start()
         return ep
 
@@ -74,7 +85,7 @@ class Net:
             identity=identity,
         )
         self.endpoints.append(ep)
-        ep.connect(ADDR)
+        ep.connect(self.addr)
         ep.start()
         return ep
 
@@ -82,7 +93,7 @@ class Net:
         sock = self.ctx.socket(zmq.DEALER)
         sock.linger = 0
         self.raw.append(sock)
-        sock.connect(ADDR)
+        sock.connect(self.addr)
         return sock
 
     def close(self) -> None:
@@ -94,8 +105,8 @@ class Net:
 
 
 @contextlib.asynccontextmanager
-async def _net() -> AsyncIterator[Net]:
-    net = Net()
+async def _net(addr: str = ADDR) -> AsyncIterator[Net]:
+    net = Net(addr)
     try:
         yield net
     finally:
@@ -626,5 +637,131 @@ def test_refused_frames_are_not_echoed_forever() -> None:
                 async with asyncio.timeout(0.5):
                     await skewed.flooded.wait()
             assert skewed.seen < 50, (router.bad_frames, dealer.bad_frames)
+
+    _run(main)
+
+
+# --- caller identity -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("localhost:0:0:26655", PeerCredentials(uid=0, gid=0, pid=26655)),
+        ("localhost:1000:100:7", PeerCredentials(uid=1000, gid=100, pid=7)),
+        ("localhost:4294967294:4294967294:1", PeerCredentials(4294967294, 4294967294, 1)),
+        ("127.0.0.1", None),  # a tcp:// peer: an address, no credentials
+        ("localhost:0:0", None),
+        ("localhost:0:0:1:2", None),
+        ("localhost:-1:0:1", None),
+        ("localhost:+1:0:1", None),
+        ("localhost: 1:0:1", None),
+        ("localhost::0:1", None),
+        ("localhost:0:0:\u0661", None),  # ARABIC-INDIC DIGIT ONE: isdigit() but not ASCII
+        ("otherhost:0:0:1", None),
+        ("", None),
+        (None, None),
+        (b"localhost:0:0:1", None),
+    ],
+)
+def test_parse_peer_address(address: object, expected: PeerCredentials | None) -> None:
+    """Only `localhost:<uid>:<gid>:<pid>` in ASCII decimals is an identity; the rest is none."""
+    assert parse_peer_address(address) == expected
+
+
+def test_a_message_with_no_peer_address_has_no_credentials() -> None:
+    """`inproc://` messages have no `Peer-Address` property at all: no identity, no error."""
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        pull.bind("inproc://nopeer")
+        push.connect("inproc://nopeer")
+        push.send(b"x")
+        assert pull.poll(int(DEADLINE_S * 1000))
+        assert frame_credentials(pull.recv(copy=False)) is None
+    finally:
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
+
+
+def _recording_caller(seen: list[PeerCredentials | None]) -> Handler:
+    def handler(ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        seen.append(ep.caller)
+        ep.reply(env, peer, f.Ack())
+
+    return handler
+
+
+def test_needs_caller_handler_sees_the_connection_credentials_over_ipc(tmp_path: Path) -> None:
+    """Over a real `ipc://` socket a `needs_caller` handler sees this process's uid, gid and
+    pid, whatever the frame says; `caller` is None again once the handler returns."""
+
+    async def main() -> None:
+        async with _net(f"ipc://{tmp_path / 'ctl.ipc'}") as net:
+            seen: list[PeerCredentials | None] = []
+            router = net.router(needs_caller(_recording_caller(seen)))
+            assert router.reads_caller
+            dealer = net.dealer("uid-4242")  # a name is not an identity
+            async with asyncio.timeout(DEADLINE_S):
+                assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+                assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+            me = PeerCredentials(uid=os.getuid(), gid=os.getgid(), pid=os.getpid())
+            assert seen == [me, me]
+            assert router.caller is None
+
+    _run(main)
+
+
+def test_unmarked_handler_gets_no_caller_over_ipc(tmp_path: Path) -> None:
+    """An endpoint whose handler is not marked (the relay's) receives plain bytes: no caller,
+    even on `ipc://` where one could be read."""
+
+    async def main() -> None:
+        async with _net(f"ipc://{tmp_path / 'relay.ipc'}") as net:
+            seen: list[PeerCredentials | None] = []
+            router = net.router(_recording_caller(seen))
+            assert not router.reads_caller
+            dealer = net.dealer("d1")
+            async with asyncio.timeout(DEADLINE_S):
+                assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+            assert seen == [None]
+
+    _run(main)
+
+
+def test_needs_caller_over_inproc_is_served_without_a_caller() -> None:
+    """A marked handler behind `inproc://` is still served; it just has no identity to see."""
+
+    async def main() -> None:
+        async with _net() as net:
+            seen: list[PeerCredentials | None] = []
+            net.router(needs_caller(_recording_caller(seen)))
+            dealer = net.dealer("d1")
+            async with asyncio.timeout(DEADLINE_S):
+                assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+            assert seen == [None]
+
+    _run(main)
+
+
+def test_caller_is_cleared_when_the_handler_raises(tmp_path: Path) -> None:
+    """A handler that raises leaves no stale caller behind for whatever runs next."""
+
+    async def main() -> None:
+        async with _net(f"ipc://{tmp_path / 'ctl.ipc'}") as net:
+
+            @needs_caller
+            def handler(ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+                assert ep.caller is not None
+                raise RuntimeError("handler bug")
+
+            router = net.router(handler)
+            dealer = net.dealer("d1")
+            with pytest.raises(RemoteError) as info:
+                async with asyncio.timeout(DEADLINE_S):
+                    await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S)
+            assert "handler bug" in info.value.message
+            assert router.caller is None
 
     _run(main)

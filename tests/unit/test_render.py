@@ -1,9 +1,15 @@
-"""How a plan's outcome is headlined for people."""
+"""How ctl replies look: a plan's headline, tables of lanes and tasks (pending approvals,
+failure classes), and the JSON shapes programs read."""
 
 from __future__ import annotations
 
-import pytest
+import io
+from collections.abc import Callable
 
+import pytest
+from rich.console import Console
+
+from orchestra_sup import render
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.render import plan_verdict
 
@@ -26,3 +32,162 @@ def report(done: bool, *statuses: str) -> f.PlanReport:
 )
 def test_plan_verdict(plan: f.PlanReport, verdict: str) -> None:
     assert plan_verdict(plan) == verdict
+
+
+def printed(draw: Callable[[Console], None], width: int = 200) -> str:
+    """What `draw` prints on a plain console `width` columns wide."""
+    buf = io.StringIO()
+    draw(Console(file=buf, width=width, markup=False, highlight=False, color_system=None))
+    return buf.getvalue()
+
+
+QUESTION = "Deploy build 41 to production?\nIt replaces build 40, " + "which " * 30 + "end"
+
+
+def pending_lanes() -> f.LaneList:
+    return f.LaneList(
+        lanes=[
+            f.LaneInfo(
+                lane="p1-build-1", task="build", plan="p1", shard="shard-0", state="running",
+                sandbox="/sb/1",
+            ),
+            f.LaneInfo(
+                lane="p1-deploy-1", task="deploy", plan="p1", shard="", state="awaiting_approval",
+                sandbox=None, question=QUESTION, since=1000.0,
+            ),
+        ]
+    )  # fmt: skip
+
+
+def test_lanes_table_shows_what_waits_for_a_human() -> None:
+    """A pending approval is a row with its state, how long it has waited and its question on
+    one line, cut to `QUESTION_CHARS`; a line says how to answer it."""
+    text = printed(lambda c: render.lanes_table(pending_lanes(), c, now=1000.0 + 3 * 60 + 5))
+    (row,) = [line for line in text.splitlines() if "p1-deploy-1" in line]
+    assert "awaiting_approval" in row and "3 min" in row
+    assert "Deploy build 41 to production? It replaces build 40, which" in row
+    assert "end" not in row.split("Deploy")[1] and "…" in row
+    assert render.ANSWER_HINT in text
+    (live,) = [line for line in text.splitlines() if "p1-build-1" in line]
+    assert "running" in live and "shard-0" in live
+
+
+def test_lanes_table_without_pending_has_no_hint() -> None:
+    """No answer hint when nothing waits for a human; an empty list says so in words."""
+    running = f.LaneList(lanes=pending_lanes().lanes[:1])
+    assert render.ANSWER_HINT not in printed(lambda c: render.lanes_table(running, c))
+    empty = printed(lambda c: render.lanes_table(f.LaneList(lanes=[]), c))
+    assert empty.strip() == "no live lanes, nothing awaits approval"
+
+
+def test_lanes_json_carries_the_whole_question_and_since() -> None:
+    """`ctl lanes --json`: every lane has `question` and `since` (null when not waiting)."""
+    lanes = render.lanes_json(pending_lanes())["lanes"]
+    assert [(x["question"], x["since"]) for x in lanes] == [(None, None), (QUESTION, 1000.0)]
+    assert all(
+        set(x) == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
+        for x in lanes
+    )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (-5, "0 s"),
+        (0, "0 s"),
+        (59.9, "59 s"),
+        (60, "1 min"),
+        (3599, "59 min"),
+        (3600 + 5 * 60, "1 h 05 min"),
+        (86400 * 2 + 3600 * 4 + 59, "2 d 4 h"),
+    ],
+)
+def test_waited(seconds: float, shown: str) -> None:
+    """A wait in the unit a person reads at a glance; clock skew never shows as negative."""
+    assert render.waited(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "shown"),
+    [
+        ("short", 10, "short"),
+        ("two\nlines  and\ttabs", 40, "two lines and tabs"),
+        ("abcdefghij", 10, "abcdefghij"),
+        ("abcdefghijk", 10, "abcdefghi…"),
+    ],
+)
+def test_one_line(text: str, limit: int, shown: str) -> None:
+    """Whitespace collapsed, cut with an ellipsis to at most `limit` characters."""
+    assert render.one_line(text, limit) == shown
+    assert len(render.one_line(text, limit)) <= limit
+
+
+def failing_report() -> f.PlanReport:
+    answer = f.Answer(
+        verdict="approve", grant=f.Budget(wall_s=60.0), responder="root", uid=0, at=5.0
+    )
+    tasks = [
+        f.TaskReport(
+            id="build", status="failed", exit_code=None, error="cpu budget spent",
+            failure="budget_exhaustion", spent=f.Spend(wall_s=1.5, cpu_s=10.0, output_bytes=3),
+            answers=[answer],
+        ),
+        f.TaskReport(
+            id="deploy", status="awaiting_approval", lane="p1-deploy-1",
+            question="Deploy\nnow?",
+        ),
+        f.TaskReport(id="test", status="pending", retry_at=99.5),
+    ]  # fmt: skip
+    return f.PlanReport(
+        plan="p", id="p1", done=False, ok=False, tasks=tasks,
+        spent=f.Spend(wall_s=1.5), budget=f.Budget(cpu_s=10.0),
+    )  # fmt: skip
+
+
+def test_plan_table_shows_failure_classes_and_questions() -> None:
+    """Each task's failure class is a column; a task waiting for a human gets a line with its
+    lane and question after the table, then how to answer."""
+    text = printed(lambda c: render.plan_table(failing_report(), c))
+    (build,) = [line for line in text.splitlines() if line.startswith("│ build")]
+    assert "budget_exhaustion" in build and "cpu budget spent" in build
+    assert "deploy asks (lane p1-deploy-1): Deploy now?" in text.splitlines()
+    assert text.splitlines()[-1] == render.ANSWER_HINT
+
+
+def test_plan_json_carries_the_issue_8_task_fields() -> None:
+    """`ctl plan --json` / `run --json` have each task's failure, spent, question, answers and
+    retry_at, and the plan's spent and budget."""
+    out = render.plan_json(failing_report())
+    build, deploy, test = out["tasks"]
+    assert build["failure"] == "budget_exhaustion"
+    assert build["spent"] == {"wall_s": 1.5, "cpu_s": 10.0, "output_bytes": 3}
+    assert build["answers"] == [
+        {
+            "verdict": "approve",
+            "text": "",
+            "grant": {"wall_s": 60.0, "cpu_s": None, "output_bytes": None},
+            "retries": 0,
+            "responder": "root",
+            "uid": 0,
+            "at": 5.0,
+        }
+    ]
+    assert (deploy["question"], deploy["answers"], deploy["failure"]) == ("Deploy\nnow?", [], None)
+    assert test["retry_at"] == 99.5
+    assert out["budget"] == {"wall_s": None, "cpu_s": 10.0, "output_bytes": None}
+    assert out["spent"]["wall_s"] == 1.5
+    assert "t" not in out
+
+
+def test_recorded_line_and_json() -> None:
+    """What a HITL answer did: one line for people, four keys for programs."""
+    rec = f.HitlRecorded(
+        lane="l", plan="p1", task="deploy", outcome="task deploy approved:\nit runs"
+    )
+    assert render.recorded_line(rec) == "plan p1: task deploy approved: it runs"
+    assert render.recorded_json(rec) == {
+        "lane": "l",
+        "plan": "p1",
+        "task": "deploy",
+        "outcome": "task deploy approved:\nit runs",
+    }
