@@ -24,6 +24,7 @@ import psutil
 
 from orchestra_sup.client import CtlClient
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
 READY_TIMEOUT_S = 30.0
 
@@ -323,7 +324,7 @@ class RawPeer:
 
     def send(self, body: f.Body, msg_id: str = "t", ttl_s: float | None = 10.0) -> None:
         env = f.Envelope(
-            v=1,
+            v=PROTOCOL_VERSION,
             id=msg_id,
             corr=None,
             sender=self.sender,
