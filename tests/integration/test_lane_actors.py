@@ -18,6 +18,8 @@ import lmdb
 import msgspec
 import pytest
 
+from orchestra_sup.config import load_settings
+from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import RawPeer, Tree, wait_until
@@ -25,6 +27,7 @@ from tests.integration.harness import RawPeer, Tree, wait_until
 pytestmark = pytest.mark.integration
 
 ASKS = "tests.integration.lane_programs:Asks"
+REVIEW = "review_program:Review"  # examples/review_program.py
 REPO = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
 
@@ -32,8 +35,9 @@ _ids = itertools.count()
 @pytest.fixture
 def shard(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
     cfg = tmp_path / "tree.toml"
-    cfg.write_text(f'[lanes]\nprograms = ["{ASKS}"]\n')
-    return tree_factory(workspace=repo, shards=1, config=cfg, extra_env={"PYTHONPATH": str(REPO)})
+    cfg.write_text(f'[lanes]\nprograms = ["{ASKS}", "{REVIEW}"]\n')
+    path = f"{REPO}:{REPO / 'examples'}"
+    return tree_factory(workspace=repo, shards=1, config=cfg, extra_env={"PYTHONPATH": path})
 
 
 def ask(tree: Tree, body: f.Body) -> f.Body:
@@ -185,6 +189,35 @@ def test_a_lane_waiting_for_a_human_is_cancelled_at_once(shard: Tree) -> None:
     assert ask(shard, f.LaneCancel(lane=lane)) == f.Ack()
     res = result(shard, lane)
     assert (res.status, res.failure) == ("cancelled", None), res
+
+
+def test_the_review_example_reviews_asks_and_publishes(shard: Tree) -> None:
+    """examples/review_program.py as its comment says to run it: its plan and config load and
+    name it; it reviews, uses its feedback and budget, asks before it writes, and writes
+    REVIEW.md once approved, telling the coordinator."""
+    plan = load_plan(REPO / "examples" / "review.toml")
+    settings = load_settings(REPO / "examples" / "review.config.toml")
+    assert [t.program for t in plan.tasks] == [REVIEW] and REVIEW in settings.lanes.programs
+    lane = start(
+        shard,
+        "echo one; echo two",
+        program=REVIEW,
+        feedback="shorter",
+        budget=f.Budget(cpu_s=30.0),
+    )
+    wait_until(lambda: inbox(shard, f"pause:{lane}:publish"), 30, "the question")
+    approve = f.Answer(verdict="approve", responder="ana", uid=1000)
+    assert ask(shard, f.HitlAnswer(lane=lane, key="publish", answer=approve)) == f.Ack()
+    res = result(shard, lane)
+    assert res.status == "succeeded", res
+    summary = "2 lines from `echo one; echo two`; last: two"
+    assert "revising after: shorter\n" in res.output_tail
+    assert f"summary: {summary}\n" in res.output_tail and "cpu left: " in res.output_tail
+    assert res.sandbox is not None
+    assert (Path(res.sandbox) / "REVIEW.md").read_text() == f"{summary}\n"
+    note = inbox(shard, f"note:{lane}:1")
+    assert note is not None and note.note is not None
+    assert note.note.text == "published, approved by ana"
 
 
 def _children(pid: int) -> list[int]:
