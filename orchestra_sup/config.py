@@ -38,6 +38,15 @@ nice = 10                 # niceness added to every lane's command (0..19): lane
                           # the tree's own processes, so a busy lane cannot slow the coordinator
 programs = []             # lane programs ("module:Class") plans may name besides "shell"; each
                           # runs as Python inside its shard, so list only code you trust
+
+[quotas.acme]             # ceilings for plans with tenant = "acme", checked before a lane is
+                          # placed; a breach starts nothing and fails the task with quota_breach
+                          # (on_failure = "retry" waits it out). Each key is optional.
+concurrency = 4           # lanes live at once
+rate = 100                # lanes started per window
+wall_s = 3600.0           # wall seconds spent by lanes that ended within the window
+cpu_s = 1800.0            # CPU seconds spent by lanes that ended within the window
+window_s = 3600.0         # the rolling window, seconds (default one hour)
 ```
 """
 
@@ -52,6 +61,7 @@ from typing import Any, Literal
 import msgspec
 
 from orchestra_sup.coordinator.placement import NAME_PATTERN
+from orchestra_sup.coordinator.quota import Quota
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.shards.program import PROGRAM_PATTERN
 
@@ -128,6 +138,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     shards: ShardSettings = ShardSettings()
     lanes: LaneSettings = LaneSettings()
     relay: RelaySettings = RelaySettings()
+    quotas: dict[str, Quota] = {}
+    """Tenant -> its ceilings (`[quotas.<tenant>]`, `coordinator.quota.Quota`)."""
 
 
 _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
@@ -144,9 +156,14 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("lanes", "max_worker_loss"): (int, 1, 100),
     ("lanes", "nice"): (int, 0, 19),
     ("relay", "deadline_s"): (float, 0.1, 3_600),
+    ("quotas", "concurrency"): (int, 1, 1_000_000),
+    ("quotas", "rate"): (int, 1, 1_000_000_000),
+    ("quotas", "wall_s"): (float, 0.001, 1e12),
+    ("quotas", "cpu_s"): (float, 0.001, 1e12),
+    ("quotas", "window_s"): (float, 1, 366 * 86_400),
 }
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {("supervisor", "spawn"): ("fork", "exec")}
-_SECTIONS = ("supervisor", "shards", "lanes", "relay")
+_SECTIONS = ("supervisor", "shards", "lanes", "relay", "quotas")
 
 
 def _check(section: str, key: str, value: Any) -> Any:
@@ -194,6 +211,8 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             raise ConfigError(f"[{section}] must be a table, got {body!r}")
         if section == "shards":
             sections[section] = _shards_section(body)
+        elif section == "quotas":
+            sections[section] = _quotas_section(body)
         elif section == "lanes" and "programs" in body:
             rest = {k: v for k, v in body.items() if k != "programs"}
             sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
@@ -218,7 +237,27 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         shards=shards,
         lanes=LaneSettings(**sections.get("lanes", {})),
         relay=RelaySettings(**sections.get("relay", {})),
+        quotas=sections.get("quotas", {}),
     )
+
+
+def _quotas_section(body: dict[str, Any]) -> dict[str, Quota]:
+    """`[quotas.<tenant>]` tables of ceilings; raises `ConfigError`."""
+    out: dict[str, Quota] = {}
+    for tenant, table in body.items():
+        if not NAME_PATTERN.fullmatch(tenant):
+            raise ConfigError(
+                f"[quotas.{tenant}]: not a tenant name (must match {NAME_PATTERN.pattern})"
+            )
+        if not isinstance(table, dict):
+            raise ConfigError(f"[quotas] {tenant} = {_toml_value(table)}: expected a table")
+        if not table:
+            raise ConfigError(f"[quotas.{tenant}] is empty: give at least one ceiling")
+        try:
+            out[tenant] = Quota(**{k: _check("quotas", k, v) for k, v in table.items()})
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("[quotas]", f"[quotas.{tenant}]", 1)) from None
+    return out
 
 
 _NAME_LISTS = ("capabilities", "tenants")

@@ -6,8 +6,10 @@ declared dimension raises a budget failure into supervision." Here the parent is
 children its tasks' lanes: a lane's grant (`LaneStart.budget`) is, in each dimension, the least
 of what its task has left (its `budget`, plus what humans granted, minus what its earlier
 attempts spent) and what its plan has left (its `budget` minus what ended lanes spent and what
-live lanes hold as grants). The shard stops a lane that spends its grant in any dimension (failure
-class `budget_exhaustion`). Pure arithmetic over `frames.Budget` and `frames.Spend`.
+live lanes hold as grants); in a dimension its task does not limit, an equal share of what the
+plan has left among the tasks still to run (`carve`). The shard stops a lane that spends its
+grant in any dimension (failure class `budget_exhaustion`). Pure arithmetic over `frames.Budget`
+and `frames.Spend`.
 
 Units: `wall_s` and `cpu_s` are seconds (float), `output_bytes` bytes (int); None in a `Budget`
 is no limit in that dimension.
@@ -61,6 +63,18 @@ def extend(limit: Budget | None, extra: Budget | None) -> Budget | None:
     )
 
 
+def plus(a: Budget | None, b: Budget) -> Budget:
+    """Two grants added up, dimension by dimension (None counts as 0 unless both are None)."""
+    if a is None:
+        return b
+    out = _sum(a.output_bytes, b.output_bytes)
+    return Budget(
+        wall_s=_sum(a.wall_s, b.wall_s),
+        cpu_s=_sum(a.cpu_s, b.cpu_s),
+        output_bytes=None if out is None else int(out),
+    )
+
+
 def left(limit: Budget | None, spent: Spend, held: Spend | None = None) -> Budget | None:
     """What is left of `limit` after `spent` and `held` (grants of live lanes; None: none),
     never below 0; None when `limit` is None."""
@@ -79,17 +93,27 @@ def left(limit: Budget | None, spent: Spend, held: Spend | None = None) -> Budge
     )
 
 
-def carve(task_left: Budget | None, plan_left: Budget | None) -> Budget | None:
+def carve(task_left: Budget | None, plan_left: Budget | None, share: int = 1) -> Budget | None:
     """The grant of a lane: in each dimension, the least of what its task and its plan have
-    left (None when neither limits anything)."""
-    if task_left is None:
-        return plan_left
+    left; in a dimension its task does not limit, a `share`-th of what the plan has left (its
+    tasks still to run share it equally, so the first lane does not hold the whole plan's budget
+    while its siblings starve). None when neither limits anything."""
     if plan_left is None:
         return task_left
+    task_left = task_left or Budget()
+
+    def one(mine: float | None, plans: float | None) -> float | None:
+        if plans is None:
+            return mine
+        if mine is None:
+            return plans / max(1, share)
+        return min(mine, plans)
+
+    out = one(task_left.output_bytes, plan_left.output_bytes)
     return Budget(
-        wall_s=_least(task_left.wall_s, plan_left.wall_s),
-        cpu_s=_least(task_left.cpu_s, plan_left.cpu_s),
-        output_bytes=_least(task_left.output_bytes, plan_left.output_bytes),
+        wall_s=one(task_left.wall_s, plan_left.wall_s),
+        cpu_s=one(task_left.cpu_s, plan_left.cpu_s),
+        output_bytes=None if out is None else int(out),
     )
 
 
@@ -121,6 +145,10 @@ def _plus(a: float | None, b: float | None) -> float | None:
     if a is None:
         return None
     return a + (b or 0)
+
+
+def _sum(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
 
 
 def _least(a: float | None, b: float | None) -> float | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import (
     AffinityTicket,
     Need,
@@ -31,7 +32,13 @@ from orchestra_sup.coordinator.placement import (
     unplaceable,
 )
 from orchestra_sup.coordinator.plan import validate_plan
-from orchestra_sup.coordinator.runner import LIVE, PlanRecord, TaskStatus
+from orchestra_sup.coordinator.quota import breach
+from orchestra_sup.coordinator.runner import (
+    LIVE,
+    AnswerError,
+    PlanRecord,
+    TaskStatus,
+)
 from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import (
     CallTimeout,
@@ -45,6 +52,7 @@ from orchestra_sup.errors import (
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.shards.program import SHELL
 from orchestra_sup.state.store import Store
 
@@ -68,8 +76,13 @@ class Coordinator:
         self.stopping = False
         self.held = False
         """At a quiet point for a rollover (`Quiesce`): no turn is taken, nothing is placed."""
-        self._unread: list[f.LaneResult] = []
-        """Results committed to the inbox while held, to apply on `Resume`."""
+        self._unread: list[f.InboxPut] = []
+        """Inbox messages committed while held, to apply on `Resume`."""
+        self._unsent: dict[tuple[str, str], tuple[str, f.HitlAnswer]] = {}
+        """Recorded answers still to deliver to the lane that asked: (lane, key) -> (shard,
+        frame); sent at the next pump while that shard is up (idempotent at the shard)."""
+        self._wake: asyncio.TimerHandle | None = None
+        """The timer that pumps again when the earliest retry backoff ends."""
         self.toolkit: Toolkit | None = None
         self.shards: dict[str, ShardView] = {}
         self.lanes: dict[str, tuple[str, str]] = {}
@@ -108,9 +121,15 @@ class Coordinator:
         for key, value in self.store.items("inbox"):
             self.inbox_ids.add(key.decode())
             try:
-                self._apply(self._put_dec.decode(value).result, pump=False)
+                self._apply_put(self._put_dec.decode(value), pump=False)
             except msgspec.DecodeError as exc:
                 log.error("inbox %r: unreadable entry skipped: %s", key, exc)
+        # An answer recorded by an earlier generation that stopped before acting on it: the
+        # pause is reconstructed from the record and the answer acted on now (seeds/003: "the
+        # pause survives a restart because it is reconstructed from the log").
+        for plan in self.plans.values():
+            for task_id in plan.unsettled():
+                self._act_on_answer(plan, task_id)
 
     @property
     def max_worker_loss(self) -> int:
@@ -164,6 +183,7 @@ class Coordinator:
                         peer.generation if peer.up else None,
                         self.max_worker_loss,
                         keep,
+                        time.time(),
                     )
                 if lost:
                     log.warning(
@@ -210,7 +230,9 @@ class Coordinator:
         if moving is not None:
             self._moving[shard] = moving - retired
         for plan in self.plans.values():
-            moved, lost = plan.settle_moved(shard, retired, generation, there, self.max_worker_loss)
+            moved, lost = plan.settle_moved(
+                shard, retired, generation, there, self.max_worker_loss, time.time()
+            )
             if moved or lost:
                 log.info("plan %s: moved to %s: %s; lost: %s", plan.id, shard, moved, lost)
                 self._persist(plan)
@@ -230,7 +252,7 @@ class Coordinator:
                 if rec.status in LIVE and rec.shard is not None and rec.shard not in self.node.peers
             }
             for shard in gone:
-                lost = plan.lose_shard(shard, None, self.max_worker_loss)
+                lost = plan.lose_shard(shard, None, self.max_worker_loss, now=time.time())
                 log.warning("plan %s: %s lost: %s is no longer in the tree", plan.id, lost, shard)
                 self._persist(plan)
                 self._maybe_done(plan)
@@ -267,6 +289,10 @@ class Coordinator:
                 self.node.answer(ep, peer, env, self._bench(body))
             case f.CtlCancel():
                 self.node.answer(ep, peer, env, self._cancel(body.lane))
+            case f.HitlRespond():
+                self.node.answer(ep, peer, env, self._respond(body))
+            case f.ListPending():
+                ep.reply(env, peer, self._pending())
             case f.SandboxCreate():
                 ep.reply(
                     env,
@@ -298,9 +324,9 @@ class Coordinator:
                 self._committing.pop(put.msg_id, None)
             self.inbox_ids.add(put.msg_id)
             if self.held:  # committed and acknowledged; the next generation applies it
-                self._unread.append(put.result)
+                self._unread.append(put)
             else:
-                self._apply(put.result, pump=True)
+                self._apply_put(put, pump=True)
         else:
             await asyncio.shield(pending)
         return f.InboxAck(msg_id=put.msg_id)
@@ -439,10 +465,136 @@ class Coordinator:
         return rec.shard
 
     async def _cancel(self, lane: str) -> f.Body:
-        """`ctl cancel`: the `cancel_lane` tool, so operators and policies share one path."""
+        """`ctl cancel`: the `cancel_lane` tool, so operators and policies share one path; a
+        task that waits for a human with no lane (an approval, a review) is cancelled here."""
         assert self.toolkit is not None
+        for plan in self.plans.values():
+            task_id = plan.waiting_on(lane)
+            rec = None if task_id is None else plan.tasks[task_id]
+            if rec is not None and rec.status is TaskStatus.AWAITING_APPROVAL:
+                rec.status, rec.error, rec.pending = TaskStatus.CANCELLED, "cancelled", None
+                self._persist(plan)
+                self._maybe_done(plan)
+                self._pump()
+                return f.Ack()
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
+
+    # --- HITL ------------------------------------------------------------------------------------
+
+    def _pending(self) -> f.LaneList:
+        """Every task that waits for a human, oldest pause first (`ListPending`)."""
+        lanes: list[f.LaneInfo] = []
+        for plan in self.plans.values():
+            for task_id, rec in plan.tasks.items():
+                if rec.pending is None:
+                    continue
+                lanes.append(
+                    f.LaneInfo(
+                        lane=rec.pending.lane,
+                        task=task_id,
+                        plan=plan.id,
+                        shard=(rec.shard or "") if rec.status in LIVE else "",
+                        state=TaskStatus.AWAITING_APPROVAL,
+                        sandbox=rec.sandbox,
+                        question=rec.pending.question,
+                        since=rec.pending.since,
+                    )
+                )
+        lanes.sort(key=lambda info: info.since or 0.0)
+        return f.LaneList(lanes=lanes)
+
+    async def _respond(self, req: f.HitlRespond) -> f.Body:
+        """A human's answer to the pause lane id `req.lane` answers (ARCHITECTURE.md §11
+        invariant 9): recorded durably first, with the responder the supervisor stamped from
+        the ctl connection, then acted on. Answers `HitlRecorded`. Raises `RemoteError`:
+        `not_found` when nothing waits on that lane, `bad_request` when the answer does not fit
+        the pause (`PlanRecord.record_answer`), `state_degraded` when it cannot be recorded."""
+        assert self.store is not None
+        for plan in self.plans.values():
+            task_id = plan.waiting_on(req.lane)
+            if task_id is not None:
+                break
+        else:
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
+            )
+        answer = f.Answer(
+            verdict=req.verdict,
+            text=req.text,
+            grant=req.grant,
+            retries=req.retries,
+            responder=req.responder,
+            uid=req.uid,
+            at=round(time.time(), 3),
+        )
+        try:
+            plan.record_answer(task_id, answer)
+        except AnswerError as exc:
+            raise RemoteError(ErrorCode(exc.code), str(exc)) from None
+        try:
+            self.store.check_writable()
+        except StateError as exc:
+            raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
+        # The audit moment: durable before anything acts on it.
+        await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
+        if plan.tasks[task_id].pending is None:  # another answer acted first, meanwhile
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
+            )
+        outcome = self._act_on_answer(plan, task_id)
+        log.info(
+            "plan %s: task %s: %s answered %s: %s",
+            plan.id,
+            task_id,
+            req.responder,
+            req.verdict,
+            outcome,
+        )
+        return f.HitlRecorded(lane=req.lane, plan=plan.id, task=task_id, outcome=outcome)
+
+    def _act_on_answer(self, plan: PlanRecord, task_id: str) -> str:
+        """Act on the recorded answer to a task's pause; returns what it did, in one line."""
+        effect = plan.act_on_answer(task_id, time.time())
+        if effect.answer is not None and effect.shard is not None:
+            self._unsent[(effect.answer.lane, effect.answer.key)] = (effect.shard, effect.answer)
+        self._cancel_lanes(effect.cancel)
+        self._persist(plan)
+        self._maybe_done(plan)
+        if self.node is not None and self.node.peers:
+            self._pump()
+        return effect.outcome
+
+    def _send_answers(self) -> None:
+        """Deliver each recorded answer whose lane's shard is up (`_unsent`)."""
+        assert self.node is not None
+        for key, (shard, frame) in list(self._unsent.items()):
+            view = self.shards.get(shard)
+            if view is not None and view.up:
+                del self._unsent[key]
+                self.node.spawn(self._send_answer(key, shard, frame))
+
+    async def _send_answer(self, key: tuple[str, str], shard: str, frame: f.HitlAnswer) -> None:
+        assert self.node is not None
+        try:
+            await self.node.call(shard, frame, timeout_s=START_TIMEOUT_S)
+        except RemoteError as exc:
+            if exc.code is not ErrorCode.NOT_FOUND:  # a lane gone is settled by its loss
+                self._unsent.setdefault(key, (shard, frame))
+        except (PeerDown, CallTimeout):
+            self._unsent.setdefault(key, (shard, frame))  # the next pump tries again
+
+    def _cancel_lanes(self, lanes: list[tuple[str, str]]) -> None:
+        """Cancel lanes a sibling-group retry took over (their results are stale now)."""
+        assert self.node is not None or not lanes
+        for shard, lane in lanes:
+            assert self.node is not None
+            self.node.spawn(self._cancel_lane(shard, lane))
+
+    async def _cancel_lane(self, shard: str, lane: str) -> None:
+        assert self.node is not None
+        with contextlib.suppress(OrchestraError):
+            await self.node.call(shard, f.LaneCancel(lane=lane), timeout_s=START_TIMEOUT_S)
 
     # --- rollover --------------------------------------------------------------------------------
 
@@ -475,19 +627,42 @@ class Coordinator:
         """Leave the quiet point (a rollover rolled back): apply what came in, then place."""
         self.held = False
         unread, self._unread = self._unread, []
-        for result in unread:
-            self._apply(result, pump=False)
+        for put in unread:
+            self._apply_put(put, pump=False)
         self._pump()
 
     # --- the plan runner -------------------------------------------------------------------------
 
+    def _apply_put(self, put: f.InboxPut, *, pump: bool) -> None:
+        """Act on one committed inbox message: a lane's result, a question its program asks a
+        human, or a note it tells the coordinator. Idempotent: every start applies the whole
+        inbox again."""
+        if put.result is not None:
+            self._apply(put.result, pump=pump)
+        elif put.pause is not None:
+            plan = self.plans.get(put.pause.plan)
+            if plan is not None and plan.pause_for_question(put.pause):
+                log.info(
+                    "plan %s: task %s asks a human: %s", plan.id, put.pause.task, put.pause.question
+                )
+                self._persist(plan)
+        elif put.note is not None:
+            plan = self.plans.get(put.note.plan)
+            if plan is not None and plan.note(put.note):
+                self._persist(plan)
+
     def _apply(self, result: f.LaneResult, *, pump: bool) -> None:
         self._refused.pop(result.shard, None)  # a lane ended there: it has room again
         plan = self.plans.get(result.plan)
-        if plan is None or not plan.apply(result):
+        if plan is None:
+            return
+        applied, cancel = plan.apply(result, time.time(), self.max_worker_loss)
+        self._persist(plan)  # the spend of a stale result is recorded too
+        if not applied:
             return
         log.info("plan %s: task %s %s", plan.id, result.task, result.status)
-        self._persist(plan)
+        if self.node is not None:
+            self._cancel_lanes(cancel)
         self._maybe_done(plan)
         if pump:
             self._pump()
@@ -545,7 +720,10 @@ class Coordinator:
         assert self.node is not None
         if self.stopping or self.held:
             return
+        self._send_answers()
         self._loads()
+        now = time.time()
+        wake: float | None = None
         for plan in sorted(self.plans.values(), key=lambda p: p.submitted_at):
             if plan.done:
                 continue
@@ -553,8 +731,23 @@ class Coordinator:
             if plan.skip_blocked():
                 self._persist(plan)
                 self._maybe_done(plan)
-            for spec in plan.ready():
-                self._place(plan, spec)
+            if plan.hold_for_approval(now):
+                self._persist(plan)
+            for spec in plan.ready(now):
+                self._place(plan, spec, now)
+            retry = plan.next_retry()
+            if retry is not None and retry > now:
+                wake = retry if wake is None else min(wake, retry)
+        self._wake_at(wake)
+
+    def _wake_at(self, when: float | None) -> None:
+        """Pump again at `when` (Unix seconds: the earliest retry backoff's end), or never."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        if when is not None:
+            delay = max(0.0, when - time.time())
+            self._wake = asyncio.get_running_loop().call_later(delay, self._pump)
 
     def _resend_starts(self, plan: PlanRecord) -> None:
         """Send again the `LaneStart` of every placement this process has not sent: one an
@@ -573,9 +766,11 @@ class Coordinator:
             self._starting[rec.lane] = asyncio.get_running_loop().create_future()
             self.node.spawn(self._start(plan, spec.id, plan.start_of(spec), view.name))
 
-    def _place(self, plan: PlanRecord, spec: f.TaskSpec) -> None:
+    def _place(self, plan: PlanRecord, spec: f.TaskSpec, now: float) -> None:
         """Place one ready task (placement.py: affinity, eligibility, score, tie-break), fail it
-        when no shard of this tree could ever take it, or leave it waiting."""
+        when no shard of this tree could ever take it, or leave it waiting. First the tenant's
+        quota and then the budget are checked: a breach, or a budget with nothing left to carve
+        a lane from, starts nothing and is a failure for the task's strategy."""
         assert self.node is not None
         rec = plan.tasks[spec.id]
         views = list(self.shards.values())
@@ -586,23 +781,61 @@ class Coordinator:
             self._persist(plan)
             self._maybe_done(plan)
             return
+        quota = self.node.args.quotas.get(plan.spec.tenant or "")
+        over = (
+            None
+            if quota is None
+            else breach(quota, plan.spec.tenant or "", self.plans.values(), now)
+        )
+        if over is not None:
+            self._fail_unstarted(
+                plan, spec, FailureClass.QUOTA_BREACH, f"quota breach: {over}", now
+            )
+            return
+        empty = budget.empty(plan.grant_for(spec))
+        if empty is not None:
+            self._fail_unstarted(
+                plan,
+                spec,
+                FailureClass.BUDGET_EXHAUSTION,
+                f"budget exhausted: nothing left of {empty} for another attempt (task budget "
+                f"{budget.describe(spec.budget)}, plan budget {budget.describe(plan.spec.budget)})",
+                now,
+            )
+            return
         ticket = None
         if rec.ticket is not None:
             with contextlib.suppress(ValueError):
                 ticket = AffinityTicket.parse(rec.ticket)
+        if rec.avoid is not None:  # a re-acquire: a fresh worker, if another can take it
+            others = [v for v in views if v.name != rec.avoid]
+            if place(others, need, None, self.node.args.boot) is not None:
+                views, ticket = others, None
         shard = place(views, need, ticket, self.node.args.boot)
         if shard is None:
             self._ask_recovery(need)
             return
+        rec.avoid = None
         start = plan.place(
             spec,
             AffinityTicket(shard=shard.name, generation=shard.generation, boot=self.node.args.boot),
+            now,
         )
         shard.load += 1
         self.lanes[start.lane] = (plan.id, spec.id)
         self._starting[start.lane] = asyncio.get_running_loop().create_future()
         self._persist(plan)
         self.node.spawn(self._start(plan, spec.id, start, shard.name))
+
+    def _fail_unstarted(
+        self, plan: PlanRecord, spec: f.TaskSpec, failure: FailureClass, error: str, now: float
+    ) -> None:
+        """A failure raised before any lane started (`quota_breach`, `budget_exhaustion`):
+        nothing ran and nothing was spent; the task's strategy decides what follows."""
+        log.info("plan %s: task %s: %s", plan.id, spec.id, error)
+        self._cancel_lanes(plan.fail(spec.id, failure, error, now, self.max_worker_loss))
+        self._persist(plan)
+        self._maybe_done(plan)
 
     async def _start(self, plan: PlanRecord, task_id: str, start: f.LaneStart, shard: str) -> None:
         try:

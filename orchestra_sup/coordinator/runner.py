@@ -16,6 +16,27 @@ sandbox may still be there. Every placement counts in `attempts`. The `max_worke
 of the same task fails it with the failure class `worker_process_loss` instead, so a command that
 kills its own shard cannot loop.
 
+Failures (ARCHITECTURE.md §7): a failed lane's result carries its class (`FailureClass`); so do a
+budget that cannot carve a lane and a tenant over its quota, which the coordinator raises itself
+before anything starts. `fail` resolves each under the task's strategy (`coordinator.strategy`)
+into escalate (the task fails), retry (pending again after a backoff, `retry_at`; with revision
+feedback for the next attempt, `LaneStart.feedback`), re-acquire (paused: re-placed at once, away
+from the shard that failed) or pause for a human (awaiting_approval). Every retry passes the
+retry-cap and budget gates first.
+
+HITL (ARCHITECTURE.md §11 invariant 9): a task waits for a human (`awaiting_approval`, its
+`pending` says why and which lane id answers it) before its first attempt when it says `approve =
+true` (`hold_for_approval`), after a failure under `on_failure = "pause"`, or while its lane's
+program waits in `ask_human` (then its lane is live: the status stays running and only `pending`
+is set). An answer is first recorded (`record_answer`: kept in `answers` under the pause's key)
+and only then acted on (`act_on_answer`), which the coordinator does once the record is durable;
+a record with an answer it has not acted on yet is acted on at the next start (`unsettled`).
+
+Budgets (`coordinator.budget`): every placement carves the lane's grant from what its task and its
+plan have left (`grant_for`); each attempt is kept in `history` with its grant until its result
+says what it spent (a lane lost with its shard is charged its whole grant but wall time, which is
+charged as it passed).
+
 A rollover moves lanes between generations of one shard (ARCHITECTURE.md §9): a task whose lane
 runs on a generation the roster lists as draining is not lost (`lose_shard`'s `keep`); once that
 generation has retired, the lanes the shard's current generation has (live, or with a result in
@@ -25,11 +46,15 @@ its outbox) move on to it, and only the others are lost (`settle_moved`).
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Collection
+from typing import Literal
 
 import msgspec
 
+from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import AffinityTicket
+from orchestra_sup.coordinator.strategy import Action, Gates, Scope, decide, task_strategy
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 
@@ -38,6 +63,7 @@ class TaskStatus(enum.StrEnum):
     PENDING = "pending"
     STARTING = "starting"
     RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
     PAUSED = "paused"
     INTERRUPTED = "interrupted"
     SUCCEEDED = "succeeded"
@@ -52,6 +78,65 @@ FINAL = frozenset(
 LIVE = frozenset({TaskStatus.STARTING, TaskStatus.RUNNING})
 WAITING = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPTED})
 """Not placed yet (pending) or no longer placed (paused): ready once every need succeeded."""
+HELD = frozenset({TaskStatus.AWAITING_APPROVAL})
+"""Waiting for a human, with no lane: nothing happens until an answer comes."""
+
+MAX_NOTES = 100
+"""Notes (`tell_coordinator`) kept per task: the newest."""
+
+
+class Pending(msgspec.Struct, kw_only=True):
+    """A HITL pause a task waits on.
+
+    - `kind`: "approval" (before its first attempt, `approve = true`), "review" (after a failed
+      attempt, `on_failure = "pause"`), "question" (its lane's program asked, `ask_human`).
+    - `key`: where its answer is kept in `TaskRecord.answers`; `lane`: the lane id an operator
+      answers by (`ctl approve LANE`); `question`: what the human is asked; `since`: when the
+      pause was recorded (Unix seconds).
+    - `failure`, `error`: the failure a review is about.
+    """
+
+    kind: Literal["approval", "review", "question"]
+    key: str
+    lane: str
+    question: str
+    since: float
+    failure: FailureClass | None = None
+    error: str | None = None
+
+
+class Attempt(msgspec.Struct, kw_only=True):
+    """One placement of a task: its lane, shard, when it was placed and its grant; once it
+    ended, when (Unix seconds), how, and what it spent."""
+
+    lane: str
+    shard: str
+    placed_at: float
+    grant: f.Budget | None = None
+    ended_at: float | None = None
+    status: str = "running"
+    failure: FailureClass | None = None
+    spent: f.Spend = f.Spend()
+
+
+class AnswerError(Exception):
+    """An answer that cannot be taken: `code` is "not_found" (no task waits on that lane) or
+    "bad_request" (the answer does not fit the pause); the message says why in one line."""
+
+    def __init__(self, code: Literal["not_found", "bad_request"], message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class Effect(msgspec.Struct, frozen=True, kw_only=True):
+    """What acting on an answer did, for the coordinator to finish: `outcome` in one line; a
+    `HitlAnswer` to send to `shard` (the lane that asked is live there), or None; `cancel`: the
+    lanes (shard, lane id) a sibling-group retry took over, to cancel."""
+
+    outcome: str
+    shard: str | None = None
+    answer: f.HitlAnswer | None = None
+    cancel: list[tuple[str, str]] = []
 
 
 class TaskRecord(msgspec.Struct, kw_only=True):
@@ -81,6 +166,29 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     """The affinity ticket of the lane's shard (`placement.AffinityTicket`), minted when the task
     is placed and kept after its lane ends, so its next placement can go back while that shard
     generation lives; cleared when a placement is taken back before the lane existed."""
+    retries_used: int = 0
+    """Retries taken (attempts that were not a re-placement after a lost worker)."""
+    retries_granted: int = 0
+    """Retries humans added to the task's `retries` (`ctl approve --retries`)."""
+    granted: f.Budget | None = None
+    """Budget humans added to the task's and its plan's (`ctl approve --grant`)."""
+    spent: f.Spend = f.Spend()
+    """What its ended attempts spent."""
+    retry_at: float | None = None
+    """While it backs off before a retry: when it may be placed again (Unix seconds)."""
+    feedback: str | None = None
+    """Revision feedback for its next attempt."""
+    avoid: str | None = None
+    """A shard its next placement avoids when another can take it (a re-acquire)."""
+    pending: Pending | None = None
+    """The HITL pause it waits on, or None."""
+    answers: dict[str, f.Answer] = msgspec.field(default_factory=dict)
+    """Every answer recorded, by the key of the pause it answered."""
+    history: list[Attempt] = msgspec.field(default_factory=list)
+    """Its placements, oldest first."""
+    notes: list[str] = msgspec.field(default_factory=list)
+    """What its lanes' programs told the coordinator (`tell_coordinator`), oldest first, at
+    most `MAX_NOTES` (the newest)."""
 
 
 class PlanRecord(msgspec.Struct, kw_only=True):
@@ -92,6 +200,10 @@ class PlanRecord(msgspec.Struct, kw_only=True):
     tasks: dict[str, TaskRecord]
     key: str | None = None
     """The idempotency key it was submitted with (`start_lane key=`), if any."""
+    spent: f.Spend = f.Spend()
+    """What its ended lanes spent."""
+    granted: f.Budget | None = None
+    """Budget humans added to the plan's (`ctl approve --grant`)."""
 
     @classmethod
     def new(
@@ -134,26 +246,131 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     changed = True
         return skipped
 
-    def ready(self) -> list[f.TaskSpec]:
-        """Pending and paused tasks whose needs have all succeeded, in file order."""
+    def _needs_met(self, spec: f.TaskSpec) -> bool:
+        return all(self.tasks[n].status is TaskStatus.SUCCEEDED for n in spec.needs)
+
+    def ready(self, now: float = math.inf) -> list[f.TaskSpec]:
+        """Pending and paused tasks whose needs have all succeeded, that back off no more at
+        `now` (Unix seconds; the default ignores backoffs) and wait for no approval, in file
+        order."""
         return [
             spec
             for spec in self.spec.tasks
-            if self.tasks[spec.id].status in WAITING
-            and all(self.tasks[n].status is TaskStatus.SUCCEEDED for n in spec.needs)
+            for rec in (self.tasks[spec.id],)
+            if rec.status in WAITING
+            and self._needs_met(spec)
+            and (rec.retry_at is None or rec.retry_at <= now)
+            and not (spec.approve and "approval" not in rec.answers)
         ]
 
-    def place(self, spec: f.TaskSpec, ticket: AffinityTicket) -> f.LaneStart:
+    def next_retry(self) -> float | None:
+        """The earliest `retry_at` of a task that waits for it (Unix seconds), or None."""
+        times = [
+            rec.retry_at
+            for rec in self.tasks.values()
+            if rec.status in WAITING and rec.retry_at is not None
+        ]
+        return min(times, default=None)
+
+    def hold_for_approval(self, now: float) -> list[str]:
+        """Pause for a human every task that says `approve = true`, would be ready now and has
+        no approval yet (ARCHITECTURE.md §11 invariant 9: the pause, which an answer resolves,
+        exists before it is recorded); returns their ids."""
+        held: list[str] = []
+        for spec in self.spec.tasks:
+            rec = self.tasks[spec.id]
+            if not spec.approve or "approval" in rec.answers or rec.status not in WAITING:
+                continue
+            if not self._needs_met(spec):
+                continue
+            what = spec.run if spec.program == "shell" else f"{spec.program} {spec.run}"
+            rec.status = TaskStatus.AWAITING_APPROVAL
+            rec.pending = Pending(
+                kind="approval",
+                key="approval",
+                lane=f"{self.id}-{spec.id}-{rec.attempts + 1}",
+                question=f"approve task {spec.id} of plan {self.spec.name}: {what}",
+                since=now,
+            )
+            held.append(spec.id)
+        return held
+
+    # --- budgets ---------------------------------------------------------------------------------
+
+    def held(self) -> f.Spend:
+        """What the grants of lanes that have not ended hold."""
+        return budget.total(
+            budget.as_spend(a.grant)
+            for rec in self.tasks.values()
+            for a in rec.history
+            if a.ended_at is None
+        )
+
+    def grant_for(self, spec: f.TaskSpec) -> f.Budget | None:
+        """The grant a new lane of `spec` would get (`coordinator.budget.carve`): the least of
+        what its task and its plan have left in each dimension, or a share of the plan's among
+        the tasks still to run (neither ended nor running) where the task sets no limit. None:
+        nothing limits it."""
+        rec = self.tasks[spec.id]
+        task_left = budget.left(budget.extend(spec.budget, rec.granted), rec.spent)
+        plan_limit = budget.extend(self.spec.budget, self.granted)
+        to_run = sum(r.status not in FINAL | LIVE for r in self.tasks.values())
+        return budget.carve(task_left, budget.left(plan_limit, self.spent, self.held()), to_run)
+
+    def _charge(
+        self,
+        rec: TaskRecord,
+        lane: str | None,
+        spent: f.Spend,
+        now: float,
+        how: str,
+        failure: FailureClass | None = None,
+    ) -> None:
+        """The attempt on `lane` ended: record when, how and what it spent, and add it to its
+        task's and its plan's spend (once: an attempt already ended is left alone)."""
+        for attempt in rec.history:
+            if attempt.lane == lane and attempt.ended_at is None:
+                attempt.ended_at, attempt.status, attempt.failure = now, how, failure
+                attempt.spent = spent
+                rec.spent = budget.add(rec.spent, spent)
+                self.spent = budget.add(self.spent, spent)
+                return
+
+    def _charge_lost(self, rec: TaskRecord, now: float) -> None:
+        """The lane of `rec` was lost with its shard, and what it spent with it: it is charged
+        the wall time that passed since it was placed and as much CPU time (one core's worth),
+        each at most its grant; its output is not known and not charged. (Charging the whole
+        grant instead would leave a budgeted task nothing to re-run with after a worker loss,
+        which must pause the work, not fail it: ARCHITECTURE.md §11 invariant 5.)"""
+        for attempt in rec.history:
+            if attempt.lane == rec.lane and attempt.ended_at is None:
+                wall = cpu = round(max(0.0, now - attempt.placed_at), 3)
+                grant = attempt.grant
+                if grant is not None and grant.wall_s is not None:
+                    wall = min(wall, grant.wall_s)
+                if grant is not None and grant.cpu_s is not None:
+                    cpu = min(cpu, grant.cpu_s)
+                spent = f.Spend(wall_s=wall, cpu_s=cpu)
+                self._charge(rec, rec.lane, spent, now, "lost", FailureClass.WORKER_PROCESS_LOSS)
+                return
+
+    # --- placement -------------------------------------------------------------------------------
+
+    def place(self, spec: f.TaskSpec, ticket: AffinityTicket, now: float = 0.0) -> f.LaneStart:
         """Put ready task `spec` as a new lane (one more attempt) on the shard and generation
-        `ticket` names, and keep the ticket; returns the `LaneStart` to send. The lane id names
+        `ticket` names, and keep the ticket; its grant is carved now (`grant_for`: the caller
+        checks first that it is not empty). Returns the `LaneStart` to send. The lane id names
         the attempt, so a result of an earlier lane of the same task is told apart (and ignored)
         by `apply`."""
         rec = self.tasks[spec.id]
+        grant = self.grant_for(spec)
         rec.attempts += 1
         rec.status = TaskStatus.STARTING
         rec.lane = f"{self.id}-{spec.id}-{rec.attempts}"
         rec.shard, rec.shard_gen = ticket.shard, ticket.generation
         rec.ticket = str(ticket)
+        rec.retry_at = None
+        rec.history.append(Attempt(lane=rec.lane, shard=ticket.shard, placed_at=now, grant=grant))
         return self.start_of(spec)
 
     def start_of(self, spec: f.TaskSpec) -> f.LaneStart:
@@ -161,6 +378,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         as it is, it is harmless: the lane id is the shard's idempotency key."""
         rec = self.tasks[spec.id]
         assert rec.lane is not None
+        grant = next((a.grant for a in rec.history if a.lane == rec.lane), None)
         return f.LaneStart(
             lane=rec.lane,
             plan=self.id,
@@ -168,6 +386,9 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             attempt=rec.attempts,
             plan_name=self.spec.name,
             warnings=list(rec.warnings),
+            budget=grant,
+            feedback=rec.feedback,
+            answers=dict(rec.answers),
         )
 
     def unplace(self, task_id: str) -> None:
@@ -176,29 +397,292 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks[task_id]
         rec.status = TaskStatus.PAUSED if rec.worker_losses else TaskStatus.PENDING
         rec.attempts -= 1
+        rec.history = [a for a in rec.history if a.lane != rec.lane]
         rec.lane = rec.shard = rec.shard_gen = rec.ticket = None
 
-    def apply(self, result: f.LaneResult) -> bool:
-        """Record a lane's result; False (and no change) when it is stale: the task has moved on
-        to another lane or already ended."""
+    def apply(
+        self, result: f.LaneResult, now: float = 0.0, max_worker_loss: int = 1
+    ) -> tuple[bool, list[tuple[str, str]]]:
+        """Record a lane's result and what it spent; a failure is resolved by the task's
+        strategy (`fail`). Returns (applied, lanes to cancel): applied is False (and only the
+        spend is recorded) when the result is stale: the task has moved on to another lane or
+        already ended."""
         rec = self.tasks.get(result.task)
-        if rec is None or rec.lane != result.lane or rec.status in FINAL:
-            return False
+        if rec is None:
+            return False, []
+        failure = None
+        if result.status == "failed":
+            failure = result.failure or FailureClass.TOOL_FAILURE
+        self._charge(rec, result.lane, result.spent, now, result.status, failure)
+        if rec.lane != result.lane or rec.status in FINAL:
+            return False, []
         # What the lane's own run warns of (a re-run after a rollover's drain) is kept whatever
         # the end, so an interruption after it does not hide it.
         rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)
         if result.status == "interrupted":
-            self._interrupt(rec, f"{result.shard} was stopped")
             rec.output_tail = result.output_tail
-            return True
-        rec.status = TaskStatus(result.status)
+            if rec.pending is not None and rec.pending.kind == "question":
+                self._hold_question(rec, f"{result.shard} was stopped")
+            else:
+                self._interrupt(rec, f"{result.shard} was stopped")
+            return True, []
         rec.exit_code = result.exit_code
         rec.duration_s = result.duration_s
         rec.output_tail = result.output_tail
         rec.sandbox = result.sandbox
         rec.commit = result.commit
         rec.error = result.error
+        rec.pending = None
+        if failure is None:
+            rec.status = TaskStatus(result.status)
+            rec.failure = None
+            return True, []
+        return True, self.fail(result.task, failure, result.error or "failed", now, max_worker_loss)
+
+    # --- failures --------------------------------------------------------------------------------
+
+    def covers(self, spec: f.TaskSpec) -> bool:
+        """The budget gate: `spec`'s task and plan have something left in every dimension they
+        limit (`coordinator.budget.empty`)."""
+        return budget.empty(self.grant_for(spec)) is None
+
+    def fail(
+        self,
+        task_id: str,
+        failure: FailureClass,
+        error: str,
+        now: float,
+        max_worker_loss: int = 1,
+    ) -> list[tuple[str, str]]:
+        """Resolve `failure` of task `task_id` (its current attempt, if any) under its strategy
+        (`coordinator.strategy.decide`, gates included). Returns the lanes (shard, lane id) a
+        sibling-group retry took over, for the coordinator to cancel."""
+        spec = self._spec(task_id)
+        rec = self.tasks[task_id]
+        gates = Gates(
+            retries_used=rec.retries_used,
+            retry_cap=spec.retries + rec.retries_granted,
+            losses=rec.worker_losses,
+            loss_cap=max_worker_loss,
+            budget_left=self.covers(spec),
+        )
+        decision = decide(task_strategy(self.spec, spec), failure, gates, spec.backoff_s)
+        attempt = f"attempt {rec.attempts}" if rec.attempts else "before its first attempt"
+        match decision.action:
+            case Action.ESCALATE:
+                rec.status = TaskStatus.FAILED
+                rec.failure = failure
+                rec.error = error if not decision.why else f"{error} ({decision.why})"
+                return []
+            case Action.PAUSE:
+                rec.status = TaskStatus.AWAITING_APPROVAL
+                rec.failure = failure
+                rec.error = error
+                rec.pending = Pending(
+                    kind="review",
+                    key=f"review:{rec.attempts}",
+                    lane=rec.lane or f"{self.id}-{task_id}-{rec.attempts + 1}",
+                    question=(
+                        f"task {task_id} failed ({failure}, {attempt}): {error}; approve to "
+                        "retry, reject with a reason to retry with it as feedback, redirect, "
+                        "or accept-partial"
+                    ),
+                    since=now,
+                    failure=failure,
+                    error=error,
+                )
+                rec.shard = rec.shard_gen = None
+                return []
+            case Action.REACQUIRE:
+                if failure is not FailureClass.WORKER_PROCESS_LOSS:
+                    rec.retries_used += 1
+                rec.avoid = rec.shard
+                rec.status = TaskStatus.PAUSED
+                rec.warnings.append(
+                    f"{attempt} failed ({failure}): {error}; re-placing it on a fresh worker"
+                )
+                rec.lane = rec.shard = rec.shard_gen = None
+                return []
+        rec.retries_used += 1
+        rec.retry_at = round(now + decision.delay_s, 3)
+        if decision.action is Action.RETRY_WITH_FEEDBACK:
+            rec.feedback = error
+        rec.warnings.append(
+            f"{attempt} failed ({failure}): {error}; retry {rec.retries_used} of "
+            f"{spec.retries + rec.retries_granted} in {decision.delay_s:g} s"
+        )
+        rec.status = TaskStatus.PENDING
+        rec.lane = rec.shard = rec.shard_gen = None
+        return self._restart_siblings(task_id, decision.scope, now)
+
+    def _restart_siblings(self, task_id: str, scope: Scope, now: float) -> list[tuple[str, str]]:
+        """A sibling-group retry (`one_for_all`: every other task; `rest_for_one`: the tasks
+        after `task_id` in file order) re-runs its siblings: each is pending again; returns the
+        live lanes (shard, lane id) it took over, to cancel (their results are then stale)."""
+        if scope is Scope.ONE:
+            return []
+        ids = [t.id for t in self.spec.tasks]
+        after = ids[ids.index(task_id) + 1 :]
+        siblings = after if scope is Scope.REST else [t for t in ids if t != task_id]
+        cancel: list[tuple[str, str]] = []
+        for sibling in siblings:
+            rec = self.tasks[sibling]
+            if rec.status in (TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPTED):
+                continue
+            if rec.status in LIVE and rec.shard is not None and rec.lane is not None:
+                cancel.append((rec.shard, rec.lane))
+            rec.warnings.append(f"re-run: sibling {task_id} is retried ({scope} strategy)")
+            rec.status = TaskStatus.PENDING
+            rec.lane = rec.shard = rec.shard_gen = None
+            rec.exit_code = rec.commit = rec.error = rec.failure = rec.pending = None
+        return cancel
+
+    def _spec(self, task_id: str) -> f.TaskSpec:
+        return next(t for t in self.spec.tasks if t.id == task_id)
+
+    # --- HITL ------------------------------------------------------------------------------------
+
+    def pause_for_question(self, pause: f.HitlPause) -> bool:
+        """Lane `pause.lane`'s program waits for a human (`ask_human`): record the question;
+        False (no change) when the lane is not the task's live lane or the key was answered."""
+        rec = self.tasks.get(pause.task)
+        if rec is None or rec.lane != pause.lane or rec.status not in LIVE:
+            return False
+        if pause.key in rec.answers:
+            return False
+        rec.pending = Pending(
+            kind="question",
+            key=pause.key,
+            lane=pause.lane,
+            question=pause.question,
+            since=pause.asked_at,
+        )
         return True
+
+    def _hold_question(self, rec: TaskRecord, why: str) -> None:
+        """The lane asking a human is gone (`why`): the question still waits, with no lane;
+        once answered the task re-runs with the answer (not a loss, not a retry)."""
+        rec.warnings.append(
+            f"partial work: lane {rec.lane} was interrupted when {why} while it waited for "
+            "a human; it re-runs once answered"
+        )
+        rec.status = TaskStatus.AWAITING_APPROVAL
+        rec.lane = rec.shard = rec.shard_gen = None
+
+    def note(self, note: f.LaneNote) -> bool:
+        """Keep what a lane's program told the coordinator; False when its task is unknown."""
+        rec = self.tasks.get(note.task)
+        if rec is None:
+            return False
+        rec.notes.append(f"{note.lane}: {note.text}")
+        del rec.notes[:-MAX_NOTES]
+        return True
+
+    def waiting_on(self, lane: str) -> str | None:
+        """The id of the task whose pause lane id `lane` answers, or None."""
+        for task_id, rec in self.tasks.items():
+            if rec.pending is not None and rec.pending.lane == lane:
+                return task_id
+        return None
+
+    def record_answer(self, task_id: str, answer: f.Answer) -> None:
+        """Keep `answer` to task `task_id`'s pause (the audit record, ARCHITECTURE.md §11
+        invariant 9); `act_on_answer` acts on it once this is durable. Raises `AnswerError`
+        ("bad_request") when the answer does not fit the pause: a grant or retries with anything
+        but approve; reject or redirect without text; an approval of a review or of a question
+        whose retry the cap forbids (grant retries); accept-partial of an approval."""
+        rec = self.tasks[task_id]
+        pending = rec.pending
+        assert pending is not None
+        if answer.verdict != "approve" and (answer.grant is not None or answer.retries):
+            raise AnswerError("bad_request", "only an approval grants budget or retries")
+        if answer.verdict in ("reject", "redirect") and not answer.text.strip():
+            raise AnswerError("bad_request", f"a {answer.verdict} needs a text saying why")
+        if pending.kind == "review" and answer.verdict != "accept_partial":
+            spec = self._spec(task_id)
+            cap = spec.retries + rec.retries_granted + answer.retries
+            if rec.retries_used >= cap:
+                raise AnswerError(
+                    "bad_request",
+                    f"task {task_id} used {rec.retries_used} of {cap} retries: approve with "
+                    "--retries N to grant more, or accept-partial",
+                )
+        rec.answers[pending.key] = answer
+
+    def unsettled(self) -> list[str]:
+        """Tasks whose pause has a recorded answer not acted on yet (the coordinator stopped
+        in between): `act_on_answer` each."""
+        return [
+            task_id
+            for task_id, rec in self.tasks.items()
+            if rec.pending is not None and rec.pending.key in rec.answers
+        ]
+
+    def act_on_answer(self, task_id: str, now: float) -> Effect:
+        """Act on the recorded answer to task `task_id`'s pause (`record_answer`):
+
+        - approval: approve -> it runs; redirect -> it runs with the text as feedback; reject ->
+          it fails (`preflight_escalation`, the reason in its error); accept-partial -> refused
+          by `record_answer`.
+        - review (a failed attempt): approve -> retried; reject or redirect -> retried with the
+          text as revision feedback; accept-partial -> it succeeds as it is, with a warning.
+        - question: the answer goes to the lane that asked (`Effect.answer`), or, when that lane
+          is gone, the task re-runs and its program finds the answer recorded.
+
+        A grant adds to the task's and the plan's budgets, `retries` to its retry cap."""
+        rec = self.tasks[task_id]
+        pending = rec.pending
+        assert pending is not None
+        answer = rec.answers[pending.key]
+        who = answer.responder or f"uid {answer.uid}"
+        if answer.grant is not None:
+            rec.granted = budget.plus(rec.granted, answer.grant)
+            self.granted = budget.plus(self.granted, answer.grant)
+        rec.retries_granted += answer.retries
+        rec.pending = None
+        verdict = answer.verdict
+        if pending.kind == "question":
+            if rec.status in LIVE and rec.shard is not None and rec.lane is not None:
+                hitl = f.HitlAnswer(lane=rec.lane, key=pending.key, answer=answer)
+                return Effect(
+                    outcome=f"{verdict} sent to lane {rec.lane}", shard=rec.shard, answer=hitl
+                )
+            rec.status = TaskStatus.PAUSED
+            return Effect(outcome=f"{verdict} recorded; task {task_id} re-runs with it")
+        if pending.kind == "approval":
+            if verdict == "reject":
+                rec.status = TaskStatus.FAILED
+                rec.failure = FailureClass.PREFLIGHT_ESCALATION
+                rec.error = f"rejected by {who}: {answer.text}"
+                return Effect(outcome=f"task {task_id} rejected: it does not run")
+            if verdict == "accept_partial":
+                rec.status = TaskStatus.SUCCEEDED
+                rec.warnings.append(f"accepted by {who} without running")
+                return Effect(outcome=f"task {task_id} accepted without running")
+            rec.status = TaskStatus.PENDING
+            if verdict == "redirect":
+                rec.feedback = answer.text
+            return Effect(outcome=f"task {task_id} approved: it runs")
+        # a review of a failed attempt
+        if verdict == "accept_partial":
+            rec.status = TaskStatus.SUCCEEDED
+            rec.failure = None
+            rec.warnings.append(
+                f"partial: accepted by {who} after attempt {rec.attempts} failed: {rec.error}"
+            )
+            return Effect(outcome=f"task {task_id} accepted as it is")
+        if verdict in ("reject", "redirect"):
+            rec.feedback = answer.text
+        if not self.covers(self._spec(task_id)):
+            rec.status = TaskStatus.FAILED
+            rec.error = f"{rec.error} ({verdict} by {who}: the budget cannot cover another attempt)"
+            return Effect(outcome=f"task {task_id} failed: its budget cannot cover a retry")
+        rec.retries_used += 1
+        rec.status = TaskStatus.PENDING
+        rec.warnings.append(f"attempt {rec.attempts} failed: {verdict} by {who}: retrying")
+        spec = self._spec(task_id)
+        cancel = self._restart_siblings(task_id, task_strategy(self.spec, spec).scope, now)
+        return Effect(outcome=f"task {task_id} retried", cancel=cancel)
 
     def _interrupt(self, rec: TaskRecord, why: str) -> None:
         """A stop interrupted the task's lane: not a verdict and not a loss; it runs again."""
@@ -213,7 +697,11 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         (no `worker_losses` counted); returns their ids."""
         hit = [t for t, rec in self.tasks.items() if rec.status in LIVE and rec.shard == shard]
         for task_id in hit:
-            self._interrupt(self.tasks[task_id], f"{shard} was stopped with the tree")
+            rec = self.tasks[task_id]
+            if rec.pending is not None and rec.pending.kind == "question":
+                self._hold_question(rec, f"{shard} was stopped with the tree")
+            else:
+                self._interrupt(rec, f"{shard} was stopped with the tree")
         return hit
 
     def lose_shard(
@@ -222,6 +710,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         generation: int | None,
         max_worker_loss: int,
         keep: Collection[int] = (),
+        now: float = 0.0,
     ) -> list[str]:
         """Pause every live task on `shard` whose lane ran on a generation other than
         `generation` (None: the shard is down, so every generation) and not in `keep` (generations
@@ -239,7 +728,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 continue
             if rec.shard_gen in keep:
                 continue
-            self._lose(rec, shard, max_worker_loss)
+            self._lose(rec, shard, max_worker_loss, now)
             lost.append(task_id)
         return lost
 
@@ -250,6 +739,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         generation: int,
         there: Collection[str],
         max_worker_loss: int,
+        now: float = 0.0,
     ) -> tuple[list[str], list[str]]:
         """Generations `retired` of `shard` drained and are gone: each live task whose lane ran
         on one of them now runs on `generation` if its lane is in `there` (the lanes that
@@ -264,29 +754,57 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 rec.shard_gen = generation
                 moved.append(task_id)
             else:
-                self._lose(rec, shard, max_worker_loss)
+                self._lose(rec, shard, max_worker_loss, now)
                 lost.append(task_id)
         return moved, lost
 
-    def _lose(self, rec: TaskRecord, shard: str, max_worker_loss: int) -> None:
-        rec.worker_losses += 1
+    def _lose(self, rec: TaskRecord, shard: str, max_worker_loss: int, now: float) -> None:
+        """The worker process of `rec`'s lane is gone: an infrastructure failure, resolved by
+        its strategy (re-acquire by default, capped by `max_worker_loss`); a lane that waited
+        for a human keeps waiting, and that is not a loss."""
+        self._charge_lost(rec, now)
         interrupted = (
             f"partial work: lane {rec.lane} was interrupted when {shard} "
             f"(generation {rec.shard_gen}) was lost"
         )
-        if rec.worker_losses >= max_worker_loss:
+        if rec.pending is not None and rec.pending.kind == "question":
+            self._hold_question(rec, f"{shard} (generation {rec.shard_gen}) was lost")
+            return
+        rec.worker_losses += 1
+        task_id = next(t for t, r in self.tasks.items() if r is rec)
+        spec = self._spec(task_id)
+        gates = Gates(
+            retries_used=rec.retries_used,
+            retry_cap=spec.retries + rec.retries_granted,
+            losses=rec.worker_losses,
+            loss_cap=max_worker_loss,
+            budget_left=self.covers(spec),
+        )
+        loss = FailureClass.WORKER_PROCESS_LOSS
+        decision = decide(task_strategy(self.spec, spec), loss, gates, spec.backoff_s)
+        if decision.action is Action.REACQUIRE:
+            rec.status = TaskStatus.PAUSED
+            rec.warnings.append(f"{interrupted}; re-running the step")
+            rec.lane = rec.shard = rec.shard_gen = None
+            return
+        if decision.action is Action.ESCALATE and rec.worker_losses >= max_worker_loss:
             rec.status = TaskStatus.FAILED
-            rec.failure = FailureClass.WORKER_PROCESS_LOSS
+            rec.failure = loss
             rec.warnings.append(f"{interrupted}; not re-run")
             rec.error = (
                 f"worker process lost {rec.worker_losses} times (max_worker_loss = "
                 f"{max_worker_loss}); last: {shard} (generation {rec.shard_gen}) exited "
                 f"while lane {rec.lane} was running"
             )
-        else:
-            rec.status = TaskStatus.PAUSED
-            rec.warnings.append(f"{interrupted}; re-running the step")
-            rec.lane = rec.shard = rec.shard_gen = None
+            return
+        rec.warnings.append(interrupted)
+        self.fail(
+            task_id,
+            loss,
+            f"{shard} (generation {rec.shard_gen}) exited while lane {rec.lane} was running",
+            now,
+            max_worker_loss,
+        )
 
     def summary(self) -> f.PlanSummary:
         """The plan in one line: its tasks counted by the status a report shows."""
@@ -303,18 +821,22 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         )
 
     def report(self) -> f.PlanReport:
-        def shown(status: TaskStatus) -> str:
-            return TaskStatus.RUNNING if status is TaskStatus.STARTING else str(status)
+        def shown(rec: TaskRecord) -> str:
+            if rec.pending is not None:
+                return TaskStatus.AWAITING_APPROVAL
+            return TaskStatus.RUNNING if rec.status is TaskStatus.STARTING else str(rec.status)
 
         return f.PlanReport(
             plan=self.spec.name,
             id=self.id,
             done=self.done,
             ok=self.done and self.ok,
+            spent=self.spent,
+            budget=budget.extend(self.spec.budget, self.granted),
             tasks=[
                 f.TaskReport(
                     id=spec.id,
-                    status=shown(rec.status),
+                    status=shown(rec),
                     exit_code=rec.exit_code,
                     attempts=rec.attempts,
                     shard=rec.shard,
@@ -327,6 +849,11 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     failure=None if rec.failure is None else str(rec.failure),
                     warnings=list(rec.warnings),
                     ticket=rec.ticket,
+                    spent=rec.spent,
+                    question=None if rec.pending is None else rec.pending.question,
+                    answers=list(rec.answers.values()),
+                    retry_at=rec.retry_at if rec.status in WAITING else None,
+                    notes=list(rec.notes),
                 )
                 for spec in self.spec.tasks
                 for rec in (self.tasks[spec.id],)

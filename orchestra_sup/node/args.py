@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from orchestra_sup.coordinator.quota import Quota
+
 
 class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a child needs to join its tree.
@@ -37,6 +39,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     lane_nice: int = 10
     lane_programs: list[str] = []
     endpoint: str = ""
+    quotas: dict[str, Quota] = {}
+    """`[quotas]`: tenant -> ceilings, for the coordinator (`coordinator.quota`)."""
 
 
 def encode(args: ChildArgs) -> str:

@@ -177,6 +177,8 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     """Every answer a human gave it, oldest first."""
     retry_at: float | None = None
     """When its next attempt may start (Unix seconds) while it backs off, else None."""
+    notes: list[str] = []
+    """What its lanes' programs told the coordinator ("<lane>: <text>"), oldest first."""
 
 
 class PlanReport(Frame, tag="plan_report"):

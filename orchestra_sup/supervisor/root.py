@@ -378,6 +378,7 @@ class RootSupervisor:
             relay_deadline_s=self.settings.relay.deadline_s,
             lane_nice=self.settings.lanes.nice,
             lane_programs=list(self.settings.lanes.programs),
+            quotas=dict(self.settings.quotas) if worker.spec.role == "coordinator" else {},
         )
 
     def _after_exit(self, worker: Worker, generation: int) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from tests.integration.harness import RawPeer, Tree, git, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
@@ -88,7 +89,7 @@ def test_custodian_killed_mid_call_is_a_typed_error_at_once(tree: Tree) -> None:
             client.sock.send(
                 client.codec.encode(
                     f.Envelope(
-                        v=1,
+                        v=PROTOCOL_VERSION,
                         id="mid-call",
                         corr=None,
                         sender="ctl",

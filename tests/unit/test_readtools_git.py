@@ -18,6 +18,7 @@ from orchestra_sup.custodian.role import READ_CONCURRENCY, Custodian
 from orchestra_sup.custodian.workspace import Workspace
 from orchestra_sup.errors import ErrorCode, PathEscape, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
 DATES = ["2024-01-01T10:00:00+00:00", "2024-01-02T10:00:00+00:00", "2024-01-03T10:00:00+00:00"]
 
@@ -272,7 +273,7 @@ def _call(c: Custodian, tool: str, **params: str) -> object:
 
 def _inline(c: Custodian, tool: str, **params: str) -> f.Body | None:
     env = f.Envelope(
-        v=1,
+        v=PROTOCOL_VERSION,
         id="t.1",
         corr=None,
         sender="coordinator",

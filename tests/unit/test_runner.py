@@ -9,6 +9,7 @@ import pytest
 from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.coordinator.runner import (
     FINAL,
+    HELD,
     LIVE,
     WAITING,
     FailureClass,
@@ -74,9 +75,10 @@ def _copy(t: TaskRecord) -> TaskRecord:
 
 
 def test_status_sets() -> None:
-    """FINAL, LIVE and WAITING (pending, paused, interrupted) partition the statuses: paused
-    and interrupted are not final."""
-    assert set(TaskStatus) == FINAL | LIVE | WAITING
+    """FINAL, LIVE, WAITING (pending, paused, interrupted) and HELD (awaiting_approval)
+    partition the statuses: paused, interrupted and awaiting_approval are not final."""
+    assert set(TaskStatus) == FINAL | LIVE | WAITING | HELD
+    assert not (FINAL | LIVE | WAITING) & HELD
     assert {S.PENDING, S.PAUSED, S.INTERRUPTED} == WAITING
     assert not FINAL & LIVE and not FINAL & WAITING and not LIVE & WAITING
 
@@ -188,7 +190,7 @@ def test_apply_matching_result_updates_record(start: TaskStatus, outcome: str) -
     rec = _plan("a", "b")
     _live(rec, "a", lane="lane-1", status=start)
     result = _result("a", "lane-1", outcome, commit="abc123" if outcome == "succeeded" else None)
-    assert rec.apply(result) is True
+    assert rec.apply(result)[0] is True
     t = rec.tasks["a"]
     assert t.status is TaskStatus(outcome)
     assert t.exit_code == result.exit_code
@@ -229,7 +231,7 @@ def test_apply_stale_result_is_ignored(
     t = rec.tasks["a"]
     t.status, t.lane, t.exit_code, t.output_tail = status, lane, 0, "before"
     before = _copy(t)
-    assert rec.apply(_result(task, result_lane, "failed")) is False
+    assert rec.apply(_result(task, result_lane, "failed"))[0] is False
     assert rec.tasks == {"a": before}
 
 
@@ -237,9 +239,9 @@ def test_apply_then_duplicate_is_ignored() -> None:
     """A result delivered twice (inbox redelivery) is applied once; the second returns False."""
     rec = _plan("a")
     _live(rec, "a", lane="lane-1")
-    assert rec.apply(_result("a", "lane-1")) is True
+    assert rec.apply(_result("a", "lane-1"))[0] is True
     after = _copy(rec.tasks["a"])
-    assert rec.apply(_result("a", "lane-1", "failed")) is False
+    assert rec.apply(_result("a", "lane-1", "failed"))[0] is False
     assert rec.tasks["a"] == after
 
 
@@ -462,7 +464,7 @@ def test_a_result_still_in_an_outbox_when_its_generation_retires_runs_once() -> 
     assert rec.lose_shard("shard-0", 2, CAP, keep={1}) == []
     assert rec.settle_moved("shard-0", {1}, 2, {"lane-a"}, CAP) == (["a"], [])
     assert rec.ready() == []
-    assert rec.apply(_result("a", "lane-a"))
+    assert rec.apply(_result("a", "lane-a"))[0]
     assert (rec.tasks["a"].status, rec.tasks["a"].attempts) == (S.SUCCEEDED, 1)
 
 
@@ -473,7 +475,7 @@ def test_a_results_warnings_are_kept_once_each() -> None:
     t = _live(rec, "a", lane="lane-a")
     t.warnings = ["earlier"]
     warned = _result("a", "lane-a", warnings=["partial work: re-run", "earlier"])
-    assert rec.apply(warned)
+    assert rec.apply(warned)[0]
     assert t.warnings == ["earlier", "partial work: re-run"]
 
 
@@ -580,9 +582,9 @@ def test_replaced_task_succeeds_with_warning_and_stale_result_ignored() -> None:
     warning = _warning("plan-1-a-1", "shard-0", 1)
     assert (start.lane, start.attempt, start.warnings) == ("plan-1-a-2", 2, [warning])
     before = _copy(rec.tasks["a"])
-    assert rec.apply(_result("a", "plan-1-a-1")) is False
+    assert rec.apply(_result("a", "plan-1-a-1"))[0] is False
     assert rec.tasks["a"] == before
-    assert rec.apply(_result("a", "plan-1-a-2")) is True
+    assert rec.apply(_result("a", "plan-1-a-2"))[0] is True
     t = rec.tasks["a"]
     assert (t.status, t.attempts, t.worker_losses, t.failure) == (S.SUCCEEDED, 2, 1, None)
     assert t.warnings == [warning]
@@ -619,7 +621,7 @@ def test_task_that_keeps_losing_its_shard_fails_at_the_cap() -> None:
     assert report["a"].failure == "worker_process_loss"
     assert report["a"].warnings == t.warnings
     assert (report["b"].status, report["b"].failure) == ("skipped", None)
-    assert rec.apply(_result("a", lanes[-1])) is False
+    assert rec.apply(_result("a", lanes[-1]))[0] is False
 
 
 # --- done / ok / report --------------------------------------------------------------------------
@@ -669,7 +671,7 @@ def test_report_fields_follow_records_in_file_order() -> None:
     survives a codec round trip."""
     rec = _plan("z", "a", ("m", ["z"]))
     _live(rec, "z", lane="lane-7", shard="shard-1", gen=3)
-    assert rec.apply(_result("z", "lane-7", commit="c0ffee"))
+    assert rec.apply(_result("z", "lane-7", commit="c0ffee"))[0]
     report = rec.report()
     assert (report.plan, report.id) == ("demo", "plan-1")
     assert [t.id for t in report.tasks] == ["z", "a", "m"]
@@ -714,7 +716,7 @@ def test_interrupted_result_is_not_a_verdict() -> None:
         commit=None,
         error="interrupted",
     )
-    assert plan.apply(result)
+    assert plan.apply(result)[0]
     assert rec.status is S.INTERRUPTED and rec.worker_losses == 0 and rec.failure is None
     assert rec.lane is None and "partial work" in rec.warnings[-1]
     assert [t.id for t in plan.ready()] == ["a"]
@@ -729,7 +731,7 @@ def test_an_interrupted_re_run_keeps_the_warning_of_its_drain() -> None:
     rec = plan.tasks["a"]
     rec.status, rec.lane, rec.shard, rec.shard_gen, rec.attempts = S.RUNNING, "L1", "shard-0", 2, 1
     drained = "partial work: lane L1 was stopped mid-step when generation 1 was drained"
-    assert plan.apply(_result("a", "L1", "interrupted", warnings=[drained]))
+    assert plan.apply(_result("a", "L1", "interrupted", warnings=[drained]))[0]
     assert rec.warnings[0] == drained and "was interrupted when" in rec.warnings[1]
 
 
