@@ -761,7 +761,12 @@ class LaneSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     `mailbox` its unread messages, oldest first; `message_keys` the idempotency keys it has seen,
     oldest first; `next_seq` its next transcript row; `partial` is true when its step was
     interrupted (the drain timed out) and re-runs with a partial-work warning; `elapsed_s` the
-    seconds it had run so far.
+    seconds it had run so far; `spent` what it had spent so far (its `wall_s` leaves out the time
+    it waited for a human), which the next generation goes on counting against `start.budget`;
+    `asked` the `ask_human` calls its program had made when it took `checkpoint` (the next
+    generation numbers its default question keys after them); `notes` the `tell_coordinator`
+    calls it had made (the next note is numbered after them). `start.answers` includes the
+    answers the lane had received.
     """
 
     start: LaneStart
@@ -772,6 +777,9 @@ class LaneSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     next_seq: int = 0
     partial: bool = False
     elapsed_s: float = 0.0
+    spent: Spend = Spend()
+    asked: int = 0
+    notes: int = 0
 
 
 class Drain(Frame, tag="drain"):

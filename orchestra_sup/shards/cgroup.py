@@ -472,6 +472,22 @@ class LaneCgroups:
         return None
 
     @staticmethod
+    def cpu_s(path: Path) -> float:
+        """CPU seconds (user + system) used so far by every process that was ever in the cgroup
+        at `path` (`cpu.stat` `usage_usec`, present in every cgroup v2 whatever the controllers;
+        a small file, read on the caller's thread). 0.0 when it cannot be read (the cgroup is
+        gone, an old kernel): the lane's CPU is then not counted, never an error."""
+        try:
+            with open(path / "cpu.stat", "rb") as fh:
+                for line in fh.read().splitlines():
+                    key, _, value = line.partition(b" ")
+                    if key == b"usage_usec":
+                        return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+        return 0.0
+
+    @staticmethod
     def join_fn(path: Path) -> Callable[[], None]:
         """A function for Popen's `preexec_fn` that moves the calling process into the cgroup at
         `path` (writes "0" to its `cgroup.procs`).

@@ -8,12 +8,12 @@ point and handed over (`LaneResume` with a `LaneSnapshot`, to its own name, whic
 resolves to g+1: "moved"), or, still not quiet after the drain timeout, is stopped (its command's
 group gets SIGTERM, then SIGKILL after `DRAIN_KILL_S`, at most `lane_grace_s`) and handed over to
 re-run its step with a partial-work warning ("partial"). Quiet points: a lane still waiting for
-its sandbox; a program lane suspended in `recv` or `checkpoint` (`shards.program`). A shell lane
-whose command runs is never quiet: it finishes on g, or is stopped at the timeout. A hand-over
-g+1 refuses ends the lane `interrupted` on g, so the coordinator re-runs its task ("lost"), never
-silently. `Drained` lists every lane with how it went and how long it took, once no lane is left
-and the outbox has been sent (what is not acknowledged within `DELIVER_ON_STOP_S` stays in the
-durable outbox).
+its sandbox; a program lane suspended in `recv`, `checkpoint` or `ask_human` (`shards.program`).
+A shell lane whose command runs is never quiet: it finishes on g, or is stopped at the timeout.
+A hand-over g+1 refuses ends the lane `interrupted` on g, so the coordinator re-runs its task
+("lost"), never silently. `Drained` lists every lane with how it went and how long it took,
+once no lane is left and the outbox has been sent (what is not acknowledged within
+`DELIVER_ON_STOP_S` stays in the durable outbox).
 
 Requests for a lane in motion are neither lost nor applied twice (the idempotency keys travel in
 the snapshot). On g, a message or cancel for a lane being handed over is held and forwarded to
@@ -40,11 +40,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+import msgspec
+
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
-from orchestra_sup.shards.lane import Lane, Request
+from orchestra_sup.shards.lane import Lane, LaneState, Request
 from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox
 from orchestra_sup.shards.program import MAILBOX_SIZE
 from orchestra_sup.shards.transcript import Transcript
@@ -233,11 +235,15 @@ class Handover:
         (`moved`/`partial`), refuses it (`lost`: the lane ends here `interrupted`, so the
         coordinator re-runs it) or `HANDOVER_S` passes unanswered (`lost`: whether the next
         generation has it is what the coordinator then asks it)."""
-        lane.state = "moving"
+        lane.enter(LaneState.MOVING)
         lane.held = []
         next_seq, landed = self._transcript.detach(lane.id)
+        start = lane.start
+        if lane.questions is not None and lane.questions.answers != start.answers:
+            # the answers it received travel with it: a re-run asking again gets them at once
+            start = msgspec.structs.replace(start, answers=lane.questions.answers)
         snapshot = f.LaneSnapshot(
-            start=lane.start,
+            start=start,
             sandbox=lane.sandbox,
             checkpoint=lane.quiet.checkpoint if lane.quiet is not None else None,
             mailbox=lane.mailbox.unread() if lane.mailbox is not None else [],
@@ -245,6 +251,9 @@ class Handover:
             next_seq=next_seq,
             partial=partial,
             elapsed_s=time.monotonic() - lane.began,
+            spent=lane.meter.spent(),
+            asked=lane.questions.asked_at_checkpoint if lane.questions is not None else 0,
+            notes=lane.notes,
         )
         with contextlib.suppress(TimeoutError):  # a slow disk delays the rows, nothing more
             async with asyncio.timeout(HANDOVER_S / 2):

@@ -1,10 +1,15 @@
-"""A shard's durable outbox: lane results on their way to the coordinator.
+"""A shard's durable outbox: what its lanes tell the coordinator, on its way there.
 
-ARCHITECTURE.md §5 and §11 invariant 8: a result is committed to the shard's LMDB (database `DB`)
+Three kinds of message (`InboxPut`), each with a message id the coordinator de-duplicates by:
+a lane's result ("result:<lane>", `result_id`), a question its program asks a human
+("pause:<lane>:<key>", `pause_id`: asked again after a re-run, it is the same message) and a
+note from its program ("note:<lane>:<n>", `note_id`, n counting from 1 over the lane's life).
+
+ARCHITECTURE.md §5 and §11 invariant 8: each is committed to the shard's LMDB (database `DB`)
 before it is sent, and dropped only when the coordinator acknowledges it, which it does after its
 own commit. Until then it is re-sent whenever the coordinator comes (back) up (`flush`) and every
-`RESEND_S` seconds; its message id is derived from the lane id ("result:<lane>"), so the
-coordinator de-duplicates.
+`RESEND_S` seconds. `holds` and `lanes` are about results only: they say which lanes have ended
+and wait for the coordinator to learn it (the coordinator settles a rollover on them).
 
 Generations of one shard share the LMDB environment, so the rows can outlive the process that
 wrote them: a retired predecessor's, or this generation's own from before a restart. `adopt`
@@ -37,12 +42,23 @@ DELIVER_ON_STOP_S = 2.0
 what is not acknowledged by then waits in the durable outbox for the next generation."""
 
 
-def _msg_id(lane: str) -> str:
+def result_id(lane: str) -> str:
+    """The message id of `lane`'s result."""
     return f"result:{lane}"
 
 
+def pause_id(lane: str, key: str) -> str:
+    """The message id of `lane`'s question `key` to a human."""
+    return f"pause:{lane}:{key}"
+
+
+def note_id(lane: str, n: int) -> str:
+    """The message id of `lane`'s `n`-th note to the coordinator (from 1)."""
+    return f"note:{lane}:{n}"
+
+
 class Outbox:
-    """The results one shard process has not had acknowledged yet, in memory and in `store`
+    """The messages one shard process has not had acknowledged yet, in memory and in `store`
     (opened with `DB`), sent through `node`. Runs on the node's event loop."""
 
     def __init__(self, node: Node, store: Store) -> None:
@@ -56,24 +72,22 @@ class Outbox:
     def holds(self, lane: str) -> bool:
         """Whether `lane`'s result waits here: it ended in this process, or in an earlier one
         whose row was adopted."""
-        return _msg_id(lane) in self._puts
+        return result_id(lane) in self._puts
 
     def lanes(self) -> list[str]:
         """The lanes whose result waits here, in the order this process took them."""
-        return [put.result.lane for put in self._puts.values()]
+        return [put.result.lane for put in self._puts.values() if put.result is not None]
 
-    async def deliver(self, result: f.LaneResult) -> None:
-        """Commit `result` (returns once the write has landed) and send it. A write that fails
-        (`StateError`, e.g. a full disk) is logged, not raised: the result is sent from memory
-        all the same, not durable but not lost while this process lives."""
-        put = f.InboxPut(msg_id=_msg_id(result.lane), result=result)
+    async def deliver(self, put: f.InboxPut) -> None:
+        """Commit `put` (returns once the write has landed) and send it; a put with the id of
+        one that waits here replaces it. A write that fails (`StateError`, e.g. a full disk) is
+        logged, not raised: the message is sent from memory all the same, not durable but not
+        lost while this process lives."""
         self._puts[put.msg_id] = put
         try:
             await self._store.put_durable(DB, put.msg_id.encode(), self._encoder.encode(put))
         except StateError as exc:
-            log.error(
-                "lane %s: result not persisted (%s); sending it from memory", result.lane, exc
-            )
+            log.error("outbox: %s not persisted (%s); sending it from memory", put.msg_id, exc)
         self._send(put.msg_id)
 
     async def adopt(self) -> None:
@@ -93,7 +107,7 @@ class Outbox:
         self.flush()
 
     def flush(self) -> None:
-        """Send every result that is not being sent already (nothing while the roster says the
+        """Send every message that is not being sent already (nothing while the roster says the
         coordinator is down: its coming up flushes again)."""
         for msg_id in list(self._puts):
             self._send(msg_id)

@@ -5,35 +5,72 @@ with no arguments for each lane. The task's `program` names it: `shell` (the def
 run the task's `run` command), or `module:Class` for any other, which must also be listed in
 `[lanes] programs` (a program is Python code running inside the shard, outside any sandbox, so
 only what the tree's owner allowed may run; the coordinator refuses a plan naming another).
+`examples/review_program.py` is a short one that uses most of what follows.
 
 What a program gets (`LaneContext`):
 
 - `lane`, `plan`, `task` (the `TaskSpec`: `run` is the program's argument string), `attempt`,
   `sandbox` (the lane's directory, a git checkout of the workspace);
+- `feedback`: revision feedback for this attempt (a human's rejection reason, a redirect, the
+  previous attempt's error after a quality miss: `LaneStart.feedback`), or None. A shell lane gets
+  it as `$ORCHESTRA_FEEDBACK` (set only when there is feedback);
+- `budget`: the lane's grant (`frames.Budget`: `wall_s` seconds, `cpu_s` CPU seconds,
+  `output_bytes` bytes; None, or None in a dimension, is no limit there), and `spent() -> Spend`:
+  what the lane has spent so far, in the same units (`shards.spend` says how each is counted). A
+  lane that spends more than its grant in any dimension is stopped at once (its command's group
+  killed, `run` cancelled) and fails with `budget_exhaustion`;
 - `await exec(command, timeout_s=None) -> ShellOutcome`: run a shell command in the sandbox as the
   lane's own process group, in its cgroup, at its niceness, with its scrubbed environment; its
-  output goes to the lane's transcript and tail as it comes (`shards.shell.run_shell`);
-- `emit(text)`: one line of the lane's own output (transcript row and tail);
+  output goes to the lane's transcript and tail as it comes (`shards.shell.run_shell`) and counts
+  against `budget.output_bytes`;
+- `emit(text)`: one line of the lane's own output (a transcript row and its tail; it counts
+  against `budget.output_bytes`, newline included);
 - `await recv(timeout_s=None) -> str | None`: the next `message_lane` text, in order (None when
   `timeout_s` passes first). A lane waiting here is parked: no process, a suspended coroutine.
 - `await checkpoint(value)`: `value` (anything msgpack encodes, at most `CHECKPOINT_MAX_BYTES`)
   is where the lane can resume from; `resumed` is the checkpoint a resumed lane starts from (None
   on a fresh start, and for a lane that never took one).
+- `await ask_human(question, key=None) -> frames.Answer`: pause for a human (`shards.hitl`). The
+  question is recorded durably for the coordinator (a `HitlPause` through the outbox) and the lane
+  waits, parked, in state "awaiting_approval", until a human's answer comes (`ctl approve`,
+  `reject`, `redirect`, `accept-partial`: `Answer.verdict`). The wait holds no process and is
+  counted neither against `budget.wall_s` nor against the task's `timeout_s`. `key` (default
+  "q1", "q2", ... in the order this run asks) names the question across re-runs: one answered
+  already (`LaneStart.answers`, or earlier in this lane) is answered at once, the same `Answer`.
+- `await tell_coordinator(text)`: a note to the coordinator, recorded durably and delivered once
+  (a `LaneNote` through the outbox).
 
-Cancelling the lane cancels `run` (an `exec` in flight has its group killed first).
+Errors: `exec` raises `ValueError` for a timeout that is not positive and `OSError` when the
+command cannot be spawned; `checkpoint` raises `TypeError` for a value msgpack cannot encode and
+`ValueError` for one over `CHECKPOINT_MAX_BYTES`; `ask_human` raises `ValueError` for an empty
+key, a key over `KEY_MAX_CHARS` characters or a question over `TEXT_MAX_BYTES`, and
+`RuntimeError` when the program already waits on that key; `tell_coordinator` raises
+`ValueError` for a text over `TEXT_MAX_BYTES`. Whatever `run` raises fails the lane with
+`tool_failure`.
+
+How a lane ends: `run` returns an `Outcome`. A failed one may give its `failure` class:
+`quality_miss` (its result is not good enough), `tool_failure` (the default) or
+`preflight_escalation` (it will not go on without a human); the shard gives the others
+(`timeout` when the task's `timeout_s` passed, `budget_exhaustion` when it overspent its grant).
+Cancelling the lane cancels `run` (an `exec` in flight has its group killed first; a wait for a
+human ends).
 
 Rollovers (ARCHITECTURE.md §9): a shard generation being drained parks each program lane at its
 next *quiet point* and resumes it on the next generation, where `run` is called again on a fresh
 instance with `resumed` set and the unread messages still unread. The quiet points are exactly the
-`checkpoint` calls and the `recv` waits: a program is parked only where it is suspended in one
-of them, so whatever it did after its last checkpoint and before a `recv` it now waits in is done
-again only if it checkpointed nothing in between. An `exec` is not a quiet point, even right after
-a checkpoint: the code between the checkpoint and the `exec` may have acted outside the lane (a
-file written directly), and parking there would hide that it must run again. A lane not quiet
-within the drain timeout is stopped (an `exec` in flight has its group sent SIGTERM, then
-SIGKILL) and resumed from its last checkpoint with a partial-work warning. Checkpoints live in
-the shard's memory and travel with the lane: they serve rollovers, not crash recovery (a lane
-whose shard dies re-runs from the start, as before).
+`checkpoint` calls and the `recv` and `ask_human` waits: a program is parked only where it is
+suspended in one of them, so whatever it did after its last checkpoint and before a wait it is
+parked in is done again only if it checkpointed nothing in between. An `exec` is not a quiet
+point, even right after a checkpoint: the code between the checkpoint and the `exec` may have
+acted outside the lane (a file written directly), and parking there would hide that it must run
+again. A lane not quiet within the drain timeout is stopped (an `exec` in flight has its group
+sent SIGTERM, then SIGKILL) and resumed from its last checkpoint with a partial-work warning.
+Checkpoints live in the shard's memory and travel with the lane: they serve rollovers, not crash
+recovery (a lane whose shard dies re-runs from the start, as before). A lane parked in
+`ask_human` asks again on the next generation with the same key: that records the same pause
+(same message id: the coordinator de-duplicates it), or finds the answer that came meanwhile. The
+number of questions asked travels with the checkpoint, so default keys are numbered as before.
+What the lane spent travels with it too.
 """
 
 from __future__ import annotations
@@ -41,13 +78,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 import re
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
 
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.shell import ShellOutcome
 
 SHELL = "shell"
@@ -57,6 +94,14 @@ MAILBOX_SIZE = 1000
 """Messages a lane's mailbox holds before `message_lane` is refused (`busy`)."""
 CHECKPOINT_MAX_BYTES = 1024 * 1024
 """The largest checkpoint (msgpack-encoded bytes): it travels in one frame with its lane."""
+TEXT_MAX_BYTES = 64 * 1024
+"""The largest `ask_human` question and `tell_coordinator` text (UTF-8 bytes)."""
+KEY_MAX_CHARS = 200
+"""The longest `ask_human` key (characters): it is part of the pause's message id."""
+PROGRAM_FAILURES = frozenset(
+    {f.FailureClass.QUALITY_MISS, f.FailureClass.TOOL_FAILURE, f.FailureClass.PREFLIGHT_ESCALATION}
+)
+"""The failure classes a program may give its `Outcome`; the shard gives the others."""
 
 
 class Mailbox:
@@ -102,11 +147,14 @@ class Mailbox:
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     """How a program ended: `status` "succeeded" or "failed", the exit code of the command that
-    decided it (None when no command did), and a one-line `error` when it failed."""
+    decided it (None when no command did), a one-line `error` when it failed, and its `failure`
+    class (a program may give one of `PROGRAM_FAILURES`; None on a failed outcome is taken as
+    `tool_failure`)."""
 
     status: str
     exit_code: int | None = None
     error: str | None = None
+    failure: f.FailureClass | None = None
 
 
 class QuietPoints:
@@ -154,39 +202,70 @@ class QuietPoints:
         self.quiet = False
 
 
+class LaneHost(Protocol):
+    """What the shard does for a lane's context (`shards.host.Host`)."""
+
+    async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
+        """`LaneContext.exec`."""
+
+    def emit(self, text: str) -> None:
+        """`LaneContext.emit`."""
+
+    def spent(self) -> f.Spend:
+        """`LaneContext.spent`."""
+
+    async def record_pause(self, key: str, question: str) -> None:
+        """Record durably that the lane asks `question` as `key`; returns once it is."""
+
+    def waiting(self, question: str | None) -> None:
+        """From now on the lane waits for a human's answer to `question` (None: no more)."""
+
+    async def tell(self, text: str) -> None:
+        """`LaneContext.tell_coordinator`: returns once the note is recorded."""
+
+
 class LaneContext:
     """What a lane program sees of its lane; see the module docstring. `quiet` is the lane's
-    `QuietPoints`; its checkpoint when the context is made is `resumed`."""
+    `QuietPoints` (its checkpoint when the context is made is `resumed`), `questions` its
+    `hitl.Questions`; `host` does the rest."""
 
     def __init__(
         self,
         start: f.LaneStart,
         sandbox: Path,
-        exec_fn: Callable[[str, float | None], Awaitable[ShellOutcome]],
-        emit_fn: Callable[[str], None],
+        host: LaneHost,
         mailbox: Mailbox,
         quiet: QuietPoints,
+        questions: Questions,
     ):
         self.lane = start.lane
         self.plan = start.plan
         self.task = start.task
         self.attempt = start.attempt
         self.sandbox = sandbox
+        self.feedback: str | None = start.feedback
+        """Revision feedback for this attempt, or None."""
+        self.budget: f.Budget | None = start.budget
+        """The lane's grant (None: no limit)."""
         self.resumed: Any = quiet.checkpoint
         """The checkpoint this lane resumes from (None: a fresh start, or none was taken)."""
-        self._exec = exec_fn
-        self._emit = emit_fn
+        self._host = host
         self._mailbox = mailbox
         self._quiet = quiet
+        self._questions = questions
 
     async def exec(self, command: str, timeout_s: float | None = None) -> ShellOutcome:
         """Run `command` with `/bin/sh -c` in the sandbox. Raises `ValueError` for a timeout
         that is not positive, `OSError` when it cannot be spawned."""
-        return await self._exec(command, timeout_s)
+        return await self._host.exec(command, timeout_s)
 
     def emit(self, text: str) -> None:
         """Record `text` as one line of the lane's output."""
-        self._emit(text)
+        self._host.emit(text)
+
+    def spent(self) -> f.Spend:
+        """What the lane has spent so far (seconds, CPU seconds, bytes: see `budget`)."""
+        return self._host.spent()
 
     async def recv(self, timeout_s: float | None = None) -> str | None:
         """The next message sent to this lane, or None after `timeout_s` seconds. A quiet point:
@@ -206,12 +285,54 @@ class LaneContext:
         this never returns. Raises `TypeError` for a value msgpack cannot encode, `ValueError`
         for one over `CHECKPOINT_MAX_BYTES` (the previous checkpoint is kept)."""
         self._quiet.save(value)
+        self._questions.asked_at_checkpoint = self._questions.asked
         if self._quiet.requested:
             self._quiet.enter()
             try:
                 await asyncio.get_running_loop().create_future()  # the shard cancels the lane
             finally:
                 self._quiet.leave()
+
+    async def ask_human(self, question: str, key: str | None = None) -> f.Answer:
+        """A human's answer to `question` (see the module docstring): at once when `key` has
+        one already, else once it comes. A quiet point while it waits. Raises `ValueError` for
+        an empty key or one over `KEY_MAX_CHARS` characters, or a question over
+        `TEXT_MAX_BYTES`; `RuntimeError` when the program already waits on `key`."""
+        _check_text("question", question)
+        if key is None:
+            key = self._questions.next_key()
+        elif not key or len(key) > KEY_MAX_CHARS:
+            raise ValueError(f"a question key is 1 to {KEY_MAX_CHARS} characters, got {key!r}")
+        known = self._questions.answers.get(key)
+        if known is not None:
+            return known
+        # ARCHITECTURE.md §11 invariant 9: the waiter exists before the pause is recorded, so
+        # an answer that comes the moment it is (before this coroutine runs again) has
+        # something to resolve.
+        waiter = self._questions.install(key)
+        try:
+            await self._host.record_pause(key, question)
+            self._host.waiting(question)
+            self._quiet.enter()
+            try:
+                return await waiter
+            finally:
+                self._quiet.leave()
+                self._host.waiting(None)
+        finally:
+            self._questions.uninstall(key)
+
+    async def tell_coordinator(self, text: str) -> None:
+        """Send `text` to the coordinator as a note; returns once it is recorded durably (the
+        outbox delivers it once). Raises `ValueError` for a text over `TEXT_MAX_BYTES`."""
+        _check_text("note", text)
+        await self._host.tell(text)
+
+
+def _check_text(what: str, text: str) -> None:
+    size = len(text.encode())
+    if size > TEXT_MAX_BYTES:
+        raise ValueError(f"a {what} is at most {TEXT_MAX_BYTES} bytes, this one {size}")
 
 
 class LaneProgram(Protocol):
@@ -228,20 +349,27 @@ class Shell:
 
 
 def judge(outcome: ShellOutcome, timeout_s: float | None) -> Outcome:
-    """A command's verdict from how it ended."""
+    """A command's verdict from how it ended: `timeout` when it ran past `timeout_s` (its group
+    was killed), `tool_failure` when it exited non-zero or a signal ended it."""
     if outcome.timed_out:
         return Outcome(
             status="failed",
             error=f"timed out after {timeout_s:g} s; its process group was killed",
+            failure=f.FailureClass.TIMEOUT,
         )
     if outcome.exit_code == 0:
         return Outcome(status="succeeded", exit_code=0)
     if outcome.signal is not None:
-        return Outcome(status="failed", error=f"killed by signal {outcome.signal}")
+        return Outcome(
+            status="failed",
+            error=f"killed by signal {outcome.signal}",
+            failure=f.FailureClass.TOOL_FAILURE,
+        )
     return Outcome(
         status="failed",
         exit_code=outcome.exit_code,
         error=f"exited with status {outcome.exit_code}",
+        failure=f.FailureClass.TOOL_FAILURE,
     )
 
 
@@ -255,8 +383,10 @@ EXIT_CODE_RANGE = range(-(2**31), 2**31)
 
 def checked(name: str, verdict: object) -> Outcome:
     """`verdict` if it is a valid `Outcome` (status "succeeded" or "failed", `exit_code` None or
-    a 32-bit int, `error` None or a string); raises `ProgramError` otherwise. A program's return
-    value goes into durable records and across processes: nothing unchecked may."""
+    a 32-bit int, `error` None or a string, `failure` None or one of `PROGRAM_FAILURES` on a
+    failed outcome only), a failed one given `tool_failure` when it says no class; raises
+    `ProgramError` otherwise. A program's return value goes into durable records and across
+    processes: nothing unchecked may."""
     if not isinstance(verdict, Outcome):
         raise ProgramError(f"program {name} returned {type(verdict).__name__}, not an Outcome")
     if verdict.status not in ("succeeded", "failed"):
@@ -270,6 +400,15 @@ def checked(name: str, verdict: object) -> Outcome:
         raise ProgramError(f"program {name} returned exit code {code!r} (expected a 32-bit int)")
     if verdict.error is not None and not isinstance(verdict.error, str):
         raise ProgramError(f"program {name} returned a non-string error")
+    failure = verdict.failure
+    if failure is not None and (verdict.status != "failed" or failure not in PROGRAM_FAILURES):
+        allowed = ", ".join(sorted(PROGRAM_FAILURES))
+        raise ProgramError(
+            f"program {name} returned failure {failure!r} with status {verdict.status!r} "
+            f"(only a failed outcome has one, and a program may give {allowed})"
+        )
+    if verdict.status == "failed" and failure is None:
+        return msgspec.structs.replace(verdict, failure=f.FailureClass.TOOL_FAILURE)
     return verdict
 
 

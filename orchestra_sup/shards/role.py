@@ -9,8 +9,14 @@ acknowledged.
 
 In a rollover this process is one of two generations of its shard: the old one drains and hands
 its lanes over, the new one resumes them (`LaneResume`, admitted like a start) and holds requests
-for lanes still on their way. `shards.handover` does both sides, and says where a message or a
-cancel for a lane goes (`Handover.route`) before this module delivers it.
+for lanes still on their way. `shards.handover` does both sides, and says where a message, a
+cancel or a human's answer for a lane goes (`Handover.route`) before this module delivers it.
+
+Every failed result says why as a `FailureClass` (`LaneResult.failure`): `timeout` (the task's
+`timeout_s`), `budget_exhaustion` (the lane spent more than its grant, `LaneStart.budget`: the
+shard's `BudgetWatch` stops it, `shards.spend`), the class its program gave, or `tool_failure`
+(a command failed, a program raised, a sandbox or commit could not be had). Cancelled and
+interrupted results carry none. Every result says what the lane spent (`LaneResult.spent`).
 """
 
 from __future__ import annotations
@@ -20,9 +26,7 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown
@@ -31,9 +35,11 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
 from orchestra_sup.shards.handover import Handover
-from orchestra_sup.shards.lane import TAIL_BYTES, Lane
+from orchestra_sup.shards.hitl import Questions
+from orchestra_sup.shards.host import Host, inbox_path
+from orchestra_sup.shards.lane import Lane, LaneState
 from orchestra_sup.shards.outbox import DB as OUTBOX_DB
-from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox
+from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox, result_id
 from orchestra_sup.shards.program import (
     MAILBOX_SIZE,
     SHELL,
@@ -45,7 +51,7 @@ from orchestra_sup.shards.program import (
     checked,
     load_program,
 )
-from orchestra_sup.shards.shell import ShellOutcome, run_shell
+from orchestra_sup.shards.spend import BudgetWatch
 from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
 from orchestra_sup.shards.transcript import Transcript
 from orchestra_sup.state.store import Store
@@ -63,9 +69,6 @@ MESSAGE_MAX_BYTES = 64 * 1024
 MESSAGE_KEYS = 4096
 """Idempotency keys remembered per lane: a re-send of any of its last 4,096 messages is caught."""
 
-ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
-"""Variables a lane command inherits from the shard; everything else is scrubbed."""
-
 
 class Shard:
     """The `shard` role. See the module docstring."""
@@ -78,6 +81,7 @@ class Shard:
         self.lanes: dict[str, Lane] = {}
         self.outbox: Outbox | None = None  # results on their way to the coordinator (open())
         self.handover: Handover | None = None  # rollovers: this generation's side (open())
+        self.budgets: BudgetWatch | None = None  # stops lanes that overspend (open())
         self._custodian_up = asyncio.Event()
         self._closing = False
 
@@ -100,6 +104,7 @@ class Shard:
         # --- end transcripts
         self.outbox = Outbox(node, self.store)
         node.spawn(self.outbox.resend_loop())
+        self.budgets = BudgetWatch(node.spawn)
         self.handover = Handover(
             node,
             self.lanes,
@@ -184,6 +189,12 @@ class Shard:
             case f.LaneMessage():
                 if self.handover.route(ep, peer, env, body.lane) is not None:
                     self._message(ep, peer, env, body)
+            case f.HitlAnswer():
+                lane = self.handover.route(ep, peer, env, body.lane)
+                if lane is None:
+                    return
+                self._answer(lane, body)
+                ep.reply(env, peer, f.Ack())
             case f.LaneLogs():  # transcripts: answered off the receive loop (memory, then LMDB)
                 assert self.node is not None and self.transcript is not None
                 work = self.transcript.read(
@@ -234,8 +245,15 @@ class Shard:
             self.transcript.begin(lane.id)
             for warning in start.warnings:
                 self.transcript.event(lane.id, f"warning: {warning}")
+        self._watch(lane)
         lane.task = self.node.spawn(self._run(lane))
         return f.Ack()
+
+    def _watch(self, lane: Lane) -> None:
+        """Have a lane with a grant stopped when it overspends (`shards.spend`)."""
+        assert self.budgets is not None
+        if lane.start.budget is not None:
+            self.budgets.watch(lane.id, lane.start.budget, lane.meter, lane.exhaust)
 
     def _admit_resumed(self, snapshot: f.LaneSnapshot, predecessor: int) -> f.Body:
         """Host a lane generation `predecessor` of this shard parked (`LaneResume`): admitted
@@ -269,6 +287,7 @@ class Shard:
                 )
             )
             self.transcript.event(lane_id, f"warning: {lane.warnings[-1]}")
+        self._watch(lane)
         lane.task = self.node.spawn(self._run(lane))
         self.handover.arrived(lane_id)
         return f.Ack()
@@ -316,7 +335,7 @@ class Shard:
             lane.mailbox.put_nowait(msg.text)
             ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=False))
             return
-        inbox = self._inbox(lane.id)
+        inbox = inbox_path(self.node.paths.state_dir, lane.id)
 
         async def deliver() -> f.Body:
             if lane.inbox_lock is None:
@@ -327,12 +346,21 @@ class Shard:
 
         self.node.answer(ep, peer, env, deliver())
 
-    def _inbox(self, lane: str) -> Path:
-        assert self.node is not None
-        return self.node.paths.state_dir / "inboxes" / lane
+    def _answer(self, lane: Lane, answer: f.HitlAnswer) -> None:
+        """Keep a human's answer (`HitlAnswer`, recorded by the coordinator before it was sent)
+        with the lane and resume its program if it waits on that key. A second answer to a key,
+        or one to a shell lane (which never asks), changes nothing."""
+        if lane.questions is None or not lane.questions.answer(answer.key, answer.answer):
+            return
+        if self.transcript is not None:
+            who = answer.answer.responder or f"uid {answer.answer.uid}"
+            self.transcript.event(
+                lane.id, f"answered ({answer.key}): {answer.answer.verdict} by {who}"
+            )
 
     def _info(self, lane: Lane) -> f.LaneInfo:
         assert self.node is not None
+        question, since = lane.question or (None, None)
         return f.LaneInfo(
             lane=lane.id,
             task=lane.start.task.id,
@@ -340,17 +368,20 @@ class Shard:
             shard=self.node.name,
             state=lane.state,
             sandbox=lane.sandbox,
+            question=question,
+            since=since,
         )
 
     async def _run(self, lane: Lane) -> None:
         """Run the lane to its end and deliver its result; or, when a drain stops it to hand it
-        over (`lane.moving`), return with no result. A resumed lane keeps its sandbox and counts
-        its time from its first start."""
-        assert self.node is not None
-        before = lane.resumed.elapsed_s if lane.resumed is not None else 0.0
+        over (`lane.moving`), return with no result. A resumed lane keeps its sandbox, counts
+        its time from its first start and its spend from what it had spent."""
+        assert self.node is not None and self.cgroups is not None and self.outbox is not None
+        assert self.budgets is not None
         spec = lane.start.task
         verdict: Outcome | None = None
         status, error, commit = "failed", None, None
+        failure: f.FailureClass | None = f.FailureClass.TOOL_FAILURE
         lane.started = True
         try:
             if lane.cancel_requested:  # before this task's first step (`Lane.cancel`)
@@ -363,32 +394,50 @@ class Shard:
                 if self.transcript is not None:
                     what = spec.run if spec.program == SHELL else f"{spec.program} {spec.run}"
                     self.transcript.event(lane.id, f"started in {ready.path}: {what}")
-            lane.state = "running"
+            lane.enter(LaneState.RUNNING)
+            host = Host(
+                self.node,
+                lane,
+                cgroups=self.cgroups,
+                transcript=self.transcript,
+                outbox=self.outbox,
+                budgets=self.budgets,
+            )
             context = LaneContext(
                 lane.start,
                 Path(lane.sandbox),
-                exec_fn=lambda command, timeout_s: self._exec(lane, command, timeout_s),
-                emit_fn=self._emitter(lane),
+                host,
                 mailbox=lane.mailbox or Mailbox(),
                 quiet=lane.quiet or QuietPoints(),
+                questions=lane.questions or Questions(),
             )
             if spec.program == SHELL:  # its command has the timeout, and kills its group
                 verdict = await program.run(context)
             else:
+                # The time earlier generations ran it counts; the time it waited for a human
+                # does not (`Host.waiting` holds the deadline meanwhile).
+                before = lane.resumed.spent.wall_s if lane.resumed is not None else 0.0
                 limit = None if spec.timeout_s is None else max(0.0, spec.timeout_s - before)
                 try:
-                    async with asyncio.timeout(limit):
+                    async with asyncio.timeout(limit) as host.deadline:
                         verdict = checked(spec.program, await program.run(context))
                 except TimeoutError:
                     verdict = Outcome(
-                        status="failed", error=f"timed out after {spec.timeout_s:g} s"
+                        status="failed",
+                        error=f"timed out after {spec.timeout_s:g} s",
+                        failure=f.FailureClass.TIMEOUT,
                     )
             if lane.moving:  # a program that swallowed the stop: it is handed over all the same
                 return
             lane.finishing = True
-            status, error = verdict.status, verdict.error
+            if lane.exhausted is not None:  # a program that swallowed the stop: it failed
+                verdict = Outcome(
+                    status="failed", error=lane.exhausted, failure=f.FailureClass.BUDGET_EXHAUSTION
+                )
+            status, error, failure = verdict.status, verdict.error, verdict.failure
             if lane.interrupted:  # told to stop: even an exit 0 is not a finished step
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
+                failure = None
             if status == "succeeded" and spec.commit:
                 done = await self._custodian(
                     f.SandboxCommit(
@@ -404,7 +453,11 @@ class Shard:
         except asyncio.CancelledError:
             if lane.moving:  # stopped by a drain: it is handed over, not ended
                 return
-            if lane.interrupted:
+            failure = None
+            if lane.exhausted is not None:
+                status, error = "failed", lane.exhausted
+                failure = f.FailureClass.BUDGET_EXHAUSTION
+            elif lane.interrupted:
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
             else:
                 status, error = "cancelled", "cancelled by request"
@@ -416,7 +469,9 @@ class Shard:
             log.exception("lane %s: program %s raised", lane.id, spec.program)
             status, error = "failed", f"program {spec.program} raised {exc!r}"
         exit_code = verdict.exit_code if verdict is not None else None
-        await self._end(lane, status, error, exit_code=exit_code, commit=commit)
+        if status != "failed":
+            failure = None
+        await self._end(lane, status, error, exit_code=exit_code, commit=commit, failure=failure)
 
     async def _end(
         self,
@@ -426,9 +481,14 @@ class Shard:
         *,
         exit_code: int | None = None,
         commit: str | None = None,
+        failure: f.FailureClass | None = None,
     ) -> None:
-        """Record how `lane` ended (its last transcript row) and deliver its result."""
-        assert self.node is not None and self.outbox is not None
+        """Record how `lane` ended (its last transcript row) and deliver its result, with
+        `failure` when it failed (None: `tool_failure`) and what it spent."""
+        assert self.node is not None and self.outbox is not None and self.budgets is not None
+        self.budgets.unwatch(lane.id)
+        if status == "failed" and failure is None:
+            failure = f.FailureClass.TOOL_FAILURE
         result = f.LaneResult(
             lane=lane.id,
             plan=lane.start.plan,
@@ -442,71 +502,16 @@ class Shard:
             commit=commit,
             error=error,
             warnings=lane.warnings,
+            failure=failure,
+            spent=lane.meter.spent(),
         )
-        lane.state = status
+        lane.enter(LaneState(status))
         if self.transcript is not None:  # transcripts: the last row, then the finished entry
             self.transcript.end(lane.id, _end_event(result))
         try:
-            await self.outbox.deliver(result)
+            await self.outbox.deliver(f.InboxPut(msg_id=result_id(lane.id), result=result))
         finally:
             self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
-
-    async def _exec(self, lane: Lane, command: str, timeout_s: float | None) -> ShellOutcome:
-        """One command of `lane` (`LaneContext.exec`). It joins the lane's cgroup before exec;
-        whatever is left in it when the command ends (setsid'ed or double-forked daemons) is
-        killed."""
-        assert self.node is not None and self.cgroups is not None and lane.sandbox is not None
-        cgroup = self.cgroups.create(lane.id)
-        try:
-            return await run_shell(
-                command,
-                cwd=Path(lane.sandbox),
-                env=self._lane_env(lane),
-                timeout_s=timeout_s,
-                on_output=self._on_output(lane),
-                tail_bytes=TAIL_BYTES,
-                preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
-                on_spawn=lane.spawned,
-                nice=self.node.args.lane_nice,
-            )
-        finally:
-            lane.pgid = None  # no command runs any more: a stop need not wait for this lane
-            await self.cgroups.kill(lane.id)
-            if lane.moving:  # a drain stopped the command to hand the lane over
-                raise asyncio.CancelledError
-
-    def _emitter(self, lane: Lane) -> Callable[[str], None]:
-        """`LaneContext.emit`: a line of the lane's own output, as if it printed it."""
-        on_output = self._on_output(lane)
-
-        def emit(text: str) -> None:
-            on_output("stdout", text.encode() + b"\n")
-
-        return emit
-
-    def _on_output(self, lane: Lane) -> Callable[[str, bytes], None]:
-        """What `run_shell` calls with each chunk: the lane's tail, and one transcript row."""
-        transcript = self.transcript
-
-        def on_output(stream: str, chunk: bytes) -> None:
-            lane.output(stream, chunk)
-            if transcript is not None:
-                transcript.output(lane.id, stream, chunk)
-
-        return on_output
-
-    def _lane_env(self, lane: Lane) -> dict[str, str]:
-        env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
-        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        env.update(
-            ORCHESTRA_LANE=lane.id,
-            ORCHESTRA_PLAN=lane.start.plan,
-            ORCHESTRA_TASK=lane.start.task.id,
-            ORCHESTRA_ATTEMPT=str(lane.start.attempt),
-            ORCHESTRA_PYTHON=sys.executable,
-            ORCHESTRA_INBOX=str(self._inbox(lane.id)),
-        )
-        return env
 
     async def _custodian(self, body: f.Body) -> f.Body:
         """Call the custodian, waiting (up to `CUSTODIAN_WAIT_S`) while it is down."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.shards.program import LaneContext, Outcome
+
+PREFLIGHT = FailureClass.PREFLIGHT_ESCALATION
 
 
 class Raises:
@@ -82,3 +85,18 @@ class Gated:
             if outcome.exit_code != 0:
                 return Outcome(status="failed", exit_code=outcome.exit_code, error=str(text))
         return Outcome(status="succeeded", exit_code=0)
+
+
+class Asks:
+    """Tells the coordinator it is about to ask, asks a human `run` (the question, key "q1"),
+    then "sure?" (key "confirm"), emitting each verdict and text; succeeds, or fails with
+    `preflight_escalation` on a rejection."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        await lane.tell_coordinator("asking")
+        for question, key in ((lane.task.run, None), ("sure?", "confirm")):
+            answer = await lane.ask_human(question, key)
+            lane.emit(f"{answer.verdict}: {answer.text}")
+            if answer.verdict == "reject":
+                return Outcome(status="failed", error=answer.text, failure=PREFLIGHT)
+        return Outcome(status="succeeded")

@@ -1,9 +1,11 @@
-"""Lane programs: loading by name against the allow-list, the shell verdict table, and the
-quiet points and checkpoints a rollover parks and resumes a program lane by."""
+"""Lane programs: loading by name against the allow-list, the shell verdict table, what a
+program may return, the quiet points and checkpoints a rollover parks and resumes a program lane
+by, and asking a human (`ask_human`) and telling the coordinator."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -11,18 +13,24 @@ import pytest
 
 from orchestra_sup.bench.scale import PARKED, Parked
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.program import (
     CHECKPOINT_MAX_BYTES,
+    TEXT_MAX_BYTES,
     LaneContext,
     Mailbox,
     Outcome,
     ProgramError,
     QuietPoints,
     Shell,
+    checked,
     judge,
     load_program,
 )
 from orchestra_sup.shards.shell import ShellOutcome
+
+TOOL = f.FailureClass.TOOL_FAILURE
+APPROVE = f.Answer(verdict="approve", responder="ana", uid=1000)
 
 
 def test_shell_needs_no_permission() -> None:
@@ -73,30 +81,120 @@ def outcome(**kw: object) -> ShellOutcome:
         (outcome(exit_code=0), Outcome(status="succeeded", exit_code=0)),
         (
             outcome(exit_code=3),
-            Outcome(status="failed", exit_code=3, error="exited with status 3"),
+            Outcome(status="failed", exit_code=3, error="exited with status 3", failure=TOOL),
         ),
-        (outcome(signal=9), Outcome(status="failed", error="killed by signal 9")),
+        (outcome(signal=9), Outcome(status="failed", error="killed by signal 9", failure=TOOL)),
         (
             outcome(signal=9, timed_out=True),
-            Outcome(status="failed", error="timed out after 2 s; its process group was killed"),
+            Outcome(
+                status="failed",
+                error="timed out after 2 s; its process group was killed",
+                failure=f.FailureClass.TIMEOUT,
+            ),
         ),
     ],
 )
 def test_judge(shell: ShellOutcome, verdict: Outcome) -> None:
+    """A command's end as a verdict with its failure class."""
     assert judge(shell, 2.0) == verdict
+
+
+@pytest.mark.parametrize(
+    ("returned", "failure"),
+    [
+        (Outcome(status="succeeded"), None),
+        (Outcome(status="failed"), TOOL),
+        (Outcome(status="failed", failure=f.FailureClass.QUALITY_MISS), "quality_miss"),
+        (Outcome(status="failed", failure=TOOL), "tool_failure"),
+        (
+            Outcome(status="failed", failure=f.FailureClass.PREFLIGHT_ESCALATION),
+            "preflight_escalation",
+        ),
+    ],
+)
+def test_a_failed_program_says_its_class_or_is_a_tool_failure(
+    returned: Outcome, failure: str | None
+) -> None:
+    """The classes a program may give are kept; a failure without one is a tool failure."""
+    assert checked("m:C", returned).failure == failure
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        *(
+            Outcome(status="failed", failure=cls)
+            for cls in (
+                f.FailureClass.TIMEOUT,
+                f.FailureClass.BUDGET_EXHAUSTION,
+                f.FailureClass.WORKER_PROCESS_LOSS,
+                f.FailureClass.QUOTA_BREACH,
+            )
+        ),
+        Outcome(status="succeeded", failure=f.FailureClass.QUALITY_MISS),
+    ],
+)
+def test_a_program_may_not_claim_the_shards_failure_classes(returned: Outcome) -> None:
+    """Timeouts, budgets, worker loss and quotas are the shard's and the coordinator's to say;
+    a succeeded outcome has no class."""
+    with pytest.raises(ProgramError, match="returned failure"):
+        checked("m:C", returned)
 
 
 # --- quiet points and checkpoints (rollovers) ----------------------------------------------------
 
 
-def _context(quiet: QuietPoints, mailbox: Mailbox | None = None) -> LaneContext:
-    start = f.LaneStart(lane="L", plan="p", task=f.TaskSpec(id="t", run="", program="m:C"))
+class FakeHost:
+    """A shard as a lane's context sees it, with no process: it records what the lane asked and
+    said, and `on_record(key)` runs the moment a pause is recorded."""
 
-    async def no_exec(command: str, timeout_s: float | None) -> ShellOutcome:
+    def __init__(self, on_record: Callable[[str], object] | None = None) -> None:
+        self.on_record = on_record
+        self.paused: list[tuple[str, str]] = []
+        self.waits: list[str | None] = []
+        self.notes: list[str] = []
+
+    async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
         raise AssertionError("no command runs here")
 
+    def emit(self, text: str) -> None:
+        raise AssertionError("nothing is emitted here")
+
+    def spent(self) -> f.Spend:
+        return f.Spend(wall_s=1.5)
+
+    async def record_pause(self, key: str, question: str) -> None:
+        self.paused.append((key, question))
+        if self.on_record is not None:
+            self.on_record(key)
+
+    def waiting(self, question: str | None) -> None:
+        self.waits.append(question)
+
+    async def tell(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def _context(
+    quiet: QuietPoints,
+    mailbox: Mailbox | None = None,
+    host: FakeHost | None = None,
+    questions: Questions | None = None,
+) -> LaneContext:
+    start = f.LaneStart(
+        lane="L",
+        plan="p",
+        task=f.TaskSpec(id="t", run="", program="m:C"),
+        feedback="shorter, please",
+        budget=f.Budget(cpu_s=2.0),
+    )
     return LaneContext(
-        start, Path("/nowhere"), no_exec, lambda text: None, mailbox or Mailbox(), quiet
+        start,
+        Path("/nowhere"),
+        host or FakeHost(),
+        mailbox or Mailbox(),
+        quiet,
+        questions or Questions(),
     )
 
 
@@ -161,5 +259,107 @@ def test_recv_and_checkpoint_are_quiet_points_and_nothing_else() -> None:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         assert not quiet.quiet
+
+    asyncio.run(main())
+
+
+# --- asking a human, telling the coordinator -----------------------------------------------------
+
+
+def test_the_context_gives_feedback_budget_and_spend() -> None:
+    """What the attempt was told, its grant, and what it spent so far, as the host counts it."""
+    context = _context(QuietPoints())
+    assert context.feedback == "shorter, please"
+    assert context.budget == f.Budget(cpu_s=2.0)
+    assert context.spent() == f.Spend(wall_s=1.5)
+
+
+def test_an_answer_that_comes_the_moment_the_pause_is_recorded_resumes_the_lane() -> None:
+    """ARCHITECTURE.md §11 invariant 9: the waiter is installed before the pause is recorded, so
+    an answer given synchronously as the pause lands (before `ask_human` runs again) resolves
+    it; the lane is shown waiting and then not."""
+
+    async def main() -> None:
+        questions = Questions()
+        host = FakeHost(on_record=lambda key: questions.answer(key, APPROVE))
+        context = _context(QuietPoints(), host=host, questions=questions)
+        async with asyncio.timeout(5):
+            answer = await context.ask_human("ship it?")
+        assert answer == APPROVE
+        assert host.paused == [("q1", "ship it?")]
+        assert host.waits == ["ship it?", None]
+
+    asyncio.run(main())
+
+
+def test_ask_human_waits_parked_until_the_answer_and_numbers_its_questions() -> None:
+    """Default keys q1, q2, ...; the wait is a quiet point; a second answer to a key changes
+    nothing; a key answered already (a re-run) is answered at once, without a new pause."""
+
+    async def main() -> None:
+        quiet, questions = QuietPoints(), Questions()
+        host = FakeHost()
+        context = _context(quiet, host=host, questions=questions)
+        asking = asyncio.ensure_future(context.ask_human("first?"))
+        async with asyncio.timeout(5):
+            await quiet.request()  # parked in the wait
+        assert host.waits == ["first?"] and not asking.done()
+        assert questions.answer("q1", APPROVE)
+        assert not questions.answer("q1", f.Answer(verdict="reject"))
+        async with asyncio.timeout(5):
+            assert await asking == APPROVE
+        assert not quiet.quiet
+        questions.answer("review", f.Answer(verdict="redirect", text="do B"))
+        assert (await context.ask_human("again?", key="review")).text == "do B"
+        assert host.paused == [("q1", "first?")]
+        asking = asyncio.ensure_future(context.ask_human("second?"))
+        await asyncio.sleep(0)
+        assert host.paused[-1] == ("q2", "second?")
+        asking.cancel()
+        await asyncio.gather(asking, return_exceptions=True)
+        assert host.waits[-1] is None and not quiet.quiet
+
+    asyncio.run(main())
+
+
+def test_a_resumed_run_numbers_its_questions_from_its_checkpoint() -> None:
+    """The count of questions travels with the checkpoint: a re-run from it asks "q2" for the
+    question after the checkpoint, and gets the answer recorded for it at once."""
+
+    async def main() -> None:
+        first = Questions()
+        context = _context(QuietPoints(), host=FakeHost(), questions=first)
+        first.answer("q1", APPROVE)
+        await context.ask_human("before")
+        await context.checkpoint("after q1")
+        resumed = Questions({"q2": APPROVE}, asked=first.asked_at_checkpoint)
+        host = FakeHost()
+        again = _context(QuietPoints("after q1"), host=host, questions=resumed)
+        assert await again.ask_human("after") == APPROVE
+        assert host.paused == []
+
+    asyncio.run(main())
+
+
+def test_questions_and_notes_are_bounded() -> None:
+    """A question or a note over 64 KiB, an empty key, or a second wait on one key: refused."""
+
+    async def main() -> None:
+        host = FakeHost()
+        context = _context(QuietPoints(), host=host)
+        with pytest.raises(ValueError, match="at most"):
+            await context.ask_human("x" * (TEXT_MAX_BYTES + 1))
+        with pytest.raises(ValueError, match="key"):
+            await context.ask_human("?", key="")
+        with pytest.raises(ValueError, match="at most"):
+            await context.tell_coordinator("x" * (TEXT_MAX_BYTES + 1))
+        await context.tell_coordinator("halfway")
+        assert host.notes == ["halfway"]
+        waiting = asyncio.ensure_future(context.ask_human("?", key="k"))
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="already waits"):
+            await context.ask_human("?", key="k")
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
 
     asyncio.run(main())

@@ -1,0 +1,180 @@
+"""What a shard does for one lane's program (`program.LaneHost`): run its commands, take its
+output, count what it spends, record its questions and notes for the coordinator.
+
+- Commands (`Host.exec`) run in the lane's sandbox through `shards.shell.run_shell`, each in the
+  lane's cgroup (whatever is left in it when the command ends is killed), at the shard's
+  `lane_nice`, with the scrubbed environment of `lane_env`. Their CPU is counted from the cgroup
+  (`LaneCgroups.cpu_s`), else sampled by the shard's `BudgetWatch` (`shards.spend`).
+- Output (commands' chunks and `emit`ted lines) goes to the lane's tail and meter and to its
+  transcript, and is checked at once against an `output_bytes` grant.
+- Questions and notes go through the durable outbox (`shards.outbox`) before anything waits on
+  them: a pause is committed before the lane is shown waiting, a note before `tell_coordinator`
+  returns (ARCHITECTURE.md §11 invariant 8). While the lane waits for a human it is
+  "awaiting_approval", its wall clock and its program's `timeout_s` are held (`Meter.hold`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from orchestra_sup.node.runtime import Node
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.cgroup import LaneCgroups
+from orchestra_sup.shards.lane import TAIL_BYTES, Lane, LaneState
+from orchestra_sup.shards.outbox import Outbox, note_id, pause_id
+from orchestra_sup.shards.shell import ShellOutcome, run_shell
+from orchestra_sup.shards.spend import BudgetWatch
+from orchestra_sup.shards.transcript import Transcript
+
+ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
+"""Variables a lane command inherits from the shard; everything else is scrubbed."""
+
+
+def inbox_path(state_dir: Path, lane: str) -> Path:
+    """The file a shell lane reads its messages from (`$ORCHESTRA_INBOX`), one line each."""
+    return state_dir / "inboxes" / lane
+
+
+def lane_env(node: Node, lane: Lane) -> dict[str, str]:
+    """A lane command's whole environment: `ENV_ALLOW` from the shard's, and `ORCHESTRA_LANE`,
+    `_PLAN`, `_TASK`, `_ATTEMPT`, `_PYTHON` (this interpreter), `_INBOX` (`inbox_path`), and
+    `_FEEDBACK` when the attempt has revision feedback (`LaneStart.feedback`)."""
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update(
+        ORCHESTRA_LANE=lane.id,
+        ORCHESTRA_PLAN=lane.start.plan,
+        ORCHESTRA_TASK=lane.start.task.id,
+        ORCHESTRA_ATTEMPT=str(lane.start.attempt),
+        ORCHESTRA_PYTHON=sys.executable,
+        ORCHESTRA_INBOX=str(inbox_path(node.paths.state_dir, lane.id)),
+    )
+    if lane.start.feedback is not None:
+        env["ORCHESTRA_FEEDBACK"] = lane.start.feedback
+    return env
+
+
+class Host:
+    """`program.LaneHost` for `lane`, on the shard's event loop. `deadline` is the scope of the
+    program's `timeout_s` (None: none), held while the lane waits for a human."""
+
+    def __init__(
+        self,
+        node: Node,
+        lane: Lane,
+        *,
+        cgroups: LaneCgroups,
+        transcript: Transcript | None,
+        outbox: Outbox,
+        budgets: BudgetWatch,
+        deadline: asyncio.Timeout | None = None,
+    ) -> None:
+        self._node = node
+        self._lane = lane
+        self._cgroups = cgroups
+        self._transcript = transcript
+        self._outbox = outbox
+        self._budgets = budgets
+        self.deadline = deadline
+        self._deadline_left: float | None = None  # seconds of `deadline` left when held
+
+    async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
+        """One command of the lane (`LaneContext.exec`). It joins the lane's cgroup before
+        exec; whatever is left in it when the command ends (setsid'ed or double-forked daemons)
+        is killed. Raises `CancelledError` when a drain stopped it to hand the lane over."""
+        lane = self._lane
+        assert lane.sandbox is not None
+        cgroup = self._cgroups.create(lane.id)
+        if cgroup is not None:
+            lane.meter.command(lambda: LaneCgroups.cpu_s(cgroup))
+        try:
+            return await run_shell(
+                command,
+                cwd=Path(lane.sandbox),
+                env=lane_env(self._node, lane),
+                timeout_s=timeout_s,
+                on_output=self.on_output,
+                tail_bytes=TAIL_BYTES,
+                preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
+                on_spawn=self._spawned if cgroup is None else lane.spawned,
+                nice=self._node.args.lane_nice,
+            )
+        finally:
+            lane.pgid = None  # no command runs any more: a stop need not wait for this lane
+            lane.meter.command_ended()  # before the kill: the cgroup's figure goes with it
+            await self._cgroups.kill(lane.id)
+            if lane.moving:  # a drain stopped the command to hand the lane over
+                raise asyncio.CancelledError
+
+    def _spawned(self, pgid: int) -> None:
+        """A command with no cgroup runs as `pgid`: its tree's CPU is sampled, if it counts."""
+        self._lane.spawned(pgid)
+        sampler = self._budgets.sample(self._lane.id, pgid)
+        if sampler is not None:
+            self._lane.meter.command(lambda: sampler.last)
+
+    def emit(self, text: str) -> None:
+        """`LaneContext.emit`: a line of the lane's own output, as if it printed it. Raises
+        `CancelledError` when that line overspends the lane's grant (it is being stopped)."""
+        self.on_output("stdout", text.encode() + b"\n")
+        if self._lane.exhausted is not None:
+            raise asyncio.CancelledError
+
+    def on_output(self, stream: str, chunk: bytes) -> None:
+        """What `run_shell` calls with each chunk: the lane's tail and meter, one transcript
+        row, and the check against an `output_bytes` grant."""
+        self._lane.output(stream, chunk)
+        if self._transcript is not None:
+            self._transcript.output(self._lane.id, stream, chunk)
+        self._budgets.check_output(self._lane.id)
+
+    def spent(self) -> f.Spend:
+        return self._lane.meter.spent()
+
+    async def record_pause(self, key: str, question: str) -> None:
+        lane = self._lane
+        pause = f.HitlPause(
+            lane=lane.id,
+            plan=lane.start.plan,
+            task=lane.start.task.id,
+            shard=self._node.name,
+            key=key,
+            question=question,
+            asked_at=time.time(),
+        )
+        await self._outbox.deliver(f.InboxPut(msg_id=pause_id(lane.id, key), pause=pause))
+        if self._transcript is not None:
+            self._transcript.event(lane.id, f"awaiting approval ({key}): {question}")
+
+    def waiting(self, question: str | None) -> None:
+        lane = self._lane
+        loop = asyncio.get_running_loop()
+        if question is not None:
+            lane.question = (question, time.time())
+            lane.enter(LaneState.AWAITING_APPROVAL)
+            lane.meter.hold()
+            when = self.deadline.when() if self.deadline is not None else None
+            if self.deadline is not None and when is not None:
+                self._deadline_left = when - loop.time()
+                self.deadline.reschedule(None)
+            return
+        lane.question = None
+        lane.enter(LaneState.RUNNING)
+        lane.meter.release()
+        if self.deadline is not None and self._deadline_left is not None:
+            self.deadline.reschedule(loop.time() + self._deadline_left)
+            self._deadline_left = None
+
+    async def tell(self, text: str) -> None:
+        lane = self._lane
+        lane.notes += 1
+        note = f.LaneNote(
+            lane=lane.id, plan=lane.start.plan, task=lane.start.task.id, text=text, at=time.time()
+        )
+        await self._outbox.deliver(f.InboxPut(msg_id=note_id(lane.id, lane.notes), note=note))
+        if self._transcript is not None:
+            self._transcript.event(lane.id, f"note to the coordinator: {text}")
