@@ -10,7 +10,7 @@
 #
 #   orchestra-sup ctl lanes                   # the lane awaiting approval, and its question
 #   orchestra-sup ctl approve LANE            # publish; or, with the reason as feedback:
-#   orchestra-sup ctl reject LANE --text "also list the authors"
+#   orchestra-sup ctl reject LANE --reason "also list the authors"
 #
 # (`orchestra-sup run examples/review.toml --config examples/review.config.toml --workspace .`
 # with the same PYTHONPATH does it in one go, on a private tree in /tmp/osup-*: pass that

@@ -3,6 +3,7 @@ tree and is answered after it; a rejection's reason is the task's error (issue 8
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -114,3 +115,96 @@ def test_a_failed_attempt_paused_for_review_is_retried_with_the_rejection_as_fee
     (done,) = tree.wait_plan(plan_id, timeout_s=30).tasks
     assert (done.status, done.attempts) == ("succeeded", 2), done
     assert seen.read_text().splitlines() == ["none", "use the staging db"]
+
+
+ASKS = "tests.integration.lane_programs:Asks"
+
+
+@pytest.fixture
+def asking(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
+    config = tmp_path / "asks.toml"
+    config.write_text(f'[lanes]\nprograms = ["{ASKS}"]\n')
+    return tree_factory(workspace=repo, config=config)
+
+
+def question(tree: Tree, text: str, *, live: bool) -> f.LaneInfo:
+    """Wait until `ctl lanes` lists a pause asking `text`; on a live lane (its shard named)
+    or on none (shard "")."""
+
+    def check() -> f.LaneInfo | None:
+        lanes = tree.ctl(f.CtlLanes())
+        assert isinstance(lanes, f.LaneList)
+        for lane in lanes.lanes:
+            asks = lane.state == "awaiting_approval" and lane.question == text
+            if asks and bool(lane.shard) == live:
+                return lane
+        return None
+
+    found = wait_until(check, 30, f"a pause asking {text!r}")
+    assert isinstance(found, f.LaneInfo)
+    return found
+
+
+def test_a_program_s_questions_are_answered_through_ctl(asking: Tree) -> None:
+    plan_id = asking.submit(plan("ask", task("ask", "deploy?", program=ASKS)))
+    first = question(asking, "deploy?", live=True)
+    assert asking.ctl(f.CtlRespond(lane=first.lane, verdict="approve"))
+    second = question(asking, "sure?", live=True)
+    assert second.lane == first.lane  # the same lane asks again: it never stopped
+    assert asking.ctl(f.CtlRespond(lane=second.lane, verdict="redirect", text="canary"))
+    (t,) = asking.wait_plan(plan_id, timeout_s=30).tasks
+    assert (t.status, t.attempts) == ("succeeded", 1), t
+    assert "approve: \nredirect: canary\n" in t.output_tail
+    assert [a.verdict for a in t.answers] == ["approve", "redirect"]
+    assert t.notes == [f"{first.lane}: asking"]
+
+
+def test_a_question_outlives_its_shard_and_the_re_run_gets_the_answer(asking: Tree) -> None:
+    """The shard of a lane waiting for a human is killed: the question waits with no lane (not
+    a worker loss), is answered, and the task re-runs; its program's first question finds the
+    answer recorded and goes straight on to the next."""
+    plan_id = asking.submit(plan("ask", task("ask", "deploy?", program=ASKS)))
+    first = question(asking, "deploy?", live=True)
+    shard = asking.child(first.shard)
+    assert shard.pid is not None
+    os.kill(shard.pid, signal.SIGKILL)
+    held = question(asking, "deploy?", live=False)
+    assert held.lane == first.lane
+    assert asking.ctl(f.CtlRespond(lane=held.lane, verdict="approve"))
+    second = question(asking, "sure?", live=True)
+    assert second.lane != first.lane  # a new attempt, on a live shard
+    assert asking.ctl(f.CtlRespond(lane=second.lane, verdict="approve"))
+    (t,) = asking.wait_plan(plan_id, timeout_s=30).tasks
+    assert (t.status, t.attempts, t.failure) == ("succeeded", 2, None), t
+    assert any("while it waited for a human" in w for w in t.warnings), t.warnings
+
+
+def test_a_question_outlives_a_tree_restart(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "asks.toml"
+    config.write_text(f'[lanes]\nprograms = ["{ASKS}"]\n')
+    first = tree_factory(workspace=repo, config=config)
+    plan_id = first.submit(plan("ask", task("ask", "deploy?", program=ASKS)))
+    asked = question(first, "deploy?", live=True)
+    assert first.stop(signal.SIGTERM) == 0
+    second = tree_factory(workspace=repo, config=config)
+    held = question(second, "deploy?", live=False)
+    assert held.lane == asked.lane
+    assert second.ctl(f.CtlRespond(lane=held.lane, verdict="approve"))
+    confirm = question(second, "sure?", live=True)
+    assert second.ctl(f.CtlRespond(lane=confirm.lane, verdict="approve"))
+    (t,) = second.wait_plan(plan_id, timeout_s=30).tasks
+    assert t.status == "succeeded", t
+
+
+def test_a_lane_over_its_cpu_budget_fails_the_task_with_budget_exhaustion(tree: Tree) -> None:
+    spec = plan(
+        "spin",
+        task("spin", "while :; do :; done", budget=f.Budget(cpu_s=0.5), retries=3, backoff_s=0.05),
+    )
+    (t,) = tree.wait_plan(tree.submit(spec), timeout_s=60).tasks
+    assert (t.status, t.failure, t.attempts) == ("failed", "budget_exhaustion", 1), t
+    assert "budget exhausted: cpu_s" in (t.error or "")
+    assert "budget cannot cover" in (t.error or "")  # the retries stopped at the budget
+    assert t.spent.cpu_s >= 0.5
