@@ -63,10 +63,11 @@ def recorded_line(reply: f.HitlRecorded) -> str:
 
 
 def lanes_json(reply: f.LaneList) -> dict[str, Any]:
-    """{"lanes": [{"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}]}:
-    `question` and `since` (Unix seconds) are set on a lane that waits for a human (state
-    "awaiting_approval"), else null; `shard` is "" for a task no lane holds yet."""
-    return {"lanes": msgspec.to_builtins(reply.lanes)}
+    """{"lanes": [{"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}],
+    "unanswered": [name, ...]}: `question` and `since` (Unix seconds) are set on a lane that
+    waits for a human (state "awaiting_approval"), else null; `shard` is "" for a task no lane
+    holds yet; `unanswered` names the children whose lanes are missing."""
+    return {"lanes": msgspec.to_builtins(reply.lanes), "unanswered": list(reply.unanswered)}
 
 
 def tree_json(reply: f.StatusReply) -> dict[str, Any]:
@@ -279,9 +280,15 @@ def plans_table(reply: f.PlanList, console: Console) -> None:
 def lanes_table(reply: f.LaneList, console: Console, now: float | None = None) -> None:
     """Live lanes and tasks awaiting approval: for those, how long they have waited (from
     `since` to `now`, Unix seconds; default: the wall clock, as `since` is another process's)
-    and their question on one line of at most `QUESTION_CHARS`."""
+    and their question on one line of at most `QUESTION_CHARS`. Children that did not answer
+    are named last: what they hold is missing from the table."""
+    if reply.unanswered:
+        missing = ", ".join(reply.unanswered)
+        note = f"no answer from {missing}: their lanes (or pauses) are not listed"
     if not reply.lanes:
         console.print("no live lanes, nothing awaits approval")
+        if reply.unanswered:
+            console.print(note)
         return
     now = time.time() if now is None else now
     table = Table(
@@ -308,6 +315,8 @@ def lanes_table(reply: f.LaneList, console: Console, now: float | None = None) -
     console.print(table)
     if any(lane.state == AWAITING for lane in reply.lanes):
         console.print(ANSWER_HINT)
+    if reply.unanswered:
+        console.print(note)
 
 
 # --- ctl logs ------------------------------------------------------------------------------------

@@ -485,6 +485,8 @@ class LaneList(Frame, tag="lane_list"):
 
     lanes: list[LaneInfo]
     results: list[str] = []
+    unanswered: list[str] = []
+    """`ctl lanes`: the children that did not answer (their lanes or pauses are not listed)."""
 
 
 # --- inbox: shard outbox -> coordinator inbox ----------------------------------------------------

@@ -201,7 +201,8 @@ class CtlService:
     async def _lanes(self, ttl_s: float | None) -> f.Body:
         """Every shard's live lanes, merged with the coordinator's pending approvals
         (`merge_pending`). A shard or a coordinator that does not answer is left out (the
-        coordinator after `PENDING_WAIT_S`): what the others said is still worth showing."""
+        coordinator after `PENDING_WAIT_S`) and named in `unanswered`: what the others said is
+        still worth showing, and the caller learns what it does not show."""
         shards = [w for w in self.sup.workers if w.spec.role == "shard"]
         pending, *replies = await asyncio.gather(
             self._forward("coordinator", f.ListPending(), ttl_s, wait_s=PENDING_WAIT_S),
@@ -209,12 +210,17 @@ class CtlService:
             return_exceptions=True,
         )
         lanes: list[f.LaneInfo] = []
-        for reply in replies:
+        unanswered: list[str] = []
+        for child, reply in zip(shards, replies, strict=True):
             if isinstance(reply, f.LaneList):
                 lanes.extend(reply.lanes)
+            else:
+                unanswered.append(child.name)
         if isinstance(pending, f.LaneList):
             lanes = merge_pending(lanes, pending.lanes)
-        return f.LaneList(lanes=lanes)
+        else:
+            unanswered.insert(0, "coordinator")
+        return f.LaneList(lanes=lanes, unanswered=unanswered)
 
     async def _logs(self, req: f.CtlLogs, ttl_s: float | None) -> f.Body:
         """Ask every shard for the lane's transcript; the one that knows it answers. A lane id

@@ -45,6 +45,8 @@ def test_coordinator_loss_keeps_lanes_running_and_loses_no_result(
             20,  # type: ignore[union-attr]
             "the lanes to finish and hand their results to the outbox",
         )
+        frozen = tree.ctl(f.CtlLanes())
+        assert isinstance(frozen, f.LaneList) and frozen.unanswered == ["coordinator"]
     finally:
         os.kill(coordinator, signal.SIGKILL)  # type: ignore[arg-type]
     tree.wait_running("coordinator", 2)

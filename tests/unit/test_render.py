@@ -80,6 +80,16 @@ def test_lanes_table_without_pending_has_no_hint() -> None:
     assert empty.strip() == "no live lanes, nothing awaits approval"
 
 
+def test_lanes_table_names_the_children_that_did_not_answer() -> None:
+    """What a silent child holds is missing from the table, and the table says whose."""
+    partial = f.LaneList(lanes=pending_lanes().lanes[:1], unanswered=["coordinator", "shard-1"])
+    text = printed(lambda c: render.lanes_table(partial, c))
+    assert "no answer from coordinator, shard-1" in text
+    empty = printed(lambda c: render.lanes_table(f.LaneList(lanes=[], unanswered=["shard-0"]), c))
+    assert "no answer from shard-0" in empty
+    assert render.lanes_json(partial)["unanswered"] == ["coordinator", "shard-1"]
+
+
 def test_lanes_json_carries_the_whole_question_and_since() -> None:
     """`ctl lanes --json`: every lane has `question` and `since` (null when not waiting)."""
     lanes = render.lanes_json(pending_lanes())["lanes"]
