@@ -54,7 +54,14 @@ import msgspec
 
 from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import AffinityTicket
-from orchestra_sup.coordinator.strategy import Action, Gates, Scope, decide, task_strategy
+from orchestra_sup.coordinator.strategy import (
+    Action,
+    Decision,
+    Gates,
+    Scope,
+    decide,
+    task_strategy,
+)
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 
@@ -459,14 +466,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         sibling-group retry took over, for the coordinator to cancel."""
         spec = self._spec(task_id)
         rec = self.tasks[task_id]
-        gates = Gates(
-            retries_used=rec.retries_used,
-            retry_cap=spec.retries + rec.retries_granted,
-            losses=rec.worker_losses,
-            loss_cap=max_worker_loss,
-            budget_left=self.covers(spec),
-        )
-        decision = decide(task_strategy(self.spec, spec), failure, gates, spec.backoff_s)
+        decision = self._decide(task_id, failure, max_worker_loss)
         attempt = f"attempt {rec.attempts}" if rec.attempts else "before its first attempt"
         match decision.action:
             case Action.ESCALATE:
@@ -514,6 +514,19 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.status = TaskStatus.PENDING
         rec.lane = rec.shard = rec.shard_gen = None
         return self._restart_siblings(task_id, decision.scope, now)
+
+    def _decide(self, task_id: str, failure: FailureClass, max_worker_loss: int) -> Decision:
+        """`failure` of task `task_id` under its strategy, through the gates."""
+        spec = self._spec(task_id)
+        rec = self.tasks[task_id]
+        gates = Gates(
+            retries_used=rec.retries_used,
+            retry_cap=spec.retries + rec.retries_granted,
+            losses=rec.worker_losses,
+            loss_cap=max_worker_loss,
+            budget_left=self.covers(spec),
+        )
+        return decide(task_strategy(self.spec, spec), failure, gates, spec.backoff_s)
 
     def _restart_siblings(self, task_id: str, scope: Scope, now: float) -> list[tuple[str, str]]:
         """A sibling-group retry (`one_for_all`: every other task; `rest_for_one`: the tasks
@@ -772,16 +785,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             return
         rec.worker_losses += 1
         task_id = next(t for t, r in self.tasks.items() if r is rec)
-        spec = self._spec(task_id)
-        gates = Gates(
-            retries_used=rec.retries_used,
-            retry_cap=spec.retries + rec.retries_granted,
-            losses=rec.worker_losses,
-            loss_cap=max_worker_loss,
-            budget_left=self.covers(spec),
-        )
         loss = FailureClass.WORKER_PROCESS_LOSS
-        decision = decide(task_strategy(self.spec, spec), loss, gates, spec.backoff_s)
+        decision = self._decide(task_id, loss, max_worker_loss)
         if decision.action is Action.REACQUIRE:
             rec.status = TaskStatus.PAUSED
             rec.warnings.append(f"{interrupted}; re-running the step")
