@@ -17,11 +17,37 @@ is no limit in that dimension.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from orchestra_sup.protocol.frames import Budget, Spend
 
 DIMENSIONS = ("wall_s", "cpu_s", "output_bytes")
+MAX_SECONDS = 1e9
+"""The most seconds a grant may add, or a budget hold, in `wall_s` or `cpu_s` (about 31 years)."""
+MAX_BYTES = 2**53
+"""The most bytes a grant may add, or a budget hold, in `output_bytes` (exact in a float)."""
+
+
+def grant_problem(grant: Budget) -> str | None:
+    """Why a human's `grant` cannot be taken, in one line, or None: each dimension it names must
+    be a positive finite number, at most `MAX_SECONDS` seconds or `MAX_BYTES` bytes (an integer).
+    A grant arrives from outside (`ctl approve --grant`, or a raw frame): it is checked here,
+    at the coordinator, whatever the CLI checked."""
+    for name in DIMENSIONS:
+        value = getattr(grant, name)
+        if value is None:
+            continue
+        cap = MAX_BYTES if name == "output_bytes" else MAX_SECONDS
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"grant {name} must be a number"
+        if name == "output_bytes" and not isinstance(value, int):
+            return "grant output_bytes must be an integer"
+        if not math.isfinite(value) or not 0 < value <= cap:
+            return f"grant {name} = {value!r} must be positive and at most {cap:g}"
+    if all(getattr(grant, name) is None for name in DIMENSIONS):
+        return "a grant must name wall_s, cpu_s or output_bytes"
+    return None
 
 
 def add(a: Spend, b: Spend) -> Spend:
@@ -148,7 +174,11 @@ def _plus(a: float | None, b: float | None) -> float | None:
 
 
 def _sum(a: float | None, b: float | None) -> float | None:
-    return None if a is None and b is None else (a or 0) + (b or 0)
+    """a + b (None counts as 0 unless both are None), held at the caps (`MAX_SECONDS`,
+    `MAX_BYTES`): grants add up over many answers, and a record must stay encodable."""
+    if a is None and b is None:
+        return None
+    return min((a or 0) + (b or 0), MAX_BYTES if isinstance(a or b, int) else MAX_SECONDS)
 
 
 def _least(a: float | None, b: float | None) -> float | None:

@@ -129,7 +129,12 @@ class Coordinator:
         # pause survives a restart because it is reconstructed from the log").
         for plan in self.plans.values():
             for task_id in plan.unsettled():
-                self._act_on_answer(plan, task_id)
+                try:
+                    self._act_on_answer(plan, task_id)
+                except Exception:  # one bad answer must not keep the coordinator from starting
+                    log.exception("plan %s: task %s: answer dropped, ask again", plan.id, task_id)
+                    plan.drop_answer(task_id)
+                    self._persist(plan)
 
     @property
     def max_worker_loss(self) -> int:
@@ -529,13 +534,13 @@ class Coordinator:
             at=round(time.time(), 3),
         )
         try:
+            self.store.check_writable()  # before anything is recorded: a refusal changes nothing
+        except StateError as exc:
+            raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
+        try:
             plan.record_answer(task_id, answer)
         except AnswerError as exc:
             raise RemoteError(ErrorCode(exc.code), str(exc)) from None
-        try:
-            self.store.check_writable()
-        except StateError as exc:
-            raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
         # The audit moment: durable before anything acts on it.
         await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
         if plan.tasks[task_id].pending is None:  # another answer acted first, meanwhile

@@ -90,6 +90,10 @@ HELD = frozenset({TaskStatus.AWAITING_APPROVAL})
 
 MAX_NOTES = 100
 """Notes (`tell_coordinator`) kept per task: the newest."""
+MAX_GRANTED_RETRIES = 100
+"""The most retries one answer may grant (as many as a plan may declare)."""
+MAX_ANSWER_BYTES = 64 * 1024
+"""The longest text of an answer (a reason, a redirect), UTF-8 bytes."""
 
 
 class Pending(msgspec.Struct, kw_only=True):
@@ -601,16 +605,39 @@ class PlanRecord(msgspec.Struct, kw_only=True):
     def record_answer(self, task_id: str, answer: f.Answer) -> None:
         """Keep `answer` to task `task_id`'s pause (the audit record, ARCHITECTURE.md §11
         invariant 9); `act_on_answer` acts on it once this is durable. Raises `AnswerError`
-        ("bad_request") when the answer does not fit the pause: a grant or retries with anything
-        but approve; reject or redirect without text; an approval of a review or of a question
-        whose retry the cap forbids (grant retries); accept-partial of an approval."""
+        ("bad_request") when the answer does not fit the pause: the pause already has an answer
+        (two operators at once: the first stands); a grant or retries with anything but
+        approve; retries outside 0..`MAX_GRANTED_RETRIES`; a grant `budget.grant_problem`
+        refuses; reject or redirect without text; a text over `MAX_ANSWER_BYTES`; an approval
+        of a review whose retry the cap forbids (grant retries); accept-partial of an
+        approval."""
         rec = self.tasks[task_id]
         pending = rec.pending
         assert pending is not None
+        earlier = rec.answers.get(pending.key)
+        if earlier is not None:  # recorded, and being made durable: the first answer stands
+            raise AnswerError(
+                "bad_request",
+                f"already answered ({earlier.verdict} by {earlier.responder or earlier.uid})",
+            )
         if answer.verdict != "approve" and (answer.grant is not None or answer.retries):
             raise AnswerError("bad_request", "only an approval grants budget or retries")
+        if not 0 <= answer.retries <= MAX_GRANTED_RETRIES:
+            raise AnswerError(
+                "bad_request",
+                f"retries must be from 0 to {MAX_GRANTED_RETRIES}, got {answer.retries}",
+            )
+        problem = None if answer.grant is None else budget.grant_problem(answer.grant)
+        if problem is not None:
+            raise AnswerError("bad_request", problem)
         if answer.verdict in ("reject", "redirect") and not answer.text.strip():
             raise AnswerError("bad_request", f"a {answer.verdict} needs a text saying why")
+        if len(answer.text.encode()) > MAX_ANSWER_BYTES:
+            raise AnswerError(
+                "bad_request", f"an answer's text is at most {MAX_ANSWER_BYTES} bytes"
+            )
+        if pending.kind == "approval" and answer.verdict == "accept_partial":
+            raise AnswerError("bad_request", "nothing ran yet: approve, reject or redirect it")
         if pending.kind == "review" and answer.verdict != "accept_partial":
             spec = self._spec(task_id)
             cap = spec.retries + rec.retries_granted + answer.retries
@@ -621,6 +648,13 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     "--retries N to grant more, or accept-partial",
                 )
         rec.answers[pending.key] = answer
+
+    def drop_answer(self, task_id: str) -> None:
+        """Forget the answer recorded for task `task_id`'s pause and not acted on (acting on it
+        failed): the pause waits for an answer again."""
+        rec = self.tasks[task_id]
+        if rec.pending is not None:
+            rec.answers.pop(rec.pending.key, None)
 
     def unsettled(self) -> list[str]:
         """Tasks whose pause has a recorded answer not acted on yet (the coordinator stopped
@@ -635,8 +669,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         """Act on the recorded answer to task `task_id`'s pause (`record_answer`):
 
         - approval: approve -> it runs; redirect -> it runs with the text as feedback; reject ->
-          it fails (`preflight_escalation`, the reason in its error); accept-partial -> refused
-          by `record_answer`.
+          it fails (`preflight_escalation`, the reason in its error); (accept-partial is refused
+          by `record_answer`: nothing ran).
         - review (a failed attempt): approve -> retried; reject or redirect -> retried with the
           text as revision feedback; accept-partial -> it succeeds as it is, with a warning.
         - question: the answer goes to the lane that asked (`Effect.answer`), or, when that lane
@@ -668,10 +702,6 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 rec.failure = FailureClass.PREFLIGHT_ESCALATION
                 rec.error = f"rejected by {who}: {answer.text}"
                 return Effect(outcome=f"task {task_id} rejected: it does not run")
-            if verdict == "accept_partial":
-                rec.status = TaskStatus.SUCCEEDED
-                rec.warnings.append(f"accepted by {who} without running")
-                return Effect(outcome=f"task {task_id} accepted without running")
             rec.status = TaskStatus.PENDING
             if verdict == "redirect":
                 rec.feedback = answer.text

@@ -4,8 +4,10 @@ budget carve, HITL pauses and their answers, sibling-group restarts; and tenant 
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.coordinator.quota import Quota, breach
 from orchestra_sup.coordinator.runner import AnswerError, PlanRecord, TaskStatus
@@ -345,3 +347,57 @@ def test_tasks_without_a_budget_of_their_own_share_the_plan_s() -> None:
     _end(rec, a, "succeeded", wall_s=1.0)
     _end(rec, b, "succeeded", wall_s=1.0)
     assert _place(rec, "c").budget == f.Budget(wall_s=7.0)  # the last one gets what is left
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (_answer(grant=f.Budget(wall_s=float("nan"))), "must be positive"),
+        (_answer(grant=f.Budget(cpu_s=-1e9)), "must be positive"),
+        (_answer(grant=f.Budget(wall_s=float("inf"))), "must be positive"),
+        (_answer(grant=f.Budget(output_bytes=10**19)), "at most"),
+        (_answer(grant=f.Budget()), "must name"),
+        (_answer(retries=-5), "retries must be from 0 to 100"),
+        (_answer(retries=2**63 - 1), "retries must be from 0 to 100"),
+        (_answer("reject", text="x" * (64 * 1024 + 1)), "at most 65536 bytes"),
+        (_answer("accept_partial"), "nothing ran yet"),
+    ],
+    ids=[
+        "nan",
+        "negative",
+        "inf",
+        "huge bytes",
+        "empty",
+        "negative retries",
+        "huge retries",
+        "long text",
+        "accept-partial before it ran",
+    ],
+)
+def test_an_answer_from_outside_is_checked_at_the_coordinator(answer: f.Answer, why: str) -> None:
+    """Whatever the CLI checked, a raw frame can carry anything: a NaN grant would poison the
+    plan's budget, an overflowing one make its record unencodable."""
+    rec = _plan(_task(approve=True))
+    rec.hold_for_approval(T0)
+    with pytest.raises(AnswerError, match=why):
+        rec.record_answer("a", answer)
+    assert rec.tasks["a"].answers == {}
+
+
+def test_the_first_of_two_answers_to_one_pause_stands() -> None:
+    rec = _plan(_task(approve=True))
+    rec.hold_for_approval(T0)
+    rec.record_answer("a", _answer("reject", text="no"))
+    with pytest.raises(AnswerError, match=r"already answered \(reject by root\)"):
+        rec.record_answer("a", _answer())
+    rec.act_on_answer("a", T0)
+    assert rec.tasks["a"].status is S.FAILED
+
+
+def test_grants_add_up_but_stay_encodable() -> None:
+    rec = _plan(_task(approve=True, budget=f.Budget(output_bytes=10)), budget=f.Budget(wall_s=1.0))
+    big = f.Budget(output_bytes=2**53, wall_s=1e9)
+    for _ in range(3):
+        rec.tasks["a"].granted = budget.plus(rec.tasks["a"].granted, big)
+    assert rec.tasks["a"].granted == f.Budget(output_bytes=2**53, wall_s=1e9)
+    msgspec.msgpack.encode(rec)
