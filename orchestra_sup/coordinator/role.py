@@ -875,6 +875,7 @@ class Coordinator:
                 ErrorCode.STALE_GENERATION,
             ):
                 rec.status, rec.error = TaskStatus.FAILED, f"{shard} refused the lane: {exc}"
+                plan.close_attempt(task_id, start.lane, time.time(), "refused")
             else:
                 plan.unplace(task_id)
                 if isinstance(exc, RemoteError) and exc.code is ErrorCode.SHARD_FULL:
@@ -891,6 +892,7 @@ class Coordinator:
             if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
                 rec.status = TaskStatus.FAILED
                 rec.error = f"starting lane {start.lane} on {shard}: {exc}"
+                plan.close_attempt(task_id, start.lane, time.time(), "unknown")
                 self._persist(plan)
                 self._maybe_done(plan)
                 self._pump()

@@ -347,22 +347,31 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 self.spent = budget.add(self.spent, spent)
                 return
 
-    def _charge_lost(self, rec: TaskRecord, now: float) -> None:
-        """The lane of `rec` was lost with its shard, and what it spent with it: it is charged
-        the wall time that passed since it was placed and as much CPU time (one core's worth),
-        each at most its grant; its output is not known and not charged. (Charging the whole
-        grant instead would leave a budgeted task nothing to re-run with after a worker loss,
-        which must pause the work, not fail it: ARCHITECTURE.md §11 invariant 5.)"""
+    def close_attempt(
+        self,
+        task_id: str,
+        lane: str | None,
+        now: float,
+        how: str,
+        failure: FailureClass | None = None,
+    ) -> None:
+        """Lane `lane` of task `task_id` will report nothing any more (lost with its shard, taken
+        over by a sibling-group retry, never started): end its attempt, so neither the plan's
+        held budget nor the tenant's quota counts it for ever. What it spent is not known: it is
+        charged the wall time that passed since it was placed and as much CPU time (one core's
+        worth), each at most its grant; its output is not charged. (Charging the whole grant
+        instead would leave a budgeted task nothing to re-run with after a worker loss, which
+        must pause the work, not fail it: ARCHITECTURE.md §11 invariant 5.)"""
+        rec = self.tasks[task_id]
         for attempt in rec.history:
-            if attempt.lane == rec.lane and attempt.ended_at is None:
+            if attempt.lane == lane and attempt.ended_at is None:
                 wall = cpu = round(max(0.0, now - attempt.placed_at), 3)
                 grant = attempt.grant
                 if grant is not None and grant.wall_s is not None:
                     wall = min(wall, grant.wall_s)
                 if grant is not None and grant.cpu_s is not None:
                     cpu = min(cpu, grant.cpu_s)
-                spent = f.Spend(wall_s=wall, cpu_s=cpu)
-                self._charge(rec, rec.lane, spent, now, "lost", FailureClass.WORKER_PROCESS_LOSS)
+                self._charge(rec, lane, f.Spend(wall_s=wall, cpu_s=cpu), now, how, failure)
                 return
 
     # --- placement -------------------------------------------------------------------------------
@@ -548,6 +557,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 continue
             if rec.status in LIVE and rec.shard is not None and rec.lane is not None:
                 cancel.append((rec.shard, rec.lane))
+                # Its result, if it comes, is stale: ended here, it holds nothing any more.
+                self.close_attempt(sibling, rec.lane, now, "cancelled")
             rec.warnings.append(f"re-run: sibling {task_id} is retried ({scope} strategy)")
             rec.status = TaskStatus.PENDING
             rec.lane = rec.shard = rec.shard_gen = None
@@ -805,7 +816,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         """The worker process of `rec`'s lane is gone: an infrastructure failure, resolved by
         its strategy (re-acquire by default, capped by `max_worker_loss`); a lane that waited
         for a human keeps waiting, and that is not a loss."""
-        self._charge_lost(rec, now)
+        task_id = next(t for t, r in self.tasks.items() if r is rec)
+        self.close_attempt(task_id, rec.lane, now, "lost", FailureClass.WORKER_PROCESS_LOSS)
         interrupted = (
             f"partial work: lane {rec.lane} was interrupted when {shard} "
             f"(generation {rec.shard_gen}) was lost"
@@ -814,7 +826,6 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             self._hold_question(rec, f"{shard} (generation {rec.shard_gen}) was lost")
             return
         rec.worker_losses += 1
-        task_id = next(t for t, r in self.tasks.items() if r is rec)
         loss = FailureClass.WORKER_PROCESS_LOSS
         decision = self._decide(task_id, loss, max_worker_loss)
         if decision.action is Action.REACQUIRE:

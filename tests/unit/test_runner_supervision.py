@@ -137,30 +137,40 @@ def test_a_lost_lane_is_charged_the_time_that_passed_and_re_runs() -> None:
     assert rec.grant_for(rec.spec.tasks[0]) == f.Budget(wall_s=98.0, cpu_s=2.0)
 
 
-def test_a_stale_result_still_charges_its_spend_once() -> None:
-    rec = _plan(_task(retries=1, backoff_s=0.1), _task("b", retries=1), strategy="one_for_all")
+def test_a_lane_taken_over_by_a_sibling_retry_holds_nothing_and_counts_nowhere() -> None:
+    """The lane a one_for_all retry cancels ends its attempt at once, charged the time that
+    passed: if its shard dies before its cancelled result comes, no phantom lane holds the
+    plan's budget or the tenant's concurrency quota for ever. Its late result changes nothing."""
+    rec = _plan(
+        _task(retries=1, backoff_s=0.1),
+        _task("b", retries=1, budget=f.Budget(wall_s=50.0)),
+        strategy="one_for_all",
+        tenant="acme",
+    )
     a = _place(rec, "a")
     b = _place(rec, "b")
-    assert _end(rec, a) == [("shard-0", b.lane)]  # b is taken over by a's retry
-    applied, _ = rec.apply(
-        f.LaneResult(
-            lane=b.lane,
-            plan=rec.id,
-            task="b",
-            shard="shard-0",
-            status="cancelled",
-            exit_code=None,
-            duration_s=0.3,
-            output_tail="",
-            sandbox=None,
-            commit=None,
-            error="cancelled by request",
-            spent=f.Spend(wall_s=0.3),
-        ),
-        T0 + 2,
+    assert _end(rec, a) == [("shard-0", b.lane)]  # b is taken over by a's retry (at T0 + 1)
+    assert rec.held() == f.Spend()
+    assert breach(Quota(concurrency=1), "acme", [rec], T0 + 2) is None
+    spent = rec.spent
+    assert rec.tasks["b"].spent == f.Spend(wall_s=1.0, cpu_s=1.0)
+    rec.lose_shard("shard-0", None, max_worker_loss=3, now=T0 + 9)
+    late = f.LaneResult(
+        lane=b.lane,
+        plan=rec.id,
+        task="b",
+        shard="shard-0",
+        status="cancelled",
+        exit_code=None,
+        duration_s=0.3,
+        output_tail="",
+        sandbox=None,
+        commit=None,
+        error="cancelled by request",
+        spent=f.Spend(wall_s=0.3),
     )
-    assert not applied and rec.tasks["b"].status is S.PENDING
-    assert rec.spent.wall_s == pytest.approx(0.3)
+    assert rec.apply(late, T0 + 10) == (False, [])
+    assert rec.spent == spent and rec.tasks["b"].status is S.PENDING
 
 
 # --- sibling groups -------------------------------------------------------------------------------
