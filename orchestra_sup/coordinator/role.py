@@ -653,7 +653,7 @@ class Coordinator:
                 self._persist(plan)
         elif put.note is not None:
             plan = self.plans.get(put.note.plan)
-            if plan is not None and plan.note(put.note):
+            if plan is not None and plan.note(put.note, put.msg_id):
                 self._persist(plan)
 
     def _apply(self, result: f.LaneResult, *, pump: bool) -> None:

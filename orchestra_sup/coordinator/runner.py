@@ -200,6 +200,8 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     notes: list[str] = msgspec.field(default_factory=list)
     """What its lanes' programs told the coordinator (`tell_coordinator`), oldest first, at
     most `MAX_NOTES` (the newest)."""
+    noted: list[str] = msgspec.field(default_factory=list)
+    """The inbox message ids of every note kept (a shard bounds a lane's notes)."""
 
 
 class PlanRecord(msgspec.Struct, kw_only=True):
@@ -597,11 +599,14 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.status = TaskStatus.AWAITING_APPROVAL
         rec.lane = rec.shard = rec.shard_gen = None
 
-    def note(self, note: f.LaneNote) -> bool:
-        """Keep what a lane's program told the coordinator; False when its task is unknown."""
+    def note(self, note: f.LaneNote, msg_id: str) -> bool:
+        """Keep what a lane's program told the coordinator, once per inbox message id
+        (`msg_id`: every start applies the whole inbox again); False when its task is unknown
+        or it was kept before."""
         rec = self.tasks.get(note.task)
-        if rec is None:
+        if rec is None or msg_id in rec.noted:
             return False
+        rec.noted.append(msg_id)
         rec.notes.append(f"{note.lane}: {note.text}")
         del rec.notes[:-MAX_NOTES]
         return True

@@ -411,3 +411,14 @@ def test_grants_add_up_but_stay_encodable() -> None:
         rec.tasks["a"].granted = budget.plus(rec.tasks["a"].granted, big)
     assert rec.tasks["a"].granted == f.Budget(output_bytes=2**53, wall_s=1e9)
     msgspec.msgpack.encode(rec)
+
+
+def test_a_note_is_kept_once_however_often_the_inbox_is_applied() -> None:
+    """Every coordinator start applies its whole inbox again: a note must not pile up."""
+    rec = _plan(_task(program="m:P"))
+    start = _place(rec)
+    note = f.LaneNote(lane=start.lane, plan="p1", task="a", text="halfway", at=T0)
+    assert rec.note(note, f"note:{start.lane}:1")
+    assert not rec.note(note, f"note:{start.lane}:1")
+    assert rec.note(note, f"note:{start.lane}:2")  # said twice is kept twice
+    assert rec.tasks["a"].notes == [f"{start.lane}: halfway"] * 2
