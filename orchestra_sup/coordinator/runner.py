@@ -105,6 +105,8 @@ class Pending(msgspec.Struct, kw_only=True):
       answers by (`ctl approve LANE`); `question`: what the human is asked; `since`: when the
       pause was recorded (Unix seconds).
     - `failure`, `error`: the failure a review is about.
+    - `asked`: a question's key in its program (`ask_human(key=)`), which the answer is sent
+      under; `key` is "<lane>:<asked>", so each lane's question has its own audit entry.
     """
 
     kind: Literal["approval", "review", "question"]
@@ -114,6 +116,7 @@ class Pending(msgspec.Struct, kw_only=True):
     since: float
     failure: FailureClass | None = None
     error: str | None = None
+    asked: str | None = None
 
 
 class Attempt(msgspec.Struct, kw_only=True):
@@ -194,7 +197,11 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     pending: Pending | None = None
     """The HITL pause it waits on, or None."""
     answers: dict[str, f.Answer] = msgspec.field(default_factory=dict)
-    """Every answer recorded, by the key of the pause it answered."""
+    """Every answer recorded, by the key of the pause it answered (the audit record)."""
+    carried: dict[str, f.Answer] = msgspec.field(default_factory=dict)
+    """Answers to its program's questions, by the program's key, handed to its next lane
+    (`LaneStart.answers`) when a lane that asked is gone before it could go on; a failure that
+    retries the task clears them: a new attempt asks afresh."""
     history: list[Attempt] = msgspec.field(default_factory=list)
     """Its placements, oldest first."""
     notes: list[str] = msgspec.field(default_factory=list)
@@ -410,7 +417,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             warnings=list(rec.warnings),
             budget=grant,
             feedback=rec.feedback,
-            answers=dict(rec.answers),
+            answers=dict(rec.carried),
         )
 
     def unplace(self, task_id: str) -> None:
@@ -511,6 +518,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             case Action.REACQUIRE:
                 if failure is not FailureClass.WORKER_PROCESS_LOSS:
                     rec.retries_used += 1
+                    rec.carried.clear()
                 rec.avoid = rec.shard
                 rec.status = TaskStatus.PAUSED
                 rec.warnings.append(
@@ -519,6 +527,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 rec.lane = rec.shard = rec.shard_gen = None
                 return []
         rec.retries_used += 1
+        rec.carried.clear()
         rec.retry_at = round(now + decision.delay_s, 3)
         if decision.action is Action.RETRY_WITH_FEEDBACK:
             rec.feedback = error
@@ -578,14 +587,15 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks.get(pause.task)
         if rec is None or rec.lane != pause.lane or rec.status not in LIVE:
             return False
-        if pause.key in rec.answers:
+        if pause.key in rec.carried:
             return False
         rec.pending = Pending(
             kind="question",
-            key=pause.key,
+            key=f"{pause.lane}:{pause.key}",
             lane=pause.lane,
             question=pause.question,
             since=pause.asked_at,
+            asked=pause.key,
         )
         return True
 
@@ -705,8 +715,10 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.pending = None
         verdict = answer.verdict
         if pending.kind == "question":
+            asked = pending.asked or pending.key
+            rec.carried[asked] = answer
             if rec.status in LIVE and rec.shard is not None and rec.lane is not None:
-                hitl = f.HitlAnswer(lane=rec.lane, key=pending.key, answer=answer)
+                hitl = f.HitlAnswer(lane=rec.lane, key=asked, answer=answer)
                 return Effect(
                     outcome=f"{verdict} sent to lane {rec.lane}", shard=rec.shard, answer=hitl
                 )
@@ -737,6 +749,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             rec.error = f"{rec.error} ({verdict} by {who}: the budget cannot cover another attempt)"
             return Effect(outcome=f"task {task_id} failed: its budget cannot cover a retry")
         rec.retries_used += 1
+        rec.carried.clear()
         rec.status = TaskStatus.PENDING
         rec.warnings.append(f"attempt {rec.attempts} failed: {verdict} by {who}: retrying")
         spec = self._spec(task_id)

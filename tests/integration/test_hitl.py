@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, plan, task, wait_until
+from tests.integration.harness import Tree, git, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -208,3 +209,44 @@ def test_a_lane_over_its_cpu_budget_fails_the_task_with_budget_exhaustion(tree: 
     assert "budget exhausted: cpu_s" in (t.error or "")
     assert "budget cannot cover" in (t.error or "")  # the retries stopped at the budget
     assert t.spent.cpu_s >= 0.5
+
+
+def test_the_review_example_revises_after_a_rejection_and_asks_again(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """examples/review.toml as its header runs it: rejected, the review is done again with the
+    reason as feedback and the human is asked again; approved, it commits REVIEW.md."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    tree = tree_factory(
+        workspace=repo,
+        config=examples / "review.config.toml",
+        extra_env={"PYTHONPATH": str(examples)},
+    )
+    plan_id = tree.submit(load_plan(examples / "review.toml"))
+    first = question_like(tree, "Publish this review?")
+    assert tree.ctl(f.CtlRespond(lane=first.lane, verdict="reject", text="list the authors"))
+    second = question_like(tree, "Publish this review?", other_than=first.lane)
+    assert tree.ctl(f.CtlRespond(lane=second.lane, verdict="approve"))
+    (t,) = tree.wait_plan(plan_id, timeout_s=60).tasks
+    assert (t.status, t.attempts) == ("succeeded", 2), t
+    assert "revising after: list the authors" in t.output_tail
+    assert t.commit is not None and "REVIEW.md" in git(repo, "show", "--stat", t.commit)
+    assert [a.verdict for a in t.answers] == ["reject", "approve"]
+
+
+def question_like(tree: Tree, prefix: str, other_than: str | None = None) -> f.LaneInfo:
+    """Wait until a live lane (not `other_than`) waits for a human on a question starting
+    with `prefix`."""
+
+    def check() -> f.LaneInfo | None:
+        lanes = tree.ctl(f.CtlLanes())
+        assert isinstance(lanes, f.LaneList)
+        for lane in lanes.lanes:
+            asks = lane.state == "awaiting_approval" and (lane.question or "").startswith(prefix)
+            if asks and lane.shard and lane.lane != other_than:
+                return lane
+        return None
+
+    found = wait_until(check, 60, f"a question starting {prefix!r}")
+    assert isinstance(found, f.LaneInfo)
+    return found

@@ -422,3 +422,32 @@ def test_a_note_is_kept_once_however_often_the_inbox_is_applied() -> None:
     assert not rec.note(note, f"note:{start.lane}:1")
     assert rec.note(note, f"note:{start.lane}:2")  # said twice is kept twice
     assert rec.tasks["a"].notes == [f"{start.lane}: halfway"] * 2
+
+
+def test_a_retried_attempt_asks_its_questions_afresh() -> None:
+    """An answer is handed to the next lane only when the lane that asked is gone before it
+    could go on; a failure that retries the task (a rejection the program turned into a quality
+    miss) clears it, so the new attempt's question waits for a human again."""
+    rec = _plan(_task(program="m:P", retries=1, backoff_s=0.1))
+    first = _place(rec)
+
+    def ask(lane: str) -> f.HitlPause:
+        return f.HitlPause(
+            lane=lane,
+            plan="p1",
+            task="a",
+            shard="shard-0",
+            key="publish",
+            question="ship?",
+            asked_at=T0,
+        )
+
+    assert rec.pause_for_question(ask(first.lane))
+    rec.record_answer("a", _answer("reject", text="list the authors"))
+    assert rec.act_on_answer("a", T0).answer is not None
+    _end(rec, first, failure=C.QUALITY_MISS)
+    second = _place(rec, now=T0 + 5)
+    assert second.answers == {}
+    assert rec.pause_for_question(ask(second.lane))
+    assert rec.report().tasks[0].status == "awaiting_approval"
+    assert [k.split(":")[-1] for k in rec.tasks["a"].answers] == ["publish"]
