@@ -24,6 +24,7 @@ A plan looks like this::
     program = "shell"             # optional: what the lane runs (shards/program.py)
     retries = 2                   # optional: retries after the first attempt (0..100)
     backoff_s = 1.0               # optional: seconds before the first retry, doubling after
+                                  # (at most 300 s, as is every later wait)
     on_failure = "retry"          # optional: "escalate" | "retry" | "pause" (default "retry"
                                   # when retries > 0, else "escalate")
     approve = true                # optional: a human approves before it runs (ctl approve)
@@ -49,7 +50,7 @@ from typing import Any
 import msgspec
 
 from orchestra_sup.coordinator.placement import NAME_PATTERN
-from orchestra_sup.coordinator.strategy import Action
+from orchestra_sup.coordinator.strategy import MAX_BACKOFF_S, Action
 from orchestra_sup.errors import PlanError
 from orchestra_sup.protocol.frames import Budget, FailureClass, PlanSpec, TaskSpec
 from orchestra_sup.shards.program import PROGRAM_PATTERN, SHELL
@@ -78,8 +79,6 @@ _TASK_KEYS = frozenset(
 )
 MAX_RETRIES = 100
 """The largest `retries` a task may declare."""
-MAX_BACKOFF_S = 3600.0
-"""The largest `backoff_s` a task may declare (seconds)."""
 STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 ON_FAILURE = ("escalate", "retry", "pause")
 _BUDGET_KEYS = ("wall_s", "cpu_s", "output_bytes")
@@ -96,7 +95,7 @@ _TOML_TYPES: dict[type, str] = {
 
 def _describe(value: Any) -> str:
     """`value` as a short, one-line repr with its TOML type, for error messages."""
-    text = repr(value)
+    text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
     kind = _TOML_TYPES.get(type(value), type(value).__name__)

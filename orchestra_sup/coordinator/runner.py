@@ -466,7 +466,21 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             rec.status = TaskStatus(result.status)
             rec.failure = None
             return True, []
-        return True, self.fail(result.task, failure, result.error or "failed", now, max_worker_loss)
+        error = result.error or "failed"
+        if failure is FailureClass.BUDGET_EXHAUSTION:
+            error += self._grant_note(result.task, result.lane)
+        return True, self.fail(result.task, failure, error, now, max_worker_loss)
+
+    def _grant_note(self, task_id: str, lane: str) -> str:
+        """Where the grant a lane spent came from, for its budget-exhaustion error (a task with
+        no limit of its own in a dimension gets only a share of the plan's)."""
+        grant = next((a.grant for a in self.tasks[task_id].history if a.lane == lane), None)
+        spec = self._spec(task_id)
+        return (
+            f" (the lane's grant: {budget.describe(grant)}; task budget: "
+            f"{budget.describe(spec.budget)}; plan budget: {budget.describe(self.spec.budget)}, "
+            "shared by its tasks still to run where a task sets no limit)"
+        )
 
     # --- failures --------------------------------------------------------------------------------
 
@@ -504,16 +518,13 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     kind="review",
                     key=f"review:{rec.attempts}",
                     lane=rec.lane or f"{self.id}-{task_id}-{rec.attempts + 1}",
-                    question=(
-                        f"task {task_id} failed ({failure}, {attempt}): {error}; approve to "
-                        "retry, reject with a reason to retry with it as feedback, redirect, "
-                        "or accept-partial"
-                    ),
+                    question=f"task {task_id} failed ({failure}, {attempt}): {error}; "
+                    + self._review_choices(spec, rec),
                     since=now,
                     failure=failure,
                     error=error,
                 )
-                rec.shard = rec.shard_gen = None
+                rec.shard_gen = None
                 return []
             case Action.REACQUIRE:
                 if failure is not FailureClass.WORKER_PROCESS_LOSS:
@@ -538,6 +549,22 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.status = TaskStatus.PENDING
         rec.lane = rec.shard = rec.shard_gen = None
         return self._restart_siblings(task_id, decision.scope, now)
+
+    def _review_choices(self, spec: f.TaskSpec, rec: TaskRecord) -> str:
+        """What a human can answer to a failed attempt, as things stand: a retry (approve,
+        reject or redirect) needs a retry left and something left of the budget."""
+        left = spec.retries + rec.retries_granted - rec.retries_used
+        grant = self.grant_for(spec)
+        budget_left = "" if grant is None else f"; budget left: {budget.describe(grant)}"
+        if left <= 0:
+            return (
+                f"no retries left{budget_left}: approve --retries N to retry (add --grant for "
+                "budget), or accept-partial"
+            )
+        return (
+            f"{left} retries left{budget_left}: approve to retry, reject with a reason to retry "
+            "with it as feedback, redirect, or accept-partial"
+        )
 
     def _decide(self, task_id: str, failure: FailureClass, max_worker_loss: int) -> Decision:
         """`failure` of task `task_id` under its strategy, through the gates."""
@@ -733,6 +760,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             rec.status = TaskStatus.PENDING
             if verdict == "redirect":
                 rec.feedback = answer.text
+                return Effect(outcome=f"task {task_id} redirected: it runs with the feedback")
             return Effect(outcome=f"task {task_id} approved: it runs")
         # a review of a failed attempt
         if verdict == "accept_partial":

@@ -216,7 +216,7 @@ def test_bad_id_pattern(id_value: str) -> None:
         ),
         (
             'id = "a"\nrun = "x"\ntimeout_s = true',
-            "key 'timeout_s' must be a number of seconds, got True",
+            "key 'timeout_s' must be a number of seconds, got true (boolean)",
         ),
         (
             'id = "a"\nrun = "x"\ntimeout_s = 0',
