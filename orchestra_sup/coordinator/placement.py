@@ -21,6 +21,8 @@ import re
 
 import msgspec
 
+from orchestra_sup.protocol import frames as f
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 """What a capability or tenant name must match, in full (config files and plans alike)."""
 
@@ -57,6 +59,11 @@ class Need(msgspec.Struct, frozen=True, kw_only=True):
 
 ANYWHERE = Need()
 """No capability asked for, no tenant named."""
+
+
+def tenant_of(plan: f.PlanSpec, task: f.TaskSpec) -> str | None:
+    """Whom `task` of `plan` runs for: its own `tenant`, else its plan's (None: no tenant)."""
+    return task.tenant if task.tenant is not None else plan.tenant
 
 
 class AffinityTicket(msgspec.Struct, frozen=True, kw_only=True):

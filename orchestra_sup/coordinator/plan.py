@@ -29,6 +29,7 @@ A plan looks like this::
                                   # when retries > 0, else "escalate")
     approve = true                # optional: a human approves before it runs (ctl approve)
     budget = { wall_s = 60 }      # optional: what all its attempts together may spend
+    tenant = "beta"               # optional: whom this task runs for, instead of the plan's
 
 Every problem is reported as one `PlanError` whose message names the task (by id, or by position
 as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
@@ -75,6 +76,7 @@ _TASK_KEYS = frozenset(
         "on_failure",
         "approve",
         "budget",
+        "tenant",
     }
 )
 MAX_RETRIES = 100
@@ -410,6 +412,11 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         budget = None if "budget" not in raw else _budget(raw["budget"], "")
     except ValueError as exc:
         raise refuse(str(exc)) from exc
+    tenant = raw.get("tenant")
+    if tenant is not None and (not isinstance(tenant, str) or not NAME_PATTERN.fullmatch(tenant)):
+        raise refuse(
+            f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {_describe(tenant)}"
+        )
 
     return TaskSpec(
         id=task_id,
@@ -424,6 +431,7 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         on_failure=on_failure,
         approve=approve,
         budget=budget,
+        tenant=tenant,
     )
 
 

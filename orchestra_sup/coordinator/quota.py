@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from orchestra_sup.coordinator.placement import tenant_of
+
 if TYPE_CHECKING:
     from orchestra_sup.coordinator.runner import PlanRecord
 
@@ -54,10 +56,10 @@ def usage(tenant: str, plans: Iterable[PlanRecord], now: float, window_s: float)
     since = now - window_s
     out = Usage()
     for plan in plans:
-        if plan.spec.tenant != tenant:
-            continue
-        for rec in plan.tasks.values():
-            for attempt in rec.history:
+        for spec in plan.spec.tasks:
+            if tenant_of(plan.spec, spec) != tenant:
+                continue
+            for attempt in plan.tasks[spec.id].history:
                 if attempt.ended_at is None:
                     out.live += 1
                 elif attempt.ended_at >= since:

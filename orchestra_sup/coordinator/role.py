@@ -29,6 +29,7 @@ from orchestra_sup.coordinator.placement import (
     ShardView,
     place,
     serves,
+    tenant_of,
     unplaceable,
 )
 from orchestra_sup.coordinator.plan import validate_plan
@@ -93,6 +94,8 @@ class Coordinator:
         """Per shard, its generations whose lanes are moving to the current one: draining, or
         retired and not yet settled (`_settle_moved`)."""
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._final: set[str] = set()
+        """Plans whose final record is written (or being written) durably."""
         self._enc = msgspec.msgpack.Encoder()
         self._plan_dec = msgspec.msgpack.Decoder(PlanRecord)
         self._put_dec = msgspec.msgpack.Decoder(f.InboxPut)
@@ -118,6 +121,7 @@ class Coordinator:
             for task_id, rec in plan.tasks.items():
                 if rec.lane is not None and rec.status in LIVE:
                     self.lanes[rec.lane] = (plan.id, task_id)
+        self._final = {plan.id for plan in self.plans.values() if plan.done}
         for key, value in self.store.items("inbox"):
             self.inbox_ids.add(key.decode())
             try:
@@ -661,8 +665,9 @@ class Coordinator:
         plan = self.plans.get(result.plan)
         if plan is None:
             return
-        applied, cancel = plan.apply(result, time.time(), self.max_worker_loss)
-        self._persist(plan)  # the spend of a stale result is recorded too
+        applied, cancel, changed = plan.apply(result, time.time(), self.max_worker_loss)
+        if changed:  # a stale result's spend is recorded too
+            self._persist(plan)
         if not applied:
             return
         log.info("plan %s: task %s %s", plan.id, result.task, result.status)
@@ -677,9 +682,21 @@ class Coordinator:
         self.store.put("plans", plan.id.encode(), self._enc.encode(plan))
 
     def _maybe_done(self, plan: PlanRecord) -> None:
+        """Skip what can no longer run; once the plan is done, write its final record durably
+        (seeds/003: a failure that reaches the root "terminates the session with a durable final
+        snapshot"), then wake whoever waits for it (`ctl plan --wait`)."""
         if plan.skip_blocked():
             self._persist(plan)
-        if plan.done:
+        if plan.done and plan.id not in self._final:
+            self._final.add(plan.id)
+            assert self.node is not None
+            self.node.spawn(self._finish(plan))
+
+    async def _finish(self, plan: PlanRecord) -> None:
+        assert self.store is not None
+        try:
+            await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
+        finally:
             for waiter in self._waiters.pop(plan.id, []):
                 if not waiter.done():
                     waiter.set_result(None)
@@ -786,12 +803,9 @@ class Coordinator:
             self._persist(plan)
             self._maybe_done(plan)
             return
-        quota = self.node.args.quotas.get(plan.spec.tenant or "")
-        over = (
-            None
-            if quota is None
-            else breach(quota, plan.spec.tenant or "", self.plans.values(), now)
-        )
+        tenant = tenant_of(plan.spec, spec)
+        quota = None if tenant is None else self.node.args.quotas.get(tenant)
+        over = None if quota is None else breach(quota, tenant or "", self.plans.values(), now)
         if over is not None:
             self._fail_unstarted(
                 plan, spec, FailureClass.QUOTA_BREACH, f"quota breach: {over}", now
@@ -903,4 +917,4 @@ class Coordinator:
 
 
 def _need(plan: f.PlanSpec, task: f.TaskSpec) -> Need:
-    return Need(requires=frozenset(task.requires), tenant=plan.tenant)
+    return Need(requires=frozenset(task.requires), tenant=tenant_of(plan, task))

@@ -48,7 +48,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Collection
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -140,6 +140,16 @@ class AnswerError(Exception):
     def __init__(self, code: Literal["not_found", "bad_request"], message: str):
         super().__init__(message)
         self.code = code
+
+
+class Applied(NamedTuple):
+    """What `PlanRecord.apply` did with a lane's result: `applied` (False: it was stale),
+    `cancel` (lanes a sibling-group retry took over: (shard, lane id)), `changed` (the record
+    changed and must be written)."""
+
+    applied: bool
+    cancel: list[tuple[str, str]]
+    changed: bool
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):
@@ -345,7 +355,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         now: float,
         how: str,
         failure: FailureClass | None = None,
-    ) -> None:
+    ) -> bool:
         """The attempt on `lane` ended: record when, how and what it spent, and add it to its
         task's and its plan's spend (once: an attempt already ended is left alone)."""
         for attempt in rec.history:
@@ -354,7 +364,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 attempt.spent = spent
                 rec.spent = budget.add(rec.spent, spent)
                 self.spent = budget.add(self.spent, spent)
-                return
+                return True
+        return False
 
     def close_attempt(
         self,
@@ -429,22 +440,20 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.history = [a for a in rec.history if a.lane != rec.lane]
         rec.lane = rec.shard = rec.shard_gen = rec.ticket = None
 
-    def apply(
-        self, result: f.LaneResult, now: float = 0.0, max_worker_loss: int = 1
-    ) -> tuple[bool, list[tuple[str, str]]]:
+    def apply(self, result: f.LaneResult, now: float = 0.0, max_worker_loss: int = 1) -> Applied:
         """Record a lane's result and what it spent; a failure is resolved by the task's
-        strategy (`fail`). Returns (applied, lanes to cancel): applied is False (and only the
-        spend is recorded) when the result is stale: the task has moved on to another lane or
-        already ended."""
+        strategy (`fail`). `Applied.applied` is False (and at most the spend is recorded:
+        `changed`) when the result is stale: the task has moved on to another lane or already
+        ended."""
         rec = self.tasks.get(result.task)
         if rec is None:
-            return False, []
+            return Applied(False, [], False)
         failure = None
         if result.status == "failed":
             failure = result.failure or FailureClass.TOOL_FAILURE
-        self._charge(rec, result.lane, result.spent, now, result.status, failure)
+        charged = self._charge(rec, result.lane, result.spent, now, result.status, failure)
         if rec.lane != result.lane or rec.status in FINAL:
-            return False, []
+            return Applied(False, [], charged)
         # What the lane's own run warns of (a re-run after a rollover's drain) is kept whatever
         # the end, so an interruption after it does not hide it.
         rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)
@@ -454,7 +463,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 self._hold_question(rec, f"{result.shard} was stopped")
             else:
                 self._interrupt(rec, f"{result.shard} was stopped")
-            return True, []
+            return Applied(True, [], True)
         rec.exit_code = result.exit_code
         rec.duration_s = result.duration_s
         rec.output_tail = result.output_tail
@@ -465,11 +474,11 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         if failure is None:
             rec.status = TaskStatus(result.status)
             rec.failure = None
-            return True, []
+            return Applied(True, [], True)
         error = result.error or "failed"
         if failure is FailureClass.BUDGET_EXHAUSTION:
             error += self._grant_note(result.task, result.lane)
-        return True, self.fail(result.task, failure, error, now, max_worker_loss)
+        return Applied(True, self.fail(result.task, failure, error, now, max_worker_loss), True)
 
     def _grant_note(self, task_id: str, lane: str) -> str:
         """Where the grant a lane spent came from, for its budget-exhaustion error (a task with

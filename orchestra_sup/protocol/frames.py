@@ -126,6 +126,9 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Pause for a human before the task's first attempt runs."""
     budget: Budget | None = None
     """The task's budget over all its attempts (None: only the plan's)."""
+    tenant: str | None = None
+    """Whom this task runs for, instead of its plan's tenant (None: the plan's): the shards
+    that may take it and the quota it counts against (`coordinator.placement.tenant_of`)."""
 
 
 class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):

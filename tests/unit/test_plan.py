@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from orchestra_sup.coordinator.plan import load_plan, parse_plan, topological_order
+from orchestra_sup.coordinator.plan import load_plan, parse_plan, topological_order, validate_plan
 from orchestra_sup.errors import PlanError
-from orchestra_sup.protocol.frames import PlanSpec, TaskSpec
+from orchestra_sup.protocol.frames import Budget, PlanSpec, TaskSpec
 
 VALID = """\
 name = "selfcheck"
@@ -417,3 +417,55 @@ def test_bad_program_key(body: str, expected: str) -> None:
 def test_control_characters_in_the_name_are_refused(name: str) -> None:
     err = _refused(_plan('id = "a"\nrun = "x"', name=f"name = {json.dumps(name)}"))
     assert "must not contain control characters" in str(err)
+
+
+# --- supervision keys: retries, backoff_s, on_failure, approve, budget, tenant, strategy, replan -
+
+
+def test_supervision_keys_are_read() -> None:
+    spec = parse_plan(
+        _plan(
+            'id = "a"\nrun = "x"\nretries = 2\nbackoff_s = 0.5\non_failure = "pause"\n'
+            'approve = true\nbudget = { wall_s = 60, output_bytes = 1000 }\ntenant = "beta"',
+            name='name = "p"\nbudget = { cpu_s = 30 }\nstrategy = "rest_for_one"\n'
+            'replan = { timeout = "retry_with_feedback" }',
+        )
+    )
+    (task,) = spec.tasks
+    assert (task.retries, task.backoff_s, task.on_failure, task.approve) == (2, 0.5, "pause", True)
+    assert task.budget == Budget(wall_s=60.0, output_bytes=1000) and task.tenant == "beta"
+    assert spec.budget == Budget(cpu_s=30.0) and spec.strategy == "rest_for_one"
+    assert spec.replan == {"timeout": "retry_with_feedback"}
+    assert validate_plan(spec) == spec  # a submitted plan round-trips through the same checks
+
+
+@pytest.mark.parametrize(
+    ("top", "task_body", "expected"),
+    [
+        ("", "retries = -1", "key 'retries' must be an integer from 0 to 100, got -1"),
+        ("", "retries = 101", "from 0 to 100"),
+        ("", "retries = true", "got true (boolean)"),
+        ("", "backoff_s = 0", "key 'backoff_s' must be a number of seconds in (0, 300]"),
+        ("", "backoff_s = 301", "in (0, 300]"),
+        ("", 'on_failure = "maybe"', "key 'on_failure' must be one of escalate, retry, pause"),
+        ("", 'on_failure = "retry"', "on_failure = 'retry' needs retries >= 1"),
+        ("", 'approve = "yes"', "key 'approve' must be a boolean"),
+        ("", "budget = { wall_s = 0 }", "budget key 'wall_s' must be a positive finite number"),
+        ("", "budget = { output_bytes = 1.5 }", "'output_bytes' must be a positive integer"),
+        ("", "budget = { disk = 1 }", "unknown key 'disk'"),
+        ("", "budget = {}", "is empty"),
+        ("", "budget = 60", "must be a table"),
+        ("", 'tenant = "a b"', "key 'tenant' must be a name"),
+        ('strategy = "one_for_none"', "", "key 'strategy' must be one of one_for_one"),
+        ('replan = { bogus = "retry" }', "", "unknown failure class 'bogus'"),
+        ('replan = { timeout = "panic" }', "", "maps 'timeout' to 'panic' (string)"),
+        ("budget = { cpu_s = nan }", "", "budget key 'cpu_s' must be a positive finite"),
+    ],
+)
+def test_bad_supervision_keys_are_one_line_naming_key_and_value(
+    top: str, task_body: str, expected: str
+) -> None:
+    text = _plan(f'id = "a"\nrun = "x"\n{task_body}', name=f'name = "p"\n{top}')
+    with pytest.raises(PlanError) as info:
+        parse_plan(text)
+    assert expected in str(info.value) and "\n" not in str(info.value)

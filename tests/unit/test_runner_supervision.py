@@ -57,7 +57,7 @@ def _end(
         failure=failure,
         spent=f.Spend(wall_s=wall_s),
     )
-    applied, cancel = rec.apply(result, now, max_worker_loss=3)
+    applied, cancel, _ = rec.apply(result, now, max_worker_loss=3)
     assert applied
     return cancel
 
@@ -169,7 +169,7 @@ def test_a_lane_taken_over_by_a_sibling_retry_holds_nothing_and_counts_nowhere()
         error="cancelled by request",
         spent=f.Spend(wall_s=0.3),
     )
-    assert rec.apply(late, T0 + 10) == (False, [])
+    assert rec.apply(late, T0 + 10) == (False, [], False)
     assert rec.spent == spent and rec.tasks["b"].status is S.PENDING
 
 
@@ -451,3 +451,12 @@ def test_a_retried_attempt_asks_its_questions_afresh() -> None:
     assert rec.pause_for_question(ask(second.lane))
     assert rec.report().tasks[0].status == "awaiting_approval"
     assert [k.split(":")[-1] for k in rec.tasks["a"].answers] == ["publish"]
+
+
+def test_a_task_s_own_tenant_counts_against_that_tenant_s_quota() -> None:
+    rec = _plan(_task("mine", tenant="acme"), _task("theirs"), tenant="other")
+    _place(rec, "mine")
+    _place(rec, "theirs")
+    assert breach(Quota(concurrency=1), "acme", [rec], T0) is not None
+    assert breach(Quota(concurrency=2), "acme", [rec], T0) is None  # only "mine" is acme's
+    assert breach(Quota(concurrency=1), "other", [rec], T0) is not None
