@@ -3,6 +3,7 @@ plan (issue 8; `coordinator.strategy`, `coordinator.quota`, `coordinator.budget`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,3 +121,35 @@ def test_a_plan_budget_is_shared_by_the_tasks_that_run_together(tree: Tree) -> N
     report = tree.wait_plan(tree.submit(spec), timeout_s=60)
     assert report.ok, report
     assert report.budget == f.Budget(wall_s=600.0, output_bytes=1_000_000)
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_task_timeout_kills_the_whole_process_group_and_is_typed(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """A plan task past its timeout_s: its command and the grandchild it left in its group are
+    killed, and the task fails with the failure class timeout."""
+    pidfile = tmp_path / "pgid"
+    spec = plan("slow", task("slow", f"echo $$ > {pidfile}; sleep 300 & sleep 300", timeout_s=0.5))
+    (t,) = tree.wait_plan(tree.submit(spec), timeout_s=60).tasks
+    assert (t.status, t.failure) == ("failed", "timeout"), t
+    assert group_gone(int(pidfile.read_text()))
+
+
+def test_ctl_cancel_stops_a_running_task_at_once(tree: Tree, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pgid"
+    plan_id = tree.submit(plan("long", task("long", f"echo $$ > {pidfile}; sleep 300 & sleep 300")))
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 30, "the command")
+    report = tree.ctl(f.CtlPlan(id=plan_id))
+    assert isinstance(report, f.PlanReport) and report.tasks[0].lane is not None
+    assert isinstance(tree.ctl(f.CtlCancel(lane=report.tasks[0].lane)), f.Ack)
+    (t,) = tree.wait_plan(plan_id, timeout_s=30).tasks
+    assert (t.status, t.failure) == ("cancelled", None), t
+    assert group_gone(int(pidfile.read_text()))
