@@ -43,8 +43,10 @@ What a program gets (`LaneContext`):
   waits for a human it holds no process, and that wait is exactly what is counted neither
   against `budget.wall_s` nor against the task's `timeout_s` (the coordinator also keeps one
   pending question per task: a second would never be answered).
-- `await tell_coordinator(text)`: a note to the coordinator (at most `TEXT_MAX_BYTES`), recorded
-  durably and delivered once (a `LaneNote` through the outbox).
+- `await tell_coordinator(text)`: a note to the coordinator (at most `TEXT_MAX_BYTES`; at most
+  `NOTES_MAX` over the lane's life), recorded durably and delivered once (a `LaneNote` through
+  the outbox). Its bytes count against `budget.output_bytes`, like output: a note that
+  overspends the grant is not sent, and the lane is stopped.
 
 Errors: `exec` raises `RuntimeError` while a question is pending, `ValueError` for a timeout
 that is not positive and `OSError` when the command cannot be spawned; `checkpoint` raises
@@ -52,8 +54,9 @@ that is not positive and `OSError` when the command cannot be spawned; `checkpoi
 `CHECKPOINT_MAX_BYTES`; `ask_human` raises `ValueError` for a key not matching `KEY_PATTERN` or a
 question over `TEXT_MAX_BYTES`, and `RuntimeError` while another question is pending or a
 command runs (even for a key answered already: a program behaves the same on a re-run);
-`tell_coordinator` raises `ValueError` for a text over `TEXT_MAX_BYTES`. Whatever `run` raises
-fails the lane with `tool_failure`.
+`tell_coordinator` raises `ValueError` for a text over `TEXT_MAX_BYTES` and `RuntimeError` past
+`NOTES_MAX` notes. Whatever `run` raises fails the lane with `tool_failure`; a note or an `emit`
+that overspends the grant raises `CancelledError` (the lane ends with `budget_exhaustion`).
 
 How a lane ends: `run` returns an `Outcome`. A failed one may give its `failure` class:
 `quality_miss` (its result is not good enough), `tool_failure` (the default) or
@@ -107,6 +110,8 @@ the coordinator's durable records and shown to humans (`ctl lanes`, `ctl status`
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 """What an `ask_human` key must match: 1 to 128 ASCII letters, digits, `_`, `.` and `-` (it is
 part of the pause's message id, "pause:<lane>:<key>", and of what `ctl` shows)."""
+NOTES_MAX = 100
+"""The most `tell_coordinator` notes a lane sends over its life (every generation)."""
 PROGRAM_FAILURES = frozenset(
     {f.FailureClass.QUALITY_MISS, f.FailureClass.TOOL_FAILURE, f.FailureClass.PREFLIGHT_ESCALATION}
 )
@@ -355,7 +360,10 @@ class LaneContext:
 
     async def tell_coordinator(self, text: str) -> None:
         """Send `text` to the coordinator as a note; returns once it is recorded durably (the
-        outbox delivers it once). Raises `ValueError` for a text over `TEXT_MAX_BYTES`."""
+        outbox delivers it once). Its UTF-8 bytes count as the lane's output. Raises
+        `ValueError` for a text over `TEXT_MAX_BYTES`, `RuntimeError` once the lane has sent
+        `NOTES_MAX` notes, `CancelledError` when the note overspends the lane's `output_bytes`
+        grant (it is not sent; the lane is being stopped)."""
         _check_text("note", text)
         await self._host.tell(text)
 

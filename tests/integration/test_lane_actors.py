@@ -22,11 +22,14 @@ from orchestra_sup.config import load_settings
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.program import NOTES_MAX
 from tests.integration.harness import RawPeer, Tree, wait_until
 
 pytestmark = pytest.mark.integration
 
 ASKS = "tests.integration.lane_programs:Asks"
+ASKS_TWICE = "tests.integration.lane_programs:AsksTwice"
+CHATTY = "tests.integration.lane_programs:Chatty"
 REVIEW = "review_program:Review"  # examples/review_program.py
 REPO = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
@@ -35,7 +38,8 @@ _ids = itertools.count()
 @pytest.fixture
 def shard(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
     cfg = tmp_path / "tree.toml"
-    cfg.write_text(f'[lanes]\nprograms = ["{ASKS}", "{REVIEW}"]\n')
+    programs = ", ".join(f'"{name}"' for name in (ASKS, ASKS_TWICE, CHATTY, REVIEW))
+    cfg.write_text(f"[lanes]\nprograms = [{programs}]\n")
     path = f"{REPO}:{REPO / 'examples'}"
     return tree_factory(workspace=repo, shards=1, config=cfg, extra_env={"PYTHONPATH": path})
 
@@ -189,6 +193,38 @@ def test_a_lane_waiting_for_a_human_is_cancelled_at_once(shard: Tree) -> None:
     assert ask(shard, f.LaneCancel(lane=lane)) == f.Ack()
     res = result(shard, lane)
     assert (res.status, res.failure) == ("cancelled", None), res
+
+
+def test_a_lane_asking_two_questions_at_once_fails_instead_of_waiting_for_ever(
+    shard: Tree,
+) -> None:
+    """The coordinator keeps one pending question per task: the second question is refused
+    (RuntimeError), so the lane fails as a tool failure rather than waiting on an answer that
+    would never come."""
+    lane = start(shard, "", program=ASKS_TWICE)
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", f.FailureClass.TOOL_FAILURE), res
+    assert res.error is not None and "one question at a time" in res.error
+    assert inbox(shard, f"pause:{lane}:a") is not None
+    assert inbox(shard, f"pause:{lane}:b") is None
+
+
+def test_notes_are_budgeted_as_output_and_capped(shard: Tree) -> None:
+    """A program spamming the coordinator with notes is stopped by its output_bytes grant (the
+    note that overspends is not sent), and without a grant after NOTES_MAX notes."""
+    lane = start(shard, "1000", program=CHATTY, budget=f.Budget(output_bytes=2500))
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", f.FailureClass.BUDGET_EXHAUSTION), res
+    assert res.spent.output_bytes == 3000
+    assert inbox(shard, f"note:{lane}:2") is not None and inbox(shard, f"note:{lane}:3") is None
+
+    lane = start(shard, "10", program=CHATTY)
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", f.FailureClass.TOOL_FAILURE), res
+    assert res.error is not None and f"at most {NOTES_MAX} notes" in res.error
+    assert res.spent.output_bytes == 10 * NOTES_MAX
+    assert inbox(shard, f"note:{lane}:{NOTES_MAX}") is not None
+    assert inbox(shard, f"note:{lane}:{NOTES_MAX + 1}") is None
 
 
 def test_the_review_example_reviews_asks_and_publishes(shard: Tree) -> None:

@@ -14,8 +14,11 @@ import pytest
 from orchestra_sup.bench.scale import PARKED, Parked
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.hitl import Questions
+from orchestra_sup.shards.host import Host
+from orchestra_sup.shards.lane import Lane, LaneState
 from orchestra_sup.shards.program import (
     CHECKPOINT_MAX_BYTES,
+    NOTES_MAX,
     TEXT_MAX_BYTES,
     LaneContext,
     Mailbox,
@@ -28,6 +31,7 @@ from orchestra_sup.shards.program import (
     load_program,
 )
 from orchestra_sup.shards.shell import ShellOutcome
+from orchestra_sup.shards.spend import BudgetWatch
 
 TOOL = f.FailureClass.TOOL_FAILURE
 APPROVE = f.Answer(verdict="approve", responder="ana", uid=1000)
@@ -452,5 +456,63 @@ def test_a_lane_never_asks_while_its_command_runs_nor_runs_one_while_it_asks() -
         host.finish.set()
         await context.exec("true")
         assert host.commands == ["sleep 8", "true"]
+
+    asyncio.run(main())
+
+
+class Outbox:
+    """What `Host.tell` hands its notes to."""
+
+    def __init__(self) -> None:
+        self.puts: list[f.InboxPut] = []
+
+    async def deliver(self, put: f.InboxPut) -> None:
+        self.puts.append(put)
+
+
+def test_notes_count_as_output_and_are_capped_per_lane() -> None:
+    """Every note's bytes are the lane's output: the note that overspends an `output_bytes`
+    grant is not sent and stops the lane (CancelledError, `budget_exhaustion`); a lane sends at
+    most NOTES_MAX notes over its life (RuntimeError past it)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = f.TaskSpec(id="t", run="", program="m:C")
+        budget = f.Budget(output_bytes=25)
+        lane = Lane(f.LaneStart(lane="L", plan="p", task=task, budget=budget))
+        lane.enter(LaneState.RUNNING)
+        watch, outbox = BudgetWatch(loop.create_task), Outbox()
+        watch.watch(lane.id, budget, lane.meter, lane.exhaust)
+        host = Host(
+            None,  # type: ignore[arg-type]
+            lane,
+            cgroups=None,  # type: ignore[arg-type]
+            transcript=None,
+            outbox=outbox,  # type: ignore[arg-type]
+            budgets=watch,
+        )
+        await host.tell("ten bytes.")
+        await host.tell("ten bytes.")
+        assert lane.meter.output_bytes == 20 and lane.exhausted is None
+        with pytest.raises(asyncio.CancelledError):
+            await host.tell("ten bytes.")
+        assert lane.exhausted == "budget exhausted: output_bytes 30 of 25 bytes used"
+        assert [put.msg_id for put in outbox.puts] == ["note:L:1", "note:L:2"]
+
+        chatty = Lane(f.LaneStart(lane="C", plan="p", task=task))
+        chatty.notes = NOTES_MAX - 1  # sent by earlier generations
+        host = Host(
+            None,  # type: ignore[arg-type]
+            chatty,
+            cgroups=None,  # type: ignore[arg-type]
+            transcript=None,
+            outbox=outbox,  # type: ignore[arg-type]
+            budgets=watch,
+        )
+        await host.tell("last")
+        with pytest.raises(RuntimeError, match=f"at most {NOTES_MAX} notes"):
+            await host.tell("one more")
+        assert outbox.puts[-1].msg_id == f"note:C:{NOTES_MAX}" and chatty.notes == NOTES_MAX
+        assert chatty.meter.output_bytes == len("last")
 
     asyncio.run(main())
