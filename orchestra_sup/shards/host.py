@@ -86,8 +86,10 @@ class Host:
 
     async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
         """One command of the lane (`LaneContext.exec`). It joins the lane's cgroup before
-        exec; whatever is left in it when the command ends (setsid'ed or double-forked daemons)
-        is killed. Raises `CancelledError` when a drain stopped it to hand the lane over."""
+        exec; whatever is left in it (setsid'ed or double-forked daemons) is killed the moment
+        the command ends or is stopped (its exit, its timeout, a cancel, a budget stop), before
+        its pipes drain: what the cgroup spends stops there. Raises `CancelledError` when a
+        drain stopped it to hand the lane over."""
         lane = self._lane
         assert lane.sandbox is not None
         cgroup = self._cgroups.create(lane.id)
@@ -103,6 +105,7 @@ class Host:
                 tail_bytes=TAIL_BYTES,
                 preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
                 on_spawn=self._spawned if cgroup is None else lane.spawned,
+                on_stop=(lambda: self._cgroups.kill_now(lane.id)) if cgroup is not None else None,
                 nice=self._node.args.lane_nice,
             )
         finally:

@@ -22,6 +22,7 @@ from orchestra_sup.config import load_settings
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.cgroup import cgroup2_root
 from orchestra_sup.shards.program import NOTES_MAX
 from tests.integration.harness import RawPeer, Tree, wait_until
 
@@ -121,6 +122,48 @@ def test_a_lane_that_spends_its_grant_is_stopped_with_its_whole_group(
     assert res.error is not None and res.error.startswith(f"budget exhausted: {dimension} ")
     assert getattr(res.spent, dimension) > getattr(budget, dimension), res.spent
     assert group_gone(pgid)
+
+
+# A daemon out of the command's group (setsid), busy on one core, holding the command's pipes.
+DAEMON = "(setsid sh -c 'echo $$ > {pidfile}; while :; do :; done' &); sleep 300"
+
+
+@pytest.mark.skipif(cgroup2_root() is None, reason="needs cgroup v2 tracking")
+@pytest.mark.parametrize(
+    ("budget", "timeout_s", "failure", "error"),
+    [
+        (f.Budget(cpu_s=1.0), None, f.FailureClass.BUDGET_EXHAUSTION, "budget exhausted: cpu_s "),
+        (None, 1.0, f.FailureClass.TIMEOUT, "timed out after 1 s"),
+    ],
+)
+def test_a_stopped_lane_spends_no_more_than_its_limit_and_a_check_period(
+    shard: Tree,
+    tmp_path: Path,
+    budget: f.Budget | None,
+    timeout_s: float | None,
+    failure: f.FailureClass,
+    error: str,
+) -> None:
+    """A budget stop or a timeout kills the lane's cgroup at once, setsid'ed daemon included,
+    not after the pipes' drain grace (`run_shell` `kill_grace_s`, 2 s), through which the daemon
+    used to burn on (it spent about 3 CPU s of a 1 s grant).
+
+    The bound is an invariant, not a benchmark: one busy process burns at most one CPU second
+    per wall second, and the shard checks every `TICK_S` (0.1 s), so what it spends past its
+    1 s (of CPU, or of wall time for the timeout) is at most (tick + the shard loop's lag + the
+    kill) x 1 core. The shard runs at niceness 0 and the lane at `lane_nice` 10, so even on a
+    loaded 2-core machine that lag stays far below the 1 s allowed; the old kill, after the 2 s
+    grace, always overspent by about 2 s."""
+    pidfile = tmp_path / "daemon"
+    task = f.TaskSpec(id="t", run=DAEMON.format(pidfile=pidfile), timeout_s=timeout_s)
+    lane = f"stopped-{next(_ids)}"
+    assert ask(shard, f.LaneStart(lane=lane, plan="by-hand", task=task, budget=budget)) == f.Ack()
+    daemon = group_of(pidfile)  # it leads its own session and group
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", failure), res
+    assert res.error is not None and res.error.startswith(error), res
+    assert res.spent.cpu_s < 1.0 + 1.0, res.spent
+    assert group_gone(daemon)
 
 
 def test_a_timeout_kills_the_whole_group_and_says_timeout(shard: Tree, tmp_path: Path) -> None:
