@@ -418,7 +418,11 @@ class LaneCgroups:
 
         path = cgroups.create(lane_id)
         try:
-            await run_shell(..., preexec=LaneCgroups.join_fn(path) if path else None)
+            await run_shell(
+                ...,
+                preexec=LaneCgroups.join_fn(path) if path else None,
+                on_stop=lambda: cgroups.kill_now(lane_id),
+            )
         finally:
             await cgroups.kill(lane_id)
 
@@ -512,6 +516,25 @@ class LaneCgroups:
                     os.write(2, f"orchestra-sup: not tracked by cgroup: {exc}\n".encode())
 
         return join
+
+    def kill_now(self, lane: str) -> None:
+        """Send the kill to every process in the lane's cgroup (sub-cgroups included) now, on
+        the caller's thread, without waiting for it to empty or removing it (`kill` does both):
+        `cgroup.kill` (Linux >= 5.14: one write), else freeze, SIGKILL every listed pid, thaw.
+        For the moment a lane's command is stopped, so nothing in its cgroup (a setsid'ed
+        daemon) spends on while its pipes drain. A no-op when cgroups are unavailable or the
+        cgroup does not exist. Never raises for the cgroup's files (an OSError is logged);
+        raises ValueError when `lane` is not a single path component."""
+        path = self.path(lane)
+        if path is None or not path.is_dir():
+            return
+        killer = _Killer(path)
+        try:
+            killer.start()
+        except OSError as exc:
+            log.warning("cgroup %s: kill failed: %s", path, exc)
+        finally:
+            killer.finish()
 
     async def kill(self, lane: str, timeout_s: float = KILL_TIMEOUT_S) -> bool:
         """Kill every process in the lane's cgroup (sub-cgroups included), wait until it is

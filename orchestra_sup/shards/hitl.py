@@ -7,7 +7,8 @@ it here, in memory, and hands it on with the lane in a rollover (`LaneSnapshot.s
 
 A question's key is the program's, or by default "q1", "q2", ... in the order its run asks: a
 re-run (from its last checkpoint, after a rollover, or from the start after its shard was lost)
-asks again with the same key and gets the recorded answer at once.
+asks again with the same key and gets the recorded answer at once. A lane waits on at most one
+question at a time: the coordinator keeps one pending question per task.
 """
 
 from __future__ import annotations
@@ -18,18 +19,21 @@ from orchestra_sup.protocol import frames as f
 
 
 class Questions:
-    """A lane's answers by key, the waiters of the questions its program waits on, and how many
-    questions its run has asked. Lives on the shard's event loop.
+    """A lane's answers by key, the one question its program waits on (at most one at a time:
+    the coordinator keeps one pending question per task), and how many questions its run has
+    asked. Lives on the shard's event loop.
 
     `answers` are those known when the lane was admitted (`LaneStart.answers`); `asked` is how
     many `ask_human` calls the run it resumes had made at its checkpoint (0 on a fresh start).
     """
 
-    __slots__ = ("_waiters", "answers", "asked", "asked_at_checkpoint")
+    __slots__ = ("_waiter", "answers", "asked", "asked_at_checkpoint", "pending")
 
     def __init__(self, answers: dict[str, f.Answer] | None = None, asked: int = 0) -> None:
         self.answers: dict[str, f.Answer] = dict(answers or {})
-        self._waiters: dict[str, asyncio.Future[f.Answer]] = {}
+        self.pending: str | None = None
+        """The key of the question the program waits on, or None."""
+        self._waiter: asyncio.Future[f.Answer] | None = None
         self.asked = asked
         """`ask_human` calls so far in this run, counting those before its checkpoint."""
         self.asked_at_checkpoint = asked
@@ -41,25 +45,23 @@ class Questions:
         return f"q{self.asked}"
 
     def install(self, key: str) -> asyncio.Future[f.Answer]:
-        """A future that `answer(key, ...)` resolves. Raises `RuntimeError` when the program
-        already waits on `key`."""
-        if key in self._waiters:
-            raise RuntimeError(f"the lane already waits for an answer to {key!r}")
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters[key] = waiter
-        return waiter
+        """A future that `answer(key, ...)` resolves; `key` is `pending` until `uninstall`.
+        Only when no question is pending (`LaneContext.ask_human` refuses a second one)."""
+        assert self.pending is None, f"a question is pending already: {self.pending!r}"
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.pending = key
+        return self._waiter
 
-    def uninstall(self, key: str) -> None:
-        """Forget `key`'s waiter (its wait ended, answered or cancelled)."""
-        self._waiters.pop(key, None)
+    def uninstall(self) -> None:
+        """Forget the pending question's waiter (its wait ended, answered or cancelled)."""
+        self._waiter, self.pending = None, None
 
     def answer(self, key: str, answer: f.Answer) -> bool:
-        """Keep `answer` to `key` and resolve its waiter, if one waits. False (nothing changes)
-        when `key` was answered before: the first answer stands."""
+        """Keep `answer` to `key` and resolve the waiter when `key` is pending. False (nothing
+        changes) when `key` was answered before: the first answer stands."""
         if key in self.answers:
             return False
         self.answers[key] = answer
-        waiter = self._waiters.get(key)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(answer)
+        if self.pending == key and self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(answer)
         return True

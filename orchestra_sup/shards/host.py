@@ -6,7 +6,8 @@ output, count what it spends, record its questions and notes for the coordinator
   `lane_nice`, with the scrubbed environment of `lane_env`. Their CPU is counted from the cgroup
   (`LaneCgroups.cpu_s`), else sampled by the shard's `BudgetWatch` (`shards.spend`).
 - Output (commands' chunks and `emit`ted lines) goes to the lane's tail and meter and to its
-  transcript, and is checked at once against an `output_bytes` grant.
+  transcript, and is checked at once against an `output_bytes` grant; so are the bytes of its
+  notes to the coordinator (not in the tail: a note is an event row of the transcript).
 - Questions and notes go through the durable outbox (`shards.outbox`) before anything waits on
   them: a pause is committed before the lane is shown waiting, a note before `tell_coordinator`
   returns (ARCHITECTURE.md §11 invariant 8). While the lane waits for a human it is
@@ -26,6 +27,7 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.cgroup import LaneCgroups
 from orchestra_sup.shards.lane import TAIL_BYTES, Lane, LaneState
 from orchestra_sup.shards.outbox import Outbox, note_id, pause_id
+from orchestra_sup.shards.program import NOTES_MAX
 from orchestra_sup.shards.shell import ShellOutcome, run_shell
 from orchestra_sup.shards.spend import BudgetWatch
 from orchestra_sup.shards.transcript import Transcript
@@ -84,8 +86,10 @@ class Host:
 
     async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
         """One command of the lane (`LaneContext.exec`). It joins the lane's cgroup before
-        exec; whatever is left in it when the command ends (setsid'ed or double-forked daemons)
-        is killed. Raises `CancelledError` when a drain stopped it to hand the lane over."""
+        exec; whatever is left in it (setsid'ed or double-forked daemons) is killed the moment
+        the command ends or is stopped (its exit, its timeout, a cancel, a budget stop), before
+        its pipes drain: what the cgroup spends stops there. Raises `CancelledError` when a
+        drain stopped it to hand the lane over."""
         lane = self._lane
         assert lane.sandbox is not None
         cgroup = self._cgroups.create(lane.id)
@@ -101,6 +105,7 @@ class Host:
                 tail_bytes=TAIL_BYTES,
                 preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
                 on_spawn=self._spawned if cgroup is None else lane.spawned,
+                on_stop=(lambda: self._cgroups.kill_now(lane.id)) if cgroup is not None else None,
                 nice=self._node.args.lane_nice,
             )
         finally:
@@ -170,7 +175,17 @@ class Host:
             self._deadline_left = None
 
     async def tell(self, text: str) -> None:
+        """`LaneContext.tell_coordinator`: the note's bytes are counted as the lane's output
+        first, so a note that overspends an `output_bytes` grant is not sent. Raises
+        `RuntimeError` once the lane has sent `NOTES_MAX` notes (every generation counted),
+        `CancelledError` when the note overspends the grant (the lane is being stopped)."""
         lane = self._lane
+        if lane.notes >= NOTES_MAX:
+            raise RuntimeError(f"a lane sends at most {NOTES_MAX} notes to the coordinator")
+        lane.meter.output_bytes += len(text.encode())
+        self._budgets.check_output(lane.id)
+        if lane.exhausted is not None:
+            raise asyncio.CancelledError
         lane.notes += 1
         note = f.LaneNote(
             lane=lane.id, plan=lane.start.plan, task=lane.start.task.id, text=text, at=time.time()

@@ -31,22 +31,32 @@ What a program gets (`LaneContext`):
   is where the lane can resume from; `resumed` is the checkpoint a resumed lane starts from (None
   on a fresh start, and for a lane that never took one).
 - `await ask_human(question, key=None) -> frames.Answer`: pause for a human (`shards.hitl`). The
-  question is recorded durably for the coordinator (a `HitlPause` through the outbox) and the lane
-  waits, parked, in state "awaiting_approval", until a human's answer comes (`ctl approve`,
-  `reject`, `redirect`, `accept-partial`: `Answer.verdict`). The wait holds no process and is
-  counted neither against `budget.wall_s` nor against the task's `timeout_s`. `key` (default
-  "q1", "q2", ... in the order this run asks) names the question across re-runs: one answered
-  already (`LaneStart.answers`, or earlier in this lane) is answered at once, the same `Answer`.
-- `await tell_coordinator(text)`: a note to the coordinator, recorded durably and delivered once
-  (a `LaneNote` through the outbox).
+  question (at most `TEXT_MAX_BYTES`) is recorded durably for the coordinator (a `HitlPause`
+  through the outbox) and the lane waits, parked, in state "awaiting_approval", until a human's
+  answer comes (`ctl approve`, `reject`, `redirect`, `accept-partial`: `Answer.verdict`). `key`
+  (`KEY_PATTERN`; default "q1", "q2", ... in the order this run asks) names the question across
+  re-runs: one answered already (`LaneStart.answers`, or earlier in this lane) is answered at
+  once, the same `Answer`.
+- One question at a time, and never beside a command: `ask_human` is refused while another
+  question of the lane is pending or one of its commands runs (`exec` in flight, e.g. in an
+  `asyncio.gather` with it), and `exec` is refused while a question is pending. So while the lane
+  waits for a human it holds no process, and that wait is exactly what is counted neither
+  against `budget.wall_s` nor against the task's `timeout_s` (the coordinator also keeps one
+  pending question per task: a second would never be answered).
+- `await tell_coordinator(text)`: a note to the coordinator (at most `TEXT_MAX_BYTES`; at most
+  `NOTES_MAX` over the lane's life), recorded durably and delivered once (a `LaneNote` through
+  the outbox). Its bytes count against `budget.output_bytes`, like output: a note that
+  overspends the grant is not sent, and the lane is stopped.
 
-Errors: `exec` raises `ValueError` for a timeout that is not positive and `OSError` when the
-command cannot be spawned; `checkpoint` raises `TypeError` for a value msgpack cannot encode and
-`ValueError` for one over `CHECKPOINT_MAX_BYTES`; `ask_human` raises `ValueError` for an empty
-key, a key over `KEY_MAX_CHARS` characters or a question over `TEXT_MAX_BYTES`, and
-`RuntimeError` when the program already waits on that key; `tell_coordinator` raises
-`ValueError` for a text over `TEXT_MAX_BYTES`. Whatever `run` raises fails the lane with
-`tool_failure`.
+Errors: `exec` raises `RuntimeError` while a question is pending, `ValueError` for a timeout
+that is not positive and `OSError` when the command cannot be spawned; `checkpoint` raises
+`TypeError` for a value msgpack cannot encode and `ValueError` for one over
+`CHECKPOINT_MAX_BYTES`; `ask_human` raises `ValueError` for a key not matching `KEY_PATTERN` or a
+question over `TEXT_MAX_BYTES`, and `RuntimeError` while another question is pending or a
+command runs (even for a key answered already: a program behaves the same on a re-run);
+`tell_coordinator` raises `ValueError` for a text over `TEXT_MAX_BYTES` and `RuntimeError` past
+`NOTES_MAX` notes. Whatever `run` raises fails the lane with `tool_failure`; a note or an `emit`
+that overspends the grant raises `CancelledError` (the lane ends with `budget_exhaustion`).
 
 How a lane ends: `run` returns an `Outcome`. A failed one may give its `failure` class:
 `quality_miss` (its result is not good enough), `tool_failure` (the default) or
@@ -94,10 +104,14 @@ MAILBOX_SIZE = 1000
 """Messages a lane's mailbox holds before `message_lane` is refused (`busy`)."""
 CHECKPOINT_MAX_BYTES = 1024 * 1024
 """The largest checkpoint (msgpack-encoded bytes): it travels in one frame with its lane."""
-TEXT_MAX_BYTES = 64 * 1024
-"""The largest `ask_human` question and `tell_coordinator` text (UTF-8 bytes)."""
-KEY_MAX_CHARS = 200
-"""The longest `ask_human` key (characters): it is part of the pause's message id."""
+TEXT_MAX_BYTES = 4096
+"""The largest `ask_human` question and `tell_coordinator` note (UTF-8 bytes): both are kept in
+the coordinator's durable records and shown to humans (`ctl lanes`, `ctl status`)."""
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+"""What an `ask_human` key must match: 1 to 128 ASCII letters, digits, `_`, `.` and `-` (it is
+part of the pause's message id, "pause:<lane>:<key>", and of what `ctl` shows)."""
+NOTES_MAX = 100
+"""The most `tell_coordinator` notes a lane sends over its life (every generation)."""
 PROGRAM_FAILURES = frozenset(
     {f.FailureClass.QUALITY_MISS, f.FailureClass.TOOL_FAILURE, f.FailureClass.PREFLIGHT_ESCALATION}
 )
@@ -253,11 +267,22 @@ class LaneContext:
         self._mailbox = mailbox
         self._quiet = quiet
         self._questions = questions
+        self._commands = 0  # commands of the lane running now (`exec` calls in flight)
 
     async def exec(self, command: str, timeout_s: float | None = None) -> ShellOutcome:
-        """Run `command` with `/bin/sh -c` in the sandbox. Raises `ValueError` for a timeout
-        that is not positive, `OSError` when it cannot be spawned."""
-        return await self._host.exec(command, timeout_s)
+        """Run `command` with `/bin/sh -c` in the sandbox. Raises `RuntimeError` while the lane
+        waits for a human (`ask_human`), `ValueError` for a timeout that is not positive,
+        `OSError` when it cannot be spawned."""
+        if self._questions.pending is not None:
+            raise RuntimeError(
+                f"the lane waits for an answer to {self._questions.pending!r}: "
+                "it runs no command meanwhile"
+            )
+        self._commands += 1
+        try:
+            return await self._host.exec(command, timeout_s)
+        finally:
+            self._commands -= 1
 
     def emit(self, text: str) -> None:
         """Record `text` as one line of the lane's output."""
@@ -296,13 +321,24 @@ class LaneContext:
     async def ask_human(self, question: str, key: str | None = None) -> f.Answer:
         """A human's answer to `question` (see the module docstring): at once when `key` has
         one already, else once it comes. A quiet point while it waits. Raises `ValueError` for
-        an empty key or one over `KEY_MAX_CHARS` characters, or a question over
-        `TEXT_MAX_BYTES`; `RuntimeError` when the program already waits on `key`."""
+        a key that does not match `KEY_PATTERN` or a question over `TEXT_MAX_BYTES`;
+        `RuntimeError` when the lane already waits on a question (any key) or one of its
+        commands runs (`exec`), whether or not `key` has an answer already."""
         _check_text("question", question)
+        if key is not None and not KEY_PATTERN.fullmatch(key):
+            shown = key if len(key) <= 140 else f"{key[:140]}..."
+            raise ValueError(f"a question key matches {KEY_PATTERN.pattern}, got {shown!r}")
+        if self._commands:
+            raise RuntimeError(
+                "the lane runs a command: it asks a human only when none of its commands runs"
+            )
+        if self._questions.pending is not None:
+            raise RuntimeError(
+                f"the lane already waits for an answer to {self._questions.pending!r}: "
+                "it asks one question at a time"
+            )
         if key is None:
             key = self._questions.next_key()
-        elif not key or len(key) > KEY_MAX_CHARS:
-            raise ValueError(f"a question key is 1 to {KEY_MAX_CHARS} characters, got {key!r}")
         known = self._questions.answers.get(key)
         if known is not None:
             return known
@@ -320,11 +356,14 @@ class LaneContext:
                 self._quiet.leave()
                 self._host.waiting(None)
         finally:
-            self._questions.uninstall(key)
+            self._questions.uninstall()
 
     async def tell_coordinator(self, text: str) -> None:
         """Send `text` to the coordinator as a note; returns once it is recorded durably (the
-        outbox delivers it once). Raises `ValueError` for a text over `TEXT_MAX_BYTES`."""
+        outbox delivers it once). Its UTF-8 bytes count as the lane's output. Raises
+        `ValueError` for a text over `TEXT_MAX_BYTES`, `RuntimeError` once the lane has sent
+        `NOTES_MAX` notes, `CancelledError` when the note overspends the lane's `output_bytes`
+        grant (it is not sent; the lane is being stopped)."""
         _check_text("note", text)
         await self._host.tell(text)
 

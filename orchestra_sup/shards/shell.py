@@ -201,12 +201,18 @@ class _LaneProtocol(asyncio.SubprocessProtocol):
 
 
 async def _finish(
-    transport: asyncio.SubprocessTransport, protocol: _LaneProtocol, eof_grace_s: float
+    transport: asyncio.SubprocessTransport,
+    protocol: _LaneProtocol,
+    eof_grace_s: float,
+    on_stop: Callable[[], None] | None,
 ) -> float:
-    """Kill the group, await the leader's reaping, give the pipes `eof_grace_s` to reach EOF,
-    then close them. Returns the `time.monotonic()` at which the leader was seen reaped."""
+    """Kill the group (and call `on_stop`), await the leader's reaping, give the pipes
+    `eof_grace_s` to reach EOF, then close them. Returns the `time.monotonic()` at which the
+    leader was seen reaped."""
     pgid = transport.get_pid()
     _killpg(pgid)
+    if on_stop is not None:
+        on_stop()
     await protocol.exited
     reaped = time.monotonic()
     # Killing the group again after the leader is reaped catches anything it forked meanwhile.
@@ -229,6 +235,7 @@ async def run_shell(
     kill_grace_s: float = 2.0,
     preexec: Callable[[], None] | None = None,
     on_spawn: Callable[[int], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
     nice: int = 0,
 ) -> ShellOutcome:
     """Run `/bin/sh -c command` in `cwd` and report how it ended.
@@ -245,6 +252,10 @@ async def run_shell(
       remaining output is not read.
     - `on_spawn`: called with the leader's pid (= its process group id) once it runs, so the
       caller can signal the group itself (a graceful SIGTERM on stop; SIGKILL stays ours).
+    - `on_stop`: called on the loop the moment the group is sent SIGKILL (the leader exited,
+      `timeout_s` passed, the call was cancelled or `on_output` raised), before the pipes are
+      given `kill_grace_s`: e.g. to kill what left the group (`LaneCgroups.kill_now`), which
+      would otherwise run on through the grace. It must not block or raise.
     - `preexec`: called in the child between fork and exec (Popen's `preexec_fn`), after the
       pipes and the process group are set up, e.g. to join a cgroup
       (`shards.cgroup.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
@@ -300,7 +311,7 @@ async def run_shell(
     finally:
         # Every way out (normal exit, timeout, cancellation, error) kills the group and reaps the
         # leader; shielded so that a second cancellation cannot leave a zombie behind.
-        finish = asyncio.ensure_future(_finish(transport, protocol, kill_grace_s))
+        finish = asyncio.ensure_future(_finish(transport, protocol, kill_grace_s, on_stop))
         _cleanups.add(finish)
         finish.add_done_callback(_cleanups.discard)
         await asyncio.shield(finish)

@@ -14,7 +14,8 @@ its grant in any dimension. The dimensions (`frames.Budget`):
   after the last sample, processes that escaped the tree, and every command of a lane with no
   grant (0.0 there).
 - `output_bytes`: bytes its commands wrote on stdout and stderr, plus the lines it `emit`ted
-  (each with its newline); checked at once on every chunk, the others every `TICK_S`.
+  (each with its newline) and the notes it sent the coordinator (`tell_coordinator`, UTF-8);
+  checked at once on every chunk, line and note, the others every `TICK_S`.
 
 A lane has spent its grant in a dimension when it has used *more* than the grant there: a grant
 of 0 output bytes lets a lane write nothing, and a lane that writes exactly its grant succeeds.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.shards.program import LaneContext, Outcome
 
@@ -99,4 +101,20 @@ class Asks:
             lane.emit(f"{answer.verdict}: {answer.text}")
             if answer.verdict == "reject":
                 return Outcome(status="failed", error=answer.text, failure=PREFLIGHT)
+        return Outcome(status="succeeded")
+
+
+class Chatty:
+    """Sends the coordinator notes of `run` bytes each until it is stopped or refused."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        while True:
+            await lane.tell_coordinator("n" * int(lane.task.run))
+
+
+class AsksTwice:
+    """Asks two questions at once (keys "a" and "b"), which a lane may not."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        await asyncio.gather(lane.ask_human("A?", key="a"), lane.ask_human("B?", key="b"))
         return Outcome(status="succeeded")

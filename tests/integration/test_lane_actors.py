@@ -22,11 +22,15 @@ from orchestra_sup.config import load_settings
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.shards.cgroup import cgroup2_root
+from orchestra_sup.shards.program import NOTES_MAX
 from tests.integration.harness import RawPeer, Tree, wait_until
 
 pytestmark = pytest.mark.integration
 
 ASKS = "tests.integration.lane_programs:Asks"
+ASKS_TWICE = "tests.integration.lane_programs:AsksTwice"
+CHATTY = "tests.integration.lane_programs:Chatty"
 REVIEW = "review_program:Review"  # examples/review_program.py
 REPO = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
@@ -35,7 +39,8 @@ _ids = itertools.count()
 @pytest.fixture
 def shard(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
     cfg = tmp_path / "tree.toml"
-    cfg.write_text(f'[lanes]\nprograms = ["{ASKS}", "{REVIEW}"]\n')
+    programs = ", ".join(f'"{name}"' for name in (ASKS, ASKS_TWICE, CHATTY, REVIEW))
+    cfg.write_text(f"[lanes]\nprograms = [{programs}]\n")
     path = f"{REPO}:{REPO / 'examples'}"
     return tree_factory(workspace=repo, shards=1, config=cfg, extra_env={"PYTHONPATH": path})
 
@@ -119,6 +124,48 @@ def test_a_lane_that_spends_its_grant_is_stopped_with_its_whole_group(
     assert group_gone(pgid)
 
 
+# A daemon out of the command's group (setsid), busy on one core, holding the command's pipes.
+DAEMON = "(setsid sh -c 'echo $$ > {pidfile}; while :; do :; done' &); sleep 300"
+
+
+@pytest.mark.skipif(cgroup2_root() is None, reason="needs cgroup v2 tracking")
+@pytest.mark.parametrize(
+    ("budget", "timeout_s", "failure", "error"),
+    [
+        (f.Budget(cpu_s=1.0), None, f.FailureClass.BUDGET_EXHAUSTION, "budget exhausted: cpu_s "),
+        (None, 1.0, f.FailureClass.TIMEOUT, "timed out after 1 s"),
+    ],
+)
+def test_a_stopped_lane_spends_no_more_than_its_limit_and_a_check_period(
+    shard: Tree,
+    tmp_path: Path,
+    budget: f.Budget | None,
+    timeout_s: float | None,
+    failure: f.FailureClass,
+    error: str,
+) -> None:
+    """A budget stop or a timeout kills the lane's cgroup at once, setsid'ed daemon included,
+    not after the pipes' drain grace (`run_shell` `kill_grace_s`, 2 s), through which the daemon
+    used to burn on (it spent about 3 CPU s of a 1 s grant).
+
+    The bound is an invariant, not a benchmark: one busy process burns at most one CPU second
+    per wall second, and the shard checks every `TICK_S` (0.1 s), so what it spends past its
+    1 s (of CPU, or of wall time for the timeout) is at most (tick + the shard loop's lag + the
+    kill) x 1 core. The shard runs at niceness 0 and the lane at `lane_nice` 10, so even on a
+    loaded 2-core machine that lag stays far below the 1 s allowed; the old kill, after the 2 s
+    grace, always overspent by about 2 s."""
+    pidfile = tmp_path / "daemon"
+    task = f.TaskSpec(id="t", run=DAEMON.format(pidfile=pidfile), timeout_s=timeout_s)
+    lane = f"stopped-{next(_ids)}"
+    assert ask(shard, f.LaneStart(lane=lane, plan="by-hand", task=task, budget=budget)) == f.Ack()
+    daemon = group_of(pidfile)  # it leads its own session and group
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", failure), res
+    assert res.error is not None and res.error.startswith(error), res
+    assert res.spent.cpu_s < 1.0 + 1.0, res.spent
+    assert group_gone(daemon)
+
+
 def test_a_timeout_kills_the_whole_group_and_says_timeout(shard: Tree, tmp_path: Path) -> None:
     pidfile = tmp_path / "pgid"
     task = f.TaskSpec(id="t", run=GROUPED.format(pidfile=pidfile, work="sleep 300"), timeout_s=0.5)
@@ -189,6 +236,38 @@ def test_a_lane_waiting_for_a_human_is_cancelled_at_once(shard: Tree) -> None:
     assert ask(shard, f.LaneCancel(lane=lane)) == f.Ack()
     res = result(shard, lane)
     assert (res.status, res.failure) == ("cancelled", None), res
+
+
+def test_a_lane_asking_two_questions_at_once_fails_instead_of_waiting_for_ever(
+    shard: Tree,
+) -> None:
+    """The coordinator keeps one pending question per task: the second question is refused
+    (RuntimeError), so the lane fails as a tool failure rather than waiting on an answer that
+    would never come."""
+    lane = start(shard, "", program=ASKS_TWICE)
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", f.FailureClass.TOOL_FAILURE), res
+    assert res.error is not None and "one question at a time" in res.error
+    assert inbox(shard, f"pause:{lane}:a") is not None
+    assert inbox(shard, f"pause:{lane}:b") is None
+
+
+def test_notes_are_budgeted_as_output_and_capped(shard: Tree) -> None:
+    """A program spamming the coordinator with notes is stopped by its output_bytes grant (the
+    note that overspends is not sent), and without a grant after NOTES_MAX notes."""
+    lane = start(shard, "1000", program=CHATTY, budget=f.Budget(output_bytes=2500))
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", f.FailureClass.BUDGET_EXHAUSTION), res
+    assert res.spent.output_bytes == 3000
+    assert inbox(shard, f"note:{lane}:2") is not None and inbox(shard, f"note:{lane}:3") is None
+
+    lane = start(shard, "10", program=CHATTY)
+    res = result(shard, lane)
+    assert (res.status, res.failure) == ("failed", f.FailureClass.TOOL_FAILURE), res
+    assert res.error is not None and f"at most {NOTES_MAX} notes" in res.error
+    assert res.spent.output_bytes == 10 * NOTES_MAX
+    assert inbox(shard, f"note:{lane}:{NOTES_MAX}") is not None
+    assert inbox(shard, f"note:{lane}:{NOTES_MAX + 1}") is None
 
 
 def test_the_review_example_reviews_asks_and_publishes(shard: Tree) -> None:

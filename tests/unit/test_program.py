@@ -14,8 +14,11 @@ import pytest
 from orchestra_sup.bench.scale import PARKED, Parked
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.hitl import Questions
+from orchestra_sup.shards.host import Host
+from orchestra_sup.shards.lane import Lane, LaneState
 from orchestra_sup.shards.program import (
     CHECKPOINT_MAX_BYTES,
+    NOTES_MAX,
     TEXT_MAX_BYTES,
     LaneContext,
     Mailbox,
@@ -28,6 +31,7 @@ from orchestra_sup.shards.program import (
     load_program,
 )
 from orchestra_sup.shards.shell import ShellOutcome
+from orchestra_sup.shards.spend import BudgetWatch
 
 TOOL = f.FailureClass.TOOL_FAILURE
 APPROVE = f.Answer(verdict="approve", responder="ana", uid=1000)
@@ -153,9 +157,18 @@ class FakeHost:
         self.paused: list[tuple[str, str]] = []
         self.waits: list[str | None] = []
         self.notes: list[str] = []
+        self.commands: list[str] = []
+        self.running = asyncio.Event()  # set while a command "runs"
+        self.finish = asyncio.Event()  # a command "runs" until this is set
 
     async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
-        raise AssertionError("no command runs here")
+        self.commands.append(command)
+        self.running.set()
+        try:
+            await self.finish.wait()
+        finally:
+            self.running.clear()
+        return outcome(exit_code=0)
 
     def emit(self, text: str) -> None:
         raise AssertionError("nothing is emitted here")
@@ -341,25 +354,165 @@ def test_a_resumed_run_numbers_its_questions_from_its_checkpoint() -> None:
     asyncio.run(main())
 
 
-def test_questions_and_notes_are_bounded() -> None:
-    """A question or a note over 64 KiB, an empty key, or a second wait on one key: refused."""
+@pytest.mark.parametrize(
+    "key",
+    ["", "k" * 129, "a b", "a:b", "a/b", "q\n1", "é", "x" * 100_000],
+)
+def test_question_keys_are_short_and_plain(key: str) -> None:
+    """A key is 1 to 128 of [A-Za-z0-9_.-]: it is part of the pause's message id and shown to
+    humans; nothing is recorded for a refused one."""
 
     async def main() -> None:
         host = FakeHost()
         context = _context(QuietPoints(), host=host)
-        with pytest.raises(ValueError, match="at most"):
-            await context.ask_human("x" * (TEXT_MAX_BYTES + 1))
         with pytest.raises(ValueError, match="key"):
-            await context.ask_human("?", key="")
-        with pytest.raises(ValueError, match="at most"):
+            async with asyncio.timeout(5):
+                await context.ask_human("?", key=key)
+        assert host.paused == []
+
+    asyncio.run(main())
+
+
+def test_questions_and_notes_are_bounded() -> None:
+    """A question or a note is at most 4 KiB (UTF-8 bytes, so 4,096 ASCII characters pass); a
+    128-character key passes."""
+
+    async def main() -> None:
+        assert TEXT_MAX_BYTES == 4096
+        questions = Questions({"k" * 128: APPROVE})
+        host = FakeHost()
+        context = _context(QuietPoints(), host=host, questions=questions)
+        async with asyncio.timeout(5):
+            with pytest.raises(ValueError, match="at most 4096 bytes"):
+                await context.ask_human("x" * (TEXT_MAX_BYTES + 1))
+            with pytest.raises(ValueError, match="at most 4096 bytes"):
+                await context.ask_human("é" * (TEXT_MAX_BYTES // 2 + 1))
+        assert await context.ask_human("x" * TEXT_MAX_BYTES, key="k" * 128) == APPROVE
+        with pytest.raises(ValueError, match="at most 4096 bytes"):
             await context.tell_coordinator("x" * (TEXT_MAX_BYTES + 1))
-        await context.tell_coordinator("halfway")
-        assert host.notes == ["halfway"]
-        waiting = asyncio.ensure_future(context.ask_human("?", key="k"))
-        await asyncio.sleep(0)
-        with pytest.raises(RuntimeError, match="already waits"):
-            await context.ask_human("?", key="k")
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
+        await context.tell_coordinator("x" * TEXT_MAX_BYTES)
+        assert host.notes == ["x" * TEXT_MAX_BYTES] and host.paused == []
+
+    asyncio.run(main())
+
+
+def test_a_lane_asks_one_question_at_a_time() -> None:
+    """Two questions at once (`gather`): the second is refused with RuntimeError, whatever its
+    key (the coordinator keeps one pending question per task: it would never be answered), and
+    the first goes on waiting; once it is answered, the next may be asked."""
+
+    async def main() -> None:
+        questions = Questions({"b": APPROVE})
+        host = FakeHost()
+        context = _context(QuietPoints(), host=host, questions=questions)
+        first = asyncio.ensure_future(context.ask_human("A?", key="a"))
+        for key in ("b", "a", None):  # answered already, the same key, a default key
+            with pytest.raises(RuntimeError, match="one question at a time"):
+                async with asyncio.timeout(5):
+                    await asyncio.gather(first, context.ask_human("B?", key=key))
+            assert not first.done()
+        assert host.paused == [("a", "A?")] and questions.asked == 0
+        questions.answer("a", APPROVE)
+        async with asyncio.timeout(5):
+            assert await first == APPROVE
+        assert await context.ask_human("B?", key="b") == APPROVE
+
+    asyncio.run(main())
+
+
+def test_a_lane_never_asks_while_its_command_runs_nor_runs_one_while_it_asks() -> None:
+    """`gather(exec(...), ask_human(...))` would hold the lane's wall clock and deadline while
+    its command runs: `ask_human` is refused while a command runs (even for a key answered
+    already), `exec` while a question is pending; each is allowed again once the other ended."""
+
+    async def main() -> None:
+        questions = Questions({"known": APPROVE})
+        host = FakeHost()
+        context = _context(QuietPoints(), host=host, questions=questions)
+        running = asyncio.ensure_future(context.exec("sleep 8"))
+        async with asyncio.timeout(5):
+            await host.running.wait()
+        for key in (None, "known"):
+            with pytest.raises(RuntimeError, match="runs a command"):
+                async with asyncio.timeout(5):
+                    await context.ask_human("meanwhile?", key=key)
+        assert host.paused == [] and host.waits == [] and questions.asked == 0
+        host.finish.set()
+        async with asyncio.timeout(5):
+            await running
+        host.finish.clear()
+
+        asking = asyncio.ensure_future(context.ask_human("now?"))
+        async with asyncio.timeout(5):
+            while not host.waits:
+                await asyncio.sleep(0)
+        with pytest.raises(RuntimeError, match="runs no command"):
+            async with asyncio.timeout(5):
+                await context.exec("sleep 8")
+        assert host.commands == ["sleep 8"]
+        questions.answer("q1", APPROVE)
+        async with asyncio.timeout(5):
+            assert await asking == APPROVE
+        host.finish.set()
+        await context.exec("true")
+        assert host.commands == ["sleep 8", "true"]
+
+    asyncio.run(main())
+
+
+class Outbox:
+    """What `Host.tell` hands its notes to."""
+
+    def __init__(self) -> None:
+        self.puts: list[f.InboxPut] = []
+
+    async def deliver(self, put: f.InboxPut) -> None:
+        self.puts.append(put)
+
+
+def test_notes_count_as_output_and_are_capped_per_lane() -> None:
+    """Every note's bytes are the lane's output: the note that overspends an `output_bytes`
+    grant is not sent and stops the lane (CancelledError, `budget_exhaustion`); a lane sends at
+    most NOTES_MAX notes over its life (RuntimeError past it)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = f.TaskSpec(id="t", run="", program="m:C")
+        budget = f.Budget(output_bytes=25)
+        lane = Lane(f.LaneStart(lane="L", plan="p", task=task, budget=budget))
+        lane.enter(LaneState.RUNNING)
+        watch, outbox = BudgetWatch(loop.create_task), Outbox()
+        watch.watch(lane.id, budget, lane.meter, lane.exhaust)
+        host = Host(
+            None,  # type: ignore[arg-type]
+            lane,
+            cgroups=None,  # type: ignore[arg-type]
+            transcript=None,
+            outbox=outbox,  # type: ignore[arg-type]
+            budgets=watch,
+        )
+        await host.tell("ten bytes.")
+        await host.tell("ten bytes.")
+        assert lane.meter.output_bytes == 20 and lane.exhausted is None
+        with pytest.raises(asyncio.CancelledError):
+            await host.tell("ten bytes.")
+        assert lane.exhausted == "budget exhausted: output_bytes 30 of 25 bytes used"
+        assert [put.msg_id for put in outbox.puts] == ["note:L:1", "note:L:2"]
+
+        chatty = Lane(f.LaneStart(lane="C", plan="p", task=task))
+        chatty.notes = NOTES_MAX - 1  # sent by earlier generations
+        host = Host(
+            None,  # type: ignore[arg-type]
+            chatty,
+            cgroups=None,  # type: ignore[arg-type]
+            transcript=None,
+            outbox=outbox,  # type: ignore[arg-type]
+            budgets=watch,
+        )
+        await host.tell("last")
+        with pytest.raises(RuntimeError, match=f"at most {NOTES_MAX} notes"):
+            await host.tell("one more")
+        assert outbox.puts[-1].msg_id == f"note:C:{NOTES_MAX}" and chatty.notes == NOTES_MAX
+        assert chatty.meter.output_bytes == len("last")
 
     asyncio.run(main())
