@@ -56,6 +56,12 @@ class Questions:
         """Forget the pending question's waiter (its wait ended, answered or cancelled)."""
         self._waiter, self.pending = None, None
 
+    def abandon(self) -> None:
+        """The lane has ended while its program still waited on a question (in a task it left
+        behind): end that wait with `CancelledError`."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.cancel()
+
     def answer(self, key: str, answer: f.Answer) -> bool:
         """Keep `answer` to `key` and resolve the waiter when `key` is pending. False (nothing
         changes) when `key` was answered before: the first answer stands."""

@@ -17,7 +17,9 @@ output, count what it spends, record its questions and notes for the coordinator
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -83,13 +85,35 @@ class Host:
         self._budgets = budgets
         self.deadline = deadline
         self._deadline_left: float | None = None  # seconds of `deadline` left when held
+        self.closed = False
+        """The lane has ended (`close`): its program can start nothing more."""
+
+    def close(self) -> None:
+        """The lane's program has returned (or raised, or was cancelled): whatever it left
+        running in tasks of its own ends with it. Its commands' processes are killed now (its
+        cgroup, else its running command's group), a question it still waits on is abandoned,
+        and every later call of its context raises `RuntimeError`, so nothing it started
+        outlives its lane, unbudgeted."""
+        self.closed = True
+        lane = self._lane
+        self._cgroups.kill_now(lane.id)
+        if lane.pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(lane.pgid, signal.SIGKILL)
+        if lane.questions is not None:
+            lane.questions.abandon()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"lane {self._lane.id} has ended: its program can start no more")
 
     async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
         """One command of the lane (`LaneContext.exec`). It joins the lane's cgroup before
         exec; whatever is left in it (setsid'ed or double-forked daemons) is killed the moment
         the command ends or is stopped (its exit, its timeout, a cancel, a budget stop), before
         its pipes drain: what the cgroup spends stops there. Raises `CancelledError` when a
-        drain stopped it to hand the lane over."""
+        drain stopped it to hand the lane over; `RuntimeError` once the lane has ended."""
+        self._check_open()
         lane = self._lane
         assert lane.sandbox is not None
         cgroup = self._cgroups.create(lane.id)
@@ -124,7 +148,9 @@ class Host:
 
     def emit(self, text: str) -> None:
         """`LaneContext.emit`: a line of the lane's own output, as if it printed it. Raises
-        `CancelledError` when that line overspends the lane's grant (it is being stopped)."""
+        `CancelledError` when that line overspends the lane's grant (it is being stopped);
+        `RuntimeError` once the lane has ended."""
+        self._check_open()
         self.on_output("stdout", text.encode() + b"\n")
         if self._lane.exhausted is not None:
             raise asyncio.CancelledError
@@ -141,6 +167,8 @@ class Host:
         return self._lane.meter.spent()
 
     async def record_pause(self, key: str, question: str) -> None:
+        """Record a question through the outbox. Raises `RuntimeError` once the lane ended."""
+        self._check_open()
         lane = self._lane
         pause = f.HitlPause(
             lane=lane.id,
@@ -156,6 +184,9 @@ class Host:
             self._transcript.event(lane.id, f"awaiting approval ({key}): {question}")
 
     def waiting(self, question: str | None) -> None:
+        """The lane waits for a human about `question` (None: no longer)."""
+        if self.closed:  # an abandoned question's wait ends after its lane did
+            return
         lane = self._lane
         loop = asyncio.get_running_loop()
         if question is not None:
@@ -178,7 +209,9 @@ class Host:
         """`LaneContext.tell_coordinator`: the note's bytes are counted as the lane's output
         first, so a note that overspends an `output_bytes` grant is not sent. Raises
         `RuntimeError` once the lane has sent `NOTES_MAX` notes (every generation counted),
-        `CancelledError` when the note overspends the grant (the lane is being stopped)."""
+        `CancelledError` when the note overspends the grant (the lane is being stopped),
+        `RuntimeError` once the lane has ended."""
+        self._check_open()
         lane = self._lane
         if lane.notes >= NOTES_MAX:
             raise RuntimeError(f"a lane sends at most {NOTES_MAX} notes to the coordinator")

@@ -382,6 +382,7 @@ class Shard:
         verdict: Outcome | None = None
         status, error, commit = "failed", None, None
         failure: f.FailureClass | None = f.FailureClass.TOOL_FAILURE
+        host: Host | None = None
         lane.started = True
         try:
             if lane.cancel_requested:  # before this task's first step (`Lane.cancel`)
@@ -468,6 +469,9 @@ class Shard:
         except Exception as exc:  # a lane program's bug fails its lane, never the shard
             log.exception("lane %s: program %s raised", lane.id, spec.program)
             status, error = "failed", f"program {spec.program} raised {exc!r}"
+        finally:
+            if host is not None:
+                host.close()
         exit_code = verdict.exit_code if verdict is not None else None
         if status != "failed":
             failure = None

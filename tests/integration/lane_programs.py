@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.shards.program import LaneContext, Outcome
@@ -118,3 +119,21 @@ class AsksTwice:
     async def run(self, lane: LaneContext) -> Outcome:
         await asyncio.gather(lane.ask_human("A?", key="a"), lane.ask_human("B?", key="b"))
         return Outcome(status="succeeded")
+
+
+class Strays:
+    """`run` is a pid file: leaves a command running in a task of its own (it writes its group
+    id there, leaves a grandchild and sleeps), then returns succeeded while it still runs."""
+
+    def __init__(self) -> None:
+        self.left: list[asyncio.Future[object]] = []
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        pidfile = Path(lane.task.run)
+        self.left.append(
+            asyncio.ensure_future(lane.exec(f"echo $$ > {pidfile}; sleep 300 & sleep 300"))
+        )
+        async with asyncio.timeout(30):
+            while not pidfile.exists() or not pidfile.read_text().strip():
+                await asyncio.sleep(0.02)
+        return Outcome(status="succeeded", exit_code=0)

@@ -159,3 +159,24 @@ def test_ctl_cancel_stops_a_running_task_at_once(tree: Tree, tmp_path: Path) -> 
     (t,) = tree.wait_plan(plan_id, timeout_s=30).tasks
     assert (t.status, t.failure) == ("cancelled", None), t
     assert group_gone(int(pidfile.read_text()))
+
+
+STRAYS = "tests.integration.lane_programs:Strays"
+
+
+def test_a_command_a_program_leaves_running_ends_with_its_lane(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """A program that returns while a command it started in a task of its own still runs: the
+    command's whole group is killed when the lane ends, so nothing it started outlives its lane
+    (unbudgeted)."""
+    config = tmp_path / "strays.toml"
+    config.write_text(f'[lanes]\nprograms = ["{STRAYS}"]\n')
+    tree = tree_factory(workspace=repo, config=config)
+    pidfile = tmp_path / "pgid"
+    (t,) = tree.wait_plan(
+        tree.submit(plan("strays", task("s", str(pidfile), program=STRAYS))), 60
+    ).tasks
+    assert t.status == "succeeded", t
+    pgid = int(pidfile.read_text())
+    wait_until(lambda: group_gone(pgid), 10, "the left-behind command's group to be killed")
