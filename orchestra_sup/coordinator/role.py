@@ -132,6 +132,8 @@ class Coordinator:
         # pause is reconstructed from the record and the answer acted on now (seeds/003: "the
         # pause survives a restart because it is reconstructed from the log").
         for plan in self.plans.values():
+            for shard, frame in plan.answers_to_deliver():
+                self._unsent[(frame.lane, frame.key)] = (shard, frame)
             for task_id in plan.unsettled():
                 try:
                     self._act_on_answer(plan, task_id)
@@ -272,6 +274,11 @@ class Coordinator:
         assert self.node is not None
         body = env.body
         match body:
+            case f.InboxPut() if (
+                sum(part is not None for part in (body.result, body.pause, body.note)) != 1
+            ):
+                message = "an InboxPut carries exactly one of result, pause and note"
+                ep.reply(env, peer, f.Error(code=ErrorCode.BAD_REQUEST, message=message))
             case f.InboxPut():
                 if body.msg_id in self.inbox_ids:
                     ep.reply(env, peer, f.InboxAck(msg_id=body.msg_id))

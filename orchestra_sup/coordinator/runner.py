@@ -88,8 +88,13 @@ WAITING = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPT
 HELD = frozenset({TaskStatus.AWAITING_APPROVAL})
 """Waiting for a human, with no lane: nothing happens until an answer comes."""
 
-MAX_NOTES = 100
-"""Notes (`tell_coordinator`) kept per task: the newest."""
+MAX_NOTES = 20
+"""Notes (`tell_coordinator`) kept per task in its record: the newest. The record is written
+again on every change and travels whole in a plan report: what it keeps must stay small (a
+plan of 45 program tasks sending 100 notes of 4 KiB each made an 18 MB record, over the frame
+limit, and its writes stalled the coordinator past its watchdog)."""
+NOTE_CHARS = 500
+"""A kept note's text is cut to this many characters (the transcript has it whole)."""
 MAX_GRANTED_RETRIES = 100
 """The most retries one answer may grant (as many as a plan may declare)."""
 MAX_ANSWER_BYTES = 64 * 1024
@@ -590,15 +595,26 @@ class PlanRecord(msgspec.Struct, kw_only=True):
 
     def _restart_siblings(self, task_id: str, scope: Scope, now: float) -> list[tuple[str, str]]:
         """A sibling-group retry (`one_for_all`: every other task; `rest_for_one`: the tasks
-        after `task_id` in file order) re-runs its siblings: each is pending again; returns the
-        live lanes (shard, lane id) it took over, to cancel (their results are then stale)."""
+        after `task_id` in file order) re-runs its siblings: each is pending again, and so is
+        every task that needs one of them, however indirectly (a task runs only on what its
+        needs produced, so it cannot stand when they run again); returns the live lanes (shard,
+        lane id) it took over, to cancel (their results are then stale)."""
         if scope is Scope.ONE:
             return []
         ids = [t.id for t in self.spec.tasks]
         after = ids[ids.index(task_id) + 1 :]
-        siblings = after if scope is Scope.REST else [t for t in ids if t != task_id]
+        siblings = set(after if scope is Scope.REST else [t for t in ids if t != task_id])
+        again = siblings | {task_id}
+        grew = True
+        while grew:  # the dependents of whatever runs again, transitively
+            grew = False
+            for spec in self.spec.tasks:
+                if spec.id not in again and again.intersection(spec.needs):
+                    again.add(spec.id)
+                    grew = True
+        siblings = again - {task_id}
         cancel: list[tuple[str, str]] = []
-        for sibling in siblings:
+        for sibling in (t for t in ids if t in siblings):
             rec = self.tasks[sibling]
             if rec.status in (TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPTED):
                 continue
@@ -625,6 +641,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             return False
         if pause.key in rec.carried:
             return False
+        if rec.pending is not None and rec.pending.asked != pause.key:
+            return False  # a lane asks one question at a time: the first one stands
         rec.pending = Pending(
             kind="question",
             key=f"{pause.lane}:{pause.key}",
@@ -653,7 +671,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         if rec is None or msg_id in rec.noted:
             return False
         rec.noted.append(msg_id)
-        rec.notes.append(f"{note.lane}: {note.text}")
+        text = note.text if len(note.text) <= NOTE_CHARS else note.text[: NOTE_CHARS - 3] + "..."
+        rec.notes.append(f"{note.lane}: {text}")
         del rec.notes[:-MAX_NOTES]
         return True
 
@@ -710,6 +729,19 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     "--retries N to grant more, or accept-partial",
                 )
         rec.answers[pending.key] = answer
+
+    def answers_to_deliver(self) -> list[tuple[str, f.HitlAnswer]]:
+        """Every answer to a question of a live lane, as (shard, `HitlAnswer`) to send it: the
+        record keeps them (`carried`) once acted on, and sending one again is harmless (the
+        lane keeps the first answer to a key). What a coordinator had acted on but not yet
+        sent when it stopped (held for a rollover, killed) is sent by the next one."""
+        out: list[tuple[str, f.HitlAnswer]] = []
+        for rec in self.tasks.values():
+            if rec.status not in LIVE or rec.lane is None or rec.shard is None:
+                continue
+            for key, answer in rec.carried.items():
+                out.append((rec.shard, f.HitlAnswer(lane=rec.lane, key=key, answer=answer)))
+        return out
 
     def drop_answer(self, task_id: str) -> None:
         """Forget the answer recorded for task `task_id`'s pause and not acted on (acting on it

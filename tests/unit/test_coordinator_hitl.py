@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from orchestra_sup.config import resolve_paths
 from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
 from orchestra_sup.coordinator.role import Coordinator
 from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
@@ -98,3 +99,66 @@ def test_an_answer_is_committed_before_it_is_sent_to_the_lane(tmp_path: Path) ->
     spawned = asyncio.run(main())
     sends = [committed for name, committed in spawned if name.endswith("_send_answer")]
     assert sends == [True], spawned
+
+
+class Opener(Recorder):
+    """What `Coordinator.open` also uses of its node: where its state lives."""
+
+    def __init__(self, store: Store | None, plan_id: str, state_dir: Path) -> None:
+        super().__init__(store, plan_id)  # type: ignore[arg-type]
+        self.paths = msgspec.structs.replace(
+            resolve_paths(state_dir, state_dir / "run", None), state_dir=state_dir
+        )
+
+
+def test_an_answer_acted_on_but_not_sent_is_sent_by_the_next_generation(tmp_path: Path) -> None:
+    """A coordinator held at a rollover's quiet point (or killed) records and acts on an answer
+    but sends nothing: the next generation, opening the record, sends it to the lane that asked
+    (the lane keeps the first answer to a key, so a second send is harmless)."""
+
+    async def first() -> str:
+        store = Store(tmp_path / "coordinator", ["plans", "inbox"])
+        store.start()
+        try:
+            spec = f.PlanSpec(name="p", tasks=[f.TaskSpec(id="ask", run="", program="m:P")])
+            plan = PlanRecord.new("p1", spec, submitted_at=0.0)
+            start = plan.place(
+                spec.tasks[0], AffinityTicket(shard="shard-0", generation=1, boot="")
+            )
+            plan.tasks["ask"].status = TaskStatus.RUNNING
+            pause = f.HitlPause(
+                lane=start.lane,
+                plan="p1",
+                task="ask",
+                shard="shard-0",
+                key="go",
+                question="go?",
+                asked_at=0.0,
+            )
+            assert plan.pause_for_question(pause)
+            plan.record_answer("ask", f.Answer(verdict="approve", responder="root", uid=0))
+            assert plan.act_on_answer("ask", 0.0).answer is not None  # ... and never sent
+            await store.put_durable("plans", b"p1", msgspec.msgpack.encode(plan))
+            return start.lane
+        finally:
+            store.close()
+
+    async def second() -> list[tuple[str, bool]]:
+        coordinator = Coordinator()
+        node = Opener(None, "p1", tmp_path)  # type: ignore[arg-type]
+        await coordinator.open(node)  # type: ignore[arg-type]
+        node._store = coordinator.store  # type: ignore[assignment]
+        try:
+            coordinator.shards["shard-0"] = ShardView(
+                name="shard-0", generation=1, up=True, capacity=8
+            )
+            coordinator._pump()
+            return node.spawned
+        finally:
+            await coordinator.close()
+
+    lane = asyncio.run(first())
+    spawned = asyncio.run(second())
+    assert [name for name, _ in spawned if name.endswith("_send_answer")] == [
+        "Coordinator._send_answer"
+    ], (lane, spawned)

@@ -460,3 +460,57 @@ def test_a_task_s_own_tenant_counts_against_that_tenant_s_quota() -> None:
     assert breach(Quota(concurrency=1), "acme", [rec], T0) is not None
     assert breach(Quota(concurrency=2), "acme", [rec], T0) is None  # only "mine" is acme's
     assert breach(Quota(concurrency=1), "other", [rec], T0) is not None
+
+
+def test_rest_for_one_also_re_runs_what_needs_a_re_run_task() -> None:
+    """b (first in file order) needs a (after the failing x): when x's retry re-runs a, b
+    cannot stand on a's first output; it runs again too."""
+    rec = _plan(
+        _task("b", needs=["a"]),
+        _task("x", retries=1),
+        _task("a"),
+        strategy="rest_for_one",
+    )
+    _end(rec, _place(rec, "a"), "succeeded")
+    b = _place(rec, "b")
+    cancel = _end(rec, _place(rec, "x"))
+    assert {t: rec.tasks[t].status for t in ("a", "b", "x")} == {
+        "a": S.PENDING,
+        "b": S.PENDING,
+        "x": S.PENDING,
+    }
+    assert cancel == [("shard-0", b.lane)]
+
+
+def test_a_second_question_of_a_lane_does_not_replace_the_first() -> None:
+    """A lane asks one question at a time; a pause for another key (forged, or a program
+    that got around the rule) must not take the place of the one an operator is answering."""
+    rec = _plan(_task(program="m:P"))
+    start = _place(rec)
+
+    def ask(key: str) -> f.HitlPause:
+        return f.HitlPause(
+            lane=start.lane,
+            plan="p1",
+            task="a",
+            shard="shard-0",
+            key=key,
+            question=key,
+            asked_at=T0,
+        )
+
+    assert rec.pause_for_question(ask("first"))
+    assert not rec.pause_for_question(ask("zz"))
+    assert rec.pause_for_question(ask("first"))  # the same pause again (a re-send) is harmless
+    assert rec.tasks["a"].pending is not None and rec.tasks["a"].pending.asked == "first"
+
+
+def test_a_task_keeps_its_newest_notes_short() -> None:
+    rec = _plan(_task(program="m:P"))
+    start = _place(rec)
+    for n in range(1, 31):
+        note = f.LaneNote(lane=start.lane, plan="p1", task="a", text=f"{n} " + "x" * 4000, at=T0)
+        rec.note(note, f"note:{start.lane}:{n}")
+    notes = rec.tasks["a"].notes
+    assert len(notes) == 20 and notes[0].startswith(f"{start.lane}: 11 ")
+    assert all(len(n) <= len(start.lane) + 2 + 500 for n in notes)
