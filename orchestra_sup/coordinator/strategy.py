@@ -67,21 +67,8 @@ class Scope(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Escalate:
-    """Every failure climbs to the plan (the default)."""
-
-    name = "escalate"
-    scope = Scope.ONE
-
-    def choose(self, failure: FailureClass) -> Action:
-        if failure is FailureClass.WORKER_PROCESS_LOSS:
-            return Action.REACQUIRE
-        return Action.ESCALATE
-
-
-@dataclass(frozen=True)
 class OneForOne:
-    """The failed task alone gets `action`."""
+    """The failed task alone gets `action` (a lost worker is re-acquired whatever it is)."""
 
     action: Action
     name = "one_for_one"
@@ -91,6 +78,14 @@ class OneForOne:
         if failure is FailureClass.WORKER_PROCESS_LOSS:
             return Action.REACQUIRE
         return self.action
+
+
+@dataclass(frozen=True)
+class Escalate(OneForOne):
+    """Every failure climbs to the plan (the default)."""
+
+    action: Action = Action.ESCALATE
+    name = "escalate"
 
 
 @dataclass(frozen=True)
