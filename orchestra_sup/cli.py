@@ -25,7 +25,12 @@ from rich.console import Console
 
 from orchestra_sup import __version__, render
 from orchestra_sup.client import CtlClient
-from orchestra_sup.config import default_run_dir, load_settings, resolve_paths
+from orchestra_sup.config import (
+    default_run_dir,
+    default_state_dir,
+    load_settings,
+    resolve_paths,
+)
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import (
     ConfigError,
@@ -37,6 +42,14 @@ from orchestra_sup.errors import (
     WorkspaceError,
 )
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.keys import (
+    DEFAULT_CLIENT,
+    ClientKeys,
+    default_keys_dir,
+    init_keys,
+    load_client_keys,
+    load_server_keys,
+)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -53,6 +66,8 @@ ctl_app = typer.Typer(help="Talk to a running tree.", no_args_is_help=True)
 app.add_typer(ctl_app, name="ctl")
 bench_app = typer.Typer(help="Measure the tree (see bench/README.md).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+keys_app = typer.Typer(help="The tree's CURVE keys for tcp:// endpoints.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 # Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
 out = Console(width=None if sys.stdout.isatty() else 200, markup=False, highlight=False)
@@ -141,11 +156,24 @@ def start(
             "release this way before the supervisor re-executes itself onto it).",
         ),
     ] = False,
+    ctl_tcp: Annotated[
+        str | None,
+        typer.Option(
+            "--ctl-tcp",
+            help="Also serve ctl on this tcp://HOST:PORT, with CURVE: only client keys allowed "
+            "in --keys get through (for a remote operator: ctl --connect).",
+        ),
+    ] = None,
+    keys: Annotated[
+        Path | None,
+        typer.Option("--keys", help="CURVE keys directory for --ctl-tcp (default: STATE/keys)."),
+    ] = None,
 ) -> None:
     """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
 
     Example: orchestra-sup start --workspace ~/src/project --shards 4
     """
+    from orchestra_sup.supervisor.ctl import RemoteCtl
     from orchestra_sup.supervisor.reexec import resume
     from orchestra_sup.supervisor.root import RootSupervisor
     from orchestra_sup.supervisor.runlock import RunLock, StateLock
@@ -156,19 +184,32 @@ def start(
         logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
         raise typer.Exit(resume(adopt))
 
-    def prepare() -> tuple[Any, Any]:
+    def prepare() -> tuple[Any, Any, RemoteCtl | None]:
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
         paths = resolve_paths(state_dir, run_dir, workspace)
+        remote = None
+        if ctl_tcp is not None:
+            if not ctl_tcp.startswith("tcp://"):
+                raise ConfigError(f"--ctl-tcp {ctl_tcp}: give a tcp://HOST:PORT address")
+            where = (keys or default_keys_dir(paths.state_dir)).absolute()
+            load_server_keys(where)  # unreadable or missing keys: one line, before anything
+            remote = RemoteCtl(endpoint=ctl_tcp, keys_dir=str(where))
+        elif keys is not None:
+            raise ConfigError("--keys is for --ctl-tcp; give both or neither")
         if paths.workspace is not None:
             _check_workspace(paths.workspace, paths.state_dir)
         # refuse a live tree's directories before starting anything
         RunLock(paths.run_dir).release()
         StateLock(paths.state_dir).release()
-        return settings, paths
+        return settings, paths, remote
 
-    settings, paths = guarded(prepare)
+    settings, paths, remote = guarded(prepare)
     logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
-    code = guarded(lambda: asyncio.run(RootSupervisor(paths, settings, colocated=colocated).run()))
+    code = guarded(
+        lambda: asyncio.run(
+            RootSupervisor(paths, settings, colocated=colocated, remote_ctl=remote).run()
+        )
+    )
     raise typer.Exit(code)
 
 
@@ -263,17 +304,24 @@ RunDirOpt = Annotated[
 
 
 class CtlContext:
-    """What every ctl command shares: where the tree is."""
+    """What every ctl command shares: where the tree is, and for a remote one (`connect`, a
+    `tcp://` address) the CURVE client keys to reach it with."""
 
-    def __init__(self, run_dir: Path | None):
+    def __init__(self, run_dir: Path | None, connect: str | None, keys: ClientKeys | None):
         self.group_run_dir = run_dir
+        self.connect = connect
+        self.keys = keys
 
     def run_dir(self, override: Path | None) -> Path:
         return (override or self.group_run_dir or default_run_dir()).absolute()
 
+    def client(self, run_dir: Path | None) -> CtlClient:
+        """A client of the tree; raises `TreeUnreachable` when no tree runs at the run dir."""
+        return CtlClient(self.run_dir(run_dir), connect=self.connect, keys=self.keys)
+
     def ask(self, body: f.Body, timeout: float, run_dir: Path | None) -> f.Body:
         def go() -> f.Body:
-            with CtlClient(self.run_dir(run_dir)) as client:
+            with self.client(run_dir) as client:
                 return client.request(body, timeout_s=timeout)
 
         return guarded(go)
@@ -285,9 +333,40 @@ def ctl_main(
     run_dir: Annotated[
         Path | None, typer.Option("--run-dir", help="The tree's run directory.")
     ] = None,
+    connect: Annotated[
+        str | None,
+        typer.Option(
+            "--connect",
+            help="A remote tree's ctl endpoint, tcp://HOST:PORT (its start --ctl-tcp), reached "
+            "with CURVE keys from --keys.",
+        ),
+    ] = None,
+    keys: Annotated[
+        Path | None,
+        typer.Option(
+            "--keys",
+            help="Directory with server.public and KEY.secret (from keys init) for --connect.",
+        ),
+    ] = None,
+    key: Annotated[
+        str, typer.Option("--key", help="The client key's name in --keys.")
+    ] = DEFAULT_CLIENT,
 ) -> None:
-    """Talk to the tree whose run directory is RUN_DIR (default: as `start` picks it)."""
-    ctx.obj = CtlContext(run_dir)
+    """Talk to the tree whose run directory is RUN_DIR (default: as `start` picks it), or with
+    --connect to a remote tree over CURVE."""
+
+    def client_keys() -> ClientKeys | None:
+        if connect is None:
+            if keys is not None:
+                raise ConfigError("--keys is for --connect; give both or neither")
+            return None
+        if not connect.startswith("tcp://"):
+            raise ConfigError(f"--connect {connect}: give a tcp://HOST:PORT address")
+        if keys is None:
+            raise ConfigError(f"--connect {connect}: a tcp:// endpoint needs --keys DIR")
+        return load_client_keys(keys, key)
+
+    ctx.obj = CtlContext(run_dir, connect, guarded(client_keys))
 
 
 @ctl_app.command()
@@ -359,6 +438,9 @@ def stop(
     from orchestra_sup.supervisor.runlock import is_owned
 
     ctx.obj.ask(f.CtlStop(), timeout, run_dir)
+    if ctx.obj.connect is not None:  # a remote tree's run directory is not ours to watch
+        _done(as_json, {"stopped": False}, "stopping")
+        return
     where = ctx.obj.run_dir(run_dir)
     deadline = time.monotonic() + timeout
     while is_owned(where):
@@ -439,7 +521,7 @@ def _show_plan(
     if wait:
 
         def go() -> f.PlanReport:
-            with CtlClient(ctx.obj.run_dir(run_dir)) as client:
+            with ctx.obj.client(run_dir) as client:
                 return wait_plan(client, plan_id, timeout_s=timeout)
 
         report = guarded(go)
@@ -682,7 +764,7 @@ def logs(
     def go() -> None:
         after = -1
         shard_down_since: float | None = None
-        with CtlClient(ctx.obj.run_dir(run_dir)) as client:
+        with ctx.obj.client(run_dir) as client:
             while True:
                 ask = f.CtlLogs(lane=lane, after_seq=after, wait_s=wait_s)
                 try:
@@ -771,7 +853,7 @@ def rollover(
     ask = f.CtlRollover(name=name, release=python, drain_timeout_s=drain_timeout)
 
     def go() -> f.RolloverReport:
-        with CtlClient(ctx.obj.run_dir(run_dir)) as client:
+        with ctx.obj.client(run_dir) as client:
             report = client.request(ask, timeout_s=timeout)
             assert isinstance(report, f.RolloverReport)
             events = list(report.events)
@@ -1027,6 +1109,36 @@ def restart_bench(
     target = result["target"]
     met = "met" if target["met"] else "not met"
     out.print(f"ratio p50 {result['ratio_p50']}; target p50 <= {target['p50_ms']} ms: {met}")
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+
+@keys_app.command("init")
+def keys_init(
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Where to put them (default: STATE/keys).")
+    ] = None,
+    state_dir: StateOpt = None,
+    clients: Annotated[
+        list[str] | None,
+        typer.Option("--client", help="A client keypair to make and allow (repeatable)."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create the tree's CURVE keys: the server keypair and client keypairs it allows
+    (default: one, "operator"). Files 0600 in a 0700 directory; never overwrites a server key.
+    A remote operator needs server.public and their NAME.secret.
+
+    Example: orchestra-sup keys init --client alice --client ci
+    """
+    where = (directory or default_keys_dir(state_dir or default_state_dir())).absolute()
+    written = guarded(lambda: init_keys(where, clients or [DEFAULT_CLIENT]))
+    if as_json:
+        print_json({"dir": str(where), "files": [str(p) for p in written]})
+        return
+    for path in written:
+        out.print(str(path))
 
 
 @app.command()

@@ -2,6 +2,10 @@
 
 Used by `orchestra-sup ctl` and `orchestra-sup run`. It never waits longer than asked: a tree that
 is missing, or that does not answer in time, raises `TreeUnreachable` with a one-line reason.
+
+Locally it connects to `<run_dir>/ctl.ipc`, where the tree knows the caller by its uid. A remote
+operator connects to the tree's CURVE `tcp://` ctl endpoint (`start --ctl-tcp`) with a client
+keypair the tree allows (`protocol.keys`); a refused handshake is reported as such, at once.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import msgspec
 import zmq
 
 from orchestra_sup.errors import ConfigError, RemoteError, TreeUnreachable
+from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.keys import ClientKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor.runlock import is_owned
 
@@ -24,22 +30,37 @@ _ids = itertools.count(1)
 
 
 class CtlClient:
-    """A DEALER connected to `<run_dir>/ctl.ipc`.
+    """A DEALER connected to `<run_dir>/ctl.ipc`, or with `connect` (a `tcp://host:port`
+    address; `run_dir` is then not looked at) to a remote tree's ctl endpoint as CURVE client
+    `keys`.
 
-    Raises `TreeUnreachable` at construction when no live tree owns `run_dir`.
+    Raises `TreeUnreachable` at construction when no live tree owns `run_dir`, `ConfigError`
+    when `connect` is a `tcp://` address and `keys` is None.
     """
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        if not is_owned(run_dir) or not (run_dir / "ctl.ipc").exists():
+    def __init__(
+        self, run_dir: Path, *, connect: str | None = None, keys: ClientKeys | None = None
+    ):
+        if connect is None and (not is_owned(run_dir) or not (run_dir / "ctl.ipc").exists()):
             raise TreeUnreachable(f"no tree is running at {run_dir}")
+        self.where = connect or str(run_dir)
         self.codec = Codec()
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
-        self.sock.connect(f"ipc://{run_dir / 'ctl.ipc'}")
+        self.monitor: zmq.Socket | None = None
+        if connect is not None and keys is not None:
+            self.monitor = self.sock.get_monitor_socket(curve.REFUSALS)
+        try:
+            curve.connect(self.sock, connect or f"ipc://{run_dir / 'ctl.ipc'}", keys)
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
+        if self.monitor is not None:
+            self.sock.disable_monitor()
+            self.monitor.close(linger=0)
         self.sock.close(linger=0)
         self.ctx.term()
 
@@ -74,12 +95,22 @@ class CtlClient:
                 f"the request cannot be sent: {exc} (arguments must be UTF-8 text)"
             ) from exc
         self.sock.send(data)
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        if self.monitor is not None:
+            poller.register(self.monitor, zmq.POLLIN)
         deadline = time.monotonic() + timeout_s
         while True:
             left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            if not self.sock.poll(left_ms, zmq.POLLIN):
+            ready = dict(poller.poll(left_ms))
+            if self.monitor is not None and self.monitor in ready:
                 raise TreeUnreachable(
-                    f"the tree at {self.run_dir} did not answer within {timeout_s:g} s"
+                    f"the tree at {self.where} refused the CURVE handshake: its server key is "
+                    "not the one pinned (server.public), or it does not allow this client key"
+                )
+            if self.sock not in ready:
+                raise TreeUnreachable(
+                    f"the tree at {self.where} did not answer within {timeout_s:g} s"
                 )
             reply = self.codec.decode(self.sock.recv())
             if reply.corr != msg_id:

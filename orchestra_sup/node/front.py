@@ -34,6 +34,7 @@ from collections.abc import Callable
 import zmq
 
 from orchestra_sup.errors import ErrorCode, ProtocolError
+from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
 from orchestra_sup.protocol.endpoint import error_frame
@@ -97,7 +98,7 @@ class Front:
         self.forwarded = 0
 
     def start(self, public: str) -> None:
-        self.router.bind(public)
+        curve.bind(self.router, public)  # refuses tcp:// (no keys): ADR 0012
         self._thread.start()  # hands the ROUTER over: only the thread uses it from now on
 
     def close(self) -> None:

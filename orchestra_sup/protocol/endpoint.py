@@ -17,11 +17,15 @@ longer pending is stale and dropped.
 
 Caller identity (ARCHITECTURE.md §11 invariant 9): a handler marked with `needs_caller` learns
 who sent each frame from the connection, never from the frame. Its endpoint receives with
-`copy=False` and reads the message's `Peer-Address` property, which libzmq fills on `ipc://`
-from the kernel's `SO_PEERCRED` at connect time as `localhost:<uid>:<gid>:<pid>`
-(`notes/isolation.md`); `Endpoint.caller` holds it, parsed (`PeerCredentials`), for the duration
-of each synchronous handler call. Unmarked endpoints (the relay's hot path) receive plain bytes
-and pay nothing for it.
+`copy=False` and reads the message's properties: `User-Id`, which only the process's own ZAP
+handler sets (`curve.Gate`: `key:<name>` for an admitted CURVE client key), else `Peer-Address`,
+which libzmq fills on `ipc://` from the kernel's `SO_PEERCRED` at connect time as
+`localhost:<uid>:<gid>:<pid>` (`notes/isolation.md`). `Endpoint.caller` holds it, parsed
+(`PeerCredentials` or `KeyIdentity`), for the duration of each synchronous handler call.
+Unmarked endpoints (the relay's hot path) receive plain bytes and pay nothing for it.
+
+Addresses: `bind` and `connect` go through `protocol.curve`, so a `tcp://` address is refused
+without CURVE keys.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ from orchestra_sup.errors import (
     ProtocolError,
     RemoteError,
 )
+from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.keys import ClientKeys, ServerKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -66,7 +72,8 @@ def needs_caller(handler: H) -> H:
     per part, copied to bytes after the property is read: a few microseconds a message, which is
     why nothing else pays it) and sets `Endpoint.caller` to the sender's `PeerCredentials`, or
     None when the connection has none (`inproc://`, `tcp://`, a malformed property), for the
-    duration of each handler call. Returns `handler` itself.
+    duration of each handler call; a CURVE client admitted by a key is a `KeyIdentity`.
+    Returns `handler` itself.
     """
     setattr(handler, _NEEDS_CALLER, True)
     return handler
@@ -97,14 +104,33 @@ def parse_peer_address(address: object) -> PeerCredentials | None:
     return PeerCredentials(uid=uid, gid=gid, pid=pid)
 
 
-def frame_credentials(frame: zmq.Frame) -> PeerCredentials | None:
-    """The credentials of the connection `frame` (received with `copy=False`) came in on, or
-    None when the transport has none (`inproc://` has no `Peer-Address` at all)."""
+@dataclass(frozen=True, slots=True)
+class KeyIdentity:
+    """A CURVE client the process's ZAP handler admitted (`curve.Gate`): `name` is the name its
+    public key is allowed under (`keys.py`: `clients/<name>.public`). A key, not a user: who
+    holds the secret half is whoever it was given to."""
+
+    name: str
+
+
+Caller = PeerCredentials | KeyIdentity
+
+
+def frame_caller(frame: zmq.Frame) -> Caller | None:
+    """Who sent `frame` (received with `copy=False`) as its connection says: the client key
+    the ZAP handler admitted, else the `ipc://` peer's credentials, else None (`inproc://` has
+    no properties at all; a plain `tcp://` peer only an IP address)."""
+    user = _property(frame, "User-Id")
+    if user is not None and user.startswith(curve.KEY_USER_PREFIX):
+        return KeyIdentity(name=user.removeprefix(curve.KEY_USER_PREFIX))
+    return parse_peer_address(_property(frame, "Peer-Address"))
+
+
+def _property(frame: zmq.Frame, name: str) -> str | None:
     try:
-        address = frame.get("Peer-Address")
+        return frame.get(name)
     except zmq.ZMQError:  # EINVAL: no such property on this message
         return None
-    return parse_peer_address(address)
 
 
 class Endpoint:
@@ -115,7 +141,7 @@ class Endpoint:
     and an undecodable frame is answered. Counters `bad_frames` and `stale_replies` count what was
     dropped. Construction does not touch the loop; `start()` must be called from the loop thread.
 
-    `caller` is the sender's `PeerCredentials` while a `needs_caller` handler runs (None when
+    `caller` is the sender's `Caller` while a `needs_caller` handler runs (None when
     its connection has none); it is None at every other time and on every other endpoint, so a
     task the handler spawns must take it as an argument, not read it later.
     """
@@ -139,7 +165,7 @@ class Endpoint:
         self.codec = codec
         self.handler = handler
         self.reads_caller = bool(getattr(handler, _NEEDS_CALLER, False))
-        self.caller: PeerCredentials | None = None
+        self.caller: Caller | None = None
         self.sock: zmq.Socket = ctx.socket(kind)
         self.sock.linger = 0
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
@@ -158,11 +184,16 @@ class Endpoint:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    def bind(self, addr: str) -> None:
-        self.sock.bind(addr)
+    def bind(self, addr: str, keys: ServerKeys | None = None) -> None:
+        """Bind at `addr`, serving CURVE with `keys` (`curve.bind`: a `tcp://` address needs
+        them, and a started `curve.Gate` on the context). Raises `ConfigError` for `tcp://`
+        without keys, `zmq.ZMQError` when the address cannot be bound."""
+        curve.bind(self.sock, addr, keys)
 
-    def connect(self, addr: str) -> None:
-        self.sock.connect(addr)
+    def connect(self, addr: str, keys: ClientKeys | None = None) -> None:
+        """Connect to `addr`, as a CURVE client with `keys` (`curve.connect`). Raises
+        `ConfigError` for `tcp://` without keys."""
+        curve.connect(self.sock, addr, keys)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -301,7 +332,7 @@ class Endpoint:
             self._dispatch(sock.recv_multipart(zmq.NOBLOCK))
 
     def _dispatch_with_caller(self, parts: list[zmq.Frame]) -> None:
-        self.caller = frame_credentials(parts[-1])
+        self.caller = frame_caller(parts[-1])
         try:
             self._dispatch([part.bytes for part in parts])
         finally:

@@ -545,6 +545,9 @@ class StatusReply(Frame, tag="status_reply"):
     """The interpreter the supervisor runs (`orchestra_sup.release`)."""
     rollover: str | None = None
     """The rollover in progress, in one line ("ID of TARGET for N s: last step"), or None."""
+    ctl_refused: int = 0
+    """Since the supervisor started: ctl requests refused `forbidden` (another uid, no
+    identity) plus tcp peers refused at the CURVE handshake (no CURVE, an unknown key)."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

@@ -6,22 +6,31 @@ so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`,
 the HITL answers (`approve`, `reject`, `redirect`, `accept-partial`: `CtlRespond`), stamped with
 the caller's identity from the connection. Fanned out to every shard: `lanes` (with the
 coordinator's pending approvals merged in), `logs`.
+
+Who may ask (ADR 0012): every request is admitted first (`admit`), from the connection, never
+the frame: an `ipc://` caller whose uid is the tree owner's (the supervisor's effective uid),
+or a CURVE client whose key the tree allows (`ctl --connect tcp://...`). Anyone else, and a
+connection that says nothing of who it is, is answered `Error(forbidden)` and logged with what
+the connection did say (uid and pid), and nothing else happens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
 from collections.abc import Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 import msgspec
 
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import (
+    Caller,
     Endpoint,
+    KeyIdentity,
     PeerCredentials,
     needs_caller,
     reply_when_done,
@@ -34,6 +43,8 @@ from orchestra_sup.supervisor.spec import ChildState
 if TYPE_CHECKING:
     from orchestra_sup.supervisor.root import RootSupervisor
 
+log = logging.getLogger(__name__)
+
 DEFAULT_FORWARD_TIMEOUT_S = 10.0
 LOGS_MARGIN_S = 1.0
 """How much sooner than the caller's deadline a `ctl logs` long poll ends at the shard."""
@@ -43,18 +54,53 @@ from memory at once; only a wedged or stopped one takes longer, and then the sha
 answered without them rather than held up for the caller's whole deadline."""
 
 
+class RemoteCtl(msgspec.Struct, frozen=True, kw_only=True):
+    """`start --ctl-tcp ENDPOINT --keys DIR`: ctl also served on `endpoint` (`tcp://host:port`)
+    with CURVE, admitting the client keys allowed in `keys_dir` (`protocol.keys`). Carried
+    across a re-exec (`reexec.Handoff`)."""
+
+    endpoint: str
+    keys_dir: str
+
+
 class CtlService:
     """Serves `Ctl*` frames on the supervisor's ctl ROUTER.
 
-    Its handler is `needs_caller`: the ctl socket is `ipc://` (mode 0600 in a 0700 run
-    directory), so every request comes with its sender's uid, gid and pid from the kernel.
+    Its handler is `needs_caller`: on `ctl.ipc` (mode 0600 in a 0700 run directory) every
+    request comes with its sender's uid, gid and pid from the kernel; on the CURVE `tcp://`
+    endpoint, with the name of the client key the handshake admitted. `owner_uid` (default:
+    this process's effective uid) is the only uid admitted; `refused` counts the requests
+    answered `forbidden` by `admit`.
     """
 
-    def __init__(self, sup: RootSupervisor):
+    def __init__(self, sup: RootSupervisor, owner_uid: int | None = None):
         self.sup = sup
+        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+        self.refused = 0
+
+    def admit(self, caller: Caller | None) -> str | None:
+        """None when `caller` may steer the tree; else why not, in one line (and counted)."""
+        match caller:
+            case KeyIdentity():
+                return None
+            case PeerCredentials(uid=uid) if uid == self.owner_uid:
+                return None
+            case PeerCredentials(uid=uid, pid=pid):
+                reason = f"uid {uid} (pid {pid}) is not the tree owner's (uid {self.owner_uid})"
+            case None:
+                reason = "the connection says nothing of who it is (no uid, no CURVE key)"
+            case _:
+                assert_never(caller)
+        self.refused += 1
+        log.warning("ctl: refused a request: %s", reason)
+        return reason
 
     @needs_caller
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        refusal = self.admit(ep.caller)
+        if refusal is not None:
+            ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=refusal))
+            return
         body = env.body
         match body:
             case f.CtlStatus():
@@ -90,10 +136,7 @@ class CtlService:
             case f.CtlRolloverStatus():
                 self._answer(ep, peer, env, self.sup.rollovers.status(body))
             case f.CtlRespond():
-                if ep.caller is None:
-                    message = "no peer credentials on this connection; answer over ctl.ipc"
-                    ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
-                    return
+                assert ep.caller is not None  # admitted
                 self._answer(ep, peer, env, self._respond(body, ep.caller, env.ttl_s))
             case f.CtlLanes():
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))
@@ -137,6 +180,7 @@ class CtlService:
             loop_lag_ms=tuple(round(ms, 3) for ms in self.sup.lag.figures()),
             release=self.sup.seam.release,
             rollover=self.sup.rollovers.summary(),
+            ctl_refused=self.sup.ctl_refused(),
         )
 
     def _answer(
@@ -188,14 +232,17 @@ class CtlService:
         except RemoteError as exc:
             return f.Error(code=exc.code, message=exc.message)
 
-    async def _respond(
-        self, req: f.CtlRespond, caller: PeerCredentials, ttl_s: float | None
-    ) -> f.Body:
-        """Forward `req` to the coordinator as `HitlRespond`, stamped with `caller`'s uid and
-        user name; nothing of who answered is taken from `req` (extra fields a sender adds to
-        the frame are not even decoded). Answers `HitlRecorded`, or the coordinator's `Error`
-        (`not_found`, `bad_request`), or `peer_down`/`timeout` when it cannot be asked."""
-        responder = await asyncio.to_thread(user_name, caller.uid)  # NSS may read files
+    async def _respond(self, req: f.CtlRespond, caller: Caller, ttl_s: float | None) -> f.Body:
+        """Forward `req` to the coordinator as `HitlRespond`, stamped with who `caller` is: an
+        `ipc://` caller's uid and user name, or a CURVE client's key name as "key:<name>" (uid
+        -1: a key is not a user). Nothing of who answered is taken from `req` (extra fields a
+        sender adds to the frame are not even decoded). Answers `HitlRecorded`, or the
+        coordinator's `Error` (`not_found`, `bad_request`), or `peer_down`/`timeout` when it
+        cannot be asked."""
+        if isinstance(caller, KeyIdentity):
+            responder = f"key:{caller.name}"
+        else:
+            responder = await asyncio.to_thread(user_name, caller.uid)  # NSS may read files
         return await self._forward("coordinator", stamped(req, caller, responder), ttl_s)
 
     async def _lanes(self, ttl_s: float | None) -> f.Body:
@@ -254,13 +301,13 @@ class CtlService:
         raise RemoteError(ErrorCode.NOT_FOUND, f"no lane {req.lane!r} on any shard")
 
 
-def stamped(req: f.CtlRespond, caller: PeerCredentials, responder: str) -> f.HitlRespond:
+def stamped(req: f.CtlRespond, caller: Caller, responder: str) -> f.HitlRespond:
     """`req` as the coordinator gets it: the answer as asked, and who answered as the connection
-    says (`caller.uid`, `responder`: its user name, `user_name`)."""
+    says (`caller.uid`, or -1 for a CURVE key; `responder`: the user or key name)."""
     return f.HitlRespond(
         lane=req.lane,
         verdict=req.verdict,
-        uid=caller.uid,
+        uid=caller.uid if isinstance(caller, PeerCredentials) else -1,
         responder=responder,
         text=req.text,
         grant=req.grant,

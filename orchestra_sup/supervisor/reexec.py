@@ -32,10 +32,11 @@ import msgspec
 import zmq
 
 from orchestra_sup.config import Paths, Settings
-from orchestra_sup.errors import ReleaseError, SupervisionError
+from orchestra_sup.errors import ConfigError, ReleaseError, SupervisionError
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.core import Supervisor, Worker
+from orchestra_sup.supervisor.ctl import RemoteCtl
 from orchestra_sup.supervisor.process import ChildProcess, child_pids
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
@@ -83,7 +84,8 @@ class HandoffChild(msgspec.Struct, frozen=True, kw_only=True):
 class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     """What one image of the supervisor hands the next (msgpack; new fields get defaults, so
     two releases read each other's). `release` is the new image's interpreter; `exec_at` is
-    when the old image called `execve`, monotonic seconds; `carry` is the caller's, opaque."""
+    when the old image called `execve`, monotonic seconds; `carry` is the caller's, opaque;
+    `remote_ctl` is the CURVE ctl endpoint `start --ctl-tcp` asked for, served again after."""
 
     boot: str
     release: str
@@ -96,6 +98,7 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     children: list[HandoffChild]
     exec_at: float
     carry: bytes = b""
+    remote_ctl: RemoteCtl | None = None
 
     def paths(self) -> Paths:
         return Paths(
@@ -229,6 +232,7 @@ def _handoff(sup: RootSupervisor, release: str, carry: bytes) -> Handoff:
         children=[_record(sup, worker) for worker in sup.workers],
         exec_at=time.monotonic(),
         carry=carry,
+        remote_ctl=sup.remote_ctl,
     )
 
 
@@ -236,8 +240,8 @@ def _reopen(sup: RootSupervisor) -> None:
     """Bind the sockets again after a failed exec. A tree that cannot is stopped (its children
     could no longer be heard), which the one line `reexec` raises then says."""
     try:
-        sup.control, sup.ctl = sup.open_sockets()
-    except zmq.ZMQError as exc:
+        sup.open_sockets()
+    except (zmq.ZMQError, ConfigError) as exc:
         log.error("supervisor: cannot bind its sockets again (%s); stopping the tree", exc)
         sup.request_stop(EXIT_FAILED)
 

@@ -10,7 +10,8 @@ only the root has:
   being started), heartbeats (credited to the connection, never to a name in the frame), and the
   `Roster` pushed to every child whenever a child's state changes;
 - the watchdog: a child silent for `watchdog_s` is SIGKILLed, and its exit is handled like any;
-- `ctl.ipc` (`supervisor.ctl`);
+- `ctl.ipc` (`supervisor.ctl`), and, with `RemoteCtl`, the same service on a CURVE `tcp://`
+  endpoint for a remote operator (ADR 0012);
 - what a dead child leaves behind: orphans reparented here and, for a shard, its lanes' cgroups;
 - re-executing itself onto another release with its children left running (`supervisor.reexec`):
   a `RootSupervisor` given a `Handoff` adopts the tree instead of starting it.
@@ -37,17 +38,20 @@ import zmq
 
 from orchestra_sup import linux
 from orchestra_sup.config import Paths, Settings
-from orchestra_sup.errors import ChildStartError, PeerDown
+from orchestra_sup.errors import ChildStartError, ConfigError, PeerDown
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.curve import Gate
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, routing_id
+from orchestra_sup.protocol.keys import ServerKeys, load_server_keys
 from orchestra_sup.release import describe, protocol_range
 from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
+from orchestra_sup.supervisor.ctl import CtlService, RemoteCtl
 from orchestra_sup.supervisor.process import kill_orphans
 from orchestra_sup.supervisor.reexec import HELD_SIGNALS, Handoff, adopt, check
 from orchestra_sup.supervisor.rollover import Rollovers
@@ -127,8 +131,9 @@ class RootSupervisor:
 
     With `handoff` (this process is a supervisor that re-executed itself, `supervisor.reexec`)
     `run()` adopts the tree the old image left running instead of starting one; `carried` is
-    then the old image's `carry` (None otherwise). Raises `SupervisionError` when the
-    hand-off's children are not this tree's.
+    then the old image's `carry` (None otherwise). `remote_ctl` (or the hand-off's) also
+    serves ctl on a CURVE `tcp://` endpoint. Raises `SupervisionError` when the hand-off's
+    children are not this tree's, `ConfigError` when `remote_ctl`'s keys cannot be read.
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class RootSupervisor:
         *,
         colocated: bool = False,
         handoff: Handoff | None = None,
+        remote_ctl: RemoteCtl | None = None,
     ):
         self.paths = paths
         self.settings = settings
@@ -162,6 +168,15 @@ class RootSupervisor:
         self.codec = Codec()
         self.control: Endpoint | None = None
         self.ctl: Endpoint | None = None
+        self.remote_ctl = handoff.remote_ctl if handoff is not None else remote_ctl
+        self.remote_keys: ServerKeys | None = None
+        if self.remote_ctl is not None:
+            self.remote_keys = load_server_keys(Path(self.remote_ctl.keys_dir))
+        self.remote: Endpoint | None = None
+        """The ctl service on `remote_ctl.endpoint`, while the sockets are open."""
+        self.gate: Gate | None = None
+        """The ZAP handler that admits `remote_keys`' clients, while `remote` is open."""
+        self.ctl_service = CtlService(self)
         self._stop = asyncio.Event()
         self._exit_code = EXIT_OK
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -196,7 +211,13 @@ class RootSupervisor:
         if self._cgroups is not None and self.handoff is None:
             kill_tree_sync(self._cgroups)  # what a crashed tree on this run dir left running
         loop = asyncio.get_running_loop()
-        self.control, self.ctl = self.open_sockets()
+        try:
+            self.open_sockets()
+        except BaseException:
+            self.close_sockets(0.0)
+            state_lock.release()
+            lock.release()
+            raise
         if self.handoff is not None:
             adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
         self.spawn(self.lag.run())
@@ -230,8 +251,7 @@ class RootSupervisor:
                 loop.remove_signal_handler(sig)
             for task in list(self._tasks):
                 task.cancel()
-            self.control.close()
-            self.ctl.close()
+            self._close_endpoints(0.0)
             # colocated: a component SIGKILLed (cancelled) may still hold sockets of this context
             self.ctx.destroy(linger=0) if self.colocated else self.ctx.term()
             state_lock.release()
@@ -239,11 +259,12 @@ class RootSupervisor:
         log.info("tree stopped (exit status %d)", self._exit_code)
         return self._exit_code
 
-    def open_sockets(self) -> tuple[Endpoint, Endpoint]:
-        """Bind and start `supervisor.ipc` (the children's control socket) and `ctl.ipc` on
-        `ctx`; returns them (control, ctl). On the loop. Raises `zmq.ZMQError` when either
-        cannot be bound."""
-        from orchestra_sup.supervisor.ctl import CtlService
+    def open_sockets(self) -> None:
+        """Bind and start `supervisor.ipc` (the children's control socket, `control`) and
+        `ctl.ipc` (`ctl`), each made mode 0600, and with `remote_ctl` the ZAP `gate` and the
+        CURVE `tcp://` ctl endpoint (`remote`), on `ctx`. On the loop. Raises `zmq.ZMQError`
+        when an ipc socket cannot be bound, `ConfigError` when the tcp endpoint cannot (what
+        was opened stays open: `close_sockets` closes it)."""
 
         def router(handler: Handler) -> Endpoint:
             return Endpoint(
@@ -255,24 +276,46 @@ class RootSupervisor:
                 handler=handler,
             )
 
-        control, ctl = router(self._on_control), router(CtlService(self).handle)
-        for ep, name in ((control, "supervisor"), (ctl, "ctl")):
+        self.control, self.ctl = router(self._on_control), router(self.ctl_service.handle)
+        for ep, name in ((self.control, "supervisor"), (self.ctl, "ctl")):
             ep.bind(self.paths.endpoint(name))
             os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
             ep.start()
         if self.colocated:
-            control.bind(self.child_endpoint("supervisor"))
-        return control, ctl
+            self.control.bind(self.child_endpoint("supervisor"))
+        if self.remote_ctl is not None and self.remote_keys is not None:
+            self.gate = Gate(self.ctx, self.remote_keys)
+            self.gate.start()  # before the bind: a CURVE socket with no ZAP handler admits all
+            self.remote = router(self.ctl_service.handle)
+            try:
+                self.remote.bind(self.remote_ctl.endpoint, self.remote_keys)
+            except zmq.ZMQError as exc:
+                raise ConfigError(
+                    f"ctl endpoint {self.remote_ctl.endpoint}: cannot bind it: {exc}"
+                ) from exc
+            self.gate.watch(self.remote.sock)
+            self.remote.start()
+            log.info("ctl also served on %s (CURVE)", self.remote_ctl.endpoint)
 
     def close_sockets(self, linger_s: float) -> None:
-        """Close both sockets and terminate `ctx`, giving frames already sent `linger_s`
+        """Close the sockets and terminate `ctx`, giving frames already sent `linger_s`
         seconds to leave (blocks the loop that long at most); `ctx` is then a fresh context,
-        for `open_sockets` should the caller need them again. Not for a colocated tree."""
-        for ep in (self.control, self.ctl):
-            if ep is not None:
-                ep.close(linger_s)
+        for `open_sockets` should the caller need them again. Not for a colocated tree once
+        its components run."""
+        self._close_endpoints(linger_s)
         self.ctx.destroy(linger=round(linger_s * 1000))
         self.ctx = zmq.Context()
+
+    def _close_endpoints(self, linger_s: float) -> None:
+        if self.gate is not None:
+            self.gate.close()
+        for ep in (self.control, self.ctl, self.remote):
+            if ep is not None:
+                ep.close(linger_s)
+
+    def ctl_refused(self) -> int:
+        """Ctl requests refused `forbidden`, plus tcp peers refused at the CURVE handshake."""
+        return self.ctl_service.refused + (self.gate.refused if self.gate is not None else 0)
 
     def _lock_dirs(self) -> tuple[DirLock, DirLock]:
         """Take the run and state directories' locks, or, adopting, the ones the old image

@@ -23,8 +23,12 @@ from orchestra_sup.errors import ConfigError, DirBusy
 class DirLock:
     """A held lock on `directory/name`; `what` names the directory in errors.
 
+    The run directory is also made mode 0700 and must belong to this process's effective uid:
+    whoever owns it could chmod it open again, or swap a socket in it for their own.
+
     Raises `DirBusy` when a live tree holds it, `ConfigError` when the directory cannot be made
-    (a file is in the way, no permission, read-only file system).
+    (a file is in the way, no permission, read-only file system) or, for the run directory,
+    belongs to another user.
     """
 
     def __init__(self, directory: Path, name: str, what: str, *, mode: int = 0o700):
@@ -32,6 +36,12 @@ class DirLock:
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=mode)
             if what == "run directory":
+                owner = directory.stat().st_uid
+                if owner != os.geteuid():
+                    raise ConfigError(
+                        f"{what} {directory} belongs to uid {owner}, not to uid "
+                        f"{os.geteuid()} that runs the tree; pick another --run-dir"
+                    )
                 os.chmod(directory, mode)
             self.path = directory / name
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -46,8 +46,11 @@ def tree_factory(tmp_path: Path) -> Iterator[Callable[..., Tree]]:
         extra_env: dict[str, str] | None = None,
         base: Path | None = None,
         run_dir: Path | None = None,
+        extra_args: list[str] | None = None,
     ) -> Tree:
-        tree = Tree(base or tmp_path, workspace, shards, lanes, config, extra_env, run_dir)
+        tree = Tree(
+            base or tmp_path, workspace, shards, lanes, config, extra_env, run_dir, extra_args
+        )
         trees.append(tree)
         return tree
 

@@ -80,6 +80,7 @@ class Tree:
         config: Path | None = None,
         extra_env: dict[str, str] | None = None,
         run_dir: Path | None = None,
+        extra_args: list[str] | None = None,
     ):
         self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="osup-t", dir="/tmp"))
         self.state_dir = base / "state"
@@ -108,6 +109,7 @@ class Tree:
             argv += ["--workspace", str(workspace)]
         if config is not None:
             argv += ["--config", str(config)]
+        argv += extra_args or []
         env = dict(os.environ, NOTIFY_SOCKET=str(notify_path), **(extra_env or {}))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

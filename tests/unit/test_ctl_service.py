@@ -15,7 +15,7 @@ import zmq
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint, PeerCredentials
+from orchestra_sup.protocol.endpoint import Endpoint, KeyIdentity, PeerCredentials
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor.ctl import CtlService, merge_pending, stamped, user_name
 
@@ -131,3 +131,38 @@ def test_pending_entries_without_a_live_lane_are_added_after_the_live_ones() -> 
     ]
     assert [x.lane for x in merge_pending(live, pending)] == ["a", "z", "y"]
     assert merge_pending([], []) == []
+
+
+OWNER = 1000
+
+
+@pytest.mark.parametrize(
+    ("caller", "admitted"),
+    [
+        (PeerCredentials(uid=OWNER, gid=OWNER, pid=7), True),
+        (PeerCredentials(uid=OWNER, gid=0, pid=8), True),  # the uid decides, not the group
+        (PeerCredentials(uid=OWNER + 1, gid=OWNER, pid=9), False),
+        (PeerCredentials(uid=0, gid=0, pid=10), False),  # root is not the owner either
+        (KeyIdentity(name="operator"), True),
+        (None, False),
+    ],
+)
+def test_admit_only_the_owner_uid_or_an_allowed_key(
+    caller: PeerCredentials | KeyIdentity | None, admitted: bool
+) -> None:
+    """Who may steer the tree, from the connection: the owner's uid over ipc, or a CURVE key
+    the gate admitted; anyone else is refused with a reason naming their uid and pid, and
+    counted."""
+    service = CtlService(cast(Any, None), owner_uid=OWNER)
+    reason = service.admit(caller)
+    assert (reason is None) is admitted
+    assert service.refused == (0 if admitted else 1)
+    if isinstance(caller, PeerCredentials) and not admitted:
+        assert reason is not None and f"uid {caller.uid} (pid {caller.pid})" in reason
+
+
+def test_stamped_with_a_key_names_the_key_and_no_uid() -> None:
+    """A HITL answer over CURVE is recorded as the key's name, uid -1: a key is not a user."""
+    req = f.CtlRespond(lane="l", verdict="approve")
+    sent = stamped(req, KeyIdentity(name="alice-laptop"), "key:alice-laptop")
+    assert (sent.uid, sent.responder) == (-1, "key:alice-laptop")

@@ -30,7 +30,7 @@ from orchestra_sup.protocol.endpoint import (
     Endpoint,
     Handler,
     PeerCredentials,
-    frame_credentials,
+    frame_caller,
     needs_caller,
     parse_peer_address,
 )
@@ -678,7 +678,7 @@ def test_a_message_with_no_peer_address_has_no_credentials() -> None:
         push.connect("inproc://nopeer")
         push.send(b"x")
         assert pull.poll(int(DEADLINE_S * 1000))
-        assert frame_credentials(pull.recv(copy=False)) is None
+        assert frame_caller(pull.recv(copy=False)) is None
     finally:
         push.close(linger=0)
         pull.close(linger=0)
