@@ -137,6 +137,8 @@ class CtlService:
             loop_lag_ms=tuple(round(ms, 3) for ms in self.sup.lag.figures()),
             release=self.sup.seam.release,
             rollover=self.sup.rollovers.summary(),
+            bad_frames=sum(ep.bad_frames for ep in (self.sup.control, self.sup.ctl) if ep),
+            stale_frames=sum(ep.stale_frames for ep in (self.sup.control, self.sup.ctl) if ep),
         )
 
     def _answer(
