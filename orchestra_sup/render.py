@@ -25,6 +25,8 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "state_dir": reply.state_dir,
             "workspace": reply.workspace,
             "loop_lag_ms": list(reply.loop_lag_ms),
+            "bad_frames": reply.bad_frames,
+            "stale_frames": reply.stale_frames,
         },
         "children": msgspec.to_builtins(reply.children),
     }
@@ -125,7 +127,8 @@ def tree_text(reply: f.StatusReply, console: Console) -> None:
 def status_table(reply: f.StatusReply, console: Console) -> None:
     console.print(
         f"supervisor pid {reply.supervisor_pid}, version {reply.version} ({reply.release}), "
-        f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}"
+        f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}, "
+        f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}"
     )
     if reply.rollover is not None:
         console.print(f"rollover {reply.rollover}")
@@ -141,6 +144,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         "last exit",
         "loop lag ms p50/p99/max",
         "release",
+        "refused stale/bad",
     )
     for c in reply.children:
         last = "-"
@@ -162,6 +166,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
             last,
             "-" if c.loop_lag_ms is None else _lag(c.loop_lag_ms),
             _release(c, reply.release),
+            f"{c.stale_frames}/{c.bad_frames}",
         )
     console.print(table)
 

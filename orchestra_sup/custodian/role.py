@@ -141,7 +141,7 @@ class Custodian:
         return f.Quiesced(held="workspace writes held; reads go on")
 
     def _sandbox_path(self, lane: str) -> Path:
-        if not lane or "/" in lane or lane.startswith("."):
+        if not lane or "/" in lane or "\0" in lane or lane.startswith(".") or len(lane) > 200:
             raise RemoteError(ErrorCode.BAD_REQUEST, f"bad lane id {lane!r}")
         return self.sandboxes / lane
 

@@ -12,12 +12,14 @@ no call blocks the event loop. Every git command runs with
   `orchestra-sup <orchestra-sup@localhost>` wherever a commit is written, so a machine with no git
   identity configured works.
 
-Trust boundary: a lane owns the *contents* of its sandbox's working tree, and nothing in it can
-make the custodian follow a symlink out of the sandbox (git commits symlinks as symlinks and never
-follows them) or land a `.git` path in the workspace (`Workspace.commit_sandbox` refuses). The
-sandbox's own `.git` directory is trusted: a lane that rewrites `.git/config` there could declare
-filter drivers that `git add` runs, so lanes must not be given write access to it beyond what git
-itself does.
+Trust boundary: a lane owns its whole sandbox, its `.git` directory included (its commands may
+run git there, or rewrite `.git/config`, `.git/HEAD` or the `.git` entry itself). So the custodian
+never runs a writing git command with the sandbox's repository: a commit reads only the sandbox's
+*working tree*, through the workspace's own repository (its config, hooks off) and a private index,
+on top of the base the custodian recorded when it made the sandbox (`Workspace.commit_sandbox`).
+Nothing in the sandbox can make it run a program the sandbox's config names (a filter driver, an
+fsmonitor, a hook), land a commit the lane made itself, follow a symlink out of the sandbox (git
+commits symlinks as symlinks), or land a `.git` path or a gitlink in the workspace.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -286,6 +289,12 @@ async def open_workspace(path: Path | None, state_dir: Path) -> Workspace:
     return Workspace(await _validate_repo(default))
 
 
+def _base_record(sandbox: Path) -> Path:
+    """Where the custodian keeps the base commit of the sandbox at `sandbox`: a sibling file,
+    outside what the lane owns."""
+    return sandbox.with_name(f".{sandbox.name}.base")
+
+
 def _trailer(lane: str) -> str:
     """The line every lane commit carries: the lane id is the commit's idempotency key."""
     return f"Orchestra-Lane: {lane}"
@@ -357,8 +366,11 @@ class Workspace:
         working tree. The clone is built in the sibling `.<name>.partial` and renamed to `dest`
         once checked out, so `dest` either does not exist or is a complete sandbox.
 
+        The base sha is recorded beside `dest` (`.<name>.base`, outside the sandbox): a commit
+        from the sandbox is made on it, whatever the lane does to the sandbox's own `.git`.
+
         Idempotent: if `dest` already is the top level of a git checkout it is returned as it is,
-        with its current HEAD sha (a lane re-asking after a restart gets its sandbox back, edits
+        with its base sha (a lane re-asking after a restart gets its sandbox back, edits
         included).
 
         Raises `WorkspaceError` if `dest` is inside the workspace, or exists and is not the top
@@ -375,8 +387,7 @@ class Workspace:
                 raise WorkspaceError(
                     f"sandbox {dest} for lane {lane} exists and is not a git checkout"
                 )
-            res = await _git(dest, "rev-parse", "--verify", "HEAD^{commit}")
-            return str(dest), res.stdout.strip()
+            return str(dest), await self._base(lane, dest)
         rev = await self.head()
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(f".{dest.name}.partial")
@@ -392,80 +403,99 @@ class Workspace:
             str(partial.absolute()),
         )
         await _git(partial, "checkout", "--quiet", "--detach", rev)
+        _base_record(dest).write_text(rev + "\n")
         os.rename(partial, dest)
         return str(dest), rev
 
     async def commit_sandbox(self, lane: str, sandbox: Path, message: str) -> str | None:
-        """Commit every change in `sandbox` and land it on the workspace's current branch.
+        """Commit the working tree of `sandbox` and land it on the workspace's current branch.
 
-        Steps: refuse `.git` paths (see below); `git add -A` (untracked files included, ignored
-        ones not); commit as orchestra-sup with `message` (a blank message becomes
-        `"lane <lane>"`); `git fetch` that commit into the workspace; fast-forward
-        (`merge --ff-only`) when the workspace HEAD is its ancestor, else `cherry-pick` it (author
-        kept; a change already present lands as an empty commit). A successful call therefore
-        lands exactly one commit.
+        Only the sandbox's working tree is read, never its repository: git runs in the workspace
+        (its config; hooks, fsmonitor and signing off) with `--work-tree=<sandbox>` and a private
+        index started from the sandbox's recorded base. Steps: refuse `.git` paths (see below);
+        `git add -A` (untracked files included, ignored ones not; a symlink as a symlink, never
+        its target; git never reads a `.git` entry of a working tree); refuse a new gitlink;
+        write the tree and commit it on the base as orchestra-sup with `message` (a blank message
+        becomes `"lane <lane>"`) plus the lane's trailer, in the workspace's object store; then
+        fast-forward (`merge --ff-only`) when the workspace HEAD is the base, else `cherry-pick`
+        it (author kept; a change already present lands as an empty commit). A successful call
+        lands exactly one commit; commits the lane made in its sandbox never land (their changes
+        do, as part of the working tree). The sandbox is never modified.
 
-        Returns the new workspace HEAD sha, or None when the sandbox has no change at all (nothing
-        is committed anywhere).
+        Returns the new workspace HEAD sha, or None when the working tree does not differ from
+        the base (nothing is committed anywhere).
 
         Raises:
-          * `WorkspaceError` if `sandbox` is not the top level of a git checkout, is the workspace
-            itself, or would add a path with a component named `.git` (any case) or a nested
-            repository (which git would record as a gitlink); nothing is staged or committed.
+          * `WorkspaceError` if `sandbox` is not a sandbox this workspace made (no recorded base
+            and not a git checkout at a commit of the workspace's history), is a symlink, is the
+            workspace itself, or would add a path with a component named `.git` (any case) or a
+            nested repository (which git would record as a gitlink); nothing is committed.
           * `CommitConflict(lane, detail)` if the cherry-pick conflicts; `detail` names the
             conflicting files. The cherry-pick is aborted, so the workspace's HEAD, index and
             working tree are exactly as before.
           * `GitError` for any other git failure (for example, uncommitted changes in the
             workspace that the landing would overwrite; git refuses before touching anything).
 
-        Idempotent per lane: every lane commit carries an `Orchestra-Lane: <lane>` trailer. A call
-        for a lane whose commit already landed returns that commit; one whose commit is in the
-        sandbox but never landed (the custodian died in between) lands it. So a shard re-sending
+        Idempotent per lane: every lane commit carries an `Orchestra-Lane: <lane>` trailer, and a
+        call for a lane whose commit already landed returns that commit. So a shard re-sending
         `SandboxCommit` to a restarted custodian can neither lose the work nor land it twice.
-
-        After a `CommitConflict` or a landing `GitError` the sandbox's new commit is undone with
-        `git reset --mixed HEAD~1`: the lane's changes are back as uncommitted edits, so a retry
-        commits them again rather than finding "no change".
         """
         sandbox = Path(os.path.abspath(sandbox))
         if os.path.realpath(sandbox) == os.path.realpath(self.root):
             raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is the workspace itself")
-        if not await _is_checkout_root(sandbox):
-            raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is not a git checkout")
+        if os.path.islink(sandbox):
+            raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is a symlink")
+        base = await self._base(lane, sandbox)
 
         landed = await self._landed(lane)
         if landed is not None:
             return landed  # a retry after the custodian died mid-commit: it is already there
 
-        status = await _git(sandbox, "status", "--porcelain=v1", "-z", "--untracked-files=all")
-        self._refuse_git_paths(lane, sandbox, _parse_status_z(status.stdout))
-
-        await _git(sandbox, "add", "-A")
-        staged = await _git(sandbox, "diff", "--cached", "--quiet", check=False)
-        if staged.returncode not in (0, 1):
-            raise GitError(["diff", "--cached"], staged.returncode, staged.stderr)
-        if staged.returncode == 0:
-            # Nothing new; but an earlier attempt may have committed in the sandbox and died
-            # before landing: the lane's trailer on the sandbox HEAD says so.
-            head_msg = await _git(sandbox, "log", "-1", "--format=%B")
-            if _trailer(lane) not in head_msg.stdout.splitlines():
-                return None
-        else:
-            await self._refuse_new_gitlinks(lane, sandbox)
-            text = message if message.strip() else f"lane {lane}"
-            await _git(
-                sandbox,
-                "commit",
-                "--quiet",
-                "-m",
-                f"{text}\n\n{_trailer(lane)}",
-                env=_AUTHOR_ENV | _COMMITTER_ENV,
+        with tempfile.TemporaryDirectory(prefix="orchestra-sup-index-") as private:
+            env = {"GIT_INDEX_FILE": os.path.join(private, "index")}
+            tree = ("--work-tree", str(sandbox))
+            await _git(self.root, *tree, "read-tree", base, env=env)
+            status = await _git(
+                self.root, *tree, "status", "--porcelain=v1", "-z", "--untracked-files=all", env=env
             )
-        try:
-            return await self._land(lane, sandbox)
-        except (CommitConflict, GitError):
-            await _git(sandbox, "reset", "--quiet", "--mixed", "HEAD~1")
-            raise
+            self._refuse_git_paths(lane, sandbox, _parse_status_z(status.stdout))
+            await _git(self.root, *tree, "add", "-A", env=env)
+            raw = await _git(
+                self.root, "diff", "--cached", "--raw", "-z", "--no-renames", base, env=env
+            )
+            if not raw.stdout:
+                return None
+            self._refuse_new_gitlinks(lane, sandbox, raw.stdout)
+            tree_sha = (await _git(self.root, "write-tree", env=env)).stdout.strip()
+        text = message if message.strip() else f"lane {lane}"
+        commit = await _git(
+            self.root,
+            "commit-tree",
+            tree_sha,
+            "-p",
+            base,
+            "-m",
+            f"{text}\n\n{_trailer(lane)}",
+            env=_AUTHOR_ENV | _COMMITTER_ENV,
+        )
+        return await self._land(lane, commit.stdout.strip())
+
+    async def _base(self, lane: str, sandbox: Path) -> str:
+        """The commit `sandbox` was made at: its record, or for a sandbox made before records
+        were kept, its HEAD if that is a commit of the workspace's history (so nothing the lane
+        committed becomes a parent). Raises `WorkspaceError` otherwise."""
+        with contextlib.suppress(FileNotFoundError):
+            return _base_record(sandbox).read_text().strip()
+        if await _is_checkout_root(sandbox):
+            head = await _git(sandbox, "rev-parse", "--verify", "HEAD^{commit}", check=False)
+            sha = head.stdout.strip()
+            known = await _git(self.root, "merge-base", "--is-ancestor", sha, "HEAD", check=False)
+            if head.returncode == 0 and known.returncode == 0:
+                return sha
+            raise WorkspaceError(
+                f"sandbox {sandbox} for lane {lane} is not at a commit of the workspace"
+            )
+        raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is not a git checkout")
 
     async def _landed(self, lane: str) -> str | None:
         """The workspace commit that carries `lane`'s trailer, if one has landed."""
@@ -499,24 +529,21 @@ class Workspace:
                 )
 
     @staticmethod
-    async def _refuse_new_gitlinks(lane: str, sandbox: Path) -> None:
-        """Unstage and raise `WorkspaceError` if the staged change adds a gitlink (mode 160000)."""
-        raw = await _git(sandbox, "diff", "--cached", "--raw", "-z", "--no-renames")
-        fields = raw.stdout.split("\0")
+    def _refuse_new_gitlinks(lane: str, sandbox: Path, raw: str) -> None:
+        """Raise `WorkspaceError` if `raw` (`git diff --raw -z --no-renames` output) adds a gitlink
+        (mode 160000)."""
+        fields = raw.split("\0")
         for meta, name in zip(fields[0::2], fields[1::2], strict=False):
             modes = meta.lstrip(":").split()
             if len(modes) >= 2 and modes[1] == "160000" and modes[0] != "160000":
-                await _git(sandbox, "reset", "--quiet")
                 raise WorkspaceError(
                     f"lane {lane} tries to commit the nested git repository {name!r} "
                     f"from sandbox {sandbox}"
                 )
 
-    async def _land(self, lane: str, sandbox: Path) -> str:
-        """Bring the sandbox's HEAD commit onto the workspace's branch; return the new HEAD."""
-        await _git(self.root, "fetch", "--quiet", "--no-tags", str(sandbox), "HEAD")
-        fetched = (await _git(self.root, "rev-parse", "--verify", "FETCH_HEAD^{commit}")).stdout
-        fetched = fetched.strip()
+    async def _land(self, lane: str, fetched: str) -> str:
+        """Bring commit `fetched` (in the workspace's object store) onto the workspace's branch;
+        return the new HEAD."""
         ancestor = await _git(
             self.root, "merge-base", "--is-ancestor", "HEAD", fetched, check=False
         )

@@ -230,9 +230,17 @@ class Node:
         its exception maps to."""
         self.spawn(reply_when_done(ep, peer, env, work))
 
+    def refused(self) -> tuple[int, int]:
+        """(stale, bad): frames refused so far as stale (a retired sender, or meant for another
+        generation of this node) and as undecodable, over every socket of this node."""
+        eps = (self.server, self.control, *self._links.values())
+        stale = self.stale_frames + sum(ep.stale_frames for ep in eps)
+        return stale, sum(ep.bad_frames for ep in eps)
+
     async def _heartbeat(self) -> None:
         while True:
-            beat = f.Heartbeat(load=self.role.load(), stale_frames=self.stale_frames)
+            stale, bad = self.refused()
+            beat = f.Heartbeat(load=self.role.load(), stale_frames=stale, bad_frames=bad)
             if self.lag.samples:  # before its first sample a loop has no figures, not zeros
                 p50, p99, worst = self.lag.figures()
                 beat = f.Heartbeat(
@@ -240,7 +248,8 @@ class Node:
                     loop_lag_p99_ms=p99,
                     loop_lag_max_ms=worst,
                     load=beat.load,
-                    stale_frames=beat.stale_frames,
+                    stale_frames=stale,
+                    bad_frames=bad,
                 )
             with contextlib.suppress(PeerDown):
                 self.control.send(beat)

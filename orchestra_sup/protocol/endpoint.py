@@ -138,7 +138,8 @@ class Endpoint:
 
     `routed=True` makes a DEALER (the node's behind a `node.front.Front`) carry
     `[peer routing id, frame]` like a ROUTER: the handler gets the peer, replies go back to it,
-    and an undecodable frame is answered. Counters `bad_frames` and `stale_replies` count what was
+    and an undecodable frame is answered. Counters `bad_frames`, `stale_frames` (requests meant
+    for another generation, `Envelope.dest_gen`) and `stale_replies` count what was refused or
     dropped. Construction does not touch the loop; `start()` must be called from the loop thread.
 
     `caller` is the sender's `Caller` while a `needs_caller` handler runs (None when
@@ -180,6 +181,7 @@ class Endpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_scheduled = False
         self.bad_frames = 0
+        self.stale_frames = 0
         self.stale_replies = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -362,6 +364,7 @@ class Endpoint:
                 fut.set_result(env)
             return
         if env.dest_gen is not None and env.dest_gen != self.generation:
+            self.stale_frames += 1
             self.reply(
                 env,
                 peer,

@@ -228,6 +228,9 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The orchestra-sup version its process said in its handshake ("" before one)."""
     stale_frames: int = 0
     """Frames it refused as coming from a retired generation, from its last heartbeat."""
+    bad_frames: int = 0
+    """Frames it refused as undecodable (garbage, oversized, unknown tag, wrong type or
+    protocol version) on any of its sockets, from its last heartbeat."""
 
 
 class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -332,7 +335,10 @@ class Heartbeat(Frame, tag="heartbeat"):
     loop_lag_max_ms: float | None = None
     load: int = 0
     stale_frames: int = 0
-    """Frames refused so far because their sender's generation was retired."""
+    """Frames refused so far because their sender's generation was retired, or because they
+    were meant for another generation of this child (`Envelope.dest_gen`)."""
+    bad_frames: int = 0
+    """Frames refused so far as undecodable (`Endpoint.bad_frames` over all its sockets)."""
 
 
 class PeerState(msgspec.Struct, frozen=True, kw_only=True):
@@ -548,6 +554,10 @@ class StatusReply(Frame, tag="status_reply"):
     ctl_refused: int = 0
     """Since the supervisor started: ctl requests refused `forbidden` (another uid, no
     identity) plus tcp peers refused at the CURVE handshake (no CURVE, an unknown key)."""
+    bad_frames: int = 0
+    """Frames the supervisor itself refused as undecodable on its control and ctl sockets."""
+    stale_frames: int = 0
+    """Frames the supervisor refused as meant for another generation of it (`dest_gen`)."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

@@ -181,6 +181,8 @@ class CtlService:
             release=self.sup.seam.release,
             rollover=self.sup.rollovers.summary(),
             ctl_refused=self.sup.ctl_refused(),
+            bad_frames=sum(ep.bad_frames for ep in (self.sup.control, self.sup.ctl) if ep),
+            stale_frames=sum(ep.stale_frames for ep in (self.sup.control, self.sup.ctl) if ep),
         )
 
     def _answer(

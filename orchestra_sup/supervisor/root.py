@@ -38,7 +38,7 @@ import zmq
 
 from orchestra_sup import linux
 from orchestra_sup.config import Paths, Settings
-from orchestra_sup.errors import ChildStartError, ConfigError, PeerDown
+from orchestra_sup.errors import ChildStartError, ConfigError, ErrorCode, PeerDown
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.protocol import frames as f
@@ -80,6 +80,7 @@ class Liveness:
         self.lag_ms: tuple[float, float, float] | None = None
         self.load = 0
         self.stale_frames = 0
+        self.bad_frames = 0
 
 
 def build_tree(settings: Settings, seam: Seam, on_give_up: Any) -> Supervisor:
@@ -476,6 +477,7 @@ class RootSupervisor:
                     live.lag_ms = (round(p50, 3), round(p99, 3), round(worst, 3))
                 live.load = body.load
                 live.stale_frames = body.stale_frames
+                live.bad_frames = body.bad_frames
             case f.Heartbeat():
                 pass  # from a generation that is gone, or from no child at all
             case f.RecoverChild(name=name) if worker is not None and worker.name == "coordinator":
@@ -483,8 +485,10 @@ class RootSupervisor:
                 if target is not None and target.expedite():
                     log.info("child %s: backoff ended early (the coordinator needs it)", name)
                 ep.reply(env, peer, f.Ack())
-            case _:
+            case _:  # a request: children send no other one-way frame than `Heartbeat`
                 log.warning("supervisor: unexpected %s from %r", type(body).__name__, peer)
+                message = f"the supervisor does not serve {type(body).__name__} from {peer!r}"
+                ep.reply(env, peer, f.Error(code=ErrorCode.UNEXPECTED, message=message))
 
     def _heard_again(self, worker: Worker, peer: bytes | None) -> None:
         """An adopted child's first heartbeat since the re-exec: its DEALER has reconnected,
@@ -589,6 +593,7 @@ class RootSupervisor:
             release=(worker.release or self.seam.release) if worker.pid is not None else "",
             version=worker.version if worker.pid is not None else "",
             stale_frames=self.liveness[worker.name].stale_frames,
+            bad_frames=self.liveness[worker.name].bad_frames,
         )
 
     async def _watchdog(self) -> None:

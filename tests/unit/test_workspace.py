@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -207,7 +208,8 @@ def test_commit_fast_forwards_into_workspace(ws: Workspace, tmp_path: Path) -> N
     (sb / "new" / "dir").mkdir(parents=True)
     (sb / "new" / "dir" / "c.txt").write_text("sea\n")
     head = asyncio.run(ws.commit_sandbox("a", sb, "lane a: edit"))
-    assert head == asyncio.run(ws.head()) == git(sb, "rev-parse", "HEAD")
+    assert head == asyncio.run(ws.head())
+    assert git(sb, "rev-parse", "HEAD") == base  # the sandbox is never modified
     assert git(ws.root, "rev-parse", "HEAD~1") == base
     assert (ws.root / "a.txt").read_text() == "ONE\ntwo\nthree\n"
     assert (ws.root / "new" / "dir" / "c.txt").read_text() == "sea\n"
@@ -358,11 +360,11 @@ def test_commit_retried_after_it_landed_returns_the_same_commit(
     assert git(ws.root, "rev-list", "--count", "HEAD") == "2"
 
 
-def test_commit_made_in_sandbox_but_never_landed_lands_on_retry(
+def test_work_the_lane_committed_itself_lands_as_the_custodians_commit(
     ws: Workspace, tmp_path: Path
 ) -> None:
-    """The custodian died between committing in the sandbox and landing: the retry finds the
-    lane's commit (by its trailer) and lands it instead of answering "no change"."""
+    """A lane that committed its work in its sandbox (its trailer forged, even) still has it
+    landed, not answered "no change": its working tree differs from the base."""
     sb, _ = asyncio.run(ws.create_sandbox("l2", tmp_path / "sb" / "l2"))
     (Path(sb) / "work.txt").write_text("work\n")
     git(Path(sb), "add", "-A")
@@ -379,3 +381,167 @@ def test_lane_trailer_is_matched_exactly(ws: Workspace, tmp_path: Path) -> None:
     asyncio.run(ws.commit_sandbox("l1-0", Path(sb1), "one"))
     sb2, _ = asyncio.run(ws.create_sandbox("l1", tmp_path / "sb" / "l1"))
     assert asyncio.run(ws.commit_sandbox("l1", Path(sb2), "nothing")) is None
+
+
+# --- a hostile sandbox (issue 9): its .git, its symlinks -----------------------------------------
+
+
+def _tree(repo: Path) -> dict[str, str]:
+    """path -> "mode type" of every entry of `repo`'s HEAD tree."""
+    rows = git(repo, "ls-tree", "-r", "HEAD").splitlines()
+    return {row.split("\t", 1)[1]: " ".join(row.split()[:2]) for row in rows}
+
+
+def test_filter_driver_in_the_sandbox_config_never_runs(ws: Workspace, tmp_path: Path) -> None:
+    """A clean filter the lane declares in its sandbox's `.git/config` (with a `.gitattributes`
+    naming it) is never run by the custodian's commit: the content lands unfiltered."""
+    marker = tmp_path / "filter-ran"
+    sb = Path(asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))[0])
+    with open(sb / ".git" / "config", "a") as config:
+        config.write(f'[filter "evil"]\n\tclean = touch {marker} && tr a-z A-Z\n')
+    (sb / ".gitattributes").write_text("* filter=evil\n")
+    (sb / "a.txt").write_text("lower\n")
+    asyncio.run(ws.commit_sandbox("a", sb, "edit"))
+    assert not marker.exists()
+    assert git(ws.root, "show", "HEAD:a.txt") == "lower"
+
+
+def test_commits_the_lane_made_never_land(ws: Workspace, tmp_path: Path) -> None:
+    """The lane's own commits (an author it chose, a forged trailer, a gitlink in its tree) never
+    reach the workspace's history: one commit by orchestra-sup on the base lands, holding the
+    lane's working tree, and the gitlink (not in the working tree) is not in it."""
+    sb_path, base = asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))
+    sb = Path(sb_path)
+    (sb / "work.txt").write_text("work\n")
+    git(sb, "add", "-A")
+    git(sb, "update-index", "--add", "--cacheinfo", f"160000,{base},vendored")
+    git(sb, "commit", "-q", "--author", "Mallory <m@evil>", "-m", "mine\n\nOrchestra-Lane: a")
+    theirs = git(sb, "rev-parse", "HEAD")
+    head = asyncio.run(ws.commit_sandbox("a", sb, "lane a"))
+    assert git(ws.root, "rev-parse", "HEAD~1") == base
+    ancestor = subprocess.run(
+        ["git", "-C", str(ws.root), "merge-base", "--is-ancestor", theirs, "HEAD"]
+    )
+    assert ancestor.returncode != 0  # 1: not an ancestor; 128: not even in the object store
+    assert git(ws.root, "log", "-1", "--format=%an|%s", head) == "orchestra-sup|lane a"
+    assert _tree(ws.root) == {
+        "a.txt": "100644 blob",
+        "b.txt": "100644 blob",
+        "work.txt": "100644 blob",
+    }
+
+
+def test_a_sandbox_whose_git_points_at_the_workspace_writes_nothing_through_it(
+    ws: Workspace, tmp_path: Path
+) -> None:
+    """A lane that replaces its `.git` with a gitfile naming the workspace's repository gets
+    its working tree landed like any other; the workspace's index and branch move only by the
+    landing, and its working tree stays clean."""
+    sb = Path(asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))[0])
+    shutil.rmtree(sb / ".git")
+    (sb / ".git").write_text(f"gitdir: {ws.root / '.git'}\n")
+    (sb / "b.txt").write_text("edited\n")
+    asyncio.run(ws.commit_sandbox("a", sb, "edit"))
+    assert (ws.root / "b.txt").read_text() == "edited\n"
+    assert git(ws.root, "status", "--porcelain", "--untracked-files=all") == ""
+    assert git(ws.root, "rev-list", "--count", "HEAD") == "2"
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "PARENT"])
+def test_a_symlink_replacing_a_tracked_file_lands_as_a_symlink(
+    ws: Workspace, tmp_path: Path, target: str
+) -> None:
+    """A tracked file the lane replaced by a symlink out of the sandbox (to /etc/passwd, to a
+    file beside the workspace) lands as that symlink: the target is never read or written."""
+    if target == "PARENT":
+        target = str(ws.root.parent / "secret.txt")
+        Path(target).write_text("top secret\n")
+    before = Path(target).read_bytes()
+    sb = Path(asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))[0])
+    (sb / "a.txt").unlink()
+    (sb / "a.txt").symlink_to(target)
+    asyncio.run(ws.commit_sandbox("a", sb, "link"))
+    assert _tree(ws.root)["a.txt"] == "120000 blob"
+    assert git(ws.root, "cat-file", "blob", "HEAD:a.txt") == target
+    assert os.readlink(ws.root / "a.txt") == target
+    assert Path(target).read_bytes() == before
+
+
+def test_a_later_lane_never_writes_through_a_landed_directory_symlink(
+    ws: Workspace, tmp_path: Path
+) -> None:
+    """Lane a lands `d` as a symlink to a directory outside; lane b, from the same base, adds
+    `d/x`: landing it never writes into that directory (it is refused, the workspace as it was)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    sa = Path(asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))[0])
+    sb = Path(asyncio.run(ws.create_sandbox("b", tmp_path / "sb" / "b"))[0])
+    (sa / "d").symlink_to(outside)
+    asyncio.run(ws.commit_sandbox("a", sa, "link"))
+    (sb / "d").mkdir()
+    (sb / "d" / "x").write_text("through the link\n")
+    head = asyncio.run(ws.head())
+    with pytest.raises((CommitConflict, GitError)):
+        asyncio.run(ws.commit_sandbox("b", sb, "write through"))
+    assert list(outside.iterdir()) == []
+    assert asyncio.run(ws.head()) == head
+    assert git(ws.root, "status", "--porcelain", "--untracked-files=all") == ""
+
+
+def test_gitmodules_and_hooks_in_the_sandbox_never_run(ws: Workspace, tmp_path: Path) -> None:
+    """A `.gitmodules` naming a command, hooks in the sandbox's `.git/hooks` and a `core.hooksPath`
+    in its config: nothing runs; `.gitmodules` lands as a plain file, no hook reaches the
+    workspace."""
+    marker = tmp_path / "ran"
+    workspace_hooks = sorted(os.listdir(ws.root / ".git" / "hooks"))
+    sb = Path(asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))[0])
+    (sb / ".gitmodules").write_text(
+        f'[submodule "m"]\n\tpath = m\n\turl = ./m\n\tupdate = !touch {marker}\n'
+    )
+    hooks = sb / "my-hooks"
+    hooks.mkdir()
+    for where in (sb / ".git" / "hooks", hooks):
+        for name in ("pre-commit", "post-commit", "post-checkout", "post-merge", "pre-auto-gc"):
+            (where / name).write_text(f"#!/bin/sh\ntouch {marker}\n")
+            (where / name).chmod(0o755)
+    git(sb, "config", "core.hooksPath", str(hooks))
+    asyncio.run(ws.commit_sandbox("a", sb, "modules"))
+    assert not marker.exists()
+    assert _tree(ws.root)[".gitmodules"] == "100644 blob"
+    assert sorted(os.listdir(ws.root / ".git" / "hooks")) == workspace_hooks
+    assert "my-hooks/pre-commit" in _tree(ws.root)  # the lane's files, as files
+
+
+def test_a_sandbox_that_is_a_symlink_is_refused(ws: Workspace, tmp_path: Path) -> None:
+    """A sandbox path that became a symlink (to another checkout) is refused: nothing lands."""
+    real = Path(asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))[0])
+    (real / "b.txt").write_text("edited\n")
+    link = tmp_path / "sb" / "l"
+    link.symlink_to(real)
+    (tmp_path / "sb" / ".l.base").write_text(asyncio.run(ws.head()) + "\n")
+    with pytest.raises(WorkspaceError, match="symlink"):
+        asyncio.run(ws.commit_sandbox("l", link, "m"))
+
+
+def test_a_sandbox_without_a_record_commits_on_its_head_only_if_the_workspace_made_it(
+    ws: Workspace, tmp_path: Path
+) -> None:
+    """A sandbox made before base records were kept commits on its HEAD when that is a commit
+    of the workspace's history, and is refused when its HEAD is one the lane made."""
+    sb = Path(asyncio.run(ws.create_sandbox("a", tmp_path / "sb" / "a"))[0])
+    (tmp_path / "sb" / ".a.base").unlink()
+    (sb / "b.txt").write_text("edited\n")
+    assert asyncio.run(ws.commit_sandbox("a", sb, "m")) == asyncio.run(ws.head())
+    sc = Path(asyncio.run(ws.create_sandbox("c", tmp_path / "sb" / "c"))[0])
+    (tmp_path / "sb" / ".c.base").unlink()
+    git(sc, "commit", "-q", "--allow-empty", "-m", "the lane's own")
+    with pytest.raises(WorkspaceError, match="not at a commit of the workspace"):
+        asyncio.run(ws.commit_sandbox("c", sc, "m"))
+
+
+def test_a_new_gitlink_in_the_staged_change_is_refused() -> None:
+    """The second line behind the nested-repository check: a staged change that adds a gitlink
+    is refused; one that changes a gitlink the base already had is not new."""
+    with pytest.raises(WorkspaceError, match="vendored"):
+        Workspace._refuse_new_gitlinks("a", Path("/sb"), ":000000 160000 0000 9e1d A\0vendored\0")
+    Workspace._refuse_new_gitlinks("a", Path("/sb"), ":160000 160000 aaaa bbbb M\0kept\0")
