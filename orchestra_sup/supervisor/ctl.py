@@ -333,11 +333,17 @@ def merge_pending(live: list[f.LaneInfo], pending: list[f.LaneInfo]) -> list[f.L
     shard's placement (shard, sandbox); a pending entry with no live lane (a task waiting for
     approval before it runs, or one whose shard is down) is added after the live lanes. Order:
     live lanes as the shards listed them, then the others as the coordinator did.
+
+    A live lane its shard shows waiting for a human that the coordinator does not list yet is
+    shown running: its question is on its way to the coordinator (the shard's outbox), and an
+    answer now would be refused as nothing waiting there.
     """
     waiting = {p.lane: p for p in pending}
     merged = []
     for lane in live:
         p = waiting.pop(lane.lane, None)
+        if p is None and lane.state == "awaiting_approval":
+            lane = msgspec.structs.replace(lane, state="running", question=None, since=None)
         if p is not None:
             lane = msgspec.structs.replace(
                 lane,

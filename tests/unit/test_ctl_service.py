@@ -121,6 +121,14 @@ def test_pending_entry_keeps_the_shards_question_where_the_coordinator_has_none(
     assert merge_pending(live, pending) == live
 
 
+def test_a_question_the_coordinator_has_not_recorded_yet_is_shown_running() -> None:
+    """The shard shows its lane waiting before the pause reaches the coordinator through the
+    outbox: an answer then would be refused as nothing waiting, so ctl lanes does not offer it
+    (a test answering what ctl lanes showed lost that race under load)."""
+    live = [lane("a", "awaiting_approval", question="ship?", since=3.0)]
+    assert merge_pending(live, []) == [lane("a")]
+
+
 def test_pending_entries_without_a_live_lane_are_added_after_the_live_ones() -> None:
     """A task waiting for approval before it runs (no lane anywhere) is listed too, after the
     live lanes and in the coordinator's order."""
