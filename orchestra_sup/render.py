@@ -21,6 +21,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "version": reply.version,
             "release": reply.release,
             "rollover": reply.rollover,
+            "isolation": reply.isolation,
             "run_dir": reply.run_dir,
             "state_dir": reply.state_dir,
             "workspace": reply.workspace,
@@ -125,7 +126,8 @@ def tree_text(reply: f.StatusReply, console: Console) -> None:
 def status_table(reply: f.StatusReply, console: Console) -> None:
     console.print(
         f"supervisor pid {reply.supervisor_pid}, version {reply.version} ({reply.release}), "
-        f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}"
+        f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}, "
+        f"isolation {reply.isolation or '?'}"
     )
     if reply.rollover is not None:
         console.print(f"rollover {reply.rollover}")

@@ -545,6 +545,8 @@ class StatusReply(Frame, tag="status_reply"):
     """The interpreter the supervisor runs (`orchestra_sup.release`)."""
     rollover: str | None = None
     """The rollover in progress, in one line ("ID of TARGET for N s: last step"), or None."""
+    isolation: str = ""
+    """The isolation mode the shards' lanes run under ("bwrap", "none"; `shards.isolation`)."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

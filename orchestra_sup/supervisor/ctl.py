@@ -28,6 +28,7 @@ from orchestra_sup.protocol.endpoint import (
     routing_id,
 )
 from orchestra_sup.release import version
+from orchestra_sup.shards.isolation import effective
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildState
 
@@ -137,6 +138,7 @@ class CtlService:
             loop_lag_ms=tuple(round(ms, 3) for ms in self.sup.lag.figures()),
             release=self.sup.seam.release,
             rollover=self.sup.rollovers.summary(),
+            isolation=effective(self.sup.settings.isolation).mode,
         )
 
     def _answer(
