@@ -40,6 +40,7 @@ import msgspec
 from orchestra_sup.errors import ConfigError
 
 __all__ = [
+    "CPU_MARGIN_S",
     "MODES",
     "IsolationSettings",
     "Mode",
@@ -60,6 +61,9 @@ Mode = Literal["bwrap", "none"]
 """A mode in effect (what "auto" resolved to)."""
 
 GiB = 1 << 30
+
+CPU_MARGIN_S = 1.0
+"""Seconds RLIMIT_CPU lies past the CPU a lane has left, so the budget stop comes first."""
 
 
 class IsolationSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,16 +168,17 @@ def effective(settings: IsolationSettings) -> IsolationSettings:
 def rlimits(settings: IsolationSettings, cpu_s: float | None) -> dict[int, int]:
     """The rlimits of one command: resource -> limit (soft = hard, so the command cannot raise
     it), from `settings` and the CPU seconds the lane has left of its grant (`cpu_s`, None: no
-    grant). RLIMIT_CPU is per process: the lane's `BudgetWatch` stops the lane as a whole, this
-    stops one process that spins past the whole grant (at least 1 s); SIGXCPU at the soft limit,
-    and the hard limit is one second more (SIGKILL), which `set_rlimits_fn` sets."""
+    grant). RLIMIT_CPU is per process and a backstop: the lane's `BudgetWatch` stops the lane as
+    a whole when it spends its grant (the `budget_exhaustion` the coordinator acts on), so the
+    rlimit is one second past it (`CPU_MARGIN_S`; at least 1 s), for a process the watch could
+    not see; SIGXCPU at the soft limit, SIGKILL one second later (`set_rlimits_fn`)."""
     limits = {
         resource.RLIMIT_AS: settings.max_memory_bytes,
         resource.RLIMIT_NOFILE: settings.max_open_files,
         resource.RLIMIT_FSIZE: settings.max_file_bytes,
     }
     if cpu_s is not None:
-        limits[resource.RLIMIT_CPU] = max(1, math.ceil(cpu_s))
+        limits[resource.RLIMIT_CPU] = max(1, math.ceil(cpu_s + CPU_MARGIN_S))
     return limits
 
 
