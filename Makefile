@@ -6,7 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint clean
 
+# Lanes run under bubblewrap where it is installed (README, "Isolation"): installed here,
+# best-effort, when running as root with apt-get; setup never fails for it.
 $(STAMP): pyproject.toml
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && { apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+	       || { apt-get update -qq >/dev/null 2>&1 \
+	            && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; } \
+	  && echo "setup: installed bubblewrap: lanes run sandboxed"; } \
+	  || echo "setup: bubblewrap not installed: lanes run without it (README, Isolation)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

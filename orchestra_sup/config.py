@@ -47,6 +47,14 @@ rate = 100                # lanes started per window
 wall_s = 3600.0           # wall seconds spent by lanes that ended within the window
 cpu_s = 1800.0            # CPU seconds spent by lanes that ended within the window
 window_s = 3600.0         # the rolling window, seconds (default one hour)
+
+[isolation]               # how lanes' commands are confined (shards/isolation.py)
+mode = "auto"             # "auto": bubblewrap where it works here, else "none"; "bwrap": refuse
+                          # to start without it; "none": process group, rlimits, cgroups only
+max_memory_bytes = 4294967296  # address space per process, resident memory per lane (cgroup v1)
+max_open_files = 4096     # descriptors per process
+max_file_bytes = 4294967296    # largest file written; size of each private tmpfs under bwrap
+max_processes = 1024      # tasks per lane (cgroup v1 pids controller, where there is one)
 ```
 """
 
@@ -63,7 +71,13 @@ import msgspec
 from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.coordinator.quota import Quota
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.shards.isolation import MODES, IsolationSettings, resolve
 from orchestra_sup.shards.program import PROGRAM_PATTERN
+
+ISOLATION_ENV = "ORCHESTRA_SUP_ISOLATION"
+"""Environment variable that replaces `[isolation] mode` ("auto", "bwrap", "none"), as `--shards`
+replaces `[shards] count`: e.g. a test suite whose lanes write marker files outside their
+sandboxes runs its trees with "none"."""
 
 IPC_PATH_MAX = 100
 """Longest socket path we use: AF_UNIX paths are limited to 107 bytes, and the run directory is the
@@ -140,6 +154,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     relay: RelaySettings = RelaySettings()
     quotas: dict[str, Quota] = {}
     """Tenant -> its ceilings (`[quotas.<tenant>]`, `coordinator.quota.Quota`)."""
+    isolation: IsolationSettings = IsolationSettings()
+    """`[isolation]`: how lanes' commands are confined (`shards.isolation`)."""
 
 
 _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
@@ -161,9 +177,16 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("quotas", "wall_s"): (float, 0.001, 1e12),
     ("quotas", "cpu_s"): (float, 0.001, 1e12),
     ("quotas", "window_s"): (float, 1, 366 * 86_400),
+    ("isolation", "max_memory_bytes"): (int, 64 << 20, 1 << 50),
+    ("isolation", "max_open_files"): (int, 64, 1 << 20),
+    ("isolation", "max_file_bytes"): (int, 1 << 20, 1 << 50),
+    ("isolation", "max_processes"): (int, 8, 1 << 22),
 }
-_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {("supervisor", "spawn"): ("fork", "exec")}
-_SECTIONS = ("supervisor", "shards", "lanes", "relay", "quotas")
+_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("supervisor", "spawn"): ("fork", "exec"),
+    ("isolation", "mode"): MODES,
+}
+_SECTIONS = ("supervisor", "shards", "lanes", "relay", "quotas", "isolation")
 
 
 def _check(section: str, key: str, value: Any) -> Any:
@@ -238,6 +261,7 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         lanes=LaneSettings(**sections.get("lanes", {})),
         relay=RelaySettings(**sections.get("relay", {})),
         quotas=sections.get("quotas", {}),
+        isolation=IsolationSettings(**sections.get("isolation", {})),
     )
 
 
@@ -314,7 +338,10 @@ def _names(where: str, value: Any) -> tuple[str, ...]:
 def load_settings(
     path: Path | None, *, shards: int | None = None, lanes_per_shard: int | None = None
 ) -> Settings:
-    """Read `path` (None: defaults) and apply CLI overrides. Raises `ConfigError`."""
+    """Read `path` (None: defaults) and apply CLI overrides and `$ORCHESTRA_SUP_ISOLATION`
+    (`ISOLATION_ENV`, replacing `[isolation] mode`), then check that this machine can
+    give the isolation asked for (`shards.isolation.resolve`: `mode = "bwrap"` where bubblewrap
+    does not work is refused here, before anything starts). Raises `ConfigError`."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -327,6 +354,12 @@ def load_settings(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: {exc}") from exc
     try:
+        mode = os.environ.get(ISOLATION_ENV)
+        if mode is not None:
+            table = data.setdefault("isolation", {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"[isolation] must be a table, got {table!r}")
+            table["mode"] = mode
         overrides = {"count": shards, "lanes_per_shard": lanes_per_shard}
         for key, value in overrides.items():
             if value is not None:
@@ -334,7 +367,9 @@ def load_settings(
                 if not isinstance(shards_table, dict):
                     raise ConfigError(f"[shards] must be a table, got {shards_table!r}")
                 shards_table[key] = value
-        return settings_from_mapping(data)
+        settings = settings_from_mapping(data)
+        resolve(settings.isolation.mode)
+        return settings
     except ConfigError as exc:
         where = f"config {path}: " if path else ""
         raise ConfigError(f"{where}{exc}") from exc

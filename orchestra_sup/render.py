@@ -21,6 +21,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "version": reply.version,
             "release": reply.release,
             "rollover": reply.rollover,
+            "isolation": reply.isolation,
             "run_dir": reply.run_dir,
             "state_dir": reply.state_dir,
             "workspace": reply.workspace,
@@ -128,7 +129,8 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
     console.print(
         f"supervisor pid {reply.supervisor_pid}, version {reply.version} ({reply.release}), "
         f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}, "
-        f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}"
+        f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}, "
+        f"ctl refused {reply.ctl_refused}, isolation {reply.isolation or '?'}"
     )
     if reply.rollover is not None:
         console.print(f"rollover {reply.rollover}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from orchestra_sup.coordinator.quota import Quota
+from orchestra_sup.shards.isolation import IsolationSettings
 
 
 class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +42,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str = ""
     quotas: dict[str, Quota] = {}
     """`[quotas]`: tenant -> ceilings, for the coordinator (`coordinator.quota`)."""
+    isolation: IsolationSettings = IsolationSettings(mode="none")
+    """`[isolation]` with its mode resolved ("bwrap" or "none"), for a shard's lanes."""
 
 
 def encode(args: ChildArgs) -> str:

@@ -558,6 +558,8 @@ class StatusReply(Frame, tag="status_reply"):
     """Frames the supervisor itself refused as undecodable on its control and ctl sockets."""
     stale_frames: int = 0
     """Frames the supervisor refused as meant for another generation of it (`dest_gen`)."""
+    isolation: str = ""
+    """The isolation mode the shards' lanes run under ("bwrap", "none"; `shards.isolation`)."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

@@ -2,9 +2,11 @@
 output, count what it spends, record its questions and notes for the coordinator.
 
 - Commands (`Host.exec`) run in the lane's sandbox through `shards.shell.run_shell`, each in the
-  lane's cgroup (whatever is left in it when the command ends is killed), at the shard's
-  `lane_nice`, with the scrubbed environment of `lane_env`. Their CPU is counted from the cgroup
-  (`LaneCgroups.cpu_s`), else sampled by the shard's `BudgetWatch` (`shards.spend`).
+  lane's cgroup (whatever is left in it when the command ends is killed) and its v1 limit
+  cgroups (`shards.limits`), under the rlimits and, in mode "bwrap", the bubblewrap of
+  `shards.isolation`, at the shard's `lane_nice`, with the scrubbed environment of `lane_env`.
+  Their CPU is counted from the cgroup (`LaneCgroups.cpu_s`), else sampled by the shard's
+  `BudgetWatch` (`shards.spend`).
 - Output (commands' chunks and `emit`ted lines) goes to the lane's tail and meter and to its
   transcript, and is checked at once against an `output_bytes` grant; so are the bytes of its
   notes to the coordinator (not in the tail: a note is an event row of the transcript).
@@ -19,15 +21,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.cgroup import LaneCgroups
+from orchestra_sup.shards.isolation import (
+    bwrap_argv,
+    python_paths,
+    rlimits,
+    sandbox_reads,
+    set_rlimits_fn,
+)
 from orchestra_sup.shards.lane import TAIL_BYTES, Lane, LaneState
+from orchestra_sup.shards.limits import LaneLimits
 from orchestra_sup.shards.outbox import Outbox, note_id, pause_id
 from orchestra_sup.shards.program import NOTES_MAX
 from orchestra_sup.shards.shell import ShellOutcome, run_shell
@@ -72,6 +84,7 @@ class Host:
         lane: Lane,
         *,
         cgroups: LaneCgroups,
+        limits: LaneLimits,
         transcript: Transcript | None,
         outbox: Outbox,
         budgets: BudgetWatch,
@@ -80,6 +93,7 @@ class Host:
         self._node = node
         self._lane = lane
         self._cgroups = cgroups
+        self._limits = limits
         self._transcript = transcript
         self._outbox = outbox
         self._budgets = budgets
@@ -108,11 +122,13 @@ class Host:
             raise RuntimeError(f"lane {self._lane.id} has ended: its program can start no more")
 
     async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
-        """One command of the lane (`LaneContext.exec`). It joins the lane's cgroup before
-        exec; whatever is left in it (setsid'ed or double-forked daemons) is killed the moment
-        the command ends or is stopped (its exit, its timeout, a cancel, a budget stop), before
-        its pipes drain: what the cgroup spends stops there. Raises `CancelledError` when a
-        drain stopped it to hand the lane over; `RuntimeError` once the lane has ended."""
+        """One command of the lane (`LaneContext.exec`), confined as `shards.isolation` says
+        (`ChildArgs.isolation`). It joins the lane's cgroups before exec; whatever is left in
+        them (setsid'ed or double-forked daemons) is killed the moment the command ends or is
+        stopped (its exit, its timeout, a cancel, a budget stop), before its pipes drain: what
+        the cgroup spends stops there. Raises `CancelledError` when a drain stopped it to hand
+        the lane over; `RuntimeError` once the lane has ended; `OSError` when the command cannot
+        be spawned (its sandbox is gone, bwrap is missing)."""
         self._check_open()
         lane = self._lane
         assert lane.sandbox is not None
@@ -120,6 +136,7 @@ class Host:
         if cgroup is not None:
             lane.meter.command(lambda: LaneCgroups.cpu_s(cgroup))
         try:
+            preexec, wrap = await asyncio.to_thread(self._confinement, cgroup)
             return await run_shell(
                 command,
                 cwd=Path(lane.sandbox),
@@ -127,17 +144,56 @@ class Host:
                 timeout_s=timeout_s,
                 on_output=self.on_output,
                 tail_bytes=TAIL_BYTES,
-                preexec=LaneCgroups.join_fn(cgroup) if cgroup is not None else None,
+                preexec=preexec,
                 on_spawn=self._spawned if cgroup is None else lane.spawned,
                 on_stop=(lambda: self._cgroups.kill_now(lane.id)) if cgroup is not None else None,
                 nice=self._node.args.lane_nice,
+                wrap=wrap,
             )
         finally:
             lane.pgid = None  # no command runs any more: a stop need not wait for this lane
             lane.meter.command_ended()  # before the kill: the cgroup's figure goes with it
             await self._cgroups.kill(lane.id)
+            await asyncio.to_thread(self._limits.remove, lane.id)
             if lane.moving:  # a drain stopped the command to hand the lane over
                 raise asyncio.CancelledError
+
+    def _confinement(self, cgroup: Path | None) -> tuple[Callable[[], None], list[str]]:
+        """What confines one command (off the loop: it makes cgroups and files): the function
+        the child runs before exec (join the v2 cgroup, then the v1 limit cgroups, then set the
+        rlimits) and the argv prefix (bubblewrap, or nothing in mode "none")."""
+        lane, node = self._lane, self._node
+        settings = node.args.isolation
+        steps = [] if cgroup is None else [LaneCgroups.join_fn(cgroup)]
+        limited = self._limits.create(
+            lane.id, memory_bytes=settings.max_memory_bytes, processes=settings.max_processes
+        )
+        if limited:
+            steps.append(LaneLimits.join_fn(limited))
+        grant = lane.start.budget.cpu_s if lane.start.budget is not None else None
+        left = None if grant is None else grant - lane.meter.spent().cpu_s
+        steps.append(set_rlimits_fn(rlimits(settings, left)))
+
+        def preexec() -> None:
+            for step in steps:
+                step()
+
+        if settings.mode == "none":
+            return preexec, []
+        assert lane.sandbox is not None
+        sandbox = Path(lane.sandbox)
+        inbox = inbox_path(node.paths.state_dir, lane.id)
+        inbox.parent.mkdir(parents=True, exist_ok=True)
+        inbox.touch()  # bound into the sandbox: it must exist before the first message
+        wrap = bwrap_argv(
+            shutil.which("bwrap") or "bwrap",
+            sandbox=sandbox,
+            hidden=[Path.home(), node.paths.state_dir, node.paths.run_dir],
+            readable=[*python_paths(), *sandbox_reads(sandbox)],
+            files=[inbox],
+            tmpfs_bytes=settings.max_file_bytes,
+        )
+        return preexec, wrap
 
     def _spawned(self, pgid: int) -> None:
         """A command with no cgroup runs as `pgid`: its tree's CPU is sampled, if it counts."""

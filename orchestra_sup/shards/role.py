@@ -38,6 +38,7 @@ from orchestra_sup.shards.handover import Handover
 from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.host import Host, inbox_path
 from orchestra_sup.shards.lane import Lane, LaneState
+from orchestra_sup.shards.limits import LaneLimits
 from orchestra_sup.shards.outbox import DB as OUTBOX_DB
 from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox, result_id
 from orchestra_sup.shards.program import (
@@ -78,6 +79,7 @@ class Shard:
         self.store: Store | None = None
         self.transcript: Transcript | None = None  # lane transcripts, `ctl logs` (open())
         self.cgroups: LaneCgroups | None = None  # cgroup tracking of lane processes (open())
+        self.limits: LaneLimits | None = None  # lanes' memory and pids limits (open())
         self.lanes: dict[str, Lane] = {}
         self.outbox: Outbox | None = None  # results on their way to the coordinator (open())
         self.handover: Handover | None = None  # rollovers: this generation's side (open())
@@ -95,6 +97,15 @@ class Shard:
         # Lane cgroups live under <tree>/<shard>.<generation>: the supervisor kills a dead
         # generation's subtree while the next generation starts its own beside it.
         self.cgroups = LaneCgroups(tree_id(node.paths.run_dir), f"{node.name}.{node.generation}")
+        self.limits = LaneLimits(tree_id(node.paths.run_dir), f"{node.name}.{node.generation}")
+        self.limits.remove_all()
+        isolation = node.args.isolation
+        log.info(
+            "%s: lanes run with isolation %s (limits: %s)",
+            node.name,
+            isolation.mode,
+            ", ".join(self.limits.bases) or "rlimits only",
+        )
         self.store = Store(node.paths.state_dir / node.name, [OUTBOX_DB, *TRANSCRIPT_DBS])
         self.store.start()
         # --- transcripts: prune now and periodically (lost lanes are closed on settling)
@@ -143,6 +154,8 @@ class Shard:
         await self.outbox.wait_sent(DELIVER_ON_STOP_S)
         if self.cgroups is not None:  # cgroup tracking: nothing of any lane outlives the shard
             self.cgroups.kill_all_sync()
+        if self.limits is not None:
+            self.limits.remove_all()
         if self.transcript is not None:  # transcripts: reads in flight end before the store
             await self.transcript.close()
         assert self.store is not None
@@ -377,7 +390,7 @@ class Shard:
         over (`lane.moving`), return with no result. A resumed lane keeps its sandbox, counts
         its time from its first start and its spend from what it had spent."""
         assert self.node is not None and self.cgroups is not None and self.outbox is not None
-        assert self.budgets is not None
+        assert self.budgets is not None and self.limits is not None
         spec = lane.start.task
         verdict: Outcome | None = None
         status, error, commit = "failed", None, None
@@ -394,12 +407,16 @@ class Shard:
                 lane.sandbox = ready.path
                 if self.transcript is not None:
                     what = spec.run if spec.program == SHELL else f"{spec.program} {spec.run}"
-                    self.transcript.event(lane.id, f"started in {ready.path}: {what}")
+                    mode = self.node.args.isolation.mode
+                    self.transcript.event(
+                        lane.id, f"started in {ready.path} (isolation {mode}): {what}"
+                    )
             lane.enter(LaneState.RUNNING)
             host = Host(
                 self.node,
                 lane,
                 cgroups=self.cgroups,
+                limits=self.limits,
                 transcript=self.transcript,
                 outbox=self.outbox,
                 budgets=self.budgets,

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -237,6 +237,7 @@ async def run_shell(
     on_spawn: Callable[[int], None] | None = None,
     on_stop: Callable[[], None] | None = None,
     nice: int = 0,
+    wrap: Sequence[str] = (),
 ) -> ShellOutcome:
     """Run `/bin/sh -c command` in `cwd` and report how it ended.
 
@@ -262,6 +263,9 @@ async def run_shell(
       logging: other threads' locks may be held forever in the child). None: nothing is called.
     - `nice`: added to the command's niceness before exec (0..19, default 0), after `preexec`,
       so everything the command runs competes for the CPU at that lower priority.
+    - `wrap`: an argv prefix that runs the shell, e.g. a bubblewrap invocation ending in "--"
+      (`shards.isolation.bwrap_argv`); it is the group's leader then, and must keep the shell
+      in its process group (no `setsid`). Empty (default): the shell is the leader itself.
 
     The command is the leader of its own process group, with stdin from /dev/null. When the
     leader exits, the rest of its group (background children such as `sleep 100 &`) is killed
@@ -291,6 +295,7 @@ async def run_shell(
     started = time.monotonic()
     transport, protocol = await loop.subprocess_exec(
         lambda: _LaneProtocol(loop, tail, on_output),
+        *wrap,
         "/bin/sh",
         "-c",
         command,

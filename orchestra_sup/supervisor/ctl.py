@@ -37,6 +37,7 @@ from orchestra_sup.protocol.endpoint import (
     routing_id,
 )
 from orchestra_sup.release import version
+from orchestra_sup.shards.isolation import effective
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildState
 
@@ -183,6 +184,7 @@ class CtlService:
             ctl_refused=self.sup.ctl_refused(),
             bad_frames=sum(ep.bad_frames for ep in (self.sup.control, self.sup.ctl) if ep),
             stale_frames=sum(ep.stale_frames for ep in (self.sup.control, self.sup.ctl) if ep),
+            isolation=effective(self.sup.settings.isolation).mode,
         )
 
     def _answer(

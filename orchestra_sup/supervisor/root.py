@@ -48,6 +48,7 @@ from orchestra_sup.protocol.endpoint import Endpoint, Handler, routing_id
 from orchestra_sup.protocol.keys import ServerKeys, load_server_keys
 from orchestra_sup.release import describe, protocol_range
 from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
+from orchestra_sup.shards.isolation import effective
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
@@ -423,6 +424,7 @@ class RootSupervisor:
             lane_nice=self.settings.lanes.nice,
             lane_programs=list(self.settings.lanes.programs),
             quotas=dict(self.settings.quotas) if worker.spec.role == "coordinator" else {},
+            isolation=effective(self.settings.isolation),
         )
 
     def _after_exit(self, worker: Worker, generation: int) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from orchestra_sup.config import (
     IPC_PATH_MAX,
+    ISOLATION_ENV,
     LaneSettings,
     Paths,
     Settings,
@@ -56,6 +57,12 @@ def _refused(tmp_path: Path, text: str, **overrides: int) -> str:
 
 
 # --- settings ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_isolation_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Config as the file says: tests/conftest.py sets `ISOLATION_ENV` for the trees."""
+    monkeypatch.delenv(ISOLATION_ENV, raising=False)
 
 
 def test_defaults_without_a_file() -> None:

@@ -487,6 +487,7 @@ def test_notes_count_as_output_and_are_capped_per_lane() -> None:
             None,  # type: ignore[arg-type]
             lane,
             cgroups=None,  # type: ignore[arg-type]
+            limits=None,  # type: ignore[arg-type]
             transcript=None,
             outbox=outbox,  # type: ignore[arg-type]
             budgets=watch,
@@ -505,6 +506,7 @@ def test_notes_count_as_output_and_are_capped_per_lane() -> None:
             None,  # type: ignore[arg-type]
             chatty,
             cgroups=None,  # type: ignore[arg-type]
+            limits=None,  # type: ignore[arg-type]
             transcript=None,
             outbox=outbox,  # type: ignore[arg-type]
             budgets=watch,

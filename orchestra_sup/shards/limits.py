@@ -1,0 +1,175 @@
+"""Memory and process limits of a whole lane, through the cgroup v1 memory and pids controllers.
+
+On hybrid machines (these ones: notes/isolation.md) cgroup v2 only tracks (`shards.cgroup`): its
+hierarchy has no memory or pids controller. The v1 hierarchies have them, so each lane gets, per
+controller that is mounted and writable, a directory nested under this process's own cgroup of
+that controller (read from `/proc/self/cgroup`: the memory one differs per machine)::
+
+    <v1 mount of CTRL>/<own path>/orchestra-sup/<tree_id>/<shard>.<generation>/<lane>
+
+with `memory.limit_in_bytes` (the lane's resident memory, page cache and tmpfs included: past
+it the kernel reclaims, then OOM-kills inside the lane only) and `pids.max` (tasks, threads
+included: a fork past it fails with EAGAIN, so a fork bomb stalls instead of filling the
+machine). The command joins them between fork and exec (`join_fn`), like its v2 cgroup.
+
+v1 has no `cgroup.kill`: killing stays the job of the v2 cgroup and of the process group; these
+directories are removed once the command's processes are gone (`remove`), and a shard removes
+what a previous incarnation of it left (`remove_all`). Where a controller is missing (pure v2, no
+root, `ORCHESTRA_SUP_CGROUP=off`) it is skipped: the rlimits of `shards.isolation` remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestra_sup.shards.cgroup import ENV_SWITCH, TOP
+
+__all__ = ["CONTROLLERS", "LaneLimits", "v1_controller"]
+
+log = logging.getLogger(__name__)
+
+CONTROLLERS = ("memory", "pids")
+"""The cgroup v1 controllers used, in the order a command joins them."""
+
+_LIMIT_FILE = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}
+
+
+def _own_path(controller: str) -> str | None:
+    """This process's cgroup in the v1 hierarchy of `controller` ("/process_api/ab12..."),
+    from /proc/self/cgroup; None when that controller has no v1 hierarchy."""
+    try:
+        text = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        _id, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return None
+
+
+def _mount(controller: str) -> tuple[Path, str] | None:
+    """(mount point, root inside the hierarchy) of the v1 hierarchy of `controller`."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3 or tail[0] != "cgroup":
+            continue
+        if controller in tail[2].split(","):
+            return Path(fields[4]), fields[3]
+    return None
+
+
+def v1_controller(controller: str) -> Path | None:
+    """This process's own cgroup directory in the v1 hierarchy of `controller` ("memory" or
+    "pids"), when it exists and this process may create cgroups in it; else None (also under
+    `ORCHESTRA_SUP_CGROUP=off`). Never raises."""
+    if os.environ.get(ENV_SWITCH, "").strip().lower() == "off":
+        return None
+    mount, own = _mount(controller), _own_path(controller)
+    if mount is None or own is None:
+        return None
+    point, root = mount
+    try:
+        inner = Path(own).relative_to(root)
+    except ValueError:  # our cgroup is outside what is mounted here
+        return None
+    path = point / inner
+    return path if os.access(path, os.W_OK | os.X_OK) else None
+
+
+class LaneLimits:
+    """The v1 limit cgroups of one shard's lanes (see the module docstring).
+
+    `shard` is the shard's directory name (`<name>.<generation>`, as `LaneCgroups`). With no
+    usable controller every method is a no-op (`create` returns []).
+    """
+
+    def __init__(self, tree_id: str, shard: str):
+        self.bases: dict[str, Path] = {}
+        """Controller -> this shard's directory in it (made on the first `create`)."""
+        for controller in CONTROLLERS:
+            own = v1_controller(controller)
+            if own is not None:
+                self.bases[controller] = own / TOP / tree_id / shard
+
+    def create(self, lane: str, *, memory_bytes: int, processes: int) -> list[Path]:
+        """Make the lane's cgroups with their limits and return them (to `join_fn`). A
+        controller whose directory or limit cannot be written is skipped, logged: the lane then
+        runs without that limit, never fails for it. Never raises OSError."""
+        made = []
+        for controller, base in self.bases.items():
+            path = base / lane
+            value = memory_bytes if controller == "memory" else processes
+            for _attempt in range(3):  # a parent may vanish meanwhile (a sibling's `remove`)
+                try:
+                    path.mkdir(parents=True, exist_ok=True)
+                    (path / _LIMIT_FILE[controller]).write_text(str(value))
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    log.warning("lane %s: no %s limit (%s)", lane, controller, exc)
+                    break
+                made.append(path)
+                break
+        return made
+
+    @staticmethod
+    def join_fn(paths: list[Path]) -> Callable[[], None]:
+        """A function for the child between fork and exec that moves it into every cgroup of
+        `paths` (writes "0" to each `cgroup.procs`). Plain `os` calls only; a failed move is one
+        line on the child's stderr (the lane's output) and the command runs without that limit
+        (the same choice as `LaneCgroups.join_fn`)."""
+        files = [os.fsencode(p / "cgroup.procs") for p in paths]
+
+        def join() -> None:
+            for procs in files:
+                try:
+                    fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+                    try:
+                        os.write(fd, b"0")
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    with contextlib.suppress(OSError):
+                        os.write(2, f"orchestra-sup: no cgroup limit: {exc}\n".encode())
+
+        return join
+
+    def remove(self, lane: str) -> None:
+        """Remove the lane's cgroups, and the shard's and tree's directories when empty. Call
+        once its processes are gone (the v2 kill); a cgroup still in use stays (logged), for
+        `remove_all`. Never raises OSError."""
+        for base in self.bases.values():
+            _rmdir(base / lane, log_busy=True)
+            _rmdir(base)
+            _rmdir(base.parent)
+
+    def remove_all(self) -> None:
+        """Remove this shard's directories (what a previous incarnation left, or everything
+        at stop) where they are empty. Never raises OSError."""
+        for base in self.bases.values():
+            if base.is_dir():
+                for lane in base.iterdir():
+                    if lane.is_dir():
+                        _rmdir(lane, log_busy=True)
+            _rmdir(base)
+            _rmdir(base.parent)
+
+
+def _rmdir(path: Path, *, log_busy: bool = False) -> None:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # EBUSY: processes still in it, or other lanes below it
+        if log_busy:
+            log.warning("cgroup %s not removed: %s", path, exc)
