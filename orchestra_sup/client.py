@@ -21,7 +21,7 @@ import zmq
 from orchestra_sup.errors import ConfigError, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
 from orchestra_sup.protocol.keys import ClientKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor.runlock import is_owned
@@ -48,6 +48,7 @@ class CtlClient:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)  # as every tree socket
         self.monitor: zmq.Socket | None = None
         if connect is not None and keys is not None:
             self.monitor = self.sock.get_monitor_socket(curve.REFUSALS)

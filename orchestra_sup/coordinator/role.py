@@ -59,6 +59,8 @@ from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
 
+MSG_ID_MAX_BYTES = 256
+"""The longest inbox message id (UTF-8 bytes): it is an LMDB key (`state.store.check_key`)."""
 START_TIMEOUT_S = 10.0
 RECOVERY_EVERY_S = 15.0
 
@@ -278,6 +280,9 @@ class Coordinator:
                 sum(part is not None for part in (body.result, body.pause, body.note)) != 1
             ):
                 message = "an InboxPut carries exactly one of result, pause and note"
+                ep.reply(env, peer, f.Error(code=ErrorCode.BAD_REQUEST, message=message))
+            case f.InboxPut() if not 0 < len(body.msg_id.encode()) <= MSG_ID_MAX_BYTES:
+                message = f"an InboxPut's msg_id is 1 to {MSG_ID_MAX_BYTES} bytes"
                 ep.reply(env, peer, f.Error(code=ErrorCode.BAD_REQUEST, message=message))
             case f.InboxPut():
                 if body.msg_id in self.inbox_ids:

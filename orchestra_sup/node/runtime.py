@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import time
+import typing
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,6 +46,9 @@ from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, 
 from orchestra_sup.release import protocol_range, version
 
 log = logging.getLogger(__name__)
+
+CONTROL_BODIES = typing.get_args(f.Control)
+"""The bodies only the supervisor sends, over the control channel."""
 
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -326,7 +330,19 @@ class Node:
         """Hand a peer's request to the role, unless its sender is a generation the roster has
         retired (older than the current one and not draining): that is refused with
         `stale_generation` and counted. A sender newer than the roster is let through: its
-        roster update may simply not have arrived yet."""
+        roster update may simply not have arrived yet. A control-channel body (`frames.Control`:
+        `TreeStopping`, `Quiesce`, `Drain`, ...) is refused `forbidden`: the supervisor sends
+        those over the control channel, and a peer that sends one here is not it."""
+        if isinstance(env.body, CONTROL_BODIES):  # only the supervisor says these, and only
+            ep.reply(  # on the control channel (`_on_control`): never a peer
+                env,
+                peer,
+                f.Error(
+                    code=ErrorCode.FORBIDDEN,
+                    message=f"{type(env.body).__name__} comes only from the supervisor",
+                ),
+            )
+            return
         known = self.peers.get(env.sender)
         if known is not None and env.gen < known.generation and env.gen not in known.draining:
             self.stale_frames += 1

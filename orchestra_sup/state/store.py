@@ -155,15 +155,18 @@ class Store:
     # --- the loop side ---------------------------------------------------------------------------
 
     def put(self, db: str, key: bytes, value: bytes) -> None:
-        """Queue a write and return at once (the hot path: one tuple and one queue put)."""
+        """Queue a write and return at once (the hot path: one tuple and one queue put).
+        Raises `ValueError` for a key LMDB cannot hold (`check_key`)."""
         if self._closed:
             raise self._closed_error()
+        check_key(key)
         self._enqueue((_PUT, self._dbs[db], key, value, None))
 
     def delete(self, db: str, key: bytes) -> None:
-        """Queue a delete and return at once."""
+        """Queue a delete and return at once. Raises `ValueError` as `put` does."""
         if self._closed:
             raise self._closed_error()
+        check_key(key)
         self._enqueue((_DELETE, self._dbs[db], key, None, None))
 
     def append(self, db: str, key: bytes, value: bytes) -> None:
@@ -172,6 +175,7 @@ class Store:
         across restarts. Two appends are two rows, whatever their keys and values (`rows`)."""
         if self._closed:
             raise self._closed_error()
+        check_key(key + bytes(SEQ_BYTES))
         self._enqueue((_APPEND, self._dbs[db], key, value, None))
 
     def put_durable(self, db: str, key: bytes, value: bytes) -> asyncio.Future[None]:
@@ -179,12 +183,15 @@ class Store:
 
         While the state is degraded the future stays pending until a retry commits it (it is
         never resolved before the write is on disk); it raises `StateError` only if the store is
-        closed before the write could be committed.
+        closed before the write could be committed. Raises `ValueError` at once for a key LMDB
+        cannot hold (`check_key`): queued, it would fail every retry and hold up every later
+        write behind it.
         """
         if self._loop is None:
             raise RuntimeError("put_durable needs start() called on a running event loop")
         if self._closed:
             raise self._closed_error()
+        check_key(key)
         done: asyncio.Future[None] = self._loop.create_future()
         self._enqueue((_PUT, self._dbs[db], key, value, done))
         return done
@@ -421,6 +428,17 @@ class Store:
             return
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
             loop.call_soon_threadsafe(_settle_all, dones, error)
+
+
+MAX_KEY_BYTES = 511
+"""The longest key LMDB takes (its default `mdb_env_get_maxkeysize`)."""
+
+
+def check_key(key: bytes) -> None:
+    """Raise `ValueError` unless `key` is 1 to `MAX_KEY_BYTES` bytes: LMDB refuses any other,
+    and a write the store queued with one would be retried for ever."""
+    if not 0 < len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"a state key is 1 to {MAX_KEY_BYTES} bytes, got {len(key)}")
 
 
 def _describe(path: Path, exc: BaseException | str) -> StateError:
