@@ -201,3 +201,21 @@ def test_recorded_line_and_json() -> None:
         "task": "deploy",
         "outcome": "task deploy approved:\nit runs",
     }
+
+
+def test_status_says_what_was_refused_and_how_lanes_are_isolated() -> None:
+    reply = f.StatusReply(
+        supervisor_pid=10,
+        version="0.1.0",
+        run_dir="/run/x",
+        state_dir="/state",
+        workspace="/ws",
+        children=[],
+        ctl_refused=3,
+        bad_frames=2,
+        stale_frames=1,
+        isolation="bwrap",
+    )
+    text = printed(lambda c: render.status_table(reply, c))
+    assert "refused frames stale/bad 1/2" in text
+    assert "ctl refused 3" in text and "isolation bwrap" in text
