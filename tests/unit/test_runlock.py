@@ -30,7 +30,10 @@ def test_a_run_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     """Its owner could open it again or swap a socket in it: refused in one line, untouched."""
     run = tmp_path / "run"
     run.mkdir(mode=0o755)
-    os.chown(run, 65534, 65534)
+    try:
+        os.chown(run, 65534, 65534)
+    except OSError as exc:  # root in a user namespace (a sandboxed lane) where 65534 is unmapped
+        pytest.skip(f"cannot give a directory to uid 65534 here: {exc.strerror}")
     with pytest.raises(ConfigError, match="belongs to uid 65534") as info:
         RunLock(run)
     assert "\n" not in str(info.value)
