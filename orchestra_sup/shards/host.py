@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import time
@@ -33,9 +32,10 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.cgroup import LaneCgroups
 from orchestra_sup.shards.isolation import (
     bwrap_argv,
+    bwrap_binary,
+    object_stores,
     python_paths,
     rlimits,
-    sandbox_reads,
     set_rlimits_fn,
 )
 from orchestra_sup.shards.lane import TAIL_BYTES, Lane, LaneState
@@ -186,10 +186,13 @@ class Host:
         inbox.parent.mkdir(parents=True, exist_ok=True)
         inbox.touch()  # bound into the sandbox: it must exist before the first message
         wrap = bwrap_argv(
-            shutil.which("bwrap") or "bwrap",
+            bwrap_binary() or "bwrap",
             sandbox=sandbox,
             hidden=[Path.home(), node.paths.state_dir, node.paths.run_dir],
-            readable=[*python_paths(), *sandbox_reads(sandbox)],
+            readable=[
+                *python_paths(),
+                *object_stores(node.paths.workspace or node.paths.state_dir / "workspace"),
+            ],
             files=[inbox],
             tmpfs_bytes=settings.max_file_bytes,
         )

@@ -45,12 +45,13 @@ __all__ = [
     "IsolationSettings",
     "Mode",
     "bwrap_argv",
+    "bwrap_binary",
     "bwrap_problem",
     "effective",
+    "object_stores",
     "python_paths",
     "resolve",
     "rlimits",
-    "sandbox_reads",
     "set_rlimits_fn",
 ]
 
@@ -111,14 +112,15 @@ def _namespace_flags() -> list[str]:
 def bwrap_problem() -> str | None:
     """Why bubblewrap cannot confine a lane here, or None when it can.
 
-    Looks for `bwrap` on PATH and runs `/bin/true` in it with every namespace and flag
+    Looks for `bwrap` in `TRUSTED_PATH` and runs `/bin/true` in it with every namespace and flag
     `bwrap_argv` uses (~7 ms; the answer is cached for the life of the process). The reason is
-    one line: "bwrap not found on PATH (apt-get install -y bubblewrap)", or bwrap's own error
+    one line: "bwrap not found in the system's directories (apt-get install -y bubblewrap)",
+    or bwrap's own error
     (e.g. user namespaces disabled). Never raises.
     """
-    path = shutil.which("bwrap")
+    path = bwrap_binary()
     if path is None:
-        return "bwrap not found on PATH (apt-get install -y bubblewrap)"
+        return "bwrap not found in the system's directories (apt-get install -y bubblewrap)"
     argv = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     try:
         done = subprocess.run(
@@ -272,14 +274,25 @@ def python_paths() -> list[Path]:
     return [p for p in found if p.is_dir()]
 
 
-def sandbox_reads(sandbox: Path) -> list[Path]:
-    """The object stores a `git clone --shared` sandbox borrows (its
-    `.git/objects/info/alternates`, docs/adr/0002), existing directories only; empty when it
-    has none. Never raises."""
-    objects = sandbox / ".git" / "objects"
-    try:
-        lines = (objects / "info" / "alternates").read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return []
-    paths = [objects / line.strip() for line in lines if line.strip() and line[0] != "#"]
-    return [Path(os.path.realpath(p)) for p in paths if p.is_dir()]
+def object_stores(workspace: Path) -> list[Path]:
+    """The object store a `git clone --shared` sandbox borrows (docs/adr/0002): the workspace's
+    `.git/objects`, as the tree knows its workspace, when it is a directory; else nothing.
+    Never raises.
+
+    Never read from the sandbox's own `.git/objects/info/alternates`: the lane writes that
+    file, and a path it named there would be mounted into its next command, over the very
+    directories isolation hides (an attacker read the tree's CURVE secret key and steered it
+    through `ctl.ipc` that way)."""
+    objects = workspace / ".git" / "objects"
+    return [Path(os.path.realpath(objects))] if objects.is_dir() else []
+
+
+TRUSTED_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""Where `bwrap` is looked for: the system's directories, never the shard's PATH (a `bwrap`
+first on a PATH someone else can write to would be trusted to confine every lane)."""
+
+
+@functools.cache
+def bwrap_binary() -> str | None:
+    """The `bwrap` the tree runs lanes under (`TRUSTED_PATH`), or None."""
+    return shutil.which("bwrap", path=TRUSTED_PATH)

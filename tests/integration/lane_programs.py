@@ -137,3 +137,17 @@ class Strays:
             while not pidfile.exists() or not pidfile.read_text().strip():
                 await asyncio.sleep(0.02)
         return Outcome(status="succeeded", exit_code=0)
+
+
+class Twice:
+    """Runs its `run` command twice in its sandbox (a program's two `exec`s); fails when the
+    second fails."""
+
+    async def run(self, lane: LaneContext) -> Outcome:
+        for _ in range(2):
+            ran = await lane.exec(lane.task.run, 30.0)
+        return Outcome(
+            status="succeeded" if ran.exit_code == 0 else "failed",
+            exit_code=ran.exit_code,
+            error=None if ran.exit_code == 0 else "second run failed",
+        )

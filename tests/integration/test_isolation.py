@@ -21,6 +21,7 @@ from orchestra_sup.shards.isolation import bwrap_problem
 from orchestra_sup.shards.limits import v1_controller
 from tests.integration.harness import Tree, plan, task, wait_until
 
+TWICE = "tests.integration.lane_programs:Twice"
 needs_bwrap = pytest.mark.skipif(
     bwrap_problem() is not None, reason=f"bubblewrap unusable here: {bwrap_problem()}"
 )
@@ -144,3 +145,25 @@ def test_setsid_daemon_dies_with_its_lane(
     finally:
         for proc in daemons():  # only when the layer failed: ours, by its marker
             proc.kill()
+
+
+@needs_bwrap
+def test_a_lane_cannot_unhide_paths_through_its_own_git_alternates(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """bwrap: the object store a sandbox borrows is the workspace's, as the tree knows it; a
+    path the lane writes into its own `.git/objects/info/alternates` is never mounted into its
+    next command (an attacker read the tree's CURVE secret and reached ctl.ipc that way)."""
+    config = tmp_path / "twice.toml"
+    config.write_text(f'[lanes]\nprograms = ["{TWICE}"]\n')
+    tree = tree_factory(workspace=repo, config=config, extra_env={ISOLATION_ENV: "bwrap"})
+    secret = tree.state_dir / "secret"
+    secret.write_text("do not read")
+    run = (
+        f"cat {secret} && exit 0; "
+        f"printf '%s\\n' {tree.state_dir} {tree.run_dir} >> .git/objects/info/alternates; "
+        "exit 1"
+    )
+    report = tree.wait_plan(tree.submit(plan("alt", task("alt", run, program=TWICE))), 60)
+    (t,) = report.tasks
+    assert t.status == "failed" and "do not read" not in t.output_tail, t
