@@ -111,10 +111,11 @@ class RunLock(DirLock):
 
 class StateLock(DirLock):
     """The state directory's lock: two trees on one state would each think the other's lanes
-    were lost."""
+    were lost. A state directory it creates is mode 0700: it holds the tree's records, its
+    sandboxes and its CURVE keys (an existing one keeps its mode: the owner chose it)."""
 
     def __init__(self, state_dir: Path):
-        super().__init__(state_dir, "tree.lock", "state directory", mode=0o755)
+        super().__init__(state_dir, "tree.lock", "state directory", mode=0o700)
 
     @classmethod
     def inherited(cls, fd: int, state_dir: Path) -> Self:

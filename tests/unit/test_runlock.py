@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.supervisor.runlock import RunLock
+from orchestra_sup.supervisor.runlock import RunLock, StateLock
 
 
 def test_an_open_run_dir_of_ours_is_made_0700(tmp_path: Path) -> None:
@@ -38,3 +38,12 @@ def test_a_run_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
         RunLock(run)
     assert "\n" not in str(info.value)
     assert list(run.iterdir()) == []
+
+
+def test_a_state_directory_it_creates_is_private(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    lock = StateLock(state)
+    try:
+        assert state.stat().st_mode & 0o777 == 0o700
+    finally:
+        lock.release()
