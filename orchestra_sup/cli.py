@@ -1127,8 +1127,9 @@ def keys_init(
     as_json: JsonOpt = False,
 ) -> None:
     """Create the tree's CURVE keys: the server keypair and client keypairs it allows
-    (default: one, "operator"). Files 0600 in a 0700 directory; never overwrites a server key.
-    A remote operator needs server.public and their NAME.secret.
+    (default: one, "operator"). Files 0600 in a 0700 directory; never overwrites a key. On a
+    directory that has the server key already, only the clients are added (restart the tree to
+    admit them). A remote operator needs server.public and their NAME.secret.
 
     Example: orchestra-sup keys init --client alice --client ci
     """

@@ -28,6 +28,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "loop_lag_ms": list(reply.loop_lag_ms),
             "bad_frames": reply.bad_frames,
             "stale_frames": reply.stale_frames,
+            "ctl_refused": reply.ctl_refused,
         },
         "children": msgspec.to_builtins(reply.children),
     }

@@ -70,24 +70,32 @@ def default_keys_dir(state_dir: Path) -> Path:
 
 def init_keys(directory: Path, clients: list[str]) -> list[Path]:
     """Create a tree's keys in `directory` (made 0700 if missing): the server keypair and one
-    keypair per name in `clients`, each allowed (`clients/<name>.public`). Returns the files
-    written, in order. Files are created 0600 and never overwritten.
+    keypair per name in `clients`, each allowed (`clients/<name>.public`). In a directory that
+    already holds the server key, only the clients are added (a second operator): the server key
+    is never replaced, since a new one would lock every client out. Returns the files written,
+    in order. Files are created 0600 and never overwritten.
 
     Raises `ConfigError` when a name is not `[A-Za-z0-9][A-Za-z0-9_.-]*` (at most 64
-    characters) or is "server", when `directory` already holds a server key (a tree's keys are
-    made once: new ones would lock every client out), or when a file cannot be written.
+    characters) or is "server", when a client of that name is allowed already, or when a file
+    cannot be written.
     """
     for name in clients:
         _check_name(name)
-    if (directory / f"{SERVER}.secret").exists():
-        raise ConfigError(f"keys directory {directory} already has a server key; not replaced")
+    have_server = (directory / f"{SERVER}.secret").exists()
+    for name in clients:
+        if (directory / "clients" / f"{name}.public").exists():
+            raise ConfigError(
+                f"keys directory {directory} already allows client {name!r}; not replaced"
+                + ("" if not have_server else " (keys init --client NAME adds another)")
+            )
     written = []
     try:
         (directory / "clients").mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(directory, 0o700)
-        server = _keypair()
-        written.append(_write(directory / f"{SERVER}.secret", server))
-        written.append(_write(directory / f"{SERVER}.public", Keypair(server.public, b"")))
+        if not have_server:
+            server = _keypair()
+            written.append(_write(directory / f"{SERVER}.secret", server))
+            written.append(_write(directory / f"{SERVER}.public", Keypair(server.public, b"")))
         for name in clients:
             keypair = _keypair()
             written.append(_write(directory / f"{name}.secret", keypair))

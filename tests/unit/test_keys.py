@@ -53,14 +53,21 @@ def test_init_makes_private_files_in_a_private_directory(tmp_path: Path) -> None
     assert "secret" not in (keys / "server.public").read_text()
 
 
-def test_init_never_replaces_a_server_key(tmp_path: Path) -> None:
-    """A second init is refused and leaves the first keys as they were."""
+def test_init_never_replaces_a_key_but_adds_a_client(tmp_path: Path) -> None:
+    """A second init keeps the server key and adds only the new client (a second operator); a
+    client already allowed is refused and left as it was."""
     init_keys(tmp_path, ["operator"])
     before = (tmp_path / "server.secret").read_bytes()
-    with pytest.raises(ConfigError, match="already has a server key"):
-        init_keys(tmp_path, ["other"])
+    operator = (tmp_path / "clients" / "operator.public").read_bytes()
+    assert init_keys(tmp_path, ["other"]) == [
+        tmp_path / "other.secret",
+        tmp_path / "clients" / "other.public",
+    ]
+    with pytest.raises(ConfigError, match="already allows client 'operator'"):
+        init_keys(tmp_path, ["operator"])
     assert (tmp_path / "server.secret").read_bytes() == before
-    assert not (tmp_path / "other.secret").exists()
+    assert (tmp_path / "clients" / "operator.public").read_bytes() == operator
+    assert set(load_server_keys(tmp_path).clients.values()) == {"operator", "other"}
 
 
 @pytest.mark.parametrize("name", ["server", "", "../x", "a b", "-x", "x" * 65])

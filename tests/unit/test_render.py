@@ -219,3 +219,6 @@ def test_status_says_what_was_refused_and_how_lanes_are_isolated() -> None:
     text = printed(lambda c: render.status_table(reply, c))
     assert "refused frames stale/bad 1/2" in text
     assert "ctl refused 3" in text and "isolation bwrap" in text
+    sup = render.status_json(reply)["supervisor"]
+    assert (sup["ctl_refused"], sup["bad_frames"], sup["stale_frames"]) == (3, 2, 1)
+    assert sup["isolation"] == "bwrap"
