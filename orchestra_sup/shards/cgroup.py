@@ -411,6 +411,28 @@ def kill_tree_sync(path: Path, timeout_s: float = KILL_TIMEOUT_S) -> bool:
 # --- per shard -------------------------------------------------------------------------------
 
 
+def joiner(paths: list[Path], unmet: str) -> Callable[[], None]:
+    """A function for a child between fork and exec that moves it into every cgroup of `paths`
+    (writes "0" to each `cgroup.procs`). Plain `os` calls only, on paths prepared here; it never
+    raises: a move that fails is one line on the child's stderr (the lane's output), "<unmet>:
+    <error>", and the command runs without it rather than fail its spawn."""
+    files = [os.fsencode(p / "cgroup.procs") for p in paths]
+
+    def join() -> None:
+        for procs in files:
+            try:
+                fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.write(2, f"orchestra-sup: {unmet}: {exc}\n".encode())
+
+    return join
+
+
 class LaneCgroups:
     """The cgroups of one shard's lanes: `<cgroup2 root>/orchestra-sup/<tree_id>/<shard_name>/`.
 
@@ -502,20 +524,7 @@ class LaneCgroups:
         it writes one line saying so to the child's stderr (the lane's output) and lets the
         command run untracked, rather than fail the spawn with an opaque SubprocessError.
         """
-        procs = os.fsencode(path / "cgroup.procs")
-
-        def join() -> None:
-            try:
-                fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.write(2, f"orchestra-sup: not tracked by cgroup: {exc}\n".encode())
-
-        return join
+        return joiner([path], "not tracked by cgroup")
 
     def kill_now(self, lane: str) -> None:
         """Send the kill to every process in the lane's cgroup (sub-cgroups included) now, on

@@ -20,13 +20,12 @@ root, `ORCHESTRA_SUP_CGROUP=off`) it is skipped: the rlimits of `shards.isolatio
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestra_sup.shards.cgroup import ENV_SWITCH, TOP
+from orchestra_sup.shards.cgroup import ENV_SWITCH, TOP, joiner
 
 __all__ = ["CONTROLLERS", "LaneLimits", "v1_controller"]
 
@@ -128,21 +127,7 @@ class LaneLimits:
         `paths` (writes "0" to each `cgroup.procs`). Plain `os` calls only; a failed move is one
         line on the child's stderr (the lane's output) and the command runs without that limit
         (the same choice as `LaneCgroups.join_fn`)."""
-        files = [os.fsencode(p / "cgroup.procs") for p in paths]
-
-        def join() -> None:
-            for procs in files:
-                try:
-                    fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
-                    try:
-                        os.write(fd, b"0")
-                    finally:
-                        os.close(fd)
-                except OSError as exc:
-                    with contextlib.suppress(OSError):
-                        os.write(2, f"orchestra-sup: no cgroup limit: {exc}\n".encode())
-
-        return join
+        return joiner(paths, "no cgroup limit")
 
     def remove(self, lane: str) -> None:
         """Remove the lane's cgroups, and the shard's and tree's directories when empty. Call
