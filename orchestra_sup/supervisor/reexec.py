@@ -368,6 +368,21 @@ def adopt(sup: RootSupervisor, handoff: Handoff) -> None:
     again when its first heartbeat says its DEALER has reconnected."""
     for each in _supervisors(sup.tree):
         each.running = True
+    sup.adopting = True  # no roster until every child is back: the others would look down
+    try:
+        _adopt_children(sup, handoff)
+    finally:
+        sup.adopting = False
+    log.info(
+        "supervisor re-executed onto %s: %d of %d children adopted %.1f ms after the exec",
+        handoff.release,
+        len(sup.unheard),
+        len(sup.workers),
+        (time.monotonic() - handoff.exec_at) * 1000,
+    )
+
+
+def _adopt_children(sup: RootSupervisor, handoff: Handoff) -> None:
     for worker, child in zip(sup.workers, handoff.children, strict=True):
         worker.restarts = child.restarts
         worker.operator_restarts = child.operator_restarts
@@ -383,13 +398,6 @@ def adopt(sup: RootSupervisor, handoff: Handoff) -> None:
         worker.resume(child.generation, child.started_at)
         if sup.seam.adopt(worker, child.pid, child.create_time):
             sup.unheard.add(worker.name)
-    log.info(
-        "supervisor re-executed onto %s: %d of %d children adopted %.1f ms after the exec",
-        handoff.release,
-        len(sup.unheard),
-        len(sup.workers),
-        (time.monotonic() - handoff.exec_at) * 1000,
-    )
 
 
 def stop_children(grace_s: float) -> int:

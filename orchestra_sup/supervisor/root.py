@@ -196,6 +196,10 @@ class RootSupervisor:
         set before `rollovers` is built, so it can take up a rollover in progress."""
         self.rollovers = Rollovers(self)
         self.unheard: set[str] = set()
+        self.adopting = False
+        """`supervisor.reexec.adopt` is taking the children back one by one: no roster goes out
+        until all are (one sent midway would show the rest down, and the coordinator would
+        lose their lanes)."""
         """Adopted children not heard from since the re-exec: each is sent the roster again
         at its first heartbeat (until its DEALER has reconnected, a send to it fails)."""
         self.dir_locks: tuple[DirLock, DirLock] | None = None
@@ -453,7 +457,8 @@ class RootSupervisor:
             self.liveness[worker.name].lag_ms = None  # a new process: no figures of its own yet
         if worker.state is ChildState.RUNNING:
             self.liveness[worker.name].last_beat = time.monotonic()
-        self.broadcast_roster()
+        if not self.adopting:
+            self.broadcast_roster()
         summary = self.summary()
         if summary != self._last_summary:
             self._last_summary = summary

@@ -39,7 +39,10 @@ def private_modes(run_dir: Path) -> dict[str, int]:
     for entry in run_dir.iterdir():
         if entry.name == HARNESS_NOTIFY:
             continue
-        st = entry.lstat()
+        try:
+            st = entry.lstat()
+        except FileNotFoundError:  # a retired generation's socket, unlinked since the listing
+            continue
         assert stat.S_ISSOCK(st.st_mode) or entry.name == "supervisor.lock", entry
         modes[entry.name] = stat.S_IMODE(st.st_mode)
     return modes
