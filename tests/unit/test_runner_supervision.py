@@ -66,6 +66,13 @@ def _answer(verdict: str = "approve", **kw: object) -> f.Answer:
     return f.Answer(verdict=verdict, responder="root", uid=0, at=T0, **kw)  # type: ignore[arg-type]
 
 
+def _ask(lane: str, key: str = "q1", question: str = "ship?") -> f.HitlPause:
+    """The pause lane `lane` of task "a" records when its program asks `question` (`key`)."""
+    return f.HitlPause(
+        lane=lane, plan="p1", task="a", shard="shard-0", key=key, question=question, asked_at=T0
+    )
+
+
 # --- retries --------------------------------------------------------------------------------------
 
 
@@ -269,15 +276,7 @@ def test_a_failure_under_on_failure_pause_waits_for_review() -> None:
 def test_a_question_is_answered_to_the_live_lane() -> None:
     rec = _plan(_task(program="m:P"))
     start = _place(rec)
-    pause = f.HitlPause(
-        lane=start.lane,
-        plan="p1",
-        task="a",
-        shard="shard-0",
-        key="q1",
-        question="ship?",
-        asked_at=T0,
-    )
+    pause = _ask(start.lane)
     assert rec.pause_for_question(pause)
     assert rec.report().tasks[0].status == "awaiting_approval"
     assert rec.tasks["a"].status is S.RUNNING  # its lane is live and holds a slot
@@ -291,17 +290,7 @@ def test_a_question_is_answered_to_the_live_lane() -> None:
 def test_a_question_survives_the_loss_of_its_shard_and_the_re_run_gets_the_answer() -> None:
     rec = _plan(_task(program="m:P"))
     start = _place(rec)
-    rec.pause_for_question(
-        f.HitlPause(
-            lane=start.lane,
-            plan="p1",
-            task="a",
-            shard="shard-0",
-            key="q1",
-            question="ship?",
-            asked_at=T0,
-        )
-    )
+    rec.pause_for_question(_ask(start.lane))
     rec.lose_shard("shard-0", None, max_worker_loss=1, now=T0 + 1)
     t = rec.tasks["a"]
     assert (t.status, t.worker_losses) == (S.AWAITING_APPROVAL, 0)  # waiting is not a loss
@@ -432,15 +421,7 @@ def test_a_retried_attempt_asks_its_questions_afresh() -> None:
     first = _place(rec)
 
     def ask(lane: str) -> f.HitlPause:
-        return f.HitlPause(
-            lane=lane,
-            plan="p1",
-            task="a",
-            shard="shard-0",
-            key="publish",
-            question="ship?",
-            asked_at=T0,
-        )
+        return _ask(lane, key="publish")
 
     assert rec.pause_for_question(ask(first.lane))
     rec.record_answer("a", _answer("reject", text="list the authors"))
@@ -489,15 +470,7 @@ def test_a_second_question_of_a_lane_does_not_replace_the_first() -> None:
     start = _place(rec)
 
     def ask(key: str) -> f.HitlPause:
-        return f.HitlPause(
-            lane=start.lane,
-            plan="p1",
-            task="a",
-            shard="shard-0",
-            key=key,
-            question=key,
-            asked_at=T0,
-        )
+        return _ask(start.lane, key=key, question=key)
 
     assert rec.pause_for_question(ask("first"))
     assert not rec.pause_for_question(ask("zz"))
