@@ -252,13 +252,14 @@ def make_release(
     protocol: str | None = None,
     crash: bool = False,
     hang: bool = False,
-    slow_probe_s: float = 0.0,
+    probe_gates: Path | None = None,
 ) -> Path:
     """A second release built for a test: a wrapper script that execs this interpreter,
     re-labelled through the test-only overrides (`orchestra_sup.release`). `crash`: it answers
     its probe but every child started on it exits 3 at once (a release that cannot start);
     `hang`: it answers its probe but every child started on it hangs, never saying hello;
-    `slow_probe_s`: its probe takes that many seconds longer."""
+    `probe_gates`: the Nth probe of it (from 0) creates `probe_gates/probe-N`, then waits
+    for `probe_gates/go-N` before it answers."""
     directory.mkdir(parents=True, exist_ok=True)
     env = ""
     if version is not None:
@@ -266,8 +267,15 @@ def make_release(
     if protocol is not None:
         env += f"ORCHESTRA_SUP_TEST_PROTOCOL={protocol} "
     body = f'exec env {env}{sys.executable} "$@"\n'
-    if slow_probe_s:
-        body = f'[ "$2" = orchestra_sup.release ] && sleep {slow_probe_s}\n' + body
+    if probe_gates is not None:
+        probe_gates.mkdir(parents=True, exist_ok=True)
+        body = (
+            'if [ "$2" = orchestra_sup.release ]; then\n'
+            "  n=0\n"
+            f'  while ! mkdir "{probe_gates}/probe-$n" 2>/dev/null; do n=$((n+1)); done\n'
+            f'  while [ ! -e "{probe_gates}/go-$n" ]; do sleep 0.02; done\n'
+            "fi\n"
+        ) + body
     if hang:
         body = (
             'if [ "$2" = orchestra_sup.release ]; then\n'

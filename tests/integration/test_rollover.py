@@ -328,32 +328,52 @@ def test_a_coordinator_whose_release_hangs_at_start_is_rolled_back(
     assert tree.wait_plan(plan_id, timeout_s=20).ok
 
 
-def test_two_rollovers_asked_at_once_run_one(tree: Tree, tmp_path: Path) -> None:
-    """Two `ctl rollover`s whose release probes overlap: the one whose probe ends second finds
-    the first running and is refused (busy), so only one rollover ever runs."""
+def test_two_rollovers_asked_at_once_run_one(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """Two `ctl rollover`s whose release probes overlap: both pass the first busy check while
+    their probes run; the one whose probe ends second finds the first running (held in its
+    drain by a lane) and is refused (busy), so only one rollover ever runs. The probes are
+    gated, so the overlap is certain rather than a matter of timing."""
     import subprocess
     import sys
 
-    release = make_release(tmp_path / "rel", "python", version=NEW, slow_probe_s=1.0)
+    tree = tree_factory(workspace=repo, shards=1)
+    gates = tmp_path / "probes"
+    release = make_release(tmp_path / "rel", "python", version=NEW, probe_gates=gates)
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    plan_id = tree.submit(plan("busy", task("long", gated(runs, gate, "long"))))
+    wait_until(lambda: lanes_running(tree, "long"), 20, "the lane running")
     argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir)]
     procs = [
         subprocess.Popen(
-            [*argv, "rollover", name, "--release", str(release)],
+            [*argv, "rollover", "shard-0", "--release", str(release), "--drain-timeout", "60"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for name in ("shard-0", "shard-1")
+        for _ in range(2)
     ]
-    results = []
-    for proc in procs:
-        _, err = proc.communicate(timeout=60)
-        results.append((proc.returncode, err))
-    assert sorted(code for code, _ in results) == [0, 1], results
-    (refusal,) = [err for code, err in results if code == 1]
-    assert "is still running" in refusal, refusal
-    moved = [c.name for c in tree.status().children if c.version == NEW]
-    assert len(moved) == 1 and moved[0].startswith("shard-"), moved
+    try:
+        probes = [gates / "probe-0", gates / "probe-1"]
+        wait_until(lambda: all(p.exists() for p in probes), 20, "both probes running")
+        (gates / "go-0").touch()
+        wait_until(lambda: bool(tree.status().rollover), 20, "the first rollover running")
+        (gates / "go-1").touch()
+        wait_until(lambda: any(p.poll() is not None for p in procs), 30, "one ctl refused")
+        refused = next(p for p in procs if p.poll() is not None)
+        _, err = refused.communicate(timeout=5)
+        assert refused.returncode == 1 and "is still running" in err, (refused.returncode, err)
+        gate.touch()  # the lane ends: the first rollover's drain finishes
+        (ran,) = [p for p in procs if p is not refused]
+        _, err = ran.communicate(timeout=60)
+        assert ran.returncode == 0, err
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert [c.version for c in tree.status().children if c.name == "shard-0"] == [NEW]
+    assert tree.wait_plan(plan_id, timeout_s=20).ok
 
 
 def test_other_shards_restart_at_once_while_one_drains(tree: Tree, tmp_path: Path) -> None:
