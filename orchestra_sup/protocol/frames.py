@@ -231,6 +231,15 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     bad_frames: int = 0
     """Frames it refused as undecodable (garbage, oversized, unknown tag, wrong type or
     protocol version) on any of its sockets, from its last heartbeat."""
+    relay_ms: tuple[float, float, float] | None = None
+    """(p50, p99, max) of the coordinator's relay round trips in milliseconds, from its last
+    heartbeat's histogram (bucket upper bounds, so an upper estimate); None elsewhere."""
+    lanes: dict[str, int] = {}
+    """A shard's live lanes by state, from its last heartbeat."""
+    inbox_depth: int | None = None
+    """The coordinator's unhandled durable inbox entries, from its last heartbeat."""
+    persist_depth: int = 0
+    """Rows its write-behind queue held at its last heartbeat."""
 
 
 class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -326,6 +335,18 @@ class Reject(Frame, tag="reject"):
     reason: str
 
 
+class Histogram(msgspec.Struct, frozen=True, kw_only=True):
+    """Observations of one quantity since its process started, bucketed Prometheus-style:
+    `counts[i]` is how many were <= `bounds[i]` (cumulative, so non-decreasing), and the last
+    of `counts`, one longer than `bounds`, is the total (the +Inf bucket). `total` is the sum of
+    every observation, in the quantity's unit (seconds, rows). Never decreases while its process
+    lives; a new generation starts again from zero (a counter reset to Prometheus)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float = 0.0
+
+
 class Heartbeat(Frame, tag="heartbeat"):
     """Periodic liveness from a child, carrying its event-loop lag (milliseconds; None before
     its first sample)."""
@@ -339,6 +360,19 @@ class Heartbeat(Frame, tag="heartbeat"):
     were meant for another generation of this child (`Envelope.dest_gen`)."""
     bad_frames: int = 0
     """Frames refused so far as undecodable (`Endpoint.bad_frames` over all its sockets)."""
+    loop_lag: Histogram | None = None
+    """Every loop-lag sample since the process started, in seconds."""
+    relay: Histogram | None = None
+    """The coordinator's relay calls (tool calls to the custodian and shards): round trip in
+    seconds, from send to answer; None in other roles."""
+    lanes: dict[str, int] = {}
+    """A shard's live lanes by state (starting, running, awaiting_approval); {} elsewhere."""
+    inbox_depth: int | None = None
+    """The coordinator's durable inbox entries not yet handled; None in other roles."""
+    persist_depth: int = 0
+    """Rows queued for the write-behind persistence thread, not yet committed."""
+    persist_batches: Histogram | None = None
+    """Rows per write-behind transaction since the process started; None before the first."""
 
 
 class PeerState(msgspec.Struct, frozen=True, kw_only=True):
@@ -560,6 +594,8 @@ class StatusReply(Frame, tag="status_reply"):
     """Frames the supervisor refused as meant for another generation of it (`dest_gen`)."""
     isolation: str = ""
     """The isolation mode the shards' lanes run under ("bwrap", "none"; `shards.isolation`)."""
+    metrics_url: str = ""
+    """Where the supervisor serves Prometheus metrics (`start --metrics-port`); "" when off."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):
