@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,3 +161,13 @@ def test_titles_show_each_process_and_a_shards_lanes(tree: Tree, tmp_path: Path)
         10,
         "the coordinator's title to show no plan",
     )
+
+
+def test_a_bad_log_format_is_one_line_exit_2(tmp_path: Path) -> None:
+    """`start --log-format xml` says what is wrong in one line and exits 2, starting nothing."""
+    argv = [sys.executable, "-m", "orchestra_sup", "start", "--log-format", "xml"]
+    argv += ["--run-dir", str(tmp_path / "r"), "--state-dir", str(tmp_path / "s")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == "orchestra-sup: --log-format 'xml': give text or json\n"
+    assert not (tmp_path / "s").exists()
