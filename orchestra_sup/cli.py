@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import signal
 import sys
@@ -23,7 +22,7 @@ import msgspec
 import typer
 from rich.console import Console
 
-from orchestra_sup import __version__, render
+from orchestra_sup import __version__, logformat, render
 from orchestra_sup.client import CtlClient
 from orchestra_sup.config import (
     default_run_dir,
@@ -168,10 +167,18 @@ def start(
         Path | None,
         typer.Option("--keys", help="CURVE keys directory for --ctl-tcp (default: STATE/keys)."),
     ] = None,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            help="Log lines on stderr, every process's: text (logfmt, no timestamps, <N> "
+            "priority prefixes under journald) or json (one object per line).",
+        ),
+    ] = "text",
 ) -> None:
     """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
 
-    Example: orchestra-sup start --workspace ~/src/project --shards 4
+    Example: orchestra-sup start --workspace ~/src/project --shards 4 --log-format json
     """
     from orchestra_sup.supervisor.ctl import RemoteCtl
     from orchestra_sup.supervisor.reexec import resume
@@ -180,9 +187,11 @@ def start(
 
     if preflight:
         raise typer.Exit(0)
-    if adopt is not None:
-        logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
+    if adopt is not None:  # the format and generation are in the hand-off: `resume` reads them
+        logformat.configure(logformat.SUPERVISOR, None)
         raise typer.Exit(resume(adopt))
+    fmt = guarded(lambda: logformat.parse_format(log_format))
+    logformat.configure(logformat.SUPERVISOR, 1, fmt)
 
     def prepare() -> tuple[Any, Any, RemoteCtl | None]:
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
@@ -204,10 +213,11 @@ def start(
         return settings, paths, remote
 
     settings, paths, remote = guarded(prepare)
-    logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s")
     code = guarded(
         lambda: asyncio.run(
-            RootSupervisor(paths, settings, colocated=colocated, remote_ctl=remote).run()
+            RootSupervisor(
+                paths, settings, colocated=colocated, remote_ctl=remote, log_format=fmt
+            ).run()
         )
     )
     raise typer.Exit(code)

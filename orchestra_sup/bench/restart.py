@@ -23,8 +23,8 @@ every role), creates a ZeroMQ context, connects a DEALER to a ROUTER in this pro
 `READY`; timed from just before `Popen` to that message's arrival. That is what one child costs
 before it has even opened its role, whatever spawns it.
 
-Every replacement is also checked for how it was started (a forked child carries the template's
-command line), so a fork tree that fell back to exec shows it in `spawned`.
+Every replacement is also checked for how it was started (a forked child runs the template's
+image: `_forked`), so a fork tree that fell back to exec shows it in `spawned`.
 """
 
 from __future__ import annotations
@@ -182,12 +182,28 @@ def _one_restart(client: CtlClient, spawned: dict[str, int]) -> float:
             raise SupervisionError(f"{SHARD} not running again within {RESTART_TIMEOUT_S:g} s")
         time.sleep(POLL_S)
     welcomed_at = (sent + received) / 2 - new.uptime_s
-    try:
-        forked = "orchestra_sup.node.template" in " ".join(psutil.Process(new.pid).cmdline())
-    except psutil.NoSuchProcess:
-        forked = False
-    spawned["fork" if forked else "exec"] += 1
+    spawned["fork" if _forked(new.pid, status.supervisor_pid) else "exec"] += 1
     return (welcomed_at - killed_at) * 1000
+
+
+def _forked(pid: int, supervisor_pid: int) -> bool:
+    """`pid` runs the image of the supervisor's fork template (its own command line, which a
+    child replaces with its title, does not tell): its stack starts where the template's does,
+    a place an exec picks at random and a fork keeps."""
+    try:
+        templates = [
+            child.pid
+            for child in psutil.Process(supervisor_pid).children()
+            if "orchestra_sup.node.template" in " ".join(child.cmdline())
+        ]
+        return any(_stack_start(tpl) == _stack_start(pid) for tpl in templates)
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        return False
+
+
+def _stack_start(pid: int) -> int:
+    """/proc/PID/stat field 28, `startstack`."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[25])
 
 
 def _shard(client: CtlClient) -> tuple[f.StatusReply, f.ChildInfo]:

@@ -384,6 +384,7 @@ class Coordinator:
             rec.ticket = ticket
         await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
         self.plans[plan.id] = plan
+        self.node.retitle()
         log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
         self._pump()
         return f.PlanAccepted(id=plan.id)
@@ -702,6 +703,7 @@ class Coordinator:
         if plan.done and plan.id not in self._final:
             self._final.add(plan.id)
             assert self.node is not None
+            self.node.retitle()
             self.node.spawn(self._finish(plan))
 
     async def _finish(self, plan: PlanRecord) -> None:

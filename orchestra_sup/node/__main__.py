@@ -10,32 +10,32 @@ import asyncio
 import logging
 import sys
 
+from orchestra_sup import logformat
 from orchestra_sup.errors import OrchestraError
 from orchestra_sup.node.args import ChildArgs, decode
 from orchestra_sup.node.roles import make_role
 from orchestra_sup.node.runtime import Node
 
+log = logging.getLogger(__name__)
+
 
 def run(args: ChildArgs) -> int:
     """Run the child `args` describes until it stops; returns its exit status (0 after SIGTERM,
-    1 when it was orphaned or rejected, 2 on an `OrchestraError`, printed on stderr).
+    1 when it was orphaned or rejected, 2 on an unknown role or an `OrchestraError`, logged).
 
-    Logging is configured afresh (`force`): a forked child must not keep handlers it inherited.
+    Logging is configured afresh (`logformat.configure` replaces every handler): a forked child
+    must not keep handlers it inherited. Its lines carry `args.name` and `args.generation`.
     """
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"{args.name}[gen={args.generation}] %(levelname)s %(message)s",
-        force=True,
-    )
+    logformat.configure(args.name, args.generation, args.log_format)
     try:
         role = make_role(args.role)
     except ValueError as exc:
-        print(f"orchestra-sup {args.name}: {exc}", file=sys.stderr)
+        log.error("%s: %s", args.name, exc)
         return 2
     try:
         return asyncio.run(Node(args, role).run())
     except OrchestraError as exc:
-        print(f"orchestra-sup {args.name}: {exc}", file=sys.stderr)
+        log.error("%s: %s", args.name, exc)
         return 2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from orchestra_sup.coordinator.quota import Quota
+from orchestra_sup.logformat import LogFormat
 from orchestra_sup.shards.isolation import IsolationSettings
 
 
@@ -44,6 +45,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """`[quotas]`: tenant -> ceilings, for the coordinator (`coordinator.quota`)."""
     isolation: IsolationSettings = IsolationSettings(mode="none")
     """`[isolation]` with its mode resolved ("bwrap" or "none"), for a shard's lanes."""
+    log_format: LogFormat = LogFormat.TEXT
+    """The supervisor's `start --log-format`: how this child writes its log (`logformat`)."""
 
 
 def encode(args: ChildArgs) -> str:

@@ -40,6 +40,7 @@ from orchestra_sup.errors import ErrorCode, PeerDown
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.front import LOOP_ID, Front, Serve
 from orchestra_sup.node.looplag import LoopLag
+from orchestra_sup.proctitle import ProcTitle, child_title
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
@@ -113,6 +114,8 @@ class Node:
         """Requests refused because their sender's generation was retired (ARCHITECTURE.md §11
         invariant 11), reported in heartbeats."""
         self._exit_code = 0
+        self.title = None if colocated else ProcTitle()
+        """This process's title (`proctitle`); a component shares the supervisor's process."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -124,7 +127,9 @@ class Node:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stopping.set)
+        self.retitle()
         await self.role.open(self)
+        self.retitle()  # what the role opened with (the coordinator's plans not done)
         try:
             return await self._serve()
         finally:
@@ -171,6 +176,17 @@ class Node:
         self.spawn(self._heartbeat())
         await self.stopping.wait()
         return self._exit_code
+
+    def retitle(self) -> None:
+        """Show the role's figure (`Role.load`) in this process's title; nothing is written when
+        it has not changed. Roles call it when the figure changes (a lane starts or ends)."""
+        if self.title is not None:
+            load = self.role.load()
+            self.title.show(
+                child_title(
+                    self.name, self.args.role, self.generation, load, self.args.lanes_per_shard
+                )
+            )
 
     def _endpoint(self, kind: int, handler: Handler, **options: Any) -> Endpoint:
         """A socket of this node (its name, generation and codec) on its context."""

@@ -281,6 +281,7 @@ class Handover:
         if lane.moving:  # there (or, unanswered, maybe there: the next generation says)
             self._moved.add(lane.id)
             self._lanes.pop(lane.id, None)
+            self._node.retitle()
         held, lane.held = lane.held, None
         for ep, peer, env in held:
             self._serve(ep, peer, env)

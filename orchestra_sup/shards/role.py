@@ -260,6 +260,7 @@ class Shard:
                 self.transcript.event(lane.id, f"warning: {warning}")
         self._watch(lane)
         lane.task = self.node.spawn(self._run(lane))
+        self.node.retitle()
         return f.Ack()
 
     def _watch(self, lane: Lane) -> None:
@@ -302,6 +303,7 @@ class Shard:
             self.transcript.event(lane_id, f"warning: {lane.warnings[-1]}")
         self._watch(lane)
         lane.task = self.node.spawn(self._run(lane))
+        self.node.retitle()
         self.handover.arrived(lane_id)
         return f.Ack()
 
@@ -533,6 +535,7 @@ class Shard:
             await self.outbox.deliver(f.InboxPut(msg_id=result_id(lane.id), result=result))
         finally:
             self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
+            self.node.retitle()
 
     async def _custodian(self, body: f.Body) -> f.Body:
         """Call the custodian, waiting (up to `CUSTODIAN_WAIT_S`) while it is down."""

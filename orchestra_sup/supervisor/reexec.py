@@ -33,6 +33,7 @@ import zmq
 
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ConfigError, ReleaseError, SupervisionError
+from orchestra_sup.logformat import SUPERVISOR, LogFormat, configure
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.core import Supervisor, Worker
@@ -85,7 +86,9 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     """What one image of the supervisor hands the next (msgpack; new fields get defaults, so
     two releases read each other's). `release` is the new image's interpreter; `exec_at` is
     when the old image called `execve`, monotonic seconds; `carry` is the caller's, opaque;
-    `remote_ctl` is the CURVE ctl endpoint `start --ctl-tcp` asked for, served again after."""
+    `remote_ctl` is the CURVE ctl endpoint `start --ctl-tcp` asked for, served again after;
+    `log_format` is `start --log-format`, kept; `generation` is the new image's (its log lines
+    carry it): the old one's plus one, 2 from a release that did not count them."""
 
     boot: str
     release: str
@@ -99,6 +102,8 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     exec_at: float
     carry: bytes = b""
     remote_ctl: RemoteCtl | None = None
+    log_format: LogFormat = LogFormat.TEXT
+    generation: int = 2
 
     def paths(self) -> Paths:
         return Paths(
@@ -233,6 +238,8 @@ def _handoff(sup: RootSupervisor, release: str, carry: bytes) -> Handoff:
         exec_at=time.monotonic(),
         carry=carry,
         remote_ctl=sup.remote_ctl,
+        log_format=sup.log_format,
+        generation=sup.generation + 1,
     )
 
 
@@ -293,7 +300,8 @@ def _up(sup: RootSupervisor) -> int:
 def resume(fd: int) -> int:
     """`orchestra-sup start --adopt FD`: the new image's whole life. Reads the `Handoff` at
     descriptor `fd`, then runs the tree it describes, adopted (`RootSupervisor.run`), and
-    returns run's exit status.
+    returns run's exit status. Logging is configured again from the hand-off (the old image's
+    `--log-format`, this image's generation); until it is read, lines are text, `gen=?`.
 
     The old image is gone, so a new image that cannot adopt cannot roll back: it says why in
     one line on stderr, stops every child it inherited (`stop_children`) and returns
@@ -314,6 +322,7 @@ def resume(fd: int) -> int:
     settings, run_dir = None, None
     try:
         handoff = read_handoff(fd)
+        configure(SUPERVISOR, handoff.generation, handoff.log_format)
         settings, run_dir = handoff.settings, Path(handoff.run_dir)
         return asyncio.run(RootSupervisor(handoff.paths(), handoff.settings, handoff=handoff).run())
     except (OrchestraError, OSError, zmq.ZMQError) as exc:

@@ -39,8 +39,10 @@ import zmq
 from orchestra_sup import linux
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ChildStartError, ConfigError, ErrorCode, PeerDown
+from orchestra_sup.logformat import LogFormat
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
+from orchestra_sup.proctitle import ProcTitle, supervisor_title
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.curve import Gate
@@ -134,8 +136,11 @@ class RootSupervisor:
     With `handoff` (this process is a supervisor that re-executed itself, `supervisor.reexec`)
     `run()` adopts the tree the old image left running instead of starting one; `carried` is
     then the old image's `carry` (None otherwise). `remote_ctl` (or the hand-off's) also
-    serves ctl on a CURVE `tcp://` endpoint. Raises `SupervisionError` when the hand-off's
-    children are not this tree's, `ConfigError` when `remote_ctl`'s keys cannot be read.
+    serves ctl on a CURVE `tcp://` endpoint. `log_format` (or the hand-off's) is how the
+    children write their logs, as this process does; `generation` counts this supervisor's
+    images (1, one more after each re-exec), for its log lines. Raises `SupervisionError`
+    when the hand-off's children are not this tree's, `ConfigError` when `remote_ctl`'s keys
+    cannot be read.
     """
 
     def __init__(
@@ -146,6 +151,7 @@ class RootSupervisor:
         colocated: bool = False,
         handoff: Handoff | None = None,
         remote_ctl: RemoteCtl | None = None,
+        log_format: LogFormat = LogFormat.TEXT,
     ):
         self.paths = paths
         self.settings = settings
@@ -204,6 +210,9 @@ class RootSupervisor:
         at its first heartbeat (until its DEALER has reconnected, a send to it fails)."""
         self.dir_locks: tuple[DirLock, DirLock] | None = None
         """The run and state directories' locks, while `run()` holds them."""
+        self.title = ProcTitle()
+        self.log_format = handoff.log_format if handoff is not None else log_format
+        self.generation = handoff.generation if handoff is not None else 1
         if handoff is not None:
             check(handoff, self.workers)
             self.seam.release = handoff.release
@@ -212,6 +221,7 @@ class RootSupervisor:
 
     async def run(self) -> int:
         lock, state_lock = self.dir_locks = self._lock_dirs()
+        self._retitle()
         if not self.colocated:  # components' lane commands are waited for by asyncio
             linux.set_child_subreaper()  # kept across a re-exec's execve; said again anyway
         if self._cgroups is not None and self.handoff is None:
@@ -429,6 +439,7 @@ class RootSupervisor:
             lane_programs=list(self.settings.lanes.programs),
             quotas=dict(self.settings.quotas) if worker.spec.role == "coordinator" else {},
             isolation=effective(self.settings.isolation),
+            log_format=self.log_format,
         )
 
     def _after_exit(self, worker: Worker, generation: int) -> None:
@@ -459,10 +470,15 @@ class RootSupervisor:
             self.liveness[worker.name].last_beat = time.monotonic()
         if not self.adopting:
             self.broadcast_roster()
+        self._retitle()
         summary = self.summary()
         if summary != self._last_summary:
             self._last_summary = summary
             notify.send(f"STATUS={summary}")
+
+    def _retitle(self) -> None:
+        running = sum(w.state is ChildState.RUNNING for w in self.workers)
+        self.title.show(supervisor_title(running, len(self.workers)))
 
     # --- control channel -------------------------------------------------------------------------
 

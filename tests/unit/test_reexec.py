@@ -18,6 +18,7 @@ import pytest
 
 from orchestra_sup.config import Settings, ShardSettings
 from orchestra_sup.errors import ConfigError, DirBusy, SupervisionError
+from orchestra_sup.logformat import LogFormat
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor.core import Flags, Worker
@@ -77,7 +78,7 @@ def memfd(data: bytes) -> int:
 def test_handoff_round_trip() -> None:
     """A hand-off read back from its descriptor is the one written, carry bytes included, and
     the descriptor is closed."""
-    sent = handoff()
+    sent = handoff(log_format=LogFormat.JSON, generation=3)
     fd = memfd(msgspec.msgpack.encode(sent))
     assert read_handoff(fd) == sent
     with pytest.raises(OSError):
@@ -85,14 +86,17 @@ def test_handoff_round_trip() -> None:
 
 
 def test_handoff_from_an_older_writer() -> None:
-    """A release that does not know the newest fields (carry, a child's endpoint) writes a
-    hand-off this one still reads, with their defaults (msgspec schema evolution)."""
-    raw = msgspec.to_builtins(handoff())
-    del raw["carry"]
+    """A release that does not know the newest fields (carry, a child's endpoint, the log
+    format and the supervisor's generation) writes a hand-off this one still reads, with their
+    defaults (msgspec schema evolution): text logs, the second image."""
+    raw = msgspec.to_builtins(handoff(log_format=LogFormat.JSON, generation=5))
+    for field in ("carry", "log_format", "generation"):
+        del raw[field]
     for child in raw["children"]:
         child.pop("endpoint", None)
     got = read_handoff(memfd(msgspec.msgpack.encode(raw)))
     assert got.carry == b"" and got.children[0].endpoint == ""
+    assert got.log_format is LogFormat.TEXT and got.generation == 2
     assert got.children[0].create_time == 1796001254.24
 
 
