@@ -645,7 +645,7 @@ def top(
     try:
         with Keys(sys.stdin.fileno() if sys.stdin is not None else -1) as keys:
             if not as_json:
-                run_live(watcher, out, keys, interval)
+                run_live(watcher, first, out, keys, interval)
                 return
             frame = first
             while True:

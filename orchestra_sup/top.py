@@ -241,13 +241,17 @@ def _foreground_tty(fd: int) -> bool:
         return False
 
 
-def run_live(watcher: Watcher, console: Console, keys: Keys, interval_s: float) -> None:
-    """The interactive view on `console`'s alternate screen, refreshed every `interval_s`
-    seconds (plus the time a refresh takes, at most the watcher's timeout) until a quit key.
-    Ctrl-C raises KeyboardInterrupt out of it, the screen and the terminal restored."""
+def run_live(
+    watcher: Watcher, first: Frame, console: Console, keys: Keys, interval_s: float
+) -> None:
+    """The interactive view on `console`'s alternate screen: `first`, then a refresh every
+    `interval_s` seconds (plus the time a refresh takes, at most the watcher's timeout) until a
+    quit key. Ctrl-C raises KeyboardInterrupt out of it, the screen restored."""
     footer = f"every {interval_s:g} s; q or Ctrl-C quits"
+    frame = first
     with Live(console=console, screen=True, auto_refresh=False) as live:
         while True:
-            live.update(view(watcher.poll(), time.time(), footer), refresh=True)
+            live.update(view(frame, time.time(), footer), refresh=True)
             if keys.quit_within(interval_s):
                 return
+            frame = watcher.poll()
