@@ -626,7 +626,7 @@ def top(
     interval (in --json: a line with "error" set and "status" and "lanes" null).
     Example: orchestra-sup ctl top --interval 0.5
     """
-    from orchestra_sup.top import Keys, Watcher, frame_json, run_live, view
+    from orchestra_sup.top import Keys, Watcher, frame_json, run_json, run_live, view
 
     def ask(body: f.Body, seconds: float) -> f.Body:
         with ctx.obj.client(run_dir) as client:
@@ -644,16 +644,10 @@ def top(
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         with Keys(sys.stdin.fileno() if sys.stdin is not None else -1) as keys:
-            if not as_json:
+            if as_json:
+                run_json(watcher, first, sys.stdout, keys, interval)
+            else:
                 run_live(watcher, first, out, keys, interval)
-                return
-            frame = first
-            while True:
-                sys.stdout.write(json.dumps(frame_json(frame)) + "\n")
-                sys.stdout.flush()
-                if keys.quit_within(interval):
-                    return
-                frame = watcher.poll()
     except KeyboardInterrupt:
         return
     except BrokenPipeError:  # `ctl top --json | head -3`: the reader has all it wanted

@@ -19,13 +19,14 @@ raises SIGINT (cbreak leaves ISIG on). The mode is put back on the way out howev
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import termios
 import time
 import tty
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 from rich.console import Console, Group, RenderableType
@@ -255,3 +256,16 @@ def run_live(
             if keys.quit_within(interval_s):
                 return
             frame = watcher.poll()
+
+
+def run_json(watcher: Watcher, first: Frame, out: IO[str], keys: Keys, interval_s: float) -> None:
+    """`frame_json` of `first`, then of a refresh every `interval_s` seconds, one object per line
+    on `out` (flushed each time, for a reader that follows it), until a quit key. Ctrl-C raises
+    KeyboardInterrupt out of it; a reader gone raises BrokenPipeError."""
+    frame = first
+    while True:
+        out.write(json.dumps(frame_json(frame)) + "\n")
+        out.flush()
+        if keys.quit_within(interval_s):
+            return
+        frame = watcher.poll()
