@@ -62,11 +62,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,
 )
-ctl_app = typer.Typer(help="Talk to a running tree.", no_args_is_help=True)
+ctl_app = typer.Typer(
+    help="Talk to a running tree.\n\n"
+    "Example: orchestra-sup ctl --run-dir /run/orchestra-sup status",
+    no_args_is_help=True,
+)
 app.add_typer(ctl_app, name="ctl")
-bench_app = typer.Typer(help="Measure the tree (see bench/README.md).", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Measure the tree (see bench/README.md).\n\nExample: orchestra-sup bench all --quick",
+    no_args_is_help=True,
+)
 app.add_typer(bench_app, name="bench")
-keys_app = typer.Typer(help="The tree's CURVE keys for tcp:// endpoints.", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="The tree's CURVE keys for tcp:// endpoints.\n\nExample: orchestra-sup keys init",
+    no_args_is_help=True,
+)
 app.add_typer(keys_app, name="keys")
 
 # Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
