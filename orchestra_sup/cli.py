@@ -61,11 +61,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,
 )
-ctl_app = typer.Typer(help="Talk to a running tree.", no_args_is_help=True)
+ctl_app = typer.Typer(
+    help="Talk to a running tree.\n\n"
+    "Example: orchestra-sup ctl --run-dir /run/orchestra-sup status",
+    no_args_is_help=True,
+)
 app.add_typer(ctl_app, name="ctl")
-bench_app = typer.Typer(help="Measure the tree (see bench/README.md).", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Measure the tree (see bench/README.md).\n\nExample: orchestra-sup bench all --quick",
+    no_args_is_help=True,
+)
 app.add_typer(bench_app, name="bench")
-keys_app = typer.Typer(help="The tree's CURVE keys for tcp:// endpoints.", no_args_is_help=True)
+keys_app = typer.Typer(
+    help="The tree's CURVE keys for tcp:// endpoints.\n\nExample: orchestra-sup keys init",
+    no_args_is_help=True,
+)
 app.add_typer(keys_app, name="keys")
 
 # Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
@@ -447,12 +457,12 @@ def stop(
     """
     from orchestra_sup.supervisor.runlock import is_owned
 
+    deadline = time.monotonic() + timeout  # one --timeout for the ask and the wait together
     ctx.obj.ask(f.CtlStop(), timeout, run_dir)
     if ctx.obj.connect is not None:  # a remote tree's run directory is not ours to watch
         _done(as_json, {"stopped": False}, "stopping")
         return
     where = ctx.obj.run_dir(run_dir)
-    deadline = time.monotonic() + timeout
     while is_owned(where):
         if time.monotonic() > deadline:
             _done(as_json, {"stopped": False}, f"stopping; still running after {timeout:g} s")
@@ -597,6 +607,73 @@ def lanes(
         print_json(render.lanes_json(reply))
     else:
         render.lanes_table(reply, out)
+
+
+@ctl_app.command()
+def top(
+    ctx: typer.Context,
+    interval: Annotated[
+        float,
+        typer.Option("--interval", min=0.1, max=3600, help="Seconds between refreshes."),
+    ] = 1.0,
+    once: Annotated[
+        bool, typer.Option("--once", help="Print one frame and exit (also when piped).")
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='One {"status", "lanes", "error"} object per refresh, one per line (ndjson); '
+            "with --once just one.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", min=0.1, help="Seconds one refresh waits for the tree (status and lanes)."
+        ),
+    ] = 2.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """A live view of the tree: every child's pid, generation, state, uptime, restarts, loop lag
+    and relay latency (p50/p99 ms), lanes by state, inbox and persistence queue depths; the
+    supervisor's loop lag, isolation, rollover and metrics URL; the live lanes.
+
+    q or Ctrl-C quits (exit 0), the terminal restored. Piped, or with --once, one frame is
+    printed. With --json, one JSON object per refresh on a line of its own until Ctrl-C (or q
+    at a terminal); with --json --once, one. No tree at the first refresh: exit 3 and one line.
+    Once shown, a tree that stops answering is shown as unreachable and asked again every
+    interval (in --json: a line with "error" set and "status" and "lanes" null).
+    Example: orchestra-sup ctl top --interval 0.5
+    """
+    from orchestra_sup.top import Keys, Watcher, frame_json, run_json, run_live, view
+
+    def ask(body: f.Body, seconds: float) -> f.Body:
+        with ctx.obj.client(run_dir) as client:
+            return client.request(body, timeout_s=seconds)
+
+    watcher = Watcher(ask, timeout)
+    first = guarded(watcher.poll_or_raise)  # no tree at all: one line, exit 3, like status
+    if once or (not as_json and not sys.stdout.isatty()):
+        if as_json:
+            sys.stdout.write(json.dumps(frame_json(first)) + "\n")
+        else:
+            out.print(view(first, time.time()))
+        return
+    # SIGTERM (a closing terminal, `kill`) unwinds like Ctrl-C: the terminal is given back
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with Keys(sys.stdin.fileno() if sys.stdin is not None else -1) as keys:
+            if as_json:
+                run_json(watcher, first, sys.stdout, keys, interval)
+            else:
+                run_live(watcher, first, out, keys, interval)
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:  # `ctl top --json | head -3`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @ctl_app.command()
@@ -1172,9 +1249,15 @@ def doctor(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def version() -> None:
-    """Print the version."""
-    typer.echo(__version__)
+def version(as_json: JsonOpt = False) -> None:
+    """Print the version (with --json: {"version"}).
+
+    Example: orchestra-sup version --json
+    """
+    if as_json:
+        print_json({"version": __version__})
+    else:
+        typer.echo(__version__)
 
 
 def main() -> None:

@@ -7,8 +7,9 @@ import time
 from typing import IO, Any
 
 import msgspec
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Column, Table
+from rich.text import Text
 from rich.tree import Tree
 
 from orchestra_sup.protocol import frames as f
@@ -286,18 +287,25 @@ def plans_table(reply: f.PlanList, console: Console) -> None:
 
 
 def lanes_table(reply: f.LaneList, console: Console, now: float | None = None) -> None:
+    """Live lanes and tasks awaiting approval (`lanes_view`), printed on `console`."""
+    console.print(lanes_view(reply, now))
+
+
+def lanes_view(reply: f.LaneList, now: float | None = None) -> Group:
     """Live lanes and tasks awaiting approval: for those, how long they have waited (from
     `since` to `now`, Unix seconds; default: the wall clock, as `since` is another process's)
     and their question on one line of at most `QUESTION_CHARS`. Children that did not answer
-    are named last: what they hold is missing from the table."""
+    are named last: what they hold is missing from the table. Shared by `ctl lanes` and
+    `ctl top`."""
+    parts: list[RenderableType] = []
     if reply.unanswered:
         missing = ", ".join(reply.unanswered)
         note = f"no answer from {missing}: their lanes (or pauses) are not listed"
     if not reply.lanes:
-        console.print("no live lanes, nothing awaits approval")
+        parts.append(Text("no live lanes, nothing awaits approval"))
         if reply.unanswered:
-            console.print(note)
-        return
+            parts.append(Text(note))
+        return Group(*parts)
     now = time.time() if now is None else now
     table = Table(
         Column("lane", no_wrap=True),
@@ -320,11 +328,12 @@ def lanes_table(reply: f.LaneList, console: Console, now: float | None = None) -
             "" if lane.question is None else one_line(lane.question, QUESTION_CHARS),
             lane.sandbox or "-",
         )
-    console.print(table)
+    parts.append(table)
     if any(lane.state == AWAITING for lane in reply.lanes):
-        console.print(ANSWER_HINT)
+        parts.append(Text(ANSWER_HINT))
     if reply.unanswered:
-        console.print(note)
+        parts.append(Text(note))
+    return Group(*parts)
 
 
 # --- ctl logs ------------------------------------------------------------------------------------
