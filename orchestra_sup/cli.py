@@ -25,9 +25,11 @@ from rich.console import Console
 from orchestra_sup import __version__, logformat, render
 from orchestra_sup.client import CtlClient
 from orchestra_sup.config import (
+    Settings,
     default_run_dir,
     default_state_dir,
     load_settings,
+    metrics_host,
     resolve_paths,
 )
 from orchestra_sup.coordinator.plan import load_plan
@@ -185,10 +187,27 @@ def start(
             "priority prefixes under journald) or json (one object per line).",
         ),
     ] = "text",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics over HTTP on this port (0: any free one; `ctl "
+            "status` shows the URL). Default: [supervisor] metrics_port, else not served.",
+        ),
+    ] = None,
+    metrics_on: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-host",
+            help="The address to serve metrics on (default: [supervisor] metrics_host, 127.0.0.1).",
+        ),
+    ] = None,
 ) -> None:
     """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
 
-    Example: orchestra-sup start --workspace ~/src/project --shards 4 --log-format json
+    Example: orchestra-sup start --workspace ~/src/project --shards 4 --metrics-port 9464
     """
     from orchestra_sup.supervisor.ctl import RemoteCtl
     from orchestra_sup.supervisor.reexec import resume
@@ -205,6 +224,7 @@ def start(
 
     def prepare() -> tuple[Any, Any, RemoteCtl | None]:
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
+        settings = _with_metrics(settings, metrics_port, metrics_on)
         paths = resolve_paths(state_dir, run_dir, workspace)
         remote = None
         if ctl_tcp is not None:
@@ -231,6 +251,19 @@ def start(
         )
     )
     raise typer.Exit(code)
+
+
+def _with_metrics(settings: Settings, port: int | None, host: str | None) -> Settings:
+    """`settings` with `--metrics-port`/`--metrics-host` in place of the config's. Raises
+    `ConfigError` for a malformed host, or a host given with no port anywhere."""
+    sup = settings.supervisor
+    if host is not None:
+        sup = msgspec.structs.replace(sup, metrics_host=metrics_host(host, "--metrics-host"))
+    if port is not None:
+        sup = msgspec.structs.replace(sup, metrics_port=port)
+    if host is not None and sup.metrics_port is None:
+        raise ConfigError("--metrics-host needs --metrics-port (or [supervisor] metrics_port)")
+    return msgspec.structs.replace(settings, supervisor=sup)
 
 
 _interrupted = False

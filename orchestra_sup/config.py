@@ -16,6 +16,9 @@ spawn = "fork"            # children fork from a pre-imported template, or "exec
 drain_timeout_s = 30.0    # `ctl rollover`: how long a shard's lanes have to reach a quiet point
                           # (then they are stopped and re-run on the new generation, flagged
                           # partial), and the coordinator or custodian to reach one
+metrics_port = 9464       # serve Prometheus metrics on this port (0: any free one; default:
+                          # not served); `start --metrics-port` replaces it
+metrics_host = "127.0.0.1"  # ... on this address (`start --metrics-host`)
 
 [shards]
 count = 2                 # worker-host shards
@@ -93,6 +96,11 @@ class SupervisorSettings(msgspec.Struct, frozen=True, kw_only=True):
     backoff_max_s: float = 5.0
     spawn: Literal["fork", "exec"] = "fork"
     drain_timeout_s: float = 30.0
+    metrics_port: int | None = None
+    """Where `start` serves Prometheus metrics (`supervisor.metrics`); 0: a free port; None:
+    not served."""
+    metrics_host: str = "127.0.0.1"
+    """The address the metrics are served on (a name or an IPv4/IPv6 address)."""
 
 
 class ShardProfile(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,6 +174,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("supervisor", "backoff_initial_s"): (float, 0, 60),
     ("supervisor", "backoff_max_s"): (float, 0, 3_600),
     ("supervisor", "drain_timeout_s"): (float, 0.1, 3_600),
+    ("supervisor", "metrics_port"): (int, 0, 65_535),
     ("shards", "count"): (int, 1, 256),
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
     ("lanes", "transcript_retention_s"): (float, 0, 10 * 365 * 86_400),
@@ -236,6 +245,10 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             sections[section] = _shards_section(body)
         elif section == "quotas":
             sections[section] = _quotas_section(body)
+        elif section == "supervisor" and "metrics_host" in body:
+            rest = {k: v for k, v in body.items() if k != "metrics_host"}
+            sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
+            sections[section]["metrics_host"] = metrics_host(body["metrics_host"])
         elif section == "lanes" and "programs" in body:
             rest = {k: v for k, v in body.items() if k != "programs"}
             sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
@@ -311,6 +324,15 @@ def _shards_section(body: dict[str, Any]) -> dict[str, Any]:
     if profiles:
         out["profiles"] = profiles
     return out
+
+
+def metrics_host(value: Any, where: str = "[supervisor] metrics_host =") -> str:
+    """`[supervisor] metrics_host` (or `--metrics-host`, with `where` naming it), checked for
+    shape: a non-empty string with no whitespace; whether it resolves is found when the port is
+    bound. Raises `ConfigError`."""
+    if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+        raise ConfigError(f"{where} {_toml_value(value)}: expected a host name or address")
+    return value
 
 
 def _programs(value: Any) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "bad_frames": reply.bad_frames,
             "stale_frames": reply.stale_frames,
             "ctl_refused": reply.ctl_refused,
+            "metrics_url": reply.metrics_url,
         },
         "children": msgspec.to_builtins(reply.children),
     }
@@ -134,6 +135,8 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}, "
         f"ctl refused {reply.ctl_refused}, isolation {reply.isolation or '?'}"
     )
+    if reply.metrics_url:
+        console.print(f"metrics {reply.metrics_url}")
     if reply.rollover is not None:
         console.print(f"rollover {reply.rollover}")
     table = Table(

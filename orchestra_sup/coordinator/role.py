@@ -50,6 +50,7 @@ from orchestra_sup.errors import (
     RemoteError,
     StateError,
 )
+from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
@@ -104,6 +105,7 @@ class Coordinator:
 
     async def open(self, node: Node) -> None:
         self.node = node
+        node.relay = Buckets(RELAY_BOUNDS_S)  # its calls to peers are the relay: time them
         self.toolkit = Toolkit(
             node,
             start_lane=self._start_lane,
@@ -152,6 +154,17 @@ class Coordinator:
 
     def load(self) -> int:
         return sum(not p.done for p in self.plans.values())
+
+    def lanes_by_state(self) -> dict[str, int]:
+        return {}  # it holds no lane (ARCHITECTURE.md §11.6); the shards say theirs
+
+    def inbox_depth(self) -> int:
+        """Inbox messages received and not yet acted on: being committed, or committed while
+        held at a quiet point (`_unread`, applied on `Resume`)."""
+        return len(self._committing) + len(self._unread)
+
+    def persistence(self) -> Store | None:
+        return self.store
 
     async def close(self) -> None:
         assert self.store is not None

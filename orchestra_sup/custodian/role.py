@@ -78,6 +78,15 @@ class Custodian:
     def load(self) -> int:
         return self._busy
 
+    def lanes_by_state(self) -> dict[str, int]:
+        return {}
+
+    def inbox_depth(self) -> int | None:
+        return None
+
+    def persistence(self) -> None:
+        return None  # the workspace is git's, not a write-behind store
+
     def on_roster(self, changed: list[f.PeerState]) -> None:
         pass
 

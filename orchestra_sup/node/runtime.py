@@ -36,7 +36,7 @@ import zmq
 
 from orchestra_sup import linux
 from orchestra_sup.config import Paths
-from orchestra_sup.errors import ErrorCode, PeerDown
+from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.front import LOOP_ID, Front, Serve
 from orchestra_sup.node.looplag import LoopLag
@@ -45,6 +45,10 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
 from orchestra_sup.release import protocol_range, version
+
+if typing.TYPE_CHECKING:
+    from orchestra_sup.histogram import Buckets
+    from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,17 @@ class Role(Protocol):
 
     def load(self) -> int:
         """A number that grows with the role's work (lanes, queue depth); sent in heartbeats."""
+
+    def lanes_by_state(self) -> dict[str, int]:
+        """Its live lanes by state (a shard; every live state, zeros included); {} elsewhere.
+        Sent in heartbeats."""
+
+    def inbox_depth(self) -> int | None:
+        """Durable inbox entries not yet handled (the coordinator); None elsewhere."""
+
+    def persistence(self) -> Store | None:
+        """Its write-behind store, whose queue depth and batch sizes heartbeats carry; None
+        when it has none."""
 
     async def close(self) -> None:
         """Stop the role's work and flush its state; called once on SIGTERM."""
@@ -109,6 +124,9 @@ class Node:
         self._links: dict[str, Endpoint] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.lag = LoopLag()
+        self.relay: Buckets | None = None
+        """Round trips of `call`, seconds from send to answer, when the role set it (the
+        coordinator: its relay); heartbeats carry it."""
         self.stopping = asyncio.Event()
         self.stale_frames = 0
         """Requests refused because their sender's generation was retired (ARCHITECTURE.md §11
@@ -259,21 +277,33 @@ class Node:
 
     async def _heartbeat(self) -> None:
         while True:
-            stale, bad = self.refused()
-            beat = f.Heartbeat(load=self.role.load(), stale_frames=stale, bad_frames=bad)
-            if self.lag.samples:  # before its first sample a loop has no figures, not zeros
-                p50, p99, worst = self.lag.figures()
-                beat = f.Heartbeat(
-                    loop_lag_p50_ms=p50,
-                    loop_lag_p99_ms=p99,
-                    loop_lag_max_ms=worst,
-                    load=beat.load,
-                    stale_frames=stale,
-                    bad_frames=bad,
-                )
             with contextlib.suppress(PeerDown):
-                self.control.send(beat)
+                self.control.send(self.beat())
             await asyncio.sleep(self.args.heartbeat_s)
+
+    def beat(self) -> f.Heartbeat:
+        """This node's heartbeat now: loop lag (window figures and histogram), relay round
+        trips, the role's lanes, inbox and write-behind figures, refused frames."""
+        stale, bad = self.refused()
+        role = self.role
+        store = role.persistence()
+        lag = None
+        if self.lag.samples:  # before its first sample a loop has no figures, not zeros
+            lag = self.lag.figures()
+        return f.Heartbeat(
+            loop_lag_p50_ms=None if lag is None else lag[0],
+            loop_lag_p99_ms=None if lag is None else lag[1],
+            loop_lag_max_ms=None if lag is None else lag[2],
+            load=role.load(),
+            stale_frames=stale,
+            bad_frames=bad,
+            loop_lag=self.lag.buckets.frame() if lag is not None else None,
+            relay=self.relay.frame() if self.relay is not None else None,
+            lanes=role.lanes_by_state(),
+            inbox_depth=role.inbox_depth(),
+            persist_depth=store.queue_depth if store is not None else 0,
+            persist_batches=store.batch_rows.frame() if store and store.batches else None,
+        )
 
     # --- peers -----------------------------------------------------------------------------------
 
@@ -303,11 +333,28 @@ class Node:
 
         Raises `PeerDown` at once when the roster says `name` is down (or when it goes down while
         waiting), `CallTimeout` after `timeout_s` seconds, `RemoteError` for an `Error` reply.
+        With `relay` set, each answered call's round trip is counted into it.
         """
         peer = self.peers.get(name)
         if peer is None or not peer.up:
             raise PeerDown(name)
-        return await self.link(name).request(body, timeout_s=timeout_s, dest_gen=peer.generation)
+        relay = self.relay
+        if relay is None:
+            return await self.link(name).request(
+                body, timeout_s=timeout_s, dest_gen=peer.generation
+            )
+        # Timed from send to answer; an `Error` answer is an answer, a timeout or a lost peer
+        # is not one (their time says nothing about the round trip).
+        sent = time.perf_counter()
+        try:
+            reply = await self.link(name).request(
+                body, timeout_s=timeout_s, dest_gen=peer.generation
+            )
+        except RemoteError:
+            relay.observe(time.perf_counter() - sent)
+            raise
+        relay.observe(time.perf_counter() - sent)
+        return reply
 
     def send_to(self, name: str, body: f.Body) -> None:
         """Send a one-way frame to `name`; raises `PeerDown` when it is down."""

@@ -37,7 +37,7 @@ from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
 from orchestra_sup.shards.handover import Handover
 from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.host import Host, inbox_path
-from orchestra_sup.shards.lane import Lane, LaneState
+from orchestra_sup.shards.lane import FINAL, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
 from orchestra_sup.shards.outbox import DB as OUTBOX_DB
 from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox, result_id
@@ -67,6 +67,8 @@ RETRY_S = 0.05
 """Pause before re-sending to a custodian the roster says is up again."""
 MESSAGE_MAX_BYTES = 64 * 1024
 """The largest `message_lane` text (UTF-8 bytes): a lane's mailbox then holds at most 64 MiB."""
+LIVE_STATES = tuple(str(state) for state in LaneState if state not in FINAL)
+"""The states a live lane can be in (starting, running, awaiting_approval, moving)."""
 MESSAGE_KEYS = 4096
 """Idempotency keys remembered per lane: a re-send of any of its last 4,096 messages is caught."""
 
@@ -128,6 +130,20 @@ class Shard:
 
     def load(self) -> int:
         return len(self.lanes)
+
+    def lanes_by_state(self) -> dict[str, int]:
+        """Its lanes by state: every live state (zeros included, so a gauge falls back to 0
+        rather than vanish), and a final one only while a lane in it is still held."""
+        counts = dict.fromkeys(LIVE_STATES, 0)
+        for lane in self.lanes.values():
+            counts[lane.state] = counts.get(lane.state, 0) + 1
+        return counts
+
+    def inbox_depth(self) -> None:
+        return None
+
+    def persistence(self) -> Store | None:
+        return self.store
 
     async def close(self) -> None:
         """Stop interrupts running lanes: SIGTERM to each command's group, SIGKILL after

@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from orchestra_sup.errors import StateError
+from orchestra_sup.histogram import BATCH_BOUNDS_ROWS, Buckets
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,8 @@ class Store:
     Counters (read from any thread; approximate while the thread runs): `batches` (commits),
     `writes` (writes committed), `last_batch` (writes in the last commit), `failures` (failed
     commit attempts), `grows` (map doublings), `adopted` (map sizes taken over from another
-    process that grew it), and `queue_depth`.
+    process that grew it), and `queue_depth`; `batch_rows` counts the writes of every commit
+    into buckets (`histogram.BATCH_BOUNDS_ROWS`), for the metrics.
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class Store:
         self.failures = 0
         self.grows = 0
         self.adopted = 0
+        self.batch_rows = Buckets(BATCH_BOUNDS_ROWS)
 
     def start(self) -> None:
         """Start the persistence thread. Called on a running loop, `put_durable` futures resolve
@@ -386,6 +389,7 @@ class Store:
         self.batches += 1
         self.writes += len(batch)
         self.last_batch = len(batch)
+        self.batch_rows.observe(len(batch))
         dones = [w[4] for w in batch if w[4] is not None]
         if dones:
             self._settle(dones, None)

@@ -77,6 +77,41 @@ def classify(exit_info: ExitInfo) -> ExitKind:
     return ExitKind.ABNORMAL
 
 
+class ExitCause(enum.StrEnum):
+    """Why a child's process ended, as the metrics count it (`Worker.exits`).
+
+    - `clean`: it exited with status 0 unasked.
+    - `exit_code`: it exited with another status unasked.
+    - `signal`: a signal this supervisor did not send for a reason of its own ended it.
+    - `watchdog`: the watchdog SIGKILLed it for its silence (`Worker.killed_for`).
+    - `stopped`: its supervisor was stopping it: `ctl restart`, the tree stopping, a sibling's
+      group restart (one_for_all, rest_for_one) or an escalation.
+    - `unknown`: no status was seen (a process gone while a re-executed supervisor took its
+      children back).
+    """
+
+    CLEAN = "clean"
+    EXIT_CODE = "exit_code"
+    SIGNAL = "signal"
+    WATCHDOG = "watchdog"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+
+def exit_cause(exit_info: ExitInfo, *, stopping: bool, killed_for: ExitCause | None) -> ExitCause:
+    """The `ExitCause` of an exit: what the supervisor did to it first (`killed_for`, then
+    `stopping`: it was being stopped), else what the status says."""
+    if killed_for is not None:
+        return killed_for
+    if stopping:
+        return ExitCause.STOPPED
+    if exit_info.signal is not None:
+        return ExitCause.SIGNAL
+    if exit_info.status is None:
+        return ExitCause.UNKNOWN
+    return ExitCause.CLEAN if exit_info.status == 0 else ExitCause.EXIT_CODE
+
+
 def should_restart(restart: Restart, kind: ExitKind) -> bool:
     """OTP's restart decision: permanent always, transient only after an abnormal exit,
     temporary never (`supervisor.erl`, `restart/2` and `do_restart/3`)."""
@@ -149,6 +184,11 @@ class Worker:
         self.restarts = 0
         self.operator_restarts = 0
         self.last_exit: ExitInfo | None = None
+        self.exits = dict.fromkeys(ExitCause, 0)
+        """Exits of its processes by cause since this supervisor started (metrics)."""
+        self.killed_for: ExitCause | None = None
+        """Set just before the supervisor kills the current process for a reason of its own
+        (the watchdog), so its exit counts under that cause and not as a plain signal."""
         self.release = ""
         """The interpreter its processes run (`orchestra_sup.release`); "" = the supervisor's.
         A restart keeps it; only a rollover changes it."""
@@ -302,6 +342,11 @@ class Worker:
         self.exited_at = self.seam.clock()
         self.pid = None
         was = self.state
+        cause = exit_cause(
+            exit_info, stopping=was is ChildState.STOPPING, killed_for=self.killed_for
+        )
+        self.exits[cause] += 1
+        self.killed_for = None
         self.transition(ChildState.EXITED)
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(None)

@@ -185,6 +185,7 @@ class CtlService:
             bad_frames=sum(ep.bad_frames for ep in (self.sup.control, self.sup.ctl) if ep),
             stale_frames=sum(ep.stale_frames for ep in (self.sup.control, self.sup.ctl) if ep),
             isolation=effective(self.sup.settings.isolation).mode,
+            metrics_url=self.sup.metrics_url,
         )
 
     def _answer(

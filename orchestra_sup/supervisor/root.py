@@ -39,6 +39,7 @@ import zmq
 from orchestra_sup import linux
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ChildStartError, ConfigError, ErrorCode, PeerDown
+from orchestra_sup.histogram import figures_ms
 from orchestra_sup.logformat import LogFormat
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.looplag import LoopLag
@@ -53,8 +54,9 @@ from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
 from orchestra_sup.shards.isolation import effective
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
-from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
+from orchestra_sup.supervisor.core import ExitCause, Flags, Seam, Strategy, Supervisor, Worker
 from orchestra_sup.supervisor.ctl import CtlService, RemoteCtl
+from orchestra_sup.supervisor.metrics import MetricsServer, start_server
 from orchestra_sup.supervisor.process import kill_orphans
 from orchestra_sup.supervisor.reexec import HELD_SIGNALS, Handoff, adopt, check
 from orchestra_sup.supervisor.rollover import Rollovers
@@ -76,7 +78,9 @@ SHARD_STOP_MARGIN_S = 3.0
 
 class Liveness:
     """What a worker's heartbeats said last: when (monotonic seconds), its event-loop lag
-    (p50, p99, max in ms over its sliding window; None before the first beat), its load."""
+    (p50, p99, max in ms over its sliding window; None before the first beat), its load, and
+    the whole last `beat` of its current process (its histograms and queue figures, for the
+    metrics and `ctl status`; None before the first)."""
 
     def __init__(self) -> None:
         self.last_beat = 0.0
@@ -84,6 +88,7 @@ class Liveness:
         self.load = 0
         self.stale_frames = 0
         self.bad_frames = 0
+        self.beat: f.Heartbeat | None = None
 
 
 def build_tree(settings: Settings, seam: Seam, on_give_up: Any) -> Supervisor:
@@ -213,6 +218,8 @@ class RootSupervisor:
         self.title = ProcTitle()
         self.log_format = handoff.log_format if handoff is not None else log_format
         self.generation = handoff.generation if handoff is not None else 1
+        self.metrics: MetricsServer | None = None
+        """The Prometheus endpoint (`[supervisor] metrics_port`), while `run()` serves it."""
         if handoff is not None:
             check(handoff, self.workers)
             self.seam.release = handoff.release
@@ -229,6 +236,7 @@ class RootSupervisor:
         loop = asyncio.get_running_loop()
         try:
             self.open_sockets()
+            self._serve_metrics()  # a port in use fails here, before any child starts
         except BaseException:
             self.close_sockets(0.0)
             state_lock.release()
@@ -267,6 +275,8 @@ class RootSupervisor:
                 loop.remove_signal_handler(sig)
             for task in list(self._tasks):
                 task.cancel()
+            if self.metrics is not None:
+                self.metrics.close()
             self._close_endpoints(0.0)
             # colocated: a component SIGKILLed (cancelled) may still hold sockets of this context
             self.ctx.destroy(linger=0) if self.colocated else self.ctx.term()
@@ -328,6 +338,19 @@ class RootSupervisor:
         for ep in (self.control, self.ctl, self.remote):
             if ep is not None:
                 ep.close(linger_s)
+
+    def _serve_metrics(self) -> None:
+        """Serve Prometheus metrics when `[supervisor] metrics_port` is set
+        (`metrics.start_server`); raises `ConfigError` when its address cannot be bound."""
+        sup = self.settings.supervisor
+        if sup.metrics_port is not None:
+            self.metrics = start_server(self, sup.metrics_host, sup.metrics_port)
+            log.info("metrics served at %s", self.metrics.url)
+
+    @property
+    def metrics_url(self) -> str:
+        """Where the metrics are scraped, "" when they are not served."""
+        return self.metrics.url if self.metrics is not None else ""
 
     def ctl_refused(self) -> int:
         """Ctl requests refused `forbidden`, plus tcp peers refused at the CURVE handshake."""
@@ -465,7 +488,8 @@ class RootSupervisor:
 
     def _changed(self, worker: Worker) -> None:
         if worker.state is ChildState.STARTING:
-            self.liveness[worker.name].lag_ms = None  # a new process: no figures of its own yet
+            live = self.liveness[worker.name]
+            live.lag_ms = live.beat = None  # a new process: no figures of its own yet
         if worker.state is ChildState.RUNNING:
             self.liveness[worker.name].last_beat = time.monotonic()
         if not self.adopting:
@@ -501,6 +525,7 @@ class RootSupervisor:
                 live.load = body.load
                 live.stale_frames = body.stale_frames
                 live.bad_frames = body.bad_frames
+                live.beat = body
             case f.Heartbeat():
                 pass  # from a generation that is gone, or from no child at all
             case f.RecoverChild(name=name) if worker is not None and worker.name == "coordinator":
@@ -617,7 +642,22 @@ class RootSupervisor:
             version=worker.version if worker.pid is not None else "",
             stale_frames=self.liveness[worker.name].stale_frames,
             bad_frames=self.liveness[worker.name].bad_frames,
+            **self._beat_info(self.liveness[worker.name].beat),
         )
+
+    @staticmethod
+    def _beat_info(beat: f.Heartbeat | None) -> dict[str, Any]:
+        """`ChildInfo`'s fields from a child's last heartbeat: relay (p50, p99, max) in ms
+        estimated from its histogram (`histogram.figures_ms`: bucket upper bounds), lanes by
+        state, inbox and write-behind depths."""
+        if beat is None:
+            return {}
+        return {
+            "relay_ms": figures_ms(beat.relay),
+            "lanes": dict(beat.lanes),
+            "inbox_depth": beat.inbox_depth,
+            "persist_depth": beat.persist_depth,
+        }
 
     async def _watchdog(self) -> None:
         """SIGKILL a running child whose heartbeats stopped for `watchdog_s`. Silence is only
@@ -648,4 +688,5 @@ class RootSupervisor:
                         silent,
                         limit,
                     )
+                    worker.killed_for = ExitCause.WATCHDOG
                     self.seam.signal(worker, signal.SIGKILL)
