@@ -113,10 +113,15 @@ def frame_json(frame: Frame) -> dict[str, Any]:
     }
 
 
-def view(frame: Frame, now: float, footer: str = "") -> Group:
-    """The whole screen: the supervisor's line, the error (if any), the processes, the lanes,
-    then `footer`. `now` is the wall clock (Unix seconds) for how long lanes have waited."""
+def view(frame: Frame, now: float, header: str = "") -> Group:
+    """The whole screen: `header`, the supervisor's line, the error (if any), the processes,
+    then the lanes. `now` is the wall clock (Unix seconds) for how long lanes have waited.
+
+    The header (how to quit) comes first: a screen taller than the terminal is cut at the
+    bottom, and what is cut must never be how to leave."""
     parts: list[RenderableType] = []
+    if header:
+        parts.append(Text(header, style="dim"))
     if frame.status is not None:
         parts.extend(supervisor_lines(frame.status))
     if frame.error is not None:
@@ -126,8 +131,6 @@ def view(frame: Frame, now: float, footer: str = "") -> Group:
         parts.append(processes_table(frame.status))
     if frame.lanes is not None:
         parts.append(render.lanes_view(frame.lanes, now))
-    if footer:
-        parts.append(Text(footer, style="dim"))
     return Group(*parts)
 
 
@@ -183,8 +186,11 @@ def processes_table(status: f.StatusReply) -> Table:
 
 
 def lanes_by_state(counts: dict[str, int]) -> str:
-    """{"running": 3, "awaiting_approval": 1} -> "1 awaiting_approval, 3 running"; {} -> "-"."""
-    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "-"
+    """{"running": 3, "awaiting_approval": 1, "starting": 0} -> "1 awaiting_approval, 3 running"
+    (states with no lane left out, so a row stays one line); all zero -> "0"; {} -> "-"."""
+    if not counts:
+        return "-"
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n) or "0"
 
 
 def _p50_p99(figures: tuple[float, float, float] | None) -> str:
@@ -248,11 +254,11 @@ def run_live(
     """The interactive view on `console`'s alternate screen: `first`, then a refresh every
     `interval_s` seconds (plus the time a refresh takes, at most the watcher's timeout) until a
     quit key. Ctrl-C raises KeyboardInterrupt out of it, the screen restored."""
-    footer = f"every {interval_s:g} s; q or Ctrl-C quits"
+    header = f"every {interval_s:g} s; q or Ctrl-C quits"
     frame = first
     with Live(console=console, screen=True, auto_refresh=False) as live:
         while True:
-            live.update(view(frame, time.time(), footer), refresh=True)
+            live.update(view(frame, time.time(), header), refresh=True)
             if keys.quit_within(interval_s):
                 return
             frame = watcher.poll()

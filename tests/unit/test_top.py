@@ -134,10 +134,10 @@ def test_unreachable_frame_keeps_the_last_answers_and_says_how_old() -> None:
     """The view says the tree is unreachable, that it retries, and how old what it shows is;
     JSON carries the error and no stale status."""
     frame = top.Frame(status=FULL, lanes=LANES, error="no tree is running at /r", age_s=4.2)
-    text = shown(top.view(frame, NOW, footer="q quits"))
+    text = shown(top.view(frame, NOW, header="q quits"))
     assert "unreachable: no tree is running at /r (retrying; shown: 4 s old)" in text
     assert row(text, "coordinator")[0] == "coordinator"
-    assert text.rstrip().endswith("q quits")
+    assert text.startswith("q quits")
     assert top.frame_json(frame) == {"status": None, "lanes": None, "error": frame.error}
 
 
@@ -155,11 +155,25 @@ def test_frame_json_shapes() -> None:
 
 
 def test_lanes_by_state() -> None:
-    """Counts by state, sorted by state name; none is a dash."""
-    assert top.lanes_by_state({"running": 3, "awaiting_approval": 1}) == (
+    """Counts by state, sorted by state name, states with no lane left out (a shard reports
+    every state, zeros too); all zero is "0"; nothing reported is a dash."""
+    assert top.lanes_by_state({"running": 3, "awaiting_approval": 1, "starting": 0}) == (
         "1 awaiting_approval, 3 running"
     )
+    assert top.lanes_by_state({"running": 0, "starting": 0}) == "0"
     assert top.lanes_by_state({}) == "-"
+
+
+def test_how_to_quit_survives_a_screen_too_small_for_the_view() -> None:
+    """The live view cuts what does not fit at the bottom: the quit hint is the first line, so
+    a terminal too short for every row still says how to leave."""
+    console = Console(file=io.StringIO(), width=80, height=6, color_system=None)
+    lines = console.render_lines(
+        top.view(top.Frame(status=FULL, lanes=LANES), NOW, header="q quits"),
+        console.options,
+        pad=False,
+    )
+    assert "".join(seg.text for seg in lines[0]).startswith("q quits")
 
 
 class Script:
