@@ -1,0 +1,208 @@
+"""Config reloads on real trees: SIGHUP and `ctl reload` apply what changed, child by child.
+
+Each tree is started with `--config` and no `--shards`/`--lanes-per-shard`, so the file alone
+says how many shards of how many lanes it has; the test rewrites the file and reloads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, make_release, plan, task, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def ctl(tree: Tree, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:
+    """`orchestra-sup ctl ARGS` as a user runs it."""
+    argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+
+
+def ctl_background(tree: Tree, *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir), *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def children(tree: Tree) -> dict[str, f.ChildInfo]:
+    return {c.name: c for c in tree.status().children}
+
+
+def test_sighup_adds_a_shard_and_keeps_every_other_pid(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """count 2 -> 3, then SIGHUP to the supervisor: systemd hears RELOADING=1 then READY=1,
+    shard-2 runs, and every other child keeps its pid and generation."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text("[shards]\ncount = 2\n")
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    before = children(tree)
+    assert sorted(before) == ["coordinator", "custodian", "shard-0", "shard-1"]
+    cfg.write_text("[shards]\ncount = 3\n")
+    os.kill(tree.proc.pid, signal.SIGHUP)
+    tree.await_notify(b"RELOADING=1")
+    tree.await_notify(b"READY=1")
+    after = children(tree)
+    assert after["shard-2"].state == "running", after["shard-2"]
+    assert after["shard-2"].pid is not None
+    for name, child in before.items():
+        assert (after[name].pid, after[name].generation) == (child.pid, child.generation), name
+    assert [c.name for c in tree.status().children][-1] == "shard-2"
+
+
+def test_lanes_per_shard_restarts_the_shards_with_their_new_capacity(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """lanes_per_shard 4 -> 2 by `ctl reload`: each shard is restarted (new pid, next
+    generation, capacity 2); the coordinator and the custodian keep their pids."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text("[shards]\ncount = 2\nlanes_per_shard = 4\n")
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    before = children(tree)
+    cfg.write_text("[shards]\ncount = 2\nlanes_per_shard = 2\n")
+    done = ctl(tree, "reload")
+    assert done.returncode == 0, done.stderr
+    assert "changed [shards] lanes_per_shard" in done.stdout, done.stdout
+    assert "restarted: shard-0, shard-1" in done.stdout, done.stdout
+    after = children(tree)
+    for name in ("shard-0", "shard-1"):
+        assert after[name].state == "running"
+        assert after[name].pid != before[name].pid
+        assert after[name].generation == before[name].generation + 1
+        assert after[name].capacity == 2
+        assert after[name].operator_restarts == 1
+    for name in ("coordinator", "custodian"):
+        assert after[name].pid == before[name].pid, name
+    again = ctl(tree, "reload", "--json")
+    assert again.returncode == 0, again.stderr
+    assert '"changed": []' in again.stdout, again.stdout
+
+
+def test_fewer_shards_drains_a_running_lane_then_retires_them(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """count 3 -> 1 while a gated lane runs on shard-2 (the only shard offering "gpu"): both
+    retiring shards show `retiring`, a restart or a rollover asked meanwhile is refused busy,
+    the lane finishes where it runs once its gate opens, the plan succeeds, and shard-1 and
+    shard-2 are gone from the tree; shard-0 keeps its pid."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text('[shards]\ncount = 3\n[shards.shard-2]\ncapabilities = ["gpu"]\n')
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    spec = plan(
+        "retire",
+        task(
+            "gpu",
+            f"echo start >> {marks}; while [ ! -e {gate} ]; do sleep 0.02; done",
+            requires=["gpu"],
+        ),
+    )
+    plan_id = tree.submit(spec)
+    wait_until(lambda: marks.exists(), 30, "the gated lane to start")
+    report = tree.ctl(f.CtlPlan(id=plan_id))
+    assert isinstance(report, f.PlanReport)
+    assert report.tasks[0].shard == "shard-2", report.tasks[0]
+    before = children(tree)
+
+    cfg.write_text("[shards]\ncount = 1\n")
+    reload = ctl_background(tree, "reload", "--json")
+    retiring = wait_until(
+        lambda: (
+            {n: c.state for n, c in children(tree).items() if c.state == "retiring"}
+            == {"shard-1": "retiring", "shard-2": "retiring"}
+        ),
+        30,
+        "shard-1 and shard-2 retiring",
+    )
+    assert retiring
+    busy = ctl(tree, "restart", "shard-0")
+    assert busy.returncode == 1 and "reload is in progress" in busy.stderr, busy.stderr
+    release = make_release(tmp_path / "release", "python")
+    busy = ctl(tree, "rollover", "shard-0", "--release", str(release))
+    assert busy.returncode == 1 and "reload is in progress" in busy.stderr, busy.stderr
+    assert reload.poll() is None  # still draining: the lane runs on
+    gate.touch()
+    out, err = reload.communicate(timeout=60)
+    assert reload.returncode == 0, err
+    assert '"retired": [\n    "shard-2",\n    "shard-1"\n  ]' in out, out
+
+    final = tree.wait_plan(plan_id)
+    assert final.ok, final
+    assert marks.read_text().splitlines() == ["start"]  # it ran once, where it was placed
+    after = children(tree)
+    assert sorted(after) == ["coordinator", "custodian", "shard-0"]
+    for name in after:
+        assert after[name].pid == before[name].pid, name
+    assert [s.children for s in tree.status().supervisors if s.name == "shards"] == [["shard-0"]]
+
+
+def test_a_bad_config_is_refused_and_nothing_changes(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """A file that does not parse, a bad value, and a key that cannot change live (with a
+    reloadable change beside it): each `ctl reload` exits 2 with one line, every pid, every
+    capacity and the settings in force stay, and the tree keeps answering."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text("[shards]\ncount = 2\nlanes_per_shard = 4\n")
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    before = children(tree)
+    bad = {
+        "[shards\ncount = 3\n": f"config {cfg}: ",
+        "[shards]\ncount = 0\n": "[shards] count = 0: must be between 1 and 256",
+        '[shards]\ncount = 2\nlanes_per_shard = 3\n[supervisor]\nspawn = "exec"\n': (
+            "[supervisor] spawn cannot change while the tree runs"
+        ),
+    }
+    for text, says in bad.items():
+        cfg.write_text(text)
+        done = ctl(tree, "reload")
+        assert done.returncode == 2, (text, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and says in lines[0], (text, done.stderr)
+        assert lines[0].startswith("orchestra-sup: config reload refused: ")
+        after = children(tree)
+        assert {n: (c.pid, c.capacity) for n, c in after.items()} == {
+            n: (c.pid, c.capacity) for n, c in before.items()
+        }, text
+    cfg.write_text("[shards]\ncount = 2\nlanes_per_shard = 4\n")  # as started: nothing to do
+    same = ctl(tree, "reload")
+    assert same.returncode == 0 and "nothing changed" in same.stdout, same
+
+
+def test_a_reload_during_a_rollover_is_refused_busy(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """While a shard's rollover drains a lane that has no quiet point, `ctl reload` (and a
+    SIGHUP) is refused busy and changes nothing; the rollover then completes."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text("[shards]\ncount = 1\n")
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    plan_id = tree.submit(
+        plan(
+            "held", task("t", f"echo start >> {marks}; while [ ! -e {gate} ]; do sleep 0.02; done")
+        )
+    )
+    wait_until(lambda: marks.exists(), 30, "the lane to start")
+    release = make_release(tmp_path / "release", "python", version="9.0.0")
+    rollover = ctl_background(
+        tree, "rollover", "shard-0", "--release", str(release), "--drain-timeout", "60"
+    )
+    wait_until(lambda: "draining" in (tree.status().rollover or ""), 30, "the rollover to drain")
+    cfg.write_text("[shards]\ncount = 2\n")
+    busy = ctl(tree, "reload")
+    assert busy.returncode == 2, (busy.stdout, busy.stderr)
+    assert "busy: rollover" in busy.stderr, busy.stderr
+    assert "shard-1" not in children(tree)
+    gate.touch()
+    out, err = rollover.communicate(timeout=60)
+    assert rollover.returncode == 0, (out, err)
+    assert tree.wait_plan(plan_id).ok
