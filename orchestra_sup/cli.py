@@ -917,7 +917,7 @@ def reload(
             "--timeout",
             min=0.1,
             help="Seconds to wait for the reload to be applied (retiring shards drain for up "
-            "to [supervisor] drain_timeout_s); the reload goes on if this runs out.",
+            "to the config's drain_timeout_s); the reload goes on if this runs out.",
         ),
     ] = 120.0,
     run_dir: RunDirOpt = None,

@@ -206,3 +206,46 @@ def test_a_reload_during_a_rollover_is_refused_busy(
     out, err = rollover.communicate(timeout=60)
     assert rollover.returncode == 0, (out, err)
     assert tree.wait_plan(plan_id).ok
+
+
+def test_a_tree_started_without_config_has_nothing_to_reload(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """No --config: SIGHUP and `ctl reload` re-read nothing and say so, exit 0, every pid
+    kept (SIGHUP does not end the supervisor)."""
+    tree = tree_factory(workspace=repo)
+    before = tree.pids()
+    os.kill(tree.proc.pid, signal.SIGHUP)
+    tree.await_notify(b"RELOADING=1")
+    tree.await_notify(b"READY=1")
+    done = ctl(tree, "reload")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "nothing to reload: the tree was started without --config"
+    assert tree.pids() == before
+
+
+def test_the_config_and_its_overrides_survive_a_supervisor_reexec(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """After `ctl rollover supervisor` (same pid, new image), a SIGHUP still re-reads the
+    same file with the same --lanes-per-shard override on top: shard-1 is added with the
+    override's capacity, not the file's."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text("[shards]\ncount = 1\nlanes_per_shard = 8\n")
+    tree = tree_factory(workspace=repo, shards=None, lanes=2, config=cfg)
+    supervisor_pid = tree.proc.pid
+    to = make_release(tmp_path / "release", "python", version="9.0.0")
+    moved = ctl(tree, "rollover", "supervisor", "--release", str(to))
+    assert moved.returncode == 0, (moved.stdout, moved.stderr)
+    assert tree.status().release == str(to)
+    cfg.write_text("[shards]\ncount = 2\nlanes_per_shard = 8\n")
+    os.kill(supervisor_pid, signal.SIGHUP)
+    added = wait_until(
+        lambda: next((c for c in tree.status().children if c.name == "shard-1"), None),
+        30,
+        "shard-1 added after the re-exec",
+    )
+    assert isinstance(added, f.ChildInfo)
+    running = tree.wait_running("shard-1", 1)
+    assert running.capacity == 2
+    assert tree.status().supervisor_pid == supervisor_pid
