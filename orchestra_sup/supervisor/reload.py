@@ -181,11 +181,14 @@ class Reloads:
         return self._task is not None and not self._task.done()
 
     def begin(self) -> asyncio.Task[f.ReloadReport]:
-        """Start a reload; its task answers the `ReloadReport`. Raises `Busy` while another
-        reload, a rollover or a stop is in progress (then nothing is said to systemd)."""
+        """Start a reload; its task answers the `ReloadReport`. Raises `Busy` while the tree
+        starts, or another reload, a rollover or a stop is in progress (then nothing is said to
+        systemd)."""
         sup = self.sup
         if sup.stopping:
             raise Busy("the tree is stopping")
+        if not sup.tree.running:
+            raise Busy("the tree is starting; reload once it is ready")
         if self.running():
             raise Busy("a config reload is already in progress")
         rollover = sup.rollovers.running()
