@@ -231,6 +231,13 @@ class Reloads:
         report = f.ReloadReport(config="", refused=True, error="cancelled: the tree is stopping")
         try:
             report = await self._apply()
+        except Exception as exc:  # a bug here must still answer the caller and systemd
+            log.exception("config reload failed")
+            config = self.source.path if self.source is not None else None
+            report = f.ReloadReport(
+                config=config or "",
+                error=f"internal error: {exc!r} (see the supervisor's log)",
+            )
         finally:
             status = self.sup.summary()
             if report.error is not None:

@@ -59,13 +59,7 @@ from orchestra_sup.supervisor.reload import ConfigSource, Reloads
 from orchestra_sup.supervisor.rollover import Rollovers
 from orchestra_sup.supervisor.runlock import DirLock, RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
-from orchestra_sup.supervisor.shape import (
-    FIXED,
-    child_spec,
-    flags,
-    settings_args,
-    shard_names,
-)
+from orchestra_sup.supervisor.shape import FIXED, child_spec, flags, settings_args, shard_names
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
 
@@ -117,8 +111,8 @@ class RootSupervisor:
     then the old image's `carry` (None otherwise). `remote_ctl` (or the hand-off's) also
     serves ctl on a CURVE `tcp://` endpoint. `config` (or the hand-off's) is where `settings`
     came from, read again on SIGHUP and `ctl reload` (`supervisor.reload`; None: nothing to
-    re-read). Raises `SupervisionError` when the hand-off's
-    children are not this tree's, `ConfigError` when `remote_ctl`'s keys cannot be read.
+    re-read). Raises `SupervisionError` when the hand-off's children are not this tree's,
+    `ConfigError` when `remote_ctl`'s keys cannot be read.
     """
 
     def __init__(
