@@ -221,6 +221,13 @@ class Reloads:
         if idle is not None and load == 0:
             idle.set()
 
+    def changed(self, worker: Worker) -> None:
+        """A retiring shard's state changed: once it is no longer running (it died while
+        draining) there is nothing left to wait for."""
+        idle = self._idle.get(worker.name)
+        if idle is not None and worker.state is not ChildState.RUNNING:
+            idle.set()
+
     # --- the reload ------------------------------------------------------------------------------
 
     async def _reload(self) -> f.ReloadReport:

@@ -429,6 +429,8 @@ class RootSupervisor:
             self.liveness[worker.name].lag_ms = None  # a new process: no figures of its own yet
         if worker.state is ChildState.RUNNING:
             self.liveness[worker.name].last_beat = time.monotonic()
+        if worker.leaving:
+            self.reloads.changed(worker)
         if not self.adopting:
             self.broadcast_roster()
         summary = self.summary()

@@ -249,3 +249,29 @@ def test_the_config_and_its_overrides_survive_a_supervisor_reexec(
     running = tree.wait_running("shard-1", 1)
     assert running.capacity == 2
     assert tree.status().supervisor_pid == supervisor_pid
+
+
+def test_a_retiring_shard_that_dies_while_draining_is_not_waited_for(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """count 2 -> 1 with a lane running on shard-1 and a long drain timeout: shard-1 is
+    killed while it drains; it is not restarted, the reload finishes at once (within `ctl
+    reload`'s own deadline, far below the drain timeout) and shard-1 is gone."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text('[shards]\ncount = 2\n[shards.shard-1]\ncapabilities = ["gpu"]\n')
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    wait = f"echo start >> {marks}; while [ ! -e {gate} ]; do sleep 0.02; done"
+    tree.submit(plan("dies", task("gpu", wait, requires=["gpu"])))
+    wait_until(lambda: marks.exists(), 30, "the lane to start")
+    cfg.write_text("[supervisor]\ndrain_timeout_s = 600.0\n[shards]\ncount = 1\n")
+    reload = ctl_background(tree, "reload", "--timeout", "60")
+    wait_until(lambda: children(tree)["shard-1"].state == "retiring", 30, "shard-1 retiring")
+    pid = children(tree)["shard-1"].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    out, err = reload.communicate(timeout=90)
+    assert reload.returncode == 0, (out, err)
+    assert "retired: shard-1" in out, out
+    assert sorted(children(tree)) == ["coordinator", "custodian", "shard-0"]
+    gate.touch()
