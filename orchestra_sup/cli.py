@@ -205,12 +205,14 @@ def start(
         ),
     ] = None,
 ) -> None:
-    """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`.
+    """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`. SIGHUP (or
+    `ctl reload`) reads --config again, these options still applied on top.
 
     Example: orchestra-sup start --workspace ~/src/project --shards 4 --metrics-port 9464
     """
     from orchestra_sup.supervisor.ctl import RemoteCtl
     from orchestra_sup.supervisor.reexec import resume
+    from orchestra_sup.supervisor.reload import ConfigSource
     from orchestra_sup.supervisor.root import RootSupervisor
     from orchestra_sup.supervisor.runlock import RunLock, StateLock
 
@@ -243,10 +245,20 @@ def start(
         return settings, paths, remote
 
     settings, paths, remote = guarded(prepare)
+    source = ConfigSource(
+        path=str(config.absolute()) if config is not None else None,
+        shards=shards,
+        lanes_per_shard=lanes_per_shard,
+    )
     code = guarded(
         lambda: asyncio.run(
             RootSupervisor(
-                paths, settings, colocated=colocated, remote_ctl=remote, log_format=fmt
+                paths,
+                settings,
+                colocated=colocated,
+                remote_ctl=remote,
+                config=source,
+                log_format=fmt,
             ).run()
         )
     )
@@ -1016,6 +1028,76 @@ def rollover(
         out.print(f"rollover {final.id} of {name} done: orchestra-sup {final.release.version}")
     if not final.ok:
         raise fail(f"rollover {final.id} of {name}: {final.error}", EXIT_FAILED)
+
+
+@ctl_app.command()
+def reload(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="Seconds to wait for the reload to be applied (retiring shards drain for up "
+            "to the config's drain_timeout_s); the reload goes on if this runs out.",
+        ),
+    ] = 120.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Re-read the config file the tree was started with (as SIGHUP and `systemctl reload`
+    do) and apply what changed: children whose settings changed are restarted one at a time,
+    shards are added or drained and retired, the rest keep their pids. The command-line
+    options `start` was given (--shards, --lanes-per-shard) still win over the file.
+
+    Exits 0 once applied (or when nothing changed); 2 when the reload is refused and nothing
+    changed: a config that cannot be read or has a bad value, a setting that cannot change
+    while the tree runs, or another reload, a rollover or a stop in progress; 1 when a child
+    did not start under the new settings.
+    Example: orchestra-sup ctl reload --json
+    """
+
+    def go() -> f.Body:
+        try:
+            with ctx.obj.client(run_dir) as client:
+                return client.request(f.CtlReload(), timeout_s=timeout)
+        except RemoteError as exc:
+            if exc.code is ErrorCode.BUSY:
+                raise ConfigError(f"config reload refused: busy: {exc.message}") from None
+            raise
+
+    report = guarded(go)
+    assert isinstance(report, f.ReloadReport)
+    if as_json:
+        value = msgspec.to_builtins(report)
+        del value["t"]
+        print_json(value)
+    if report.refused:
+        raise fail(f"config reload refused: {report.error}", EXIT_USAGE)
+    if not as_json:
+        for line in _reload_lines(report):
+            out.print(line)
+    if report.error is not None:
+        raise fail(f"config reload: {report.error}", EXIT_FAILED)
+
+
+def _reload_lines(report: f.ReloadReport) -> list[str]:
+    """A reload's report for people: what changed, then what that did to which child."""
+    if not report.config:
+        return ["nothing to reload: the tree was started without --config"]
+    if not report.changed:
+        return [f"config {report.config}: nothing changed"]
+    lines = [f"config {report.config}: changed {', '.join(report.changed)}"]
+    for label, names in (
+        ("restarted", report.restarted),
+        ("added", report.added),
+        ("retired", report.retired),
+        ("updated in place", report.updated),
+        ("unchanged", report.unchanged),
+    ):
+        if names:
+            lines.append(f"{label}: {', '.join(names)}")
+    return lines
 
 
 def _rollover_event(event: f.RolloverEvent, as_json: bool) -> None:

@@ -732,6 +732,33 @@ class DebugHook(Frame, tag="debug_hook"):
     seconds: float = 0.0
 
 
+class CtlReload(Frame, tag="ctl_reload"):
+    """`ctl reload` (as SIGHUP does): re-read the config file `start` was given, with its
+    command-line overrides, and apply what changed (`supervisor.reload`). Answered with
+    `ReloadReport` once every change is applied, or once the reload is refused."""
+
+
+class ReloadReport(Frame, tag="reload_report"):
+    """What a config reload did. `config`: the file re-read ("": the tree was started without
+    `--config`, so nothing was). `changed`: the settings that differ, "[section] key".
+    Children by name: `restarted` (new settings in their args: restarted, new pid),
+    `added` (new shards), `retired` (shards drained, stopped and removed), `updated` (new spec
+    applied in place: placement offer, shutdown grace; pid kept), `unchanged` (pid kept).
+    `refused`: nothing was applied (a bad config, a key that cannot change live, busy), and
+    `error` says why in one line; `error` without `refused`: applied, but a child did not
+    start under the new settings (it is restarted as any failed child)."""
+
+    config: str
+    changed: list[str] = []
+    restarted: list[str] = []
+    added: list[str] = []
+    retired: list[str] = []
+    updated: list[str] = []
+    unchanged: list[str] = []
+    refused: bool = False
+    error: str | None = None
+
+
 # --- lane transcripts: ctl -> supervisor -> shards (`ctl logs`) ----------------------------------
 
 
@@ -988,6 +1015,8 @@ Ctl = (
     | CtlDebug
     | DebugHook
     | CtlLogs
+    | CtlReload
+    | ReloadReport
 )
 Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Rollover | Ack | Error
 

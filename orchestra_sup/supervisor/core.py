@@ -198,6 +198,9 @@ class Worker:
         """The generation of its previous process while that one still runs beside the current
         one (a surge, `start_beside`), else None."""
         self._surging = False
+        self.leaving = False
+        """Being retired from the tree (`Supervisor.remove_child` comes next): it keeps running
+        but takes no new work, and an exit is not restarted."""
         self.backoff = Backoff(flags.backoff_initial_s, flags.backoff_max_s, flags.max_seconds)
         self._exited: asyncio.Future[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -401,6 +404,14 @@ class Supervisor:
             else:
                 yield from child.workers()
 
+    def supervisors(self) -> Iterator[Supervisor]:
+        """This supervisor and every one below it, parents first (the order their restart
+        locks nest in)."""
+        yield self
+        for child in self.children:
+            if isinstance(child, Supervisor):
+                yield from child.supervisors()
+
     def find(self, name: str) -> Worker | None:
         return next((w for w in self.workers() if w.name == name), None)
 
@@ -451,7 +462,8 @@ class Supervisor:
         Nothing is restarted unless this supervisor is running: an exit reported while it starts
         (its start fails and unwinds), stops or has given up only settles the child as stopped.
         """
-        if not self.running or self._stopping or self.escalated:
+        leaving = isinstance(child, Worker) and child.leaving
+        if not self.running or self._stopping or self.escalated or leaving:
             if isinstance(child, Worker) and child.state is ChildState.EXITED:
                 child.transition(ChildState.STOPPED)
             return
@@ -540,6 +552,40 @@ class Supervisor:
             self.on_give_up()
 
     # --- operator requests -----------------------------------------------------------------------
+
+    def reconfigure(self, flags: Flags) -> None:
+        """New flags for this supervisor and backoff bounds for its workers, from now on (a
+        config reload). The restarts already counted stay in the intensity window, and each
+        worker's current backoff step stays; the strategy is the tree's and does not change."""
+        self.flags = flags
+        self.intensity.max_restarts = flags.max_restarts
+        self.intensity.max_seconds = flags.max_seconds
+        for child in self.children:
+            if isinstance(child, Worker):
+                child.backoff.initial_s = flags.backoff_initial_s
+                child.backoff.max_s = flags.backoff_max_s
+                child.backoff.reset_after_s = flags.max_seconds
+
+    async def add_child(self, worker: Worker) -> None:
+        """Append `worker` to this running supervisor's children and start it (OTP
+        `start_child`), holding the restart lock. Raises `ChildStartError` when it does not
+        start: it stays a child, and its exit is decided like any (restarted, counted)."""
+        async with self._lock:
+            worker.parent = self
+            self.children.append(worker)
+            await worker.start()
+
+    async def remove_child(self, worker: Worker) -> None:
+        """Stop `worker` (`Worker.stop`) and take it out of this supervisor's children (OTP
+        `terminate_child` then `delete_child`), holding the restart lock; an exit meanwhile is
+        not restarted. Raises `ValueError` when it is not a child of this supervisor."""
+        if worker not in self.children:
+            raise ValueError(f"{worker.name} is not a child of {self.name}")
+        async with self._lock:
+            worker.leaving = True
+            await worker.stop()
+            self.children.remove(worker)
+            worker.parent = None
 
     async def restart_worker(self, worker: Worker) -> None:
         """`ctl restart`: stop and start `worker` with the next generation. Not a failure: it

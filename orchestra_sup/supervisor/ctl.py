@@ -1,7 +1,8 @@
 """The ctl endpoint: what `orchestra-sup ctl` asks of a running tree.
 
 Answered by the supervisor itself: `status` (from the control record, never waiting on a child),
-`restart`, `stop`, `rollover` (`supervisor.rollover`). Forwarded to the coordinator as a task,
+`restart`, `stop`, `rollover` (`supervisor.rollover`), `reload` (`supervisor.reload`; while one
+runs, `restart` and `rollover` are refused busy). Forwarded to the coordinator as a task,
 so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`, `cancel`, and
 the HITL answers (`approve`, `reject`, `redirect`, `accept-partial`: `CtlRespond`), stamped with
 the caller's identity from the connection. Fanned out to every shard: `lanes` (with the
@@ -39,6 +40,7 @@ from orchestra_sup.protocol.endpoint import (
 from orchestra_sup.release import version
 from orchestra_sup.shards.isolation import effective
 from orchestra_sup.supervisor.core import Supervisor, Worker
+from orchestra_sup.supervisor.reload import Busy
 from orchestra_sup.supervisor.spec import ChildState
 
 if TYPE_CHECKING:
@@ -132,8 +134,13 @@ class CtlService:
                 | f.CtlBenchRelay()
             ):
                 self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
+            case f.CtlRollover() if self.sup.reloads.running():
+                message = "a config reload is in progress; roll over once it is done"
+                ep.reply(env, peer, f.Error(code=ErrorCode.BUSY, message=message))
             case f.CtlRollover():
                 self._answer(ep, peer, env, self.sup.rollovers.begin(body))
+            case f.CtlReload():
+                self._answer(ep, peer, env, self._reload())
             case f.CtlRolloverStatus():
                 self._answer(ep, peer, env, self.sup.rollovers.status(body))
             case f.CtlRespond():
@@ -197,7 +204,20 @@ class CtlService:
     ) -> None:
         self.sup.spawn(reply_when_done(ep, peer, env, work))
 
+    async def _reload(self) -> f.Body:
+        """`ctl reload`: the `ReloadReport`, or `Error(busy)` (`reload.Busy`)."""
+        try:
+            task = self.sup.reloads.begin()
+        except Busy as exc:
+            raise RemoteError(ErrorCode.BUSY, str(exc)) from None
+        return await asyncio.shield(task)  # the caller going away does not cut a reload short
+
     async def _restart(self, worker: Worker) -> f.Body:
+        if self.sup.reloads.running():  # it restarts, adds and retires children
+            raise RemoteError(
+                ErrorCode.BUSY,
+                f"a config reload is in progress; restart {worker.name} once it is done",
+            )
         running = self.sup.rollovers.running()
         if running is not None:  # it holds the restart lock of what it moves for its whole run
             raise RemoteError(

@@ -36,9 +36,10 @@ from orchestra_sup.errors import ConfigError, ReleaseError, SupervisionError
 from orchestra_sup.logformat import SUPERVISOR, LogFormat, configure
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor import notify
-from orchestra_sup.supervisor.core import Supervisor, Worker
+from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.ctl import RemoteCtl
 from orchestra_sup.supervisor.process import ChildProcess, child_pids
+from orchestra_sup.supervisor.reload import ConfigSource
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
 
@@ -55,10 +56,10 @@ EXIT_FAILED = 1
 QUIET_TIMEOUT_S = 30.0
 """Seconds `reexec` waits for restarts in flight to finish (a backoff included) before it
 refuses."""
-HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-"""Blocked from just before the exec until the new image has its handlers: a stop asked for
-in between stays pending across the exec and is acted on by the new image, never lost and
-never the default action (dying with every child)."""
+HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+"""Blocked from just before the exec until the new image has its handlers: a stop (or a config
+reload) asked for in between stays pending across the exec and is acted on by the new image,
+never lost and never the default action (dying with every child)."""
 
 
 class HandoffChild(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,7 +89,10 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     when the old image called `execve`, monotonic seconds; `carry` is the caller's, opaque;
     `remote_ctl` is the CURVE ctl endpoint `start --ctl-tcp` asked for, served again after;
     `log_format` is `start --log-format`, kept; `generation` is the new image's (its log lines
-    carry it): the old one's plus one, 2 from a release that did not count them."""
+    carry it): the old one's plus one, 2 from a release that did not count them;
+
+    `config` is where the settings came from (`start --config` and its overrides), so a SIGHUP
+    to the new image reloads the same file (None: nothing to re-read)."""
 
     boot: str
     release: str
@@ -104,6 +108,7 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     remote_ctl: RemoteCtl | None = None
     log_format: LogFormat = LogFormat.TEXT
     generation: int = 2
+    config: ConfigSource | None = None
 
     def paths(self) -> Paths:
         return Paths(
@@ -146,7 +151,7 @@ async def reexec(sup: RootSupervisor, release: str, carry: bytes = b"") -> None:
     async with contextlib.AsyncExitStack() as quiet:
         try:
             async with asyncio.timeout(QUIET_TIMEOUT_S):
-                for each in _supervisors(sup.tree):
+                for each in sup.tree.supervisors():
                     await quiet.enter_async_context(each._lock)
         except TimeoutError:
             raise ReleaseError(
@@ -172,15 +177,6 @@ def _check_settled(sup: RootSupervisor) -> None:
             raise ReleaseError(f"child {worker.name} is {worker.state}; try again when it runs")
         if worker.retiring is not None:
             raise ReleaseError(f"child {worker.name} is being rolled over; try again after")
-
-
-def _supervisors(sup: Supervisor) -> list[Supervisor]:
-    """`sup` and every supervisor below it, parents first (the order their locks nest in)."""
-    found = [sup]
-    for child in sup.children:
-        if isinstance(child, Supervisor):
-            found.extend(_supervisors(child))
-    return found
 
 
 def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
@@ -240,6 +236,7 @@ def _handoff(sup: RootSupervisor, release: str, carry: bytes) -> Handoff:
         remote_ctl=sup.remote_ctl,
         log_format=sup.log_format,
         generation=sup.generation + 1,
+        config=sup.reloads.source,
     )
 
 
@@ -313,11 +310,8 @@ def resume(fd: int) -> int:
     from orchestra_sup.config import SupervisorSettings
     from orchestra_sup.errors import OrchestraError
     from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
-    from orchestra_sup.supervisor.root import (
-        EXIT_FAILED_START,
-        SHARD_STOP_MARGIN_S,
-        RootSupervisor,
-    )
+    from orchestra_sup.supervisor.root import EXIT_FAILED_START, RootSupervisor
+    from orchestra_sup.supervisor.shape import SHARD_STOP_MARGIN_S
 
     settings, run_dir = None, None
     try:
@@ -375,7 +369,7 @@ def adopt(sup: RootSupervisor, handoff: Handoff) -> None:
     Call on the loop before anything awaits (no SIGCHLD handling may reap a child before it
     is held). Adopted children's names are put in `sup.unheard`: the roster is sent to each
     again when its first heartbeat says its DEALER has reconnected."""
-    for each in _supervisors(sup.tree):
+    for each in sup.tree.supervisors():
         each.running = True
     sup.adopting = True  # no roster until every child is back: the others would look down
     try:

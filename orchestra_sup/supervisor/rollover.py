@@ -256,9 +256,11 @@ class Rollovers:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from None
         if not releases.compatible_with(info):
             raise RemoteError(ErrorCode.VERSION_SKEW, releases.refusal(info))
-        # Again, now: the probe took time, and another rollover or a stop may have begun.
+        # Again, now: the probe took time, and another rollover, a stop or a reload may have begun.
         if sup.stopping:
             raise RemoteError(ErrorCode.BAD_REQUEST, "the tree is stopping")
+        if sup.reloads.running():
+            raise RemoteError(ErrorCode.BUSY, "a config reload is in progress; roll over after")
         running = self.running()
         if running is not None:
             raise RemoteError(

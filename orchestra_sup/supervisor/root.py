@@ -14,7 +14,8 @@ only the root has:
   endpoint for a remote operator (ADR 0012);
 - what a dead child leaves behind: orphans reparented here and, for a shard, its lanes' cgroups;
 - re-executing itself onto another release with its children left running (`supervisor.reexec`):
-  a `RootSupervisor` given a `Handoff` adopts the tree instead of starting it.
+  a `RootSupervisor` given a `Handoff` adopts the tree instead of starting it;
+- SIGHUP: the config file read again and applied child by child (`supervisor.reload`).
 
 Exit statuses: `EXIT_OK` after a requested stop, `EXIT_FAILED_START` when the tree could not
 start, `EXIT_INTENSITY` when the root's restart intensity was exceeded.
@@ -51,18 +52,19 @@ from orchestra_sup.protocol.endpoint import Endpoint, Handler, routing_id
 from orchestra_sup.protocol.keys import ServerKeys, load_server_keys
 from orchestra_sup.release import describe, protocol_range
 from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
-from orchestra_sup.shards.isolation import effective
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
-from orchestra_sup.supervisor.core import ExitCause, Flags, Seam, Strategy, Supervisor, Worker
+from orchestra_sup.supervisor.core import ExitCause, Seam, Supervisor, Worker
 from orchestra_sup.supervisor.ctl import CtlService, RemoteCtl
 from orchestra_sup.supervisor.metrics import MetricsServer, start_server
 from orchestra_sup.supervisor.process import kill_orphans
 from orchestra_sup.supervisor.reexec import HELD_SIGNALS, Handoff, adopt, check
+from orchestra_sup.supervisor.reload import ConfigSource, Reloads
 from orchestra_sup.supervisor.rollover import Rollovers
 from orchestra_sup.supervisor.runlock import DirLock, RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
-from orchestra_sup.supervisor.spec import ChildSpec, ChildState
+from orchestra_sup.supervisor.shape import FIXED, child_spec, flags, settings_args, shard_names
+from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
 
 log = logging.getLogger("orchestra_sup.supervisor")
@@ -73,7 +75,6 @@ EXIT_INTENSITY = 3
 """Exit status when restart intensity was exceeded at the root (documented in the README)."""
 
 UP = (ChildState.RUNNING, ChildState.STOPPING)
-SHARD_STOP_MARGIN_S = 3.0
 
 
 class Liveness:
@@ -92,44 +93,18 @@ class Liveness:
 
 
 def build_tree(settings: Settings, seam: Seam, on_give_up: Any) -> Supervisor:
-    """The tree in start order: custodian, coordinator, then the shards' sub-supervisor."""
-    sup = settings.supervisor
-    flags = Flags(
-        strategy=Strategy.ONE_FOR_ONE,
-        max_restarts=sup.max_restarts,
-        max_seconds=sup.max_seconds,
-        backoff_initial_s=sup.backoff_initial_s,
-        backoff_max_s=sup.backoff_max_s,
-    )
-    grace = sup.shutdown_timeout_s
+    """The tree in start order: custodian, coordinator, then the shards' sub-supervisor
+    (`supervisor.shape` says what each child is under `settings`)."""
+    tree_flags = flags(settings)
 
-    def shard(name: str) -> Worker:
-        capabilities, tenants = settings.shards.offers(name)
-        spec = ChildSpec(
-            name=name,
-            role="shard",
-            # A shard's own grace covers its lanes' (SIGTERM, shutdown_timeout_s, SIGKILL) plus
-            # the time to hand the coordinator what they were interrupted at.
-            shutdown_s=grace + SHARD_STOP_MARGIN_S,
-            capacity=settings.shards.lanes_per_shard,
-            capabilities=capabilities,
-            tenants=tenants,
-        )
-        return Worker(spec, flags, seam)
+    def worker(name: str) -> Worker:
+        return Worker(child_spec(settings, name), tree_flags, seam)
 
-    shards = Supervisor(
-        "shards", flags, [shard(f"shard-{i}") for i in range(settings.shards.count)], seam
-    )
+    shards = Supervisor("shards", tree_flags, [worker(n) for n in shard_names(settings)], seam)
     return Supervisor(
         "root",
-        flags,
-        [
-            Worker(ChildSpec(name="custodian", role="custodian", shutdown_s=grace), flags, seam),
-            Worker(
-                ChildSpec(name="coordinator", role="coordinator", shutdown_s=grace), flags, seam
-            ),
-            shards,
-        ],
+        tree_flags,
+        [*(worker(name) for name in FIXED), shards],
         seam,
         on_give_up=on_give_up,
     )
@@ -143,9 +118,10 @@ class RootSupervisor:
     then the old image's `carry` (None otherwise). `remote_ctl` (or the hand-off's) also
     serves ctl on a CURVE `tcp://` endpoint. `log_format` (or the hand-off's) is how the
     children write their logs, as this process does; `generation` counts this supervisor's
-    images (1, one more after each re-exec), for its log lines. Raises `SupervisionError`
-    when the hand-off's children are not this tree's, `ConfigError` when `remote_ctl`'s keys
-    cannot be read.
+    images (1, one more after each re-exec), for its log lines. `config` (or the hand-off's) is
+    where `settings` came from, read again on SIGHUP and `ctl reload` (`supervisor.reload`;
+    None: nothing to re-read). Raises `SupervisionError` when the hand-off's children are not
+    this tree's, `ConfigError` when `remote_ctl`'s keys cannot be read.
     """
 
     def __init__(
@@ -157,6 +133,7 @@ class RootSupervisor:
         handoff: Handoff | None = None,
         remote_ctl: RemoteCtl | None = None,
         log_format: LogFormat = LogFormat.TEXT,
+        config: ConfigSource | None = None,
     ):
         self.paths = paths
         self.settings = settings
@@ -206,6 +183,7 @@ class RootSupervisor:
         """What the image this one re-executed from passed on (`reexec`'s `carry`), or None;
         set before `rollovers` is built, so it can take up a rollover in progress."""
         self.rollovers = Rollovers(self)
+        self.reloads = Reloads(self, handoff.config if handoff is not None else config)
         self.unheard: set[str] = set()
         self.adopting = False
         """`supervisor.reexec.adopt` is taking the children back one by one: no roster goes out
@@ -247,6 +225,7 @@ class RootSupervisor:
         self.spawn(self.lag.run())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reloads.on_sighup)
         if not self.colocated:
             loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
         if self.handoff is not None:
@@ -263,6 +242,7 @@ class RootSupervisor:
             notify.send("STOPPING=1")
             await self._announce_stop()  # first: the coordinator places nothing from now on
             await self.rollovers.cancel()
+            await self.reloads.cancel()
             await self.tree.stop()
             await self.seam.close()
             if self._cgroups is not None:
@@ -271,7 +251,7 @@ class RootSupervisor:
                 kill_orphans(self.seam.known_pids())
                 self.seam.on_sigchld()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             for task in list(self._tasks):
                 task.cancel()
@@ -450,18 +430,9 @@ class RootSupervisor:
             run_dir=str(self.paths.run_dir),
             state_dir=str(self.paths.state_dir),
             workspace=str(self.paths.workspace) if self.paths.workspace else None,
-            lanes_per_shard=self.settings.shards.lanes_per_shard,
             supervisor_pid=os.getpid(),
-            heartbeat_s=min(0.5, self.settings.supervisor.watchdog_s / 4),
-            max_worker_loss=self.settings.lanes.max_worker_loss,
-            lane_grace_s=self.settings.supervisor.shutdown_timeout_s,
-            transcript_retention_s=self.settings.lanes.transcript_retention_s,
             boot=self.boot,
-            relay_deadline_s=self.settings.relay.deadline_s,
-            lane_nice=self.settings.lanes.nice,
-            lane_programs=list(self.settings.lanes.programs),
-            quotas=dict(self.settings.quotas) if worker.spec.role == "coordinator" else {},
-            isolation=effective(self.settings.isolation),
+            **settings_args(self.settings, worker.spec.role),
             log_format=self.log_format,
         )
 
@@ -492,6 +463,8 @@ class RootSupervisor:
             live.lag_ms = live.beat = None  # a new process: no figures of its own yet
         if worker.state is ChildState.RUNNING:
             self.liveness[worker.name].last_beat = time.monotonic()
+        if worker.leaving:
+            self.reloads.changed(worker)
         if not self.adopting:
             self.broadcast_roster()
         self._retitle()
@@ -523,6 +496,8 @@ class RootSupervisor:
                 if p50 is not None and p99 is not None and worst is not None:
                     live.lag_ms = (round(p50, 3), round(p99, 3), round(worst, 3))
                 live.load = body.load
+                if worker.leaving:
+                    self.reloads.heard(worker, body.load)
                 live.stale_frames = body.stale_frames
                 live.bad_frames = body.bad_frames
                 live.beat = body
@@ -601,9 +576,20 @@ class RootSupervisor:
             capacity=w.spec.capacity,
             capabilities=list(w.spec.capabilities),
             tenants=list(w.spec.tenants),
-            stopping=stopping,
+            stopping=stopping or w.leaving,
             draining=draining,
         )
+
+    def index(self, workers: list[Worker]) -> None:
+        """Know `workers` (start order) as the tree's children, for the control record, the
+        roster and the watchdog: a config reload adds a shard (indexed before it starts, so its
+        handshake finds it) or has removed one from the tree."""
+        self.workers = workers
+        self.by_name = {w.name: w for w in workers}
+        for worker in workers:
+            self.liveness.setdefault(worker.name, Liveness())
+        for name in [n for n in self.liveness if n not in self.by_name]:
+            del self.liveness[name]
 
     def roster(self) -> f.Roster:
         return f.Roster(peers=[self.peer_state(w) for w in self.workers])
@@ -628,7 +614,7 @@ class RootSupervisor:
             role=worker.spec.role,
             pid=worker.pid,
             generation=worker.generation,
-            state=str(worker.state),
+            state="retiring" if worker.leaving and worker.state in UP else str(worker.state),
             restarts=worker.restarts,
             operator_restarts=worker.operator_restarts,
             uptime_s=round(worker.uptime(), 3),
@@ -665,9 +651,9 @@ class RootSupervisor:
         than half of `watchdog_s` late (the supervisor was stopped, swapped out, its VM paused),
         every child's silence is forgiven from now, instead of every child being killed for
         the supervisor's own stall."""
-        limit = self.settings.supervisor.watchdog_s
-        period = min(1.0, limit / 4)
         while True:
+            limit = self.settings.supervisor.watchdog_s  # a config reload may change it
+            period = min(1.0, limit / 4)
             asked = time.monotonic()
             await asyncio.sleep(period)
             now = time.monotonic()

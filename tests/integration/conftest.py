@@ -40,8 +40,8 @@ def tree_factory(tmp_path: Path) -> Iterator[Callable[..., Tree]]:
 
     def make(
         workspace: Path | None = None,
-        shards: int = 2,
-        lanes: int = 8,
+        shards: int | None = 2,
+        lanes: int | None = 8,
         config: Path | None = None,
         extra_env: dict[str, str] | None = None,
         base: Path | None = None,

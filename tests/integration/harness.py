@@ -75,8 +75,8 @@ class Tree:
         self,
         base: Path,
         workspace: Path | None,
-        shards: int,
-        lanes: int,
+        shards: int | None,
+        lanes: int | None,
         config: Path | None = None,
         extra_env: dict[str, str] | None = None,
         run_dir: Path | None = None,
@@ -100,11 +100,11 @@ class Tree:
             str(self.run_dir),
             "--state-dir",
             str(self.state_dir),
-            "--shards",
-            str(shards),
-            "--lanes-per-shard",
-            str(lanes),
         ]
+        if shards is not None:  # None: as the config file says (it stays reloadable)
+            argv += ["--shards", str(shards)]
+        if lanes is not None:
+            argv += ["--lanes-per-shard", str(lanes)]
         if workspace is not None:
             argv += ["--workspace", str(workspace)]
         if config is not None:

@@ -1,0 +1,141 @@
+"""Tests for `orchestra_sup.supervisor.reload`'s diff: which settings touch which children."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra_sup.config import Settings, settings_from_mapping
+from orchestra_sup.errors import ConfigError
+from orchestra_sup.supervisor.reload import ConfigSource, changed_settings, plan
+
+SHARDS3 = ["shard-0", "shard-1", "shard-2"]
+
+
+def settings(**sections: dict[str, Any]) -> Settings:
+    return settings_from_mapping({"shards": {"count": 3}, **sections})
+
+
+def test_nothing_changed_touches_no_child() -> None:
+    """The same settings again: no setting changed, every child unchanged."""
+    step = plan(settings(), settings())
+    assert step.changed == []
+    assert step.unchanged == ["custodian", "coordinator", *SHARDS3]
+    assert step.restart == step.update == step.add == step.retire == []
+    assert step.refusal is None
+
+
+def test_more_shards_adds_the_new_ones_and_keeps_the_rest() -> None:
+    """count 3 -> 5 adds shard-3 and shard-4 in order; every existing child is unchanged."""
+    step = plan(settings(), settings(shards={"count": 5}))
+    assert step.changed == ["[shards] count"]
+    assert step.add == ["shard-3", "shard-4"]
+    assert step.unchanged == ["custodian", "coordinator", *SHARDS3]
+    assert step.restart == step.retire == []
+
+
+def test_fewer_shards_retires_the_highest_first() -> None:
+    """count 3 -> 1 retires shard-2 then shard-1; shard-0 and the rest are unchanged."""
+    step = plan(settings(), settings(shards={"count": 1}))
+    assert step.retire == ["shard-2", "shard-1"]
+    assert step.unchanged == ["custodian", "coordinator", "shard-0"]
+    assert step.add == step.restart == []
+
+
+def test_lanes_per_shard_restarts_the_shards_only() -> None:
+    """A shard's capacity is in its args: each shard restarts; custodian and coordinator
+    (which place by the roster, not by their args) keep their pids."""
+    step = plan(settings(), settings(shards={"count": 3, "lanes_per_shard": 2}))
+    assert step.changed == ["[shards] lanes_per_shard"]
+    assert step.restart == SHARDS3
+    assert step.unchanged == ["custodian", "coordinator"]
+
+
+EVERY = ["custodian", "coordinator", *SHARDS3]
+
+
+@pytest.mark.parametrize(
+    ("section", "restarted", "updated"),
+    [
+        ({"quotas": {"acme": {"rate": 5}}}, ["coordinator"], []),
+        ({"relay": {"deadline_s": 10.0}}, ["coordinator"], []),
+        ({"lanes": {"max_worker_loss": 1}}, ["coordinator"], []),
+        ({"lanes": {"nice": 3}}, SHARDS3, []),
+        ({"lanes": {"transcript_retention_s": 60.0}}, SHARDS3, []),
+        ({"lanes": {"programs": ["a.b:C"]}}, ["coordinator", *SHARDS3], []),
+        ({"isolation": {"max_open_files": 100}}, SHARDS3, []),
+        ({"supervisor": {"shutdown_timeout_s": 9.0}}, SHARDS3, ["custodian", "coordinator"]),
+        ({"supervisor": {"watchdog_s": 1.0}}, EVERY, []),
+    ],
+)
+def test_settings_in_a_childs_args_restart_it(
+    section: dict[str, Any], restarted: list[str], updated: list[str]
+) -> None:
+    """A setting restarts exactly the children that read it: quotas, the relay deadline and
+    the worker-loss cap the coordinator; lane settings and isolation the shards; the lane
+    grace the shards (the others only get the new shutdown grace, in place); a watchdog short
+    enough to change the heartbeat interval every child."""
+    step = plan(settings(), settings(**section))
+    assert step.restart == restarted
+    assert step.update == updated
+    assert step.unchanged == [n for n in EVERY if n not in restarted + updated]
+
+
+@pytest.mark.parametrize(
+    "supervisor",
+    [
+        {"max_restarts": 9},
+        {"max_seconds": 5.0},
+        {"backoff_initial_s": 0.5, "backoff_max_s": 9.0},
+        {"drain_timeout_s": 4.0},
+        {"watchdog_s": 30.0},  # the heartbeat stays 0.5 s: no child sees it
+    ],
+)
+def test_supervisor_only_settings_restart_no_child(supervisor: dict[str, Any]) -> None:
+    """Intensity, backoff, drain timeout and a watchdog of 2 s or more are the supervisor's
+    alone: applied in place, every child unchanged."""
+    step = plan(settings(), settings(supervisor=supervisor))
+    assert step.changed and step.refusal is None
+    assert step.unchanged == ["custodian", "coordinator", *SHARDS3]
+
+
+def test_a_shards_placement_offer_is_updated_in_place() -> None:
+    """A shard's own capabilities reach only the roster: that shard is updated, not
+    restarted; the others are unchanged."""
+    new = settings(shards={"count": 3, "shard-1": {"capabilities": ["gpu"]}})
+    step = plan(settings(), new)
+    assert step.changed == ["[shards.shard-1] capabilities"]
+    assert step.update == ["shard-1"]
+    assert step.restart == []
+    assert step.unchanged == ["custodian", "coordinator", "shard-0", "shard-2"]
+
+
+def test_a_key_that_cannot_change_live_is_refused() -> None:
+    """`[supervisor] spawn` (the fork template) is refused in one line naming the key."""
+    step = plan(settings(), settings(supervisor={"spawn": "exec"}))
+    assert step.refusal is not None
+    assert step.refusal.startswith("[supervisor] spawn cannot change while the tree runs")
+    assert "\n" not in step.refusal
+
+
+def test_changed_settings_name_nested_tables() -> None:
+    """Quotas and per-shard tables are named as the TOML file spells them."""
+    old = settings()
+    new = settings(quotas={"acme": {"rate": 5}}, shards={"count": 3, "shard-2": {"tenants": ["a"]}})
+    changed = changed_settings(old, new)
+    assert "[quotas.acme] rate" in changed
+    assert "[shards.shard-2] tenants" in changed
+
+
+def test_config_source_applies_the_start_overrides_on_top(tmp_path: Path) -> None:
+    """The re-read file is overridden by `start`'s --shards, as at start; a bad file raises
+    `ConfigError` naming it."""
+    path = tmp_path / "tree.toml"
+    path.write_text("[shards]\ncount = 5\nlanes_per_shard = 3\n")
+    loaded = ConfigSource(path=str(path), shards=2).load()
+    assert (loaded.shards.count, loaded.shards.lanes_per_shard) == (2, 3)
+    path.write_text("[shards]\ncount = 0\n")
+    with pytest.raises(ConfigError, match=f"config {path}: \\[shards\\] count = 0"):
+        ConfigSource(path=str(path)).load()
