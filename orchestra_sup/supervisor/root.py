@@ -70,6 +70,8 @@ EXIT_INTENSITY = 3
 
 UP = (ChildState.RUNNING, ChildState.STOPPING)
 SHARD_STOP_MARGIN_S = 3.0
+STOP_ANNOUNCE_S = 2.0
+"""Seconds a stop waits for the coordinator to hear the tree is stopping (`_announce_stop`)."""
 
 
 class Liveness:
@@ -376,7 +378,7 @@ class RootSupervisor:
             await self.control.request(
                 f.TreeStopping(),
                 to=routing_id(coordinator.name, coordinator.generation),
-                timeout_s=2.0,
+                timeout_s=STOP_ANNOUNCE_S,
                 dest_gen=coordinator.generation,
             )
 
