@@ -235,8 +235,10 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machine]:
     finally:
         unshare.send_signal(signal.SIGKILL)  # --kill-child: systemd and all it runs go too
         unshare.wait()
+        # `populated 0`: not only no pid listed, but every exiting task gone (until then the
+        # cgroups cannot be removed)
         wait_until(
-            lambda: not any(p.read_text().strip() for p in cgroup.rglob("cgroup.procs")),
+            lambda: "populated 0" in (cgroup / "cgroup.events").read_text(),
             20,
             "the container's processes to be gone",
         )
@@ -317,7 +319,7 @@ def test_reload_adds_a_shard_and_keeps_the_others(started: Machine) -> None:
         now = started.children() if started.show("SubState")["SubState"] == "running" else {}
         return now if "shard-2" in now and running(now) else None
 
-    after = wait_until(reloaded, 20, "shard-2 to run")
+    after = wait_until(reloaded, 10, "shard-2 to run")
     assert {name: after[name]["pid"] for name in before} == {  # type: ignore[index]
         name: child["pid"] for name, child in before.items()
     }
@@ -358,6 +360,44 @@ def test_intensity_exceeded_makes_systemd_restart_it(started: Machine) -> None:
     shown = wait_until(restarted, 30, "systemd to restart the unit")
     assert shown["MainPID"] != first["MainPID"]  # type: ignore[index]
     assert running(started.children())
+
+
+def test_a_wedged_supervisor_is_restarted_by_the_watchdog(started: Machine) -> None:
+    """With WatchdogSec=3 (a drop-in), systemd hears the supervisor's pings (its watchdog
+    timestamp moves on); once the supervisor stops (SIGSTOP: a loop that no longer turns)
+    the pings stop, and systemd kills the unit and starts it again (NRestarts 1, new
+    MainPID, the tree running)."""
+    drop_in = started.base / "units" / f"{UNIT}.d" / "watchdog.conf"
+    drop_in.write_text("[Service]\nWatchdogSec=3\n")
+    try:
+        started.systemctl("daemon-reload")
+        started.systemctl("restart", UNIT)
+        first = started.show("MainPID", "NRestarts", "WatchdogTimestampMonotonic")
+        assert first["NRestarts"] == "0"
+        stamps: set[str] = set()
+
+        def pinged() -> bool:
+            """Two different watchdog timestamps of the same process (a start sets one; a
+            restart would set another, but with another MainPID)."""
+            now = started.show("MainPID", "NRestarts", "WatchdogTimestampMonotonic")
+            assert (now["MainPID"], now["NRestarts"]) == (first["MainPID"], "0"), now
+            stamps.add(now["WatchdogTimestampMonotonic"])
+            return len(stamps - {"0"}) >= 2
+
+        wait_until(pinged, 10, "WATCHDOG=1 pings from the supervisor")
+        assert started.run("kill", "-STOP", first["MainPID"]).returncode == 0
+
+        def restarted() -> dict[str, str] | None:
+            shown = started.show("MainPID", "NRestarts", "SubState")
+            fresh = shown["NRestarts"] == "1" and shown["SubState"] == "running"
+            return shown if fresh else None
+
+        shown = wait_until(restarted, 30, "systemd's watchdog to restart the unit")
+        assert shown["MainPID"] != first["MainPID"]  # type: ignore[index]
+        assert running(started.children())
+    finally:
+        drop_in.unlink()
+        started.systemctl("daemon-reload")
 
 
 def test_stop_leaves_no_process(started: Machine) -> None:
