@@ -22,6 +22,7 @@ from orchestra_sup import linux
 from orchestra_sup.client import CtlClient
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.supervisor import notify
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
@@ -117,7 +118,7 @@ def _await_ready(listener: socket.socket, proc: subprocess.Popen[bytes], log_pat
                 f"{_last_words(log_path)}; see {log_path}"
             )
         try:
-            data = listener.recv(4096)
+            data = notify.receive(listener)
         except TimeoutError:
             waited += 0.2
             continue

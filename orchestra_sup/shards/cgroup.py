@@ -9,7 +9,12 @@ cgroup's whole content once the lane ends.
 
 Layout (one directory per tree, per shard, per lane)::
 
-    <cgroup2 root>/orchestra-sup/<tree_id>/<shard name>/<lane id>
+    <base>/orchestra-sup/<tree_id>/<shard name>/<lane id>
+
+`base` (`cgroups_base()`) is the cgroup this process runs in when systemd delegated it to us
+(a unit with `Delegate=yes`, as `orchestra-sup systemd-unit` writes): the lanes are then the
+unit's, accounted to it and killed with it, and a user unit gets tracking too. Elsewhere it is
+the cgroup v2 mount point (`cgroup2_root()`).
 
 `tree_id(run_dir)` names a tree by its run directory, so the supervisor can find (and, through
 `kill_tree_sync`, kill) what a shard it saw die left behind: `tree_path(run_dir)` is that
@@ -23,9 +28,9 @@ nothing: callers then rely on the process group and on the supervisor being a ch
 Hybrid-mode caveat: on machines that mount cgroup v1 controllers under `/sys/fs/cgroup/<ctrl>`
 and cgroup v2 at `/sys/fs/cgroup/unified` (these machines do), the v2 hierarchy has no memory,
 pids or cpu controller, so this module only tracks and kills: it sets no limits. On a pure-v2
-system under systemd, `/sys/fs/cgroup` is systemd's hierarchy; creating `orchestra-sup/` at its
-top works for root but is outside any delegated subtree (systemd leaves foreign cgroups alone,
-but does not account for them either).
+system under systemd without delegation, `/sys/fs/cgroup` is systemd's hierarchy; creating
+`orchestra-sup/` at its top works for root but is outside the unit (systemd leaves foreign
+cgroups alone, but does not account for them, nor kill them when the unit stops).
 
 Nothing is ever signalled by name or pattern: only processes listed in our own cgroups.
 """
@@ -51,6 +56,8 @@ __all__ = [
     "TOP",
     "LaneCgroups",
     "cgroup2_root",
+    "cgroups_base",
+    "delegated_cgroup",
     "kill_tree_sync",
     "tree_id",
     "tree_path",
@@ -72,6 +79,10 @@ _RECHECK_S = 0.1
 notification costs at most this, and the fallback kill makes another pass this often."""
 
 _MOUNTINFO = Path("/proc/self/mountinfo")
+_OWN_CGROUP = Path("/proc/self/cgroup")
+_DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
+"""Extended attributes systemd (>= 251) sets to "1" on a delegated unit's cgroup; `user.` for
+a user manager's units, which cannot read `trusted.` ones."""
 
 
 # --- discovery -------------------------------------------------------------------------------
@@ -117,6 +128,38 @@ def cgroup2_root() -> Path | None:
     return None
 
 
+def delegated_cgroup() -> Path | None:
+    """The cgroup this process runs in, as a directory under a cgroup2 mount, when systemd
+    delegated it (one of `_DELEGATE_XATTRS` is "1": `Delegate=yes`) and this process may create
+    cgroups in it; else None (and None when `ORCHESTRA_SUP_CGROUP` is `off`). Looked up afresh
+    on every call. Never raises."""
+    if os.environ.get(ENV_SWITCH, "").strip().lower() == "off":
+        return None
+    try:
+        lines = _OWN_CGROUP.read_text().splitlines()
+    except OSError:
+        return None
+    own = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if own is None:
+        return None
+    for mount in _cgroup2_mounts():
+        path = mount / own.lstrip("/")
+        for name in _DELEGATE_XATTRS:
+            try:
+                delegated = os.getxattr(path, name) == b"1"
+            except OSError:  # no such attribute, not allowed to read it, not this mount
+                continue
+            if delegated and os.access(path, os.W_OK | os.X_OK):
+                return path
+    return None
+
+
+def cgroups_base() -> Path | None:
+    """Where `orchestra-sup/` (`TOP`) goes: `delegated_cgroup()`, else `cgroup2_root()`, else
+    None (no tracking). Never raises."""
+    return delegated_cgroup() or cgroup2_root()
+
+
 def tree_id(run_dir: Path | str) -> str:
     """A short stable id of a tree: the first 12 hex digits of the SHA-256 of its run directory.
 
@@ -129,9 +172,9 @@ def tree_id(run_dir: Path | str) -> str:
 
 
 def tree_path(run_dir: Path | str) -> Path | None:
-    """`<cgroup2 root>/orchestra-sup/<tree_id(run_dir)>`: every cgroup of that tree; None where
-    cgroups are unavailable (see `cgroup2_root`). The directory may not exist. Never raises."""
-    root = cgroup2_root()
+    """`<base>/orchestra-sup/<tree_id(run_dir)>`: every cgroup of that tree; None where
+    cgroups are unavailable (see `cgroups_base`). The directory may not exist. Never raises."""
+    root = cgroups_base()
     return None if root is None else root / TOP / tree_id(run_dir)
 
 
@@ -370,16 +413,17 @@ async def _kill_and_remove(path: Path, timeout_s: float) -> bool:
 
 
 def _check_ours(path: Path) -> None:
-    """Refuse a path that is not `<some cgroup2 mount>/orchestra-sup/<tree>[/...]`."""
+    """Refuse a path that is not `<base>/orchestra-sup/<tree>[/...]`, where `<base>` is a
+    cgroup2 mount or, under systemd's delegation, a cgroup below one."""
     absolute = Path(os.path.abspath(path))
     for mount in _cgroup2_mounts():
         try:
             rel = absolute.relative_to(mount)
         except ValueError:
             continue
-        if len(rel.parts) >= 2 and rel.parts[0] == TOP and ".." not in rel.parts:
+        if TOP in rel.parts[:-1] and ".." not in rel.parts:
             return
-    raise ValueError(f"{path} is not a cgroup of orchestra-sup (<cgroup2>/{TOP}/<tree>/...)")
+    raise ValueError(f"{path} is not a cgroup of orchestra-sup (<cgroup2>/.../{TOP}/<tree>/...)")
 
 
 def kill_tree_sync(path: Path, timeout_s: float = KILL_TIMEOUT_S) -> bool:
@@ -399,7 +443,7 @@ def kill_tree_sync(path: Path, timeout_s: float = KILL_TIMEOUT_S) -> bool:
     e.g. not root, is never raised: this runs in clean-up paths).
 
     Raises:
-        ValueError: `path` exists but is not below `<cgroup2 mount>/orchestra-sup/<tree>` (a
+        ValueError: `path` exists but is not below `<base>/orchestra-sup/<tree>` (a
             guard against killing anything else), or the subtree contains the calling process.
     """
     if not Path(path).is_dir():
@@ -434,7 +478,7 @@ def joiner(paths: list[Path], unmet: str) -> Callable[[], None]:
 
 
 class LaneCgroups:
-    """The cgroups of one shard's lanes: `<cgroup2 root>/orchestra-sup/<tree_id>/<shard_name>/`.
+    """The cgroups of one shard's lanes: `<base>/orchestra-sup/<tree_id>/<shard_name>/`.
 
     Usage by a shard, per lane::
 
@@ -449,7 +493,7 @@ class LaneCgroups:
             await cgroups.kill(lane_id)
 
     and `kill_all_sync()` when the shard starts (leftovers of a previous incarnation) and stops.
-    When cgroups are unavailable (`cgroup2_root()` is None at construction) `base` is None,
+    When cgroups are unavailable (`cgroups_base()` is None at construction) `base` is None,
     `create` returns None and the kills are no-ops that return True.
 
     Raises (constructor): ValueError when `tree_id` or `shard_name` is not a single path
@@ -459,7 +503,7 @@ class LaneCgroups:
     def __init__(self, tree_id: str, shard_name: str):
         _check_component(tree_id, "tree id")
         _check_component(shard_name, "shard name")
-        root = cgroup2_root()
+        root = cgroups_base()
         self.base: Path | None = None if root is None else root / TOP / tree_id / shard_name
         """This shard's cgroup directory (created on the first `create`), or None."""
 

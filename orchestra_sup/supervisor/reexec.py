@@ -191,10 +191,11 @@ def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
         handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    notify.send(
-        f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
-        f"\nSTATUS=re-executing onto {release}"
-    )
+    notify.reloading(f"re-executing onto {release}")
+    if notify.watchdog_interval() is not None:
+        # Same pid, so systemd keeps expecting pings: the last before the exec gives the new
+        # image a whole WatchdogSec= to import itself and start its own (`RootSupervisor.run`).
+        notify.send("WATCHDOG=1")
     # Closed, not left to the exec (libzmq's descriptors are close-on-exec): closing lets what
     # was sent last (a ctl reply, a rollover's progress) leave first, and once the context is
     # terminated libzmq has unlinked both paths, so binding them again after a failed exec
@@ -212,7 +213,7 @@ def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
             os.set_inheritable(each, False)
         _reopen(sup)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        notify.send(f"READY=1\nSTATUS={sup.summary()}")
+        notify.ready(sup.summary())
         raise ReleaseError(f"release {release}: cannot execute it: {exc.strerror}") from exc
     finally:
         os.close(fd)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -231,10 +230,7 @@ class Reloads:
     # --- the reload ------------------------------------------------------------------------------
 
     async def _reload(self) -> f.ReloadReport:
-        notify.send(
-            f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
-            "\nSTATUS=reloading the config"
-        )
+        notify.reloading("reloading the config")
         report = f.ReloadReport(config="", refused=True, error="cancelled: the tree is stopping")
         try:
             report = await self._apply()
@@ -249,7 +245,7 @@ class Reloads:
             status = self.sup.summary()
             if report.error is not None:
                 status += f"; config reload {'refused' if report.refused else 'failed'}"
-            notify.send(f"READY=1\nSTATUS={status}")
+            notify.ready(status)
         return report
 
     async def _apply(self) -> f.ReloadReport:

@@ -75,6 +75,8 @@ EXIT_INTENSITY = 3
 """Exit status when restart intensity was exceeded at the root (documented in the README)."""
 
 UP = (ChildState.RUNNING, ChildState.STOPPING)
+STOP_ANNOUNCE_S = 2.0
+"""Seconds a stop waits for the coordinator to hear the tree is stopping (`_announce_stop`)."""
 
 
 class Liveness:
@@ -223,6 +225,8 @@ class RootSupervisor:
         if self.handoff is not None:
             adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
         self.spawn(self.lag.run())
+        if (ping := notify.watchdog_interval()) is not None:  # a re-exec's new image too
+            self.spawn(notify.keep_alive(ping))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.reloads.on_sighup)
@@ -239,7 +243,7 @@ class RootSupervisor:
             else:
                 await self._start_tree()
             await self._stop.wait()
-            notify.send("STOPPING=1")
+            notify.stopping()
             await self._announce_stop()  # first: the coordinator places nothing from now on
             await self.rollovers.cancel()
             await self.reloads.cancel()
@@ -363,7 +367,7 @@ class RootSupervisor:
         else:
             self.spawn(self._watchdog())
             log.info("tree ready: %d children, run dir %s", len(self.workers), self.paths.run_dir)
-            notify.send(f"READY=1\nSTATUS={self.summary()}")
+            notify.ready(self.summary())
 
     def _adopted(self) -> None:
         """The adopted tree is ready: each child gets a full `watchdog_s` from now to be heard
@@ -374,7 +378,7 @@ class RootSupervisor:
         self.broadcast_roster()
         self.spawn(self._watchdog())
         log.info("tree adopted: %d children, run dir %s", len(self.workers), self.paths.run_dir)
-        notify.send(f"READY=1\nSTATUS={self.summary()}")
+        notify.ready(self.summary())
         if self.handoff is not None:
             self.rollovers.adopted(len(self.workers), self.handoff.exec_at)
 
@@ -387,7 +391,7 @@ class RootSupervisor:
             await self.control.request(
                 f.TreeStopping(),
                 to=routing_id(coordinator.name, coordinator.generation),
-                timeout_s=2.0,
+                timeout_s=STOP_ANNOUNCE_S,
                 dest_gen=coordinator.generation,
             )
 
@@ -403,8 +407,23 @@ class RootSupervisor:
         self._stop.set()
 
     def summary(self) -> str:
-        running = sum(w.state is ChildState.RUNNING for w in self.workers)
-        return f"{running}/{len(self.workers)} children running"
+        """One line for systemd's `STATUS=`, e.g. "5/5 children running, 2 lanes, 1 plan":
+        children running of all, live lanes over running shards and plans not done, as their
+        last heartbeats said (cheap: it is computed on every state change and heartbeat)."""
+        running = [w for w in self.workers if w.state is ChildState.RUNNING]
+        lanes = sum(self.liveness[w.name].load for w in running if w.spec.role == "shard")
+        plans = sum(self.liveness[w.name].load for w in running if w.spec.role == "coordinator")
+        return (
+            f"{len(running)}/{len(self.workers)} children running, "
+            f"{lanes} lane{'s' * (lanes != 1)}, {plans} plan{'s' * (plans != 1)}"
+        )
+
+    def report_status(self) -> None:
+        """Send systemd `STATUS=` with `summary()` when it differs from the last one sent."""
+        summary = self.summary()
+        if summary != self._last_summary:
+            self._last_summary = summary
+            notify.send(f"STATUS={summary}")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -468,10 +487,7 @@ class RootSupervisor:
         if not self.adopting:
             self.broadcast_roster()
         self._retitle()
-        summary = self.summary()
-        if summary != self._last_summary:
-            self._last_summary = summary
-            notify.send(f"STATUS={summary}")
+        self.report_status()
 
     def _retitle(self) -> None:
         running = sum(w.state is ChildState.RUNNING for w in self.workers)
@@ -498,6 +514,7 @@ class RootSupervisor:
                 live.load = body.load
                 if worker.leaving:
                     self.reloads.heard(worker, body.load)
+                self.report_status()
                 live.stale_frames = body.stale_frames
                 live.bad_frames = body.bad_frames
                 live.beat = body

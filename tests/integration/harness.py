@@ -25,6 +25,7 @@ import psutil
 from orchestra_sup.client import CtlClient
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
+from orchestra_sup.supervisor import notify
 
 READY_TIMEOUT_S = 30.0
 
@@ -125,7 +126,7 @@ class Tree:
         self.notify.settimeout(timeout_s)
         while True:
             try:
-                data = self.notify.recv(4096)
+                data = notify.receive(self.notify)
             except TimeoutError:
                 raise AssertionError(f"no {line!r} from the tree; log:\n{self.log()}") from None
             if line in data.split(b"\n"):

@@ -12,7 +12,10 @@ from typer.testing import CliRunner
 
 from orchestra_sup.cli import app
 
-NO_JSON = {"start": "prints nothing but the tree's log (stderr) while it runs"}
+NO_JSON = {
+    "start": "prints nothing but the tree's log (stderr) while it runs",
+    "systemd-unit": "prints a unit file, itself the format systemd and tools read",
+}
 """Commands exempt from --json, and why."""
 
 

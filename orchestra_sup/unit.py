@@ -1,0 +1,292 @@
+"""`orchestra-sup systemd-unit`: a systemd service unit that runs `orchestra-sup start`.
+
+`render(UnitSpec)` returns the unit's text; every directive is preceded by a comment line that
+says why it is there (and the end of the unit says which hardening is left out, and why). The
+unit passes `systemd-analyze verify` without a warning (tests/unit/test_unit.py).
+
+The three variants:
+
+- system (default): `/etc/systemd/system/orchestra-sup.service`, runs as root, `WantedBy=
+  multi-user.target`, with mount-namespace hardening (`ProtectSystem=strict`, `ProtectHome=
+  read-only`, `PrivateTmp=`);
+- `user`: `~/.config/systemd/user/orchestra-sup.service`, `WantedBy=default.target`, no mount
+  namespaces (a user manager cannot make one without `PrivateUsers=`, which systemd >= 253
+  implies for them and which breaks bubblewrap);
+- `template`: `orchestra-sup@.service`, one tree per instance name: config
+  `%E/orchestra-sup/%i.toml` (`/etc` for the system manager, `$XDG_CONFIG_HOME` for a user's),
+  state `orchestra-sup/%i`, run directory `orchestra-sup/%i`.
+
+Sizes: `TimeoutStopSec=` is `stop_budget_s` (above the longest stop the tree can take) and
+`WatchdogSec=` is `watchdog_sec`, both from the config's `[supervisor]` and `[shards]` figures
+(defaults when there is no config, or its path holds a systemd specifier such as `%i`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+
+from orchestra_sup.config import Settings
+from orchestra_sup.shards.cgroup import KILL_TIMEOUT_S
+from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S
+from orchestra_sup.supervisor.shape import SHARD_STOP_MARGIN_S
+
+NAME = "orchestra-sup"
+EXIT_BAD_CONFIG = 2
+"""`start`'s exit status for bad input (a config, a workspace, a directory in use: cli.EXIT_USAGE).
+Restarting cannot fix any of them, so the unit does not (`RestartPreventExitStatus=`)."""
+STOP_SLACK_S = 10.0
+"""Seconds added to the stop budget for what is not a timeout: reaping, flushing LMDB, an
+interpreter's exit."""
+WATCHDOG_FLOOR_S = 30.0
+"""Least `WatchdogSec=`: a few blocking steps (a cgroup kill, up to `KILL_TIMEOUT_S`) may hold
+the supervisor's loop for seconds without it being wedged."""
+TEMPLATE_CONFIG = "%E/orchestra-sup/%i.toml"
+"""A template instance's config: `/etc/orchestra-sup/NAME.toml` (system manager) or
+`$XDG_CONFIG_HOME/orchestra-sup/NAME.toml` (a user's)."""
+_PRIVATE_TMP = ("/tmp", "/var/tmp")
+
+
+class UnitSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What the unit is made from. `command`: the argv prefix that runs this installation's
+    orchestra-sup (`installed_command`), absolute paths. `workspace`, `config`: absolute paths
+    passed to `start` (None: not passed; a template's config defaults to `TEMPLATE_CONFIG`);
+    they may hold systemd specifiers (`%i`, `%h`, ...). `settings`: the figures that size the
+    timeouts (the config's, or the defaults)."""
+
+    command: tuple[str, ...]
+    user: bool = False
+    template: bool = False
+    workspace: str | None = None
+    config: str | None = None
+    settings: Settings = Settings()
+
+
+def installed_command() -> tuple[str, ...]:
+    """The absolute argv prefix that runs this installation: the `orchestra-sup` script beside
+    this interpreter (a venv's or a prefix's `bin/`) when it is there, else `python -m
+    orchestra_sup` with this interpreter. The interpreter's path is kept as it is (a venv's
+    `bin/python` is a symlink whose target would lose the venv)."""
+    python = Path(sys.executable).absolute()
+    script = python.parent / NAME
+    if script.is_file() and os.access(script, os.X_OK):
+        return (str(script),)
+    return (str(python), "-m", "orchestra_sup")
+
+
+def unit_name(template: bool) -> str:
+    """`orchestra-sup.service`, or `orchestra-sup@.service` for the template."""
+    return f"{NAME}@.service" if template else f"{NAME}.service"
+
+
+def stop_budget_s(settings: Settings) -> int:
+    """Whole seconds above the longest stop `settings` allows (`RootSupervisor.run`'s stop,
+    in order): the coordinator told the tree is stopping (`STOP_ANNOUNCE_S`); a shard's
+    retiring generation, if a rollover was in its surge; every shard, one after the other
+    (`shutdown_timeout_s` + `SHARD_STOP_MARGIN_S` each); the coordinator and the custodian
+    (`shutdown_timeout_s` each); the lanes' cgroups killed (`KILL_TIMEOUT_S`); `STOP_SLACK_S`.
+    A drain (`drain_timeout_s`) belongs to a rollover, which a stop cancels: not counted."""
+    sup = settings.supervisor
+    shard = sup.shutdown_timeout_s + SHARD_STOP_MARGIN_S
+    total = (
+        STOP_ANNOUNCE_S
+        + shard * (settings.shards.count + 1)
+        + 2 * sup.shutdown_timeout_s
+        + KILL_TIMEOUT_S
+        + STOP_SLACK_S
+    )
+    return math.ceil(total)
+
+
+def watchdog_sec(settings: Settings) -> int:
+    """`WatchdogSec=` in whole seconds: twice the children's `watchdog_s` (a supervisor whose
+    loop stalls that long has been deaf to its children for two of their deadlines), at
+    least `WATCHDOG_FLOOR_S`."""
+    return math.ceil(max(WATCHDOG_FLOOR_S, 2 * settings.supervisor.watchdog_s))
+
+
+def quote(arg: str, specifiers: bool = False) -> str:
+    """`arg` as one word of a unit's command line or path list: `$` and `\\` and `"` escaped,
+    `%` doubled unless `specifiers` (then `%i` and the like are systemd's), double-quoted when
+    it holds whitespace or is empty."""
+    text = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
+    if not specifiers:
+        text = text.replace("%", "%%")
+    if not text or any(c.isspace() for c in text) or '"' in arg:
+        text = f'"{text}"'
+    return text
+
+
+def _private_tmp_hides(spec: UnitSpec) -> list[str]:
+    """Paths the unit needs that a private /tmp would hide (the program, the config, the
+    workspace)."""
+    paths = (spec.command[0], spec.config or "", spec.workspace or "")
+    return [p for p in paths if any(p == t or p.startswith(t + "/") for t in _PRIVATE_TMP)]
+
+
+def render(spec: UnitSpec) -> str:
+    """The unit file's text (ends with a newline). Never raises."""
+    lines: list[str] = []
+
+    def directive(reason: str, line: str) -> None:
+        lines.append(f"# {reason}")
+        lines.append(line)
+
+    instance = "/%i" if spec.template else ""
+    config = (
+        spec.config if spec.config is not None else (TEMPLATE_CONFIG if spec.template else None)
+    )
+    argv = [quote(a) for a in spec.command] + ["start"]
+    if config is not None:
+        argv += ["--config", quote(config, specifiers=True)]
+    if spec.workspace is not None:
+        argv += ["--workspace", quote(spec.workspace, specifiers=True)]
+    sized = "the defaults" if spec.config is None or "%" in spec.config else spec.config
+
+    lines += [f"# {unit_name(spec.template)}: generated by `orchestra-sup systemd-unit`.", ""]
+    lines.append("[Unit]")
+    what = " %i" if spec.template else ""
+    directive("Shown by systemctl status.", f"Description=orchestra-sup supervision tree{what}")
+    directive(
+        "Lanes and a ctl --ctl-tcp endpoint may use the network: start after it is up.",
+        "After=network.target",
+    )
+    lines += ["", "[Service]"]
+    directive(
+        "The supervisor says READY=1 once every child has completed its handshake, STATUS= "
+        "lines, RELOADING=1, STOPPING=1 and WATCHDOG=1.",
+        "Type=notify",
+    )
+    directive(
+        "Only the supervisor speaks for the unit; children inherit NOTIFY_SOCKET but are ignored.",
+        "NotifyAccess=main",
+    )
+    directive(
+        "This installation's orchestra-sup; state and run directories come from "
+        "$STATE_DIRECTORY and $RUNTIME_DIRECTORY.",
+        "ExecStart=" + " ".join(argv),
+    )
+    directive(
+        "SIGHUP reloads the config: changed children are restarted, the others keep their pids.",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+    )
+    directive(
+        "The supervisor exits non-zero when its restart intensity is exceeded (status 3) or "
+        "the tree cannot start (1): start it afresh.",
+        "Restart=on-failure",
+    )
+    directive(
+        f"Exit status {EXIT_BAD_CONFIG} is bad input (config, workspace): a restart cannot fix it.",
+        f"RestartPreventExitStatus={EXIT_BAD_CONFIG}",
+    )
+    directive(
+        "Pings come from the supervisor's own event loop every half of this: a wedged loop gets "
+        f"the unit killed and restarted (twice [supervisor] watchdog_s, at least "
+        f"{WATCHDOG_FLOOR_S:g} s).",
+        f"WatchdogSec={watchdog_sec(spec.settings)}",
+    )
+    directive(
+        "SIGTERM to the supervisor alone (it stops its children in reverse order, each with its "
+        "grace); SIGKILL to whatever is left in the unit's cgroup afterwards.",
+        "KillMode=mixed",
+    )
+    directive(
+        "Above the longest stop: the stop announcement, each shard and a retiring one "
+        "(shutdown_timeout_s + margin), coordinator and custodian, the lanes' cgroups, slack; "
+        f"sized from {sized}.",
+        f"TimeoutStopSec={stop_budget_s(spec.settings)}",
+    )
+    directive(
+        "The durable state (LMDB, sandboxes, keys): $STATE_DIRECTORY, which start uses.",
+        f"StateDirectory={NAME}{instance}",
+    )
+    directive("Private to the tree's user.", "StateDirectoryMode=0700")
+    directive(
+        "Sockets and the run lock: $RUNTIME_DIRECTORY, which start uses; removed at stop.",
+        f"RuntimeDirectory={NAME}{instance}",
+    )
+    directive("ctl's socket is guarded by this directory's mode.", "RuntimeDirectoryMode=0700")
+    directive(
+        "Per-lane cgroups are made below the unit's own cgroup (shards/cgroup.py), so lanes "
+        "are accounted to the unit and killed with it.",
+        "Delegate=yes",
+    )
+    directive(
+        "No setuid gains for anything the tree runs (bubblewrap needs none as root or with "
+        "user namespaces).",
+        "NoNewPrivileges=yes",
+    )
+    directive(
+        "Lanes cannot claim real-time scheduling and starve the tree.", "RestrictRealtime=yes"
+    )
+    directive("Lanes cannot make setuid or setgid files.", "RestrictSUIDSGID=yes")
+    directive("No execution-domain changes (personality(2)).", "LockPersonality=yes")
+    if not spec.user:
+        lines += _system_sandbox(spec)
+    else:
+        lines.append(
+            "# No ProtectSystem=, ProtectHome=, PrivateTmp=, ProtectHostname=, "
+            "ProtectKernelModules=: a user manager makes namespaces only with PrivateUsers=, "
+            "which breaks bubblewrap. No LimitNOFILE=: it may not raise its hard limit."
+        )
+    lines.append(
+        "# Not set, on purpose: RestrictNamespaces=, PrivateUsers=, SystemCallFilter= (bubblewrap "
+        "needs unshare and mount); PrivateDevices=, ProtectClock=, DeviceAllow= (a device "
+        "policy would hide GPUs from lanes); ProtectKernelTunables=, ProtectKernelLogs=, "
+        "ProtectProc= (mounts over /proc stop a sandbox mounting its own); "
+        "ProtectControlGroups= (Delegate= needs a writable cgroup tree); "
+        "MemoryDenyWriteExecute= (JIT runtimes in lanes)."
+    )
+    lines += ["", "[Install]"]
+    target = "default.target" if spec.user else "multi-user.target"
+    directive(f"systemctl enable starts it with {target}.", f"WantedBy={target}")
+    return "\n".join(lines) + "\n"
+
+
+def _system_sandbox(spec: UnitSpec) -> list[str]:
+    """The mount-namespace hardening of a system unit, as comment and directive lines."""
+    lines: list[str] = []
+
+    def add(reason: str, line: str) -> None:
+        lines.extend((f"# {reason}", line))
+
+    add(
+        "ZeroMQ sockets and pidfds: a few per child and lane; systemd's default soft limit "
+        "(1024) is low for a large tree.",
+        "LimitNOFILE=65536",
+    )
+    add("No kernel module loading.", "ProtectKernelModules=yes")
+    add(
+        "Lanes cannot change the host name (the unit gets its own UTS namespace).",
+        "ProtectHostname=yes",
+    )
+    add(
+        "The OS read-only; the state and run directories stay writable, and so does the "
+        "workspace below.",
+        "ProtectSystem=strict",
+    )
+    if spec.workspace is not None:
+        add(
+            "The custodian commits to the workspace ('-': a missing one is start's own "
+            "one-line error, not a namespace failure).",
+            f"ReadWritePaths=-{quote(spec.workspace, specifiers=True)}",
+        )
+    add(
+        "Homes read-only, not hidden: an installation or a config may live in one (a "
+        "workspace there is writable through ReadWritePaths=).",
+        "ProtectHome=read-only",
+    )
+    hidden = _private_tmp_hides(spec)
+    if hidden:
+        lines.append(
+            "# No PrivateTmp=: the unit needs "
+            + ", ".join(hidden)
+            + ", which a private /tmp would hide."
+        )
+    else:
+        add("The tree's temporary files are its own, removed at stop.", "PrivateTmp=yes")
+    return lines
