@@ -6,8 +6,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import lmdb
+import msgspec
 import pytest
 
+from orchestra_sup.coordinator.runner import PlanRecord
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import Tree, plan, task, wait_until
 
@@ -107,6 +110,21 @@ def test_a_graceful_shard_restart_re_runs_its_lane_once_elsewhere(
     assert not any("was lost" in w for w in report.tasks[0].warnings), report.tasks[0].warnings
 
 
+def shards_on_disk(tree: Tree, plan_id: str) -> set[str | None]:
+    """The shards plan `plan_id`'s tasks run on, as the coordinator's LMDB has committed them
+    (read-only, beside the live coordinator)."""
+    env = lmdb.open(str(tree.state_dir / "coordinator"), readonly=True, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(plan_id.encode(), db=env.open_db(b"plans", txn=txn, create=False))
+    finally:
+        env.close()
+    if raw is None:
+        return set()
+    record = msgspec.msgpack.decode(raw, type=PlanRecord)
+    return {t.shard for t in record.tasks.values()}
+
+
 def test_a_task_on_a_shard_the_tree_no_longer_has_is_placed_again(
     tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
 ) -> None:
@@ -125,6 +143,9 @@ def test_a_task_on_a_shard_the_tree_no_longer_has_is_placed_again(
         return {t.shard for t in report.tasks if t.status == "running"} == {"shard-0", "shard-1"}
 
     wait_until(on_both, 20, "a lane on each shard")
+    # Plan records are written behind: a SIGKILL before the placements are committed would
+    # leave a record with both tasks still pending, and nothing lost to test.
+    wait_until(lambda: shards_on_disk(one, plan_id) == {"shard-0", "shard-1"}, 20, "committed")
     one.stop(signal.SIGKILL)
     two = tree_factory(workspace=repo, base=tmp_path / "t", shards=1)
 
