@@ -173,6 +173,13 @@ class Coordinator:
     # --- roster ----------------------------------------------------------------------------------
 
     def on_roster(self, changed: list[f.PeerState]) -> None:
+        assert self.node is not None
+        for name in [n for n in self.shards if n not in self.node.peers]:
+            # taken out of the tree (a reload retired it): never placed on, never waited for;
+            # its live tasks are lost below (`_lose_unknown_shards`) and run elsewhere
+            del self.shards[name]
+            self._refused.pop(name, None)
+            self._moving.pop(name, None)
         for peer in changed:
             if peer.role != "shard":
                 continue

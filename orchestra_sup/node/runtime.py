@@ -69,7 +69,8 @@ class Role(Protocol):
         """Serve one request or one-way frame. Must not block: use `Node.answer` for slow work."""
 
     def on_roster(self, changed: list[f.PeerState]) -> None:
-        """Peers in `changed` went up, went down or changed generation."""
+        """Peers in `changed` went up, went down or changed generation, or a peer left the
+        tree (no longer in `Node.peers`, and not in `changed`)."""
 
     def load(self) -> int:
         """A number that grows with the role's work (lanes, queue depth); sent in heartbeats."""
@@ -424,7 +425,18 @@ class Node:
         self.role.handle(ep, peer, env)
 
     def _apply_roster(self, roster: f.Roster) -> None:
+        """Take `roster` (always the whole tree) as the peers: a peer it no longer lists (a
+        shard a config reload retired) is forgotten and its link closed, and that counts as a
+        change the role hears of (`Role.on_roster`, which reads `self.peers`)."""
         changed: list[f.PeerState] = []
+        listed = {state.name for state in roster.peers}
+        gone = [name for name in self.peers if name not in listed]
+        for name in gone:
+            del self.peers[name]
+            link = self._links.pop(name, None)
+            if link is not None:
+                link.fail_pending(None, PeerDown(name))
+                link.close()
         for state in roster.peers:
             old = self.peers.get(state.name)
             self.peers[state.name] = state
@@ -439,5 +451,5 @@ class Node:
                 link.fail_pending(None, PeerDown(state.name))
                 link.close()
                 del self._links[state.name]
-        if changed:
+        if changed or gone:
             self.role.on_roster(changed)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.errors import RemoteError
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import Tree, make_release, plan, task, wait_until
 
@@ -142,6 +143,11 @@ def test_fewer_shards_drains_a_running_lane_then_retires_them(
     for name in after:
         assert after[name].pid == before[name].pid, name
     assert [s.children for s in tree.status().supervisors if s.name == "shards"] == [["shard-0"]]
+    # The coordinator forgot the retired shards (the roster that dropped them went out before
+    # the reload answered): a task only shard-2 could run is refused, not left pending for ever.
+    with pytest.raises(RemoteError) as refused:
+        tree.submit(plan("gpu-again", task("g", "true", requires=["gpu"])))
+    assert "gpu" in refused.value.message and "shard-2" not in refused.value.message
 
 
 def test_a_bad_config_is_refused_and_nothing_changes(
