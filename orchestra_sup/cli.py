@@ -25,12 +25,11 @@ from rich.console import Console
 from orchestra_sup import __version__, logformat, render
 from orchestra_sup.client import CtlClient
 from orchestra_sup.config import (
-    Settings,
     default_run_dir,
     default_state_dir,
     load_settings,
-    metrics_host,
     resolve_paths,
+    with_metrics,
 )
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import (
@@ -226,7 +225,7 @@ def start(
 
     def prepare() -> tuple[Any, Any, RemoteCtl | None]:
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
-        settings = _with_metrics(settings, metrics_port, metrics_on)
+        settings = with_metrics(settings, metrics_port, metrics_on)
         paths = resolve_paths(state_dir, run_dir, workspace)
         remote = None
         if ctl_tcp is not None:
@@ -249,6 +248,8 @@ def start(
         path=str(config.absolute()) if config is not None else None,
         shards=shards,
         lanes_per_shard=lanes_per_shard,
+        metrics_port=metrics_port,
+        metrics_host=metrics_on,
     )
     code = guarded(
         lambda: asyncio.run(
@@ -263,19 +264,6 @@ def start(
         )
     )
     raise typer.Exit(code)
-
-
-def _with_metrics(settings: Settings, port: int | None, host: str | None) -> Settings:
-    """`settings` with `--metrics-port`/`--metrics-host` in place of the config's. Raises
-    `ConfigError` for a malformed host, or a host given with no port anywhere."""
-    sup = settings.supervisor
-    if host is not None:
-        sup = msgspec.structs.replace(sup, metrics_host=metrics_host(host, "--metrics-host"))
-    if port is not None:
-        sup = msgspec.structs.replace(sup, metrics_port=port)
-    if host is not None and sup.metrics_port is None:
-        raise ConfigError("--metrics-host needs --metrics-port (or [supervisor] metrics_port)")
-    return msgspec.structs.replace(settings, supervisor=sup)
 
 
 _interrupted = False

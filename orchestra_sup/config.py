@@ -397,6 +397,19 @@ def load_settings(
         raise ConfigError(f"{where}{exc}") from exc
 
 
+def with_metrics(settings: Settings, port: int | None, host: str | None) -> Settings:
+    """`settings` with `--metrics-port`/`--metrics-host` in place of the config's. Raises
+    `ConfigError` for a malformed host, or a host given with no port anywhere."""
+    sup = settings.supervisor
+    if host is not None:
+        sup = msgspec.structs.replace(sup, metrics_host=metrics_host(host, "--metrics-host"))
+    if port is not None:
+        sup = msgspec.structs.replace(sup, metrics_port=port)
+    if host is not None and sup.metrics_port is None:
+        raise ConfigError("--metrics-host needs --metrics-port (or [supervisor] metrics_port)")
+    return msgspec.structs.replace(settings, supervisor=sup)
+
+
 class Paths(msgspec.Struct, frozen=True, kw_only=True):
     """Where one tree keeps its files.
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from orchestra_sup.config import Settings, load_settings
+from orchestra_sup.config import Settings, load_settings, with_metrics
 from orchestra_sup.errors import ChildStartError, ConfigError, RelayError, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
@@ -61,27 +61,33 @@ log = logging.getLogger("orchestra_sup.supervisor")
 
 IMMUTABLE = {
     "[supervisor] spawn": "the fork template is made once, when the tree starts",
+    "[supervisor] metrics_port": "the metrics endpoint is bound once, when the tree starts",
+    "[supervisor] metrics_host": "the metrics endpoint is bound once, when the tree starts",
 }
 """Settings a running tree cannot take on, and why; a reload that changes one is refused."""
 
 
 class ConfigSource(msgspec.Struct, frozen=True, kw_only=True):
     """Where `start` got its settings: `path` the config file (absolute; None: no `--config`,
-    defaults only, nothing to re-read), `shards` and `lanes_per_shard` its command-line
-    overrides (None: not given). Carried across a re-exec (`reexec.Handoff`)."""
+    defaults only, nothing to re-read), `shards`, `lanes_per_shard`, `metrics_port` and
+    `metrics_host` its command-line overrides (None: not given). Carried across a re-exec
+    (`reexec.Handoff`)."""
 
     path: str | None = None
     shards: int | None = None
     lanes_per_shard: int | None = None
+    metrics_port: int | None = None
+    metrics_host: str | None = None
 
     def load(self) -> Settings:
         """The settings as `start` would read them now (`config.load_settings`). Raises
         `ConfigError` (one line naming the file, and the key and value when it is one)."""
-        return load_settings(
+        settings = load_settings(
             Path(self.path) if self.path is not None else None,
             shards=self.shards,
             lanes_per_shard=self.lanes_per_shard,
         )
+        return with_metrics(settings, self.metrics_port, self.metrics_host)
 
 
 class ReloadPlan(msgspec.Struct, frozen=True, kw_only=True):

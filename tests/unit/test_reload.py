@@ -139,3 +139,21 @@ def test_config_source_applies_the_start_overrides_on_top(tmp_path: Path) -> Non
     path.write_text("[shards]\ncount = 0\n")
     with pytest.raises(ConfigError, match=f"config {path}: \\[shards\\] count = 0"):
         ConfigSource(path=str(path)).load()
+
+
+def test_metrics_flags_stay_on_top_and_the_endpoint_cannot_move_live(tmp_path: Path) -> None:
+    """`--metrics-port`/`--metrics-host` win over the re-read file as at start, so a reload of
+    an untouched file changes nothing; the file's own metrics_port moving is refused (the
+    endpoint is bound once), not reported as applied while the old port goes on serving."""
+    path = tmp_path / "tree.toml"
+    path.write_text("[shards]\ncount = 2\n")
+    source = ConfigSource(path=str(path), metrics_port=0, metrics_host="127.0.0.1")
+    first = source.load()
+    assert (first.supervisor.metrics_port, first.supervisor.metrics_host) == (0, "127.0.0.1")
+    assert changed_settings(first, source.load()) == []
+    path.write_text("[supervisor]\nmetrics_port = 9464\n")
+    at_start = ConfigSource(path=str(path)).load()
+    path.write_text("[supervisor]\nmetrics_port = 9465\n")
+    step = plan(at_start, ConfigSource(path=str(path)).load())
+    assert step.refusal is not None
+    assert step.refusal.startswith("[supervisor] metrics_port cannot change while the tree runs")
