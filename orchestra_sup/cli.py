@@ -193,14 +193,15 @@ def start(
             min=0,
             max=65535,
             help="Serve Prometheus metrics over HTTP on this port (0: any free one; `ctl "
-            "status` shows the URL). Default: [supervisor] metrics_port, else not served.",
+            "status` shows the URL). Default: \\[supervisor] metrics_port, else not served.",
         ),
     ] = None,
     metrics_on: Annotated[
         str | None,
         typer.Option(
             "--metrics-host",
-            help="The address to serve metrics on (default: [supervisor] metrics_host, 127.0.0.1).",
+            help="The address to serve metrics on "
+            "(default: \\[supervisor] metrics_host, 127.0.0.1).",
         ),
     ] = None,
 ) -> None:
@@ -874,7 +875,7 @@ def logs(
     """Print a lane's transcript: its output (stdout to stdout, stderr to stderr) and its events
     (`# event: ...` lines on stderr), or with --json one object per row on stdout.
 
-    Works for running and finished lanes (kept for [lanes] transcript_retention_s). --follow
+    Works for running and finished lanes (kept for \\[lanes] transcript_retention_s). --follow
     exits 0 when the lane ends; Ctrl-C exits 130; an unknown lane exits 1.
     Example: orchestra-sup ctl logs 3f2a9c1b7d44-build-1 --follow
     """
@@ -950,7 +951,7 @@ def rollover(
             min=0.1,
             max=3600,
             help="Seconds (0.1 to 3600) lanes, or the coordinator or the custodian, have to "
-            "reach a quiet point; default [supervisor] drain_timeout_s.",
+            "reach a quiet point; default \\[supervisor] drain_timeout_s.",
         ),
     ] = None,
     as_json: Annotated[

@@ -3,6 +3,7 @@ something accepts --json: a command added without them fails here."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,3 +60,19 @@ def test_printing_commands_accept_json(path: str, cmd: Any) -> None:
     """Every command but the documented exemptions has a --json option."""
     options = {opt for param in cmd.params for opt in getattr(param, "opts", [])}
     assert ("--json" in options) != (path in NO_JSON), f"{path}: --json {options}"
+
+
+@pytest.mark.parametrize(("path", "cmd"), ALL, ids=[path for path, _ in ALL])
+def test_help_keeps_config_section_names(path: str, cmd: Any) -> None:
+    """A "[section] key" the help text names (where a config key lives) is printed, not
+    swallowed as rich markup, in the command's own help and its options' help."""
+    texts = [cmd.help or "", *(getattr(param, "help", None) or "" for param in cmd.params)]
+    wanted = {
+        f"[{m.group(1)}] {m.group(2)}"
+        for text in texts
+        for m in re.finditer(r"\\?\[([a-z_]+)\] ([a-z_]+)", text)
+    }
+    result = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    for phrase in wanted:
+        assert phrase in result.output, (phrase, result.output)
