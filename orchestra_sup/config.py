@@ -196,6 +196,13 @@ _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("isolation", "mode"): MODES,
 }
 _SECTIONS = ("supervisor", "shards", "lanes", "relay", "quotas", "isolation")
+_CHECKED_APART = {
+    "supervisor": ("metrics_host",),
+    "shards": ("capabilities", "tenants", "[shards.shard-N] tables"),
+    "lanes": ("programs",),
+}
+"""Keys each section accepts that `_check` does not see (their own checks run apart), so that
+an unknown-key error still lists every key the section takes."""
 
 
 def _check(section: str, key: str, value: Any) -> Any:
@@ -208,7 +215,8 @@ def _check(section: str, key: str, value: Any) -> Any:
         return value
     spec = _LIMITS.get((section, key))
     if spec is None:
-        known = ", ".join(k for s, k in [*_LIMITS, *_CHOICES] if s == section)
+        keys = [k for s, k in [*_LIMITS, *_CHOICES] if s == section]
+        known = ", ".join([*keys, *_CHECKED_APART.get(section, ())])
         raise ConfigError(f"[{section}] unknown key {key!r} (known: {known})")
     kind, low, high = spec
     ok_type = isinstance(value, int | float) if kind is float else isinstance(value, int)

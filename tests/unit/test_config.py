@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from orchestra_sup.config import (
@@ -239,7 +240,7 @@ def test_unknown_lanes_key(tmp_path: Path) -> None:
     message = _refused(tmp_path, "[lanes]\nmax_worker_losses = 2\n")
     assert "[lanes]" in message
     assert "'max_worker_losses'" in message
-    assert "(known: transcript_retention_s, max_worker_loss, nice)" in message
+    assert "(known: transcript_retention_s, max_worker_loss, nice, programs)" in message
 
 
 def test_unknown_section_lists_lanes(tmp_path: Path) -> None:
@@ -512,3 +513,18 @@ def test_lane_programs_are_listed_by_name() -> None:
 def test_bad_lane_programs_are_refused(bad: object) -> None:
     with pytest.raises(ConfigError, match=r"\[lanes\] programs"):
         settings_from_mapping({"lanes": {"programs": bad}})
+
+
+@pytest.mark.parametrize(
+    ("section", "struct"),
+    [("supervisor", SupervisorSettings), ("shards", ShardSettings), ("lanes", LaneSettings)],
+)
+def test_an_unknown_key_error_lists_every_key_the_section_takes(section: str, struct: type) -> None:
+    """The hint after a typo names every field of the section's settings (the per-shard tables
+    included), not only the keys with numeric limits."""
+    with pytest.raises(ConfigError) as exc:
+        settings_from_mapping({section: {"bogus": 1}})
+    hint = str(exc.value)
+    for field in msgspec.structs.fields(struct):
+        shown = "[shards.shard-N] tables" if field.name == "profiles" else field.name
+        assert shown in hint, (field.name, hint)
