@@ -183,3 +183,10 @@ def reap_orphans(known: set[int], on_child: Callable[[int], None]) -> None:
             continue
         with contextlib.suppress(ChildProcessError):
             os.waitpid(info.si_pid, 0)
+
+
+def describe(exit_info: ExitInfo) -> str:
+    """How a process ended, for a log line: "killed by signal 9", "exited with status 0"."""
+    if exit_info.signal is not None:
+        return f"killed by signal {exit_info.signal}"
+    return f"exited with status {exit_info.status}"

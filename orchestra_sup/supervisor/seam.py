@@ -23,7 +23,7 @@ from orchestra_sup.node.args import ChildArgs, encode
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.release import SPAWNING
 from orchestra_sup.supervisor.core import Worker
-from orchestra_sup.supervisor.process import ChildProcess, reap_orphans
+from orchestra_sup.supervisor.process import ChildProcess, describe, reap_orphans
 from orchestra_sup.supervisor.template import ForkTemplate
 
 log = logging.getLogger("orchestra_sup.supervisor")
@@ -289,9 +289,3 @@ class ProcessSeam:
 def _retrieve(task: asyncio.Task[ChildProcess]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def describe(exit_info: ExitInfo) -> str:
-    if exit_info.signal is not None:
-        return f"killed by signal {exit_info.signal}"
-    return f"exited with status {exit_info.status}"

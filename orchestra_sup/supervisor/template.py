@@ -32,7 +32,7 @@ from orchestra_sup.config import SupervisorSettings
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.template import Fork, Forked, Ready, Refused, Release, Reply, Request
 from orchestra_sup.supervisor.intensity import Backoff
-from orchestra_sup.supervisor.process import ChildProcess
+from orchestra_sup.supervisor.process import ChildProcess, describe
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -173,7 +173,7 @@ class ForkTemplate:
             return
         ran_for = time.monotonic() - self._started_at
         log_at = logging.INFO if self._closed else logging.WARNING
-        log.log(log_at, "fork template (pid %d) exited: %s", proc.pid, exit_info)
+        log.log(log_at, "fork template (pid %d) %s", proc.pid, describe(exit_info))
         self.proc = None
         self.ready = False
         if self._reply_r is not None:
