@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -229,15 +230,73 @@ def _check(section: str, key: str, value: Any) -> Any:
     return kind(value)
 
 
-def _toml_value(value: Any) -> str:
-    """`value` as it would be written in the TOML file (true, not True)."""
+SHOWN_MAX = 60
+"""Characters of a value an error message shows; the rest is cut with "..."."""
+MESSAGE_MAX = 400
+"""Characters a config error keeps. A key or value pasted by mistake (or by someone hostile)
+must not become a 100 MB log line, or a `ctl reload` answer over the frame limit."""
+CONFIG_MAX_BYTES = 1 << 20
+"""The largest config file read (1 MiB); a tree's config is a few KiB."""
+
+
+def _toml_value(value: Any, budget: int = SHOWN_MAX) -> str:
+    """`value` as it would be written in the TOML file (true, not True), at most about
+    `budget` characters: longer text is cut with "...", a long array after the elements that
+    fit (without rendering the rest, however many there are)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        parts: list[str] = []
+        used = 0
+        for item in value:
+            if used >= budget:
+                parts.append("...")
+                break
+            part = _toml_value(item, budget - used)
+            parts.append(part)
+            used += len(part) + 2
+        return "[" + ", ".join(parts) + "]"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)
+        text = '"' + value[: budget + 1].replace("\\", "\\\\").replace('"', '\\"') + '"'
+    elif isinstance(value, dict):
+        text = "{...}"
+    else:
+        text = repr(value)
+    return text if len(text) <= budget else text[: budget - 3] + "..."
+
+
+def _bounded(message: str) -> str:
+    """`message` cut to `MESSAGE_MAX` characters, saying how long it was."""
+    if len(message) <= MESSAGE_MAX:
+        return message
+    return f"{message[:MESSAGE_MAX]}... ({len(message)} characters)"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML table in the regular file `path`, read without blocking on a fifo or a device
+    and without reading more than `CONFIG_MAX_BYTES`. Raises `ConfigError` (one line naming
+    the file) when it cannot be opened, is not a regular file, is too large, is not UTF-8 or
+    is not TOML."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"config {path}: {exc.strerror}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"config {path}: not a regular file")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            raw = fh.read(CONFIG_MAX_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"config {path}: {exc.strerror}") from exc
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise ConfigError(f"config {path}: larger than {CONFIG_MAX_BYTES // 1024} KiB")
+    try:
+        return tomllib.loads(raw.decode())
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path}: not UTF-8 ({exc.reason})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path}: {exc}") from exc
 
 
 def settings_from_mapping(data: dict[str, Any]) -> Settings:
@@ -248,7 +307,7 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             known = ", ".join(f"[{name}]" for name in _SECTIONS)
             raise ConfigError(f"unknown section [{section}] (known: {known})")
         if not isinstance(body, dict):
-            raise ConfigError(f"[{section}] must be a table, got {body!r}")
+            raise ConfigError(f"[{section}] must be a table, got {_toml_value(body)}")
         if section == "shards":
             sections[section] = _shards_section(body)
         elif section == "quotas":
@@ -372,37 +431,27 @@ def load_settings(
     (`ISOLATION_ENV`, replacing `[isolation] mode`), then check that this machine can
     give the isolation asked for (`shards.isolation.resolve`: `mode = "bwrap"` where bubblewrap
     does not work is refused here, before anything starts). Raises `ConfigError`."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with path.open("rb") as fh:
-                data = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError(f"config {path}: {exc.strerror}") from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"config {path}: not UTF-8 ({exc.reason})") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config {path}: {exc}") from exc
+    data = _read_toml(path) if path is not None else {}
     try:
         mode = os.environ.get(ISOLATION_ENV)
         if mode is not None:
             table = data.setdefault("isolation", {})
             if not isinstance(table, dict):
-                raise ConfigError(f"[isolation] must be a table, got {table!r}")
+                raise ConfigError(f"[isolation] must be a table, got {_toml_value(table)}")
             table["mode"] = mode
         overrides = {"count": shards, "lanes_per_shard": lanes_per_shard}
         for key, value in overrides.items():
             if value is not None:
                 shards_table = data.setdefault("shards", {})
                 if not isinstance(shards_table, dict):
-                    raise ConfigError(f"[shards] must be a table, got {shards_table!r}")
+                    raise ConfigError(f"[shards] must be a table, got {_toml_value(shards_table)}")
                 shards_table[key] = value
         settings = settings_from_mapping(data)
         resolve(settings.isolation.mode)
         return settings
     except ConfigError as exc:
         where = f"config {path}: " if path else ""
-        raise ConfigError(f"{where}{exc}") from exc
+        raise ConfigError(_bounded(f"{where}{exc}")) from exc
 
 
 def with_metrics(settings: Settings, port: int | None, host: str | None) -> Settings:

@@ -528,3 +528,41 @@ def test_an_unknown_key_error_lists_every_key_the_section_takes(section: str, st
     for field in msgspec.structs.fields(struct):
         shown = "[shards.shard-N] tables" if field.name == "profiles" else field.name
         assert shown in hint, (field.name, hint)
+
+
+def test_a_config_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path) -> None:
+    """A fifo with no writer, or a symlink to /dev/zero, is refused as not a regular file:
+    neither blocks the reader nor is read without bound (a reload runs this in the
+    supervisor)."""
+    fifo = tmp_path / "tree.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(fifo)
+    zero = tmp_path / "zero.toml"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_settings(zero)
+
+
+def test_a_huge_config_or_value_makes_a_short_error(tmp_path: Path) -> None:
+    """A file over 1 MiB is refused unread; a bad value or key of any size is shown cut, so
+    the error stays one short line."""
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+        load_settings(big)
+    value = tmp_path / "value.toml"
+    value.write_text(f'[supervisor]\nspawn = "{"y" * 500_000}"\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(value)
+    assert len(str(info.value)) < 600 and "\n" not in str(info.value)
+    array = tmp_path / "array.toml"
+    array.write_text("[supervisor]\nwatchdog_s = [" + "1, " * 200_000 + "]\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(array)
+    assert len(str(info.value)) < 600
+    key = tmp_path / "key.toml"
+    key.write_text(f"[supervisor]\n{'k' * 300_000} = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(key)
+    assert len(str(info.value)) < 600
