@@ -163,6 +163,9 @@ class Coordinator:
         held at a quiet point (`_unread`, applied on `Resume`)."""
         return len(self._committing) + len(self._unread)
 
+    def outbox_depth(self) -> int:
+        return 0  # it is where outboxes deliver
+
     def persistence(self) -> Store | None:
         return self.store
 

@@ -84,6 +84,9 @@ class Custodian:
     def inbox_depth(self) -> int | None:
         return None
 
+    def outbox_depth(self) -> int:
+        return 0  # it sends the coordinator nothing unasked
+
     def persistence(self) -> None:
         return None  # the workspace is git's, not a write-behind store
 

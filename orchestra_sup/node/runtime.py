@@ -82,6 +82,9 @@ class Role(Protocol):
     def inbox_depth(self) -> int | None:
         """Durable inbox entries not yet handled (the coordinator); None elsewhere."""
 
+    def outbox_depth(self) -> int:
+        """Messages to the coordinator not yet acknowledged (a shard's outbox); 0 elsewhere."""
+
     def persistence(self) -> Store | None:
         """Its write-behind store, whose queue depth and batch sizes heartbeats carry; None
         when it has none."""
@@ -302,6 +305,7 @@ class Node:
             relay=self.relay.frame() if self.relay is not None else None,
             lanes=role.lanes_by_state(),
             inbox_depth=role.inbox_depth(),
+            outbox_depth=role.outbox_depth(),
             persist_depth=store.queue_depth if store is not None else 0,
             persist_batches=store.batch_rows.frame() if store and store.batches else None,
         )

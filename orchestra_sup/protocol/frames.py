@@ -373,6 +373,10 @@ class Heartbeat(Frame, tag="heartbeat"):
     """Rows queued for the write-behind persistence thread, not yet committed."""
     persist_batches: Histogram | None = None
     """Rows per write-behind transaction since the process started; None before the first."""
+    outbox_depth: int = 0
+    """A shard's messages to the coordinator (results, pauses, notes) not yet acknowledged
+    (`shards.outbox`); 0 in other roles. A shard a reload retires is quiet only at 0 lanes
+    and 0 here."""
 
 
 class PeerState(msgspec.Struct, frozen=True, kw_only=True):

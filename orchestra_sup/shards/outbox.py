@@ -74,6 +74,10 @@ class Outbox:
         whose row was adopted."""
         return result_id(lane) in self._puts
 
+    def depth(self) -> int:
+        """Messages waiting here for the coordinator's acknowledgement."""
+        return len(self._puts)
+
     def lanes(self) -> list[str]:
         """The lanes whose result waits here, in the order this process took them."""
         return [put.result.lane for put in self._puts.values() if put.result is not None]

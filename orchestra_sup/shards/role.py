@@ -142,6 +142,9 @@ class Shard:
     def inbox_depth(self) -> None:
         return None
 
+    def outbox_depth(self) -> int:
+        return self.outbox.depth() if self.outbox is not None else 0
+
     def persistence(self) -> Store | None:
         return self.store
 

@@ -220,10 +220,10 @@ class Reloads:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def heard(self, worker: Worker, load: int) -> None:
-        """A heartbeat from a retiring shard said it runs `load` lanes."""
+    def heard(self, worker: Worker, beat: f.Heartbeat) -> None:
+        """A heartbeat from a retiring shard: the drain ends at the first `quiet` one."""
         idle = self._idle.get(worker.name)
-        if idle is not None and load == 0:
+        if idle is not None and quiet(beat):
             idle.set()
 
     def changed(self, worker: Worker) -> None:
@@ -338,11 +338,18 @@ class Reloads:
                         await self._quiet(worker, drain_s)
             shards = _shards(sup.tree)
             for worker in leaving:
-                lanes = sup.liveness[worker.name].load
-                log.info(
-                    "config reload: retiring %s%s",
+                beat = sup.liveness[worker.name].beat
+                lanes = beat.load if beat is not None else 0
+                unsent = beat.outbox_depth if beat is not None else 0
+                log.log(
+                    logging.WARNING if lanes or unsent else logging.INFO,
+                    "config reload: retiring %s%s%s",
                     worker.name,
                     f" ({lanes} lanes interrupted, re-run elsewhere)" if lanes else "",
+                    f" ({unsent} messages to the coordinator unacknowledged after the drain: "
+                    "their tasks may run again)"
+                    if unsent
+                    else "",
                 )
                 await shards.remove_child(worker)
                 self._generations[worker.name] = worker.generation
@@ -352,9 +359,10 @@ class Reloads:
             self._idle.clear()
 
     async def _quiet(self, worker: Worker, timeout_s: float) -> None:
-        """Return once retiring shard `worker` runs no lane: its answer to `ListLanes` says
-        none, or a heartbeat after that answer does (heartbeats and replies share one
-        connection, so a later one is newer); at once when it is not running or cannot say."""
+        """Return once retiring shard `worker` is `quiet`: a heartbeat after its answer to
+        `ListLanes` says so (heartbeats and replies share one connection, so a later one is
+        newer, and nothing is placed on it since the roster marked it leaving); at once when
+        it is not running or cannot say."""
         control = self.sup.control
         if worker.state is not ChildState.RUNNING or control is None:
             return
@@ -367,9 +375,16 @@ class Reloads:
             )
         except (RemoteError, RelayError):
             return
-        if isinstance(reply, f.LaneList) and reply.lanes:
+        if isinstance(reply, f.LaneList):
             idle = self._idle[worker.name] = asyncio.Event()
             await idle.wait()
+
+
+def quiet(beat: f.Heartbeat) -> bool:
+    """A retiring shard may go once it runs no lane and its outbox is empty (every result,
+    pause and note acknowledged by the coordinator): retired with a result unsent, the result
+    would be stranded in its LMDB and the task run again."""
+    return beat.load == 0 and beat.outbox_depth == 0
 
 
 def _refused(config: str, names: list[str], error: str) -> f.ReloadReport:

@@ -513,7 +513,7 @@ class RootSupervisor:
                     live.lag_ms = (round(p50, 3), round(p99, 3), round(worst, 3))
                 live.load = body.load
                 if worker.leaving:
-                    self.reloads.heard(worker, body.load)
+                    self.reloads.heard(worker, body)
                 self.report_status()
                 live.stale_frames = body.stale_frames
                 live.bad_frames = body.bad_frames

@@ -150,6 +150,43 @@ def test_fewer_shards_drains_a_running_lane_then_retires_them(
     assert "gpu" in refused.value.message and "shard-2" not in refused.value.message
 
 
+def test_a_retiring_shard_waits_until_its_result_is_acknowledged(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """A lane on the retiring shard ends while the coordinator is stopped (SIGSTOP): its result
+    sits in the shard's outbox. The drain waits for the acknowledgement, not only for the lane
+    to end; once the coordinator runs again the result lands, the shard retires, and the task
+    ran exactly once (retiring with the result unsent would strand it and run the task again)."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text(
+        "[supervisor]\nwatchdog_s = 120\n"
+        '[shards]\ncount = 2\n[shards.shard-1]\ncapabilities = ["x"]\n'
+    )
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    gate, marks = tmp_path / "gate", tmp_path / "marks"
+    command = f"echo start >> {marks}; while [ ! -e {gate} ]; do sleep 0.02; done"
+    plan_id = tree.submit(plan("ack", task("t", command, requires=["x"])))
+    wait_until(lambda: marks.exists(), 30, "the lane on shard-1 to start")
+    coordinator = children(tree)["coordinator"].pid
+    assert coordinator is not None
+    os.kill(coordinator, signal.SIGSTOP)
+    try:
+        cfg.write_text("[supervisor]\nwatchdog_s = 120\n[shards]\ncount = 1\n")
+        reload = ctl_background(tree, "reload", "--json", "--timeout", "120")
+        wait_until(lambda: children(tree)["shard-1"].state == "retiring", 30, "shard-1 retiring")
+        gate.touch()
+        wait_until(lambda: not any(children(tree)["shard-1"].lanes.values()), 30, "the lane to end")
+        # the heartbeat that said "no lanes" has been heard: the drain still waits
+        assert reload.poll() is None and "shard-1" in children(tree)
+    finally:
+        os.kill(coordinator, signal.SIGCONT)
+    _, err = reload.communicate(timeout=120)
+    assert reload.returncode == 0, err
+    assert tree.wait_plan(plan_id).ok
+    assert marks.read_text().splitlines() == ["start"]  # once: the result was not stranded
+    assert sorted(children(tree)) == ["coordinator", "custodian", "shard-0"]
+
+
 def test_a_bad_config_is_refused_and_nothing_changes(
     tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
 ) -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from orchestra_sup.config import Settings, settings_from_mapping
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.supervisor.reload import ConfigSource, changed_settings, plan
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.supervisor.reload import ConfigSource, changed_settings, plan, quiet
 
 SHARDS3 = ["shard-0", "shard-1", "shard-2"]
 
@@ -157,3 +158,11 @@ def test_metrics_flags_stay_on_top_and_the_endpoint_cannot_move_live(tmp_path: P
     step = plan(at_start, ConfigSource(path=str(path)).load())
     assert step.refusal is not None
     assert step.refusal.startswith("[supervisor] metrics_port cannot change while the tree runs")
+
+
+def test_a_retiring_shard_is_quiet_only_with_no_lane_and_nothing_unsent() -> None:
+    """A lane running, or a result not yet acknowledged in its outbox, keeps the drain
+    waiting; only both at zero let the shard go."""
+    assert quiet(f.Heartbeat(load=0, outbox_depth=0))
+    assert not quiet(f.Heartbeat(load=1, outbox_depth=0))
+    assert not quiet(f.Heartbeat(load=0, outbox_depth=1))
