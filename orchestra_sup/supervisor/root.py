@@ -325,11 +325,20 @@ class RootSupervisor:
 
     def _serve_metrics(self) -> None:
         """Serve Prometheus metrics when `[supervisor] metrics_port` is set
-        (`metrics.start_server`); raises `ConfigError` when its address cannot be bound."""
+        (`metrics.start_server`). At start, raises `ConfigError` when its address cannot be
+        bound; after a re-exec the tree is already running and its children would die with
+        this process, so the error is logged and the tree goes on without metrics."""
         sup = self.settings.supervisor
-        if sup.metrics_port is not None:
+        if sup.metrics_port is None:
+            return
+        try:
             self.metrics = start_server(self, sup.metrics_host, sup.metrics_port)
-            log.info("metrics served at %s", self.metrics.url)
+        except ConfigError as exc:
+            if self.handoff is None:
+                raise
+            log.error("metrics not served after the re-exec: %s", exc)
+            return
+        log.info("metrics served at %s", self.metrics.url)
 
     @property
     def metrics_url(self) -> str:
