@@ -36,6 +36,7 @@ import asyncio
 import concurrent.futures
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -283,11 +284,47 @@ def ask_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], Any], timeout_s: 
         return done.result()  # it started just now: it finishes at once
 
 
+CONNECTIONS_MAX = 8
+"""Scrapes served at once; a connection beyond them is closed at once (Prometheus scrapes a
+target one request at a time: more means a misconfiguration or an attack)."""
+REQUEST_TIMEOUT_S = 10.0
+"""Seconds a connection may take to send its request and take the answer; a slower one (a
+slowloris) is dropped, so it cannot hold a thread for ever."""
+
+
 class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per scrape, at most `CONNECTIONS_MAX` at once; a failed request is one log
+    line, never socketserver's traceback on stderr."""
+
     daemon_threads = True  # a scrape in flight never holds up the supervisor's exit
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(CONNECTIONS_MAX)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.warning("metrics: a request from %s failed: %r", client_address, sys.exc_info()[1])
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S
+
     def log_message(self, format: str, *args: Any) -> None:  # one line per scrape is noise
         pass
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -200,3 +201,41 @@ def test_a_host_without_a_port_is_refused(tmp_path: Path) -> None:
     assert run.stderr.strip() == (
         "orchestra-sup: --metrics-host needs --metrics-port (or [supervisor] metrics_port)"
     )
+
+
+def threads(pid: int) -> int:
+    """How many threads process `pid` has (/proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1])
+
+
+def test_idle_connections_cannot_pile_up_threads(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """Fifty connections that never send a request (a slowloris) hold at most
+    `CONNECTIONS_MAX` serving threads in the supervisor; one past them is closed at once; once
+    they go, scrapes are served again."""
+    from orchestra_sup.supervisor.metrics import CONNECTIONS_MAX
+
+    tree = tree_factory(workspace=repo, extra_args=METRICS)
+    scrape(tree)
+    before = threads(tree.proc.pid)
+    url = tree.status().metrics_url.removeprefix("http://").removesuffix("/metrics")
+    host, port = url.rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(50)]
+    closed: set[socket.socket] = set()
+
+    def turned_away() -> bool:
+        """Those past the limit are closed by the server without a word (EOF)."""
+        readable, _, _ = select.select([c for c in idle if c not in closed], [], [], 0.1)
+        closed.update(c for c in readable if c.recv(1) == b"")
+        return len(closed) >= 50 - CONNECTIONS_MAX
+
+    try:
+        wait_until(turned_away, 20, "the connections past the limit closed")
+        assert threads(tree.proc.pid) <= before + CONNECTIONS_MAX
+    finally:
+        for conn in idle:
+            conn.close()
+    after = scrape_until(tree, lambda s: True, "a scrape once they are gone")
+    assert value(after, "orchestra_sup_child_up", child="shard-0") == 1
