@@ -218,6 +218,9 @@ def start(
 
     if preflight:
         raise typer.Exit(0)
+    # Until the supervisor's handler is in place (`RootSupervisor.run`), a SIGHUP (a reload
+    # asked too early) is held pending instead of killing the process with its default action.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
     if adopt is not None:  # the format and generation are in the hand-off: `resume` reads them
         logformat.configure(logformat.SUPERVISOR, None)
         raise typer.Exit(resume(adopt))

@@ -232,9 +232,12 @@ class RootSupervisor:
         loop.add_signal_handler(signal.SIGHUP, self.reloads.on_sighup)
         if not self.colocated:
             loop.add_signal_handler(signal.SIGCHLD, self.seam.on_sigchld)
+        # Blocked across the exec (`reexec.HELD_SIGNALS`), or SIGHUP since `start` began: one
+        # sent meanwhile lands now, on its handler.
+        signal.pthread_sigmask(
+            signal.SIG_UNBLOCK, HELD_SIGNALS if self.handoff is not None else {signal.SIGHUP}
+        )
         if self.handoff is not None:
-            # Blocked across the exec (`reexec.HELD_SIGNALS`): one sent meanwhile lands now.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
             self.seam.on_sigchld()  # orphans whose SIGCHLD fell into the exec
         try:
             await self.seam.open()
@@ -257,6 +260,9 @@ class RootSupervisor:
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+            # a reload asked while the tree stops is moot; its default action would kill this
+            # process before it has released its locks and said how it ended
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
             for task in list(self._tasks):
                 task.cancel()
             if self.metrics is not None:
