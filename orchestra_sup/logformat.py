@@ -108,6 +108,16 @@ def logfmt_value(value: object) -> str:
     return '"' + text.translate(_ESCAPES) + '"'
 
 
+MSG_MAX = 8192
+"""Characters of a message (and of a traceback) a line keeps; the rest is cut, saying how long
+it was. journald splits lines over its LineMax (48 KiB by default), which would break a JSON
+object in two; a 1 MB plan name must not make a 1 MB line."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MSG_MAX else f"{text[:MSG_MAX]}... ({len(text)} characters)"
+
+
 class EventFormatter(logging.Formatter):
     """One log record as one line (no newline in it): the fields of `fields`, rendered by a
     subclass, behind `<N>` when `journal`. `proc` and `generation` are this process's (None:
@@ -131,14 +141,14 @@ class EventFormatter(logging.Formatter):
             "gen": self.generation,
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _cut(record.getMessage()),
         }
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
         if record.exc_text:
-            fields["exc"] = record.exc_text
+            fields["exc"] = _cut(record.exc_text)
         if record.stack_info:
-            fields["stack"] = self.formatStack(record.stack_info)
+            fields["stack"] = _cut(self.formatStack(record.stack_info))
         return fields
 
     def render(self, fields: dict[str, Any], record: logging.LogRecord) -> str:
@@ -153,11 +163,14 @@ class TextFormatter(EventFormatter):
 
 
 class JsonFormatter(EventFormatter):
-    """A JSON object: `ts` (RFC 3339, UTC), then the fields; non-ASCII text as it is."""
+    """A JSON object: `ts` (RFC 3339, UTC), then the fields; non-ASCII text as it is, but for
+    U+2028 and U+2029, escaped."""
 
     def render(self, fields: dict[str, Any], record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="microseconds")
-        return json.dumps({"ts": ts, **fields}, ensure_ascii=False, separators=(",", ":"))
+        line = json.dumps({"ts": ts, **fields}, ensure_ascii=False, separators=(",", ":"))
+        # valid JSON raw, but line breaks to anything that splits on Unicode line boundaries
+        return line.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 FORMATTERS: dict[LogFormat, type[EventFormatter]] = {

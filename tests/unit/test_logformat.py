@@ -230,3 +230,22 @@ def test_a_stream_without_a_descriptor_gets_no_prefix(monkeypatch: pytest.Monkey
     """A stream with no file descriptor (StringIO) is never the journal's."""
     monkeypatch.setenv("JOURNAL_STREAM", "1:1")
     assert logformat.journal_stream(io.StringIO()) is False
+
+
+def test_a_line_is_bounded_and_breaks_on_no_unicode_line_separator() -> None:
+    """A huge message is cut to `MSG_MAX` characters, saying how long it was; in JSON, U+2028
+    and U+2029 (valid raw JSON, but line breaks to `str.splitlines` and many readers) are
+    escaped, so every event stays one line whatever reads it."""
+    from orchestra_sup.logformat import MSG_MAX, JsonFormatter, TextFormatter
+
+    huge = logging.LogRecord("t", logging.INFO, __file__, 1, "x" * 1_000_000, None, None)
+    for formatter in (
+        TextFormatter("shard-0", 1, journal=False),
+        JsonFormatter("shard-0", 1, journal=False),
+    ):
+        line = formatter.format(huge)
+        assert len(line) < MSG_MAX + 200 and "(1000000 characters)" in line
+    odd = logging.LogRecord("t", logging.INFO, __file__, 1, "a\u2028b\u2029c", None, None)
+    line = JsonFormatter("shard-0", 1, journal=False).format(odd)
+    assert len(line.splitlines()) == 1
+    assert json.loads(line)["msg"] == "a\u2028b\u2029c"
