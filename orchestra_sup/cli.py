@@ -80,7 +80,8 @@ keys_app = typer.Typer(
 app.add_typer(keys_app, name="keys")
 
 # Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
-out = Console(width=None if sys.stdout.isatty() else 200, markup=False, highlight=False)
+_tty = sys.stdout is not None and sys.stdout.isatty()  # None: started with stdout closed
+out = Console(width=None if _tty else 200, markup=False, highlight=False)
 """No markup: plan names, errors and output are the users' text, and "[/x]" in one must print as
 itself, not be parsed (or refused) as rich markup."""
 T = TypeVar("T")
@@ -691,7 +692,7 @@ def top(
 
     watcher = Watcher(ask, timeout)
     first = guarded(watcher.poll_or_raise)  # no tree at all: one line, exit 3, like status
-    if once or (not as_json and not sys.stdout.isatty()):
+    if once or (not as_json and not _tty):
         if as_json:
             sys.stdout.write(json.dumps(frame_json(first)) + "\n")
         else:

@@ -622,6 +622,7 @@ class RootSupervisor:
             self.liveness.setdefault(worker.name, Liveness())
         for name in [n for n in self.liveness if n not in self.by_name]:
             del self.liveness[name]
+        self._retitle()
 
     def roster(self) -> f.Roster:
         return f.Roster(peers=[self.peer_state(w) for w in self.workers])

@@ -143,6 +143,8 @@ def test_fewer_shards_drains_a_running_lane_then_retires_them(
     for name in after:
         assert after[name].pid == before[name].pid, name
     assert [s.children for s in tree.status().supervisors if s.name == "shards"] == [["shard-0"]]
+    title = Path(f"/proc/{tree.proc.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert title.endswith("children=3/3"), title  # retitled when the tree shrank
     # The coordinator forgot the retired shards (the roster that dropped them went out before
     # the reload answered): a task only shard-2 could run is refused, not left pending for ever.
     with pytest.raises(RemoteError) as refused:
