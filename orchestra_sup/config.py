@@ -297,6 +297,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config {path}: not UTF-8 ({exc.reason})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path}: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"config {path}: nested too deeply") from None
 
 
 def settings_from_mapping(data: dict[str, Any]) -> Settings:

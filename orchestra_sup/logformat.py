@@ -76,7 +76,7 @@ def journal_stream(stream: TextIO) -> bool:
     False when the variable is unset or malformed, or `stream` has no descriptor (a test's
     `StringIO`) or one that cannot be stat'ed."""
     dev, sep, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
-    if not (sep and dev.isdigit() and ino.isdigit()):
+    if not (sep and dev.isascii() and dev.isdigit() and ino.isascii() and ino.isdigit()):
         return False
     try:
         st = os.fstat(stream.fileno())

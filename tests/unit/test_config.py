@@ -566,3 +566,12 @@ def test_a_huge_config_or_value_makes_a_short_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(key)
     assert len(str(info.value)) < 600
+
+
+def test_a_config_nested_past_the_parser_is_one_line(tmp_path: Path) -> None:
+    """An array nested 100,000 deep makes the TOML parser recurse out: a one-line refusal,
+    not a RecursionError traceback (nor an 'internal error' from a reload)."""
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[relay]\ndeadline_s = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_settings(deep)

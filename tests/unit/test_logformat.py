@@ -221,7 +221,13 @@ def test_priority_prefix_only_when_stderr_is_the_journal_stream(
         a, b = parse(with_prefix[3:]), parse(without)
         a.pop("ts", None), b.pop("ts", None)
         assert a == b
-    for other in (f"{st.st_dev}:{st.st_ino + 1}", f"{st.st_dev + 1}:{st.st_ino}", "x:y", "12"):
+    for other in (
+        f"{st.st_dev}:{st.st_ino + 1}",
+        f"{st.st_dev + 1}:{st.st_ino}",
+        "x:y",
+        "12",
+        "\u00b2:\u00b3",
+    ):
         monkeypatch.setenv("JOURNAL_STREAM", other)
         assert not any(line.startswith("<") for line in log_events(fmt, path)), other
 
