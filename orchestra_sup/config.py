@@ -16,6 +16,8 @@ spawn = "fork"            # children fork from a pre-imported template, or "exec
 drain_timeout_s = 30.0    # `ctl rollover`: how long a shard's lanes have to reach a quiet point
                           # (then they are stopped and re-run on the new generation, flagged
                           # partial), and the coordinator or custodian to reach one
+probe_timeout_s = 30.0    # `ctl rollover`: how long a release has to answer its probe (then it,
+                          # and everything it started, is killed, and the release refused)
 metrics_port = 9464       # serve Prometheus metrics on this port (0: any free one; default:
                           # not served); `start --metrics-port` replaces it
 metrics_host = "127.0.0.1"  # ... on this address (`start --metrics-host`)
@@ -97,6 +99,9 @@ class SupervisorSettings(msgspec.Struct, frozen=True, kw_only=True):
     backoff_max_s: float = 5.0
     spawn: Literal["fork", "exec"] = "fork"
     drain_timeout_s: float = 30.0
+    probe_timeout_s: float = 30.0
+    """Seconds a release has to answer its probe, and its start check, before `ctl rollover`
+    refuses it (`release.probe`): a cold interpreter importing every module."""
     metrics_port: int | None = None
     """Where `start` serves Prometheus metrics (`supervisor.metrics`); 0: a free port; None:
     not served."""
@@ -175,6 +180,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("supervisor", "backoff_initial_s"): (float, 0, 60),
     ("supervisor", "backoff_max_s"): (float, 0, 3_600),
     ("supervisor", "drain_timeout_s"): (float, 0.1, 3_600),
+    ("supervisor", "probe_timeout_s"): (float, 0.1, 3_600),
     ("supervisor", "metrics_port"): (int, 0, 65_535),
     ("shards", "count"): (int, 1, 256),
     ("shards", "lanes_per_shard"): (int, 1, 100_000),

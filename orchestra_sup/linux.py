@@ -1,10 +1,14 @@
-"""Linux process-control primitives that Python's standard library does not wrap (prctl)."""
+"""Linux process-control primitives that Python's standard library does not wrap (prctl, joining
+a cgroup between fork and exec)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+from collections.abc import Callable
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -30,3 +34,27 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 def set_child_subreaper() -> None:
     """Make this process the reaper of orphaned descendants (they are reparented here)."""
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def cgroup_joiner(paths: list[Path], unmet: str) -> Callable[[], None]:
+    """A function for a child between fork and exec (Popen's `preexec_fn`) that moves it into
+    every cgroup of `paths` (writes "0" to each `cgroup.procs`), so that it, and everything it
+    ever forks, is born inside whatever it does with sessions, groups or parents. Plain `os`
+    calls only, on paths prepared here; it never raises: a move that fails is one line on the
+    child's stderr, "orchestra-sup: <unmet>: <error>", and the command runs without it rather
+    than fail its spawn."""
+    files = [os.fsencode(p / "cgroup.procs") for p in paths]
+
+    def join() -> None:
+        for procs in files:
+            try:
+                fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.write(2, f"orchestra-sup: {unmet}: {exc}\n".encode())
+
+    return join

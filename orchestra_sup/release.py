@@ -23,6 +23,8 @@ import importlib
 import os
 import signal
 import sys
+from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 
@@ -36,7 +38,8 @@ SPAWNING = 0
 between the fork and returning the process, and a helper that exits at once can be gone by
 then): a supervisor must neither reap nor kill children it does not know meanwhile."""
 PROBE_TIMEOUT_S = 30.0
-"""Seconds a release has to answer its probe (a cold interpreter importing every module)."""
+"""Seconds a release has to answer its probe (a cold interpreter importing every module), unless
+the caller says otherwise (a rollover: `[supervisor] probe_timeout_s`, the same by default)."""
 OUTPUT_MAX_BYTES = 64 * 1024
 """The most a probe may print on each of stdout and stderr; more, and it is killed and refused
 (a release must not make the supervisor buffer without bound)."""
@@ -102,19 +105,47 @@ def refusal(info: ReleaseInfo) -> str:
     )
 
 
+class Tracker(Protocol):
+    """What holds on to every process a helper starts, whatever it does with sessions, groups
+    or parents: a `setsid` grandchild leaves the helper's process group, so killing the group
+    misses it (the supervisor's: `supervisor.helper_cgroup.HelperCgroup`, a cgroup v2 of the
+    helper's own)."""
+
+    def preexec(self) -> Callable[[], None] | None:
+        """A function the helper runs between fork and exec (None: none)."""
+        ...
+
+    async def kill(self) -> None:
+        """Kill whatever the helper started that still runs, wait until it is gone, and let go
+        of what tracked it: at the helper's deadline, and again once it is done (answered or
+        not), when a second call finds nothing. Never raises."""
+        ...
+
+
 async def probe(
-    python: str, timeout_s: float = PROBE_TIMEOUT_S, *, hold: set[int] | None = None
+    python: str,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    *,
+    hold: set[int] | None = None,
+    tracker: Tracker | None = None,
 ) -> ReleaseInfo:
     """Ask the release at `python` about itself: run `python -m orchestra_sup.release` with
     this process's environment and decode what it prints. While it runs its pid is in `hold`:
     a supervisor's orphan reaper and killer leave the pids there alone (the probe is a child of
-    the supervisor that asyncio, not the reaper, must wait for).
+    the supervisor that asyncio, not the reaper, must wait for). With a `tracker`, everything
+    the probe started is killed once it is done, answered or not; without one, only its process
+    group, at the deadline, if the probe itself has not exited by then.
+
+    Its output is read under the same deadline, which does not wait for a pipe's end-of-file:
+    a process the probe left holding its stdout or stderr delays nothing.
 
     Raises `ReleaseError` (one line) when `python` is not an executable file, the probe exits
-    non-zero (its last stderr line is quoted), prints something that is not a `ReleaseInfo`, or
-    takes longer than `timeout_s` seconds (it is then killed, with whatever it started).
+    non-zero (its last stderr line is quoted), prints something that is not a `ReleaseInfo`,
+    prints more than `OUTPUT_MAX_BYTES` on a stream, or has not both exited and closed its
+    output (every process holding it included) within `timeout_s` seconds (it is then killed,
+    with whatever it started).
     """
-    out = await _run(python, ["-m", "orchestra_sup.release"], "its probe", timeout_s, hold)
+    out = await _run(python, ["-m", "orchestra_sup.release"], "its probe", timeout_s, hold, tracker)
     if not out.strip():
         raise ReleaseError(f"release {python}: its probe printed nothing")
     try:
@@ -125,75 +156,131 @@ async def probe(
 
 
 async def check_start(
-    python: str, timeout_s: float = PROBE_TIMEOUT_S, *, hold: set[int] | None = None
+    python: str,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    *,
+    hold: set[int] | None = None,
+    tracker: Tracker | None = None,
 ) -> None:
     """Check that the release at `python` runs the supervisor's own start command
     (`python -m orchestra_sup start --preflight`, which imports what `start` needs and exits
     0): a supervisor re-executes itself onto a release only after this, because once it has
-    exec'd there is no old image to roll back to. `hold` is as for `probe`.
+    exec'd there is no old image to roll back to. `hold` and `tracker` are as for `probe`.
 
     Raises `ReleaseError` (one line) as `probe` does when the check does not exit 0 in time.
     """
     await _run(
-        python, ["-m", "orchestra_sup", "start", "--preflight"], "its start", timeout_s, hold
+        python,
+        ["-m", "orchestra_sup", "start", "--preflight"],
+        "its start",
+        timeout_s,
+        hold,
+        tracker,
     )
 
 
 async def _run(
-    python: str, args: list[str], what: str, timeout_s: float, hold: set[int] | None
+    python: str,
+    args: list[str],
+    what: str,
+    timeout_s: float,
+    hold: set[int] | None,
+    tracker: Tracker | None,
 ) -> bytes:
-    """Run `python *args` in a process group of its own; its stdout. Raises `ReleaseError`
-    when it cannot run, exits non-zero or outlasts `timeout_s` seconds (its whole group is then
-    killed: a leftover child holding the pipe must not hold the caller)."""
+    """Run `python *args` in a process group of its own (and in `tracker`); its stdout.
+    Raises `ReleaseError` when it cannot run, exits non-zero, prints too much, or has not exited
+    and closed its output within `timeout_s` seconds. Its pipes are this function's own, read
+    under the deadline and closed at it, so no process holding their other end (a `setsid`
+    grandchild) holds the caller: asyncio's own pipes would make `wait()` wait for them."""
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise ReleaseError(f"release {python}: not an executable file")
-    if hold is not None:
-        hold.add(SPAWNING)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            python,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            process_group=0,
-        )
-    except OSError as exc:
-        raise ReleaseError(f"release {python}: cannot run it: {exc}") from exc
+        return await _tracked(python, args, what, timeout_s, hold, tracker)
     finally:
+        if tracker is not None:
+            await tracker.kill()
+
+
+async def _tracked(
+    python: str,
+    args: list[str],
+    what: str,
+    timeout_s: float,
+    hold: set[int] | None,
+    tracker: Tracker | None,
+) -> bytes:
+    pipes = [os.pipe2(os.O_CLOEXEC) for _stream in ("stdout", "stderr")]
+    reads = [read for read, _write in pipes]
+    try:
         if hold is not None:
-            hold.discard(SPAWNING)
-    if hold is not None:
-        hold.add(proc.pid)
-    assert proc.stdout is not None and proc.stderr is not None
-    streams = (proc.stdout, proc.stderr)
-    readers = [asyncio.ensure_future(_capped(stream)) for stream in streams]
+            hold.add(SPAWNING)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                python,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=pipes[0][1],
+                stderr=pipes[1][1],
+                process_group=0,
+                preexec_fn=tracker.preexec() if tracker is not None else None,
+            )
+        except OSError as exc:
+            raise ReleaseError(f"release {python}: cannot run it: {exc}") from exc
+        finally:
+            for _read, write in pipes:
+                os.close(write)
+            if hold is not None:
+                hold.discard(SPAWNING)
+        if hold is not None:
+            hold.add(proc.pid)
+        try:
+            return await _answer(proc, reads, python, what, timeout_s, tracker)
+        finally:
+            if hold is not None:
+                hold.discard(proc.pid)
+    finally:
+        for read in reads:
+            os.close(read)
+
+
+async def _answer(
+    proc: asyncio.subprocess.Process,
+    reads: list[int],
+    python: str,
+    what: str,
+    timeout_s: float,
+    tracker: Tracker | None,
+) -> bytes:
+    """Read `proc`'s output from `reads` (stdout, stderr) and wait for it, under the deadline;
+    at the deadline, or past the output cap, kill it (its group, then `tracker`'s content)."""
+    readers = [asyncio.ensure_future(_capped(fd)) for fd in reads]
+    failure: BaseException | None = None
     try:
         async with asyncio.timeout(timeout_s):
             out, err = await asyncio.gather(*readers)
             await proc.wait()
     except (TimeoutError, _TooMuch) as exc:
-        # Still in progress means its group still has a member (the leader, or whatever holds
-        # the pipe), so this group id is its own and cannot have been recycled.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        failure = exc
+    finally:
+        exited = proc.returncode is not None
+        if not exited:  # not waited for, so its pid still names its group: never recycled
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if failure is not None and tracker is not None:
+            await tracker.kill()  # now, not after the wait: the escaped go with the group
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-        for stream in streams:  # to end-of-file: a paused pipe never reports its close
-            while await stream.read(65536):
-                pass
-        await proc.wait()
-        if isinstance(exc, _TooMuch):
-            raise ReleaseError(
-                f"release {python}: {what} printed more than {OUTPUT_MAX_BYTES} bytes"
-            ) from None
+        await proc.wait()  # no pipe of asyncio's: this waits for the exit alone
+    if isinstance(failure, _TooMuch):
+        raise ReleaseError(f"release {python}: {what} printed more than {OUTPUT_MAX_BYTES} bytes")
+    if failure is not None and exited:
         raise ReleaseError(
-            f"release {python}: no answer from {what} within {timeout_s:g} s"
-        ) from None
-    finally:
-        if hold is not None:
-            hold.discard(proc.pid)
+            f"release {python}: {what} exited, but what it started still held its output "
+            f"{timeout_s:g} s after it began"
+        )
+    if failure is not None:
+        raise ReleaseError(f"release {python}: no answer from {what} within {timeout_s:g} s")
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines()
         last = lines[-1] if lines else "no output"
@@ -205,14 +292,29 @@ class _TooMuch(Exception):
     """A probe printed more than `OUTPUT_MAX_BYTES` on one stream."""
 
 
-async def _capped(stream: asyncio.StreamReader) -> bytes:
-    """Everything `stream` gives until end-of-file; raises `_TooMuch` past the cap."""
+async def _capped(fd: int) -> bytes:
+    """Everything the pipe at `fd` gives until end-of-file (read as the loop finds it
+    readable); raises `_TooMuch` past the cap. Cancelling it leaves `fd` open and unwatched."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    readable = asyncio.Event()
+    loop.add_reader(fd, readable.set)
     data = bytearray()
-    while chunk := await stream.read(65536):
-        data += chunk
-        if len(data) > OUTPUT_MAX_BYTES:
-            raise _TooMuch
-    return bytes(data)
+    try:
+        while True:
+            await readable.wait()
+            readable.clear()
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return bytes(data)
+            data += chunk
+            if len(data) > OUTPUT_MAX_BYTES:
+                raise _TooMuch
+    finally:
+        loop.remove_reader(fd)
 
 
 def main() -> int:

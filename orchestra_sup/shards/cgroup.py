@@ -50,6 +50,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from orchestra_sup.linux import cgroup_joiner
+
 __all__ = [
     "ENV_SWITCH",
     "KILL_TIMEOUT_S",
@@ -455,28 +457,6 @@ def kill_tree_sync(path: Path, timeout_s: float = KILL_TIMEOUT_S) -> bool:
 # --- per shard -------------------------------------------------------------------------------
 
 
-def joiner(paths: list[Path], unmet: str) -> Callable[[], None]:
-    """A function for a child between fork and exec that moves it into every cgroup of `paths`
-    (writes "0" to each `cgroup.procs`). Plain `os` calls only, on paths prepared here; it never
-    raises: a move that fails is one line on the child's stderr (the lane's output), "<unmet>:
-    <error>", and the command runs without it rather than fail its spawn."""
-    files = [os.fsencode(p / "cgroup.procs") for p in paths]
-
-    def join() -> None:
-        for procs in files:
-            try:
-                fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.write(2, f"orchestra-sup: {unmet}: {exc}\n".encode())
-
-    return join
-
-
 class LaneCgroups:
     """The cgroups of one shard's lanes: `<base>/orchestra-sup/<tree_id>/<shard_name>/`.
 
@@ -568,7 +548,7 @@ class LaneCgroups:
         it writes one line saying so to the child's stderr (the lane's output) and lets the
         command run untracked, rather than fail the spawn with an opaque SubprocessError.
         """
-        return joiner([path], "not tracked by cgroup")
+        return cgroup_joiner([path], "not tracked by cgroup")
 
     def kill_now(self, lane: str) -> None:
         """Send the kill to every process in the lane's cgroup (sub-cgroups included) now, on

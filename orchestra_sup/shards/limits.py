@@ -25,7 +25,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestra_sup.shards.cgroup import ENV_SWITCH, TOP, joiner
+from orchestra_sup.linux import cgroup_joiner
+from orchestra_sup.shards.cgroup import ENV_SWITCH, TOP
 
 __all__ = ["CONTROLLERS", "LaneLimits", "v1_controller"]
 
@@ -127,7 +128,7 @@ class LaneLimits:
         `paths` (writes "0" to each `cgroup.procs`). Plain `os` calls only; a failed move is one
         line on the child's stderr (the lane's output) and the command runs without that limit
         (the same choice as `LaneCgroups.join_fn`)."""
-        return joiner(paths, "no cgroup limit")
+        return cgroup_joiner(paths, "no cgroup limit")
 
     def remove(self, lane: str) -> None:
         """Remove the lane's cgroups, and the shard's and tree's directories when empty. Call

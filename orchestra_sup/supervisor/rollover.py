@@ -56,6 +56,7 @@ from orchestra_sup.errors import (
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
 from orchestra_sup.supervisor.core import Worker
+from orchestra_sup.supervisor.helper_cgroup import HelperCgroup
 from orchestra_sup.supervisor.reexec import reexec
 from orchestra_sup.supervisor.spec import ChildState
 
@@ -251,7 +252,12 @@ class Rollovers:
                 )
         python = req.release or sup.seam.release
         try:
-            info = await releases.probe(python, hold=self.sup.seam.helpers)
+            info = await releases.probe(
+                python,
+                sup.settings.supervisor.probe_timeout_s,
+                hold=sup.seam.helpers,
+                tracker=HelperCgroup(sup.seam, sup.paths.run_dir),
+            )
         except ReleaseError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from None
         if not releases.compatible_with(info):
@@ -507,10 +513,16 @@ class Rollovers:
         """The supervisor itself: re-execute in place on the release (`supervisor.reexec`).
         The event saying so reaches the pollers before the exec; the new image finishes the
         rollover (`adopted`). Raises `RolloverFailed` when the re-exec was refused."""
+        sup = self.sup
         began = time.monotonic()
         python = rollover.release.python
         try:  # no old image to roll back to once exec'd: its start must work first
-            await releases.check_start(python, hold=self.sup.seam.helpers)
+            await releases.check_start(
+                python,
+                sup.settings.supervisor.probe_timeout_s,
+                hold=sup.seam.helpers,
+                tracker=HelperCgroup(sup.seam, sup.paths.run_dir),
+            )
         except ReleaseError as exc:
             rollover.event(SUPERVISOR, f"not re-executed: {exc}", time.monotonic() - began)
             raise RolloverFailed(f"supervisor: {exc}; nothing moved") from None

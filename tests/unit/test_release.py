@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestra_sup import release
@@ -95,6 +98,64 @@ def test_a_hung_probe_is_killed_with_what_it_started(tmp_path: Path) -> None:
                 await release.probe(str(script), 0.2)
 
     asyncio.run(go())
+
+
+def escaping(script: Path, pid_file: Path, then: str) -> None:
+    """`script` starts a `setsid` child holding its stdout (out of its process group: a group
+    kill misses it), which writes its pid to `pid_file`; then the script runs `then`."""
+    script.write_text(
+        "#!/bin/sh\n"
+        f"setsid sh -c 'echo $$ > {pid_file}.new; mv {pid_file}.new {pid_file}; exec sleep 60' &\n"
+        f"{then}\n"
+    )
+    script.chmod(0o755)
+
+
+def kill_escaped(pid_file: Path) -> None:
+    """Kill the escaped child (untracked here: nothing else will), checked by create time."""
+    deadline = time.monotonic() + 5.0
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(int(pid_file.read_text())).kill()
+
+
+def test_a_probe_whose_escaped_child_holds_its_output_ends_at_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """The probe's output is read under its deadline, not until end-of-file: a child that left
+    its process group and holds its stdout (nothing tracks it here) does not hold the caller."""
+    script, pid_file = tmp_path / "python", tmp_path / "escaped.pid"
+    escaping(script, pid_file, "exec sleep 60")
+    held: set[int] = set()
+
+    async def go() -> None:
+        async with asyncio.timeout(10.0):
+            with pytest.raises(ReleaseError, match=r"no answer from its probe within 0\.5 s"):
+                await release.probe(str(script), 0.5, hold=held)
+
+    try:
+        asyncio.run(go())
+    finally:
+        kill_escaped(pid_file)
+    assert held == set()
+
+
+def test_a_probe_that_exits_while_its_output_is_held_is_refused(tmp_path: Path) -> None:
+    """A probe that answers and exits, leaving a child that holds its stdout: what it printed
+    may not be all, so it is refused at the deadline, saying what held it."""
+    script, pid_file = tmp_path / "python", tmp_path / "escaped.pid"
+    escaping(script, pid_file, "echo '{}'; exit 0")
+
+    async def go() -> None:
+        async with asyncio.timeout(10.0):
+            with pytest.raises(ReleaseError, match="its probe exited, but what it started still"):
+                await release.probe(str(script), 2.0)
+
+    try:
+        asyncio.run(go())
+    finally:
+        kill_escaped(pid_file)
 
 
 def test_a_probe_that_prints_without_end_is_cut_off(tmp_path: Path) -> None:
