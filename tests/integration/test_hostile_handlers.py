@@ -10,21 +10,23 @@ every process keeps its pid.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 import zmq
 
-from orchestra_sup.errors import ErrorCode
+from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
-from tests.integration.harness import Tree
+from tests.integration.harness import Tree, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
 
 REPLY_DEADLINE_S = 15.0
+ROLES = ["supervisor", "custodian", "coordinator", "shard-0", "shard-1"]
 
 _codec = Codec()
 
@@ -104,3 +106,34 @@ def _collect(sock: zmq.Socket, msg_id: str) -> tuple[list[ErrorCode], bool]:
             bad.append(env.body.code)
         answered = answered or env.corr == msg_id
     return bad, answered
+
+
+def test_every_role_answers_a_raising_handler_internal_and_keeps_its_pid(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """A handler that raises, and a task serving a request that raises (the debug hooks
+    `raise` and `raise_in_task`), in the supervisor and in every child: each request is
+    answered `internal` naming `RuntimeError`, each process counts them (`ctl status`), keeps
+    its pid and goes on serving: a read through the relay, a plan."""
+    tree = tree_factory(workspace=repo, extra_env={"ORCHESTRA_SUP_DEBUG_HOOKS": "1"})
+    before = tree.pids()
+    for name in ROLES:
+        for action in ("raise", "raise_in_task"):
+            with pytest.raises(RemoteError) as info:
+                tree.ctl(f.CtlDebug(name=name, action=action))
+            assert info.value.code is ErrorCode.INTERNAL, (name, action)
+            assert info.value.message.startswith("RuntimeError: debug hook"), info.value.message
+    status = tree.status()
+    assert {c.name: c.pid for c in status.children} == before
+    assert status.internal_errors == 2
+    wait_until(
+        lambda: all(c.internal_errors == 2 for c in tree.status().children),
+        10,
+        "every child's heartbeat to count its two internal errors",
+    )
+    assert tree.call("stat", path="README")["type"] == "file"
+    report = tree.wait_plan(tree.submit(plan("after", task("a", "true"))), timeout_s=30)
+    assert report.ok, report
+    assert tree.pids() == before
+    assert "serving CtlDebug failed in its handler" in tree.log()
+    assert "serving DebugHook failed in the task serving it" in tree.log()
