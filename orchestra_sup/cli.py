@@ -50,6 +50,7 @@ from orchestra_sup.protocol.keys import (
     load_client_keys,
     load_server_keys,
 )
+from orchestra_sup.protocol.names import is_text, request_param
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -609,13 +610,21 @@ def call(
     """Call one of the coordinator's tools through the real relay.
 
     Read tools (answered by the custodian) take `path` (and `pattern` for search, `rev` for diff
-    and log); lane tools take `lane`. Example: orchestra-sup ctl call read_file path=README.md
+    and log); lane tools take `lane`. A path whose bytes are not UTF-8 is sent as `path_b64`, as
+    are names in the answers. Example: orchestra-sup ctl call read_file path=README.md
     """
     pairs: dict[str, str] = {}
     for item in params or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise fail(f"parameter {item!r} is not KEY=VALUE", EXIT_USAGE)
+        if key == "path":
+            key, value = request_param(key, value)
+        elif not (is_text(key) and is_text(value)):
+            raise fail(
+                f"parameter {item!a} is not UTF-8 (only path= may name any bytes)",
+                EXIT_USAGE,
+            )
         pairs[key] = value
     reply = ctx.obj.ask(f.CtlCall(tool=tool, params=pairs), timeout, run_dir)
     assert isinstance(reply, f.ToolResult)

@@ -29,6 +29,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "loop_lag_ms": list(reply.loop_lag_ms),
             "bad_frames": reply.bad_frames,
             "stale_frames": reply.stale_frames,
+            "internal_errors": reply.internal_errors,
             "ctl_refused": reply.ctl_refused,
             "metrics_url": reply.metrics_url,
         },
@@ -133,6 +134,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         f"supervisor pid {reply.supervisor_pid}, version {reply.version} ({reply.release}), "
         f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}, "
         f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}, "
+        f"internal errors {reply.internal_errors}, "
         f"ctl refused {reply.ctl_refused}, isolation {reply.isolation or '?'}"
     )
     if reply.metrics_url:
@@ -152,6 +154,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         "loop lag ms p50/p99/max",
         "release",
         "refused stale/bad",
+        "internal",
     )
     for c in reply.children:
         last = "-"
@@ -174,6 +177,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
             "-" if c.loop_lag_ms is None else _lag(c.loop_lag_ms),
             _release(c, reply.release),
             f"{c.stale_frames}/{c.bad_frames}",
+            str(c.internal_errors),
         )
     console.print(table)
 

@@ -4,9 +4,11 @@
 the first three on its front thread (`custodian/role.py`) and `search` in a child process. `diff`
 and `log` are coroutines that run git as an async subprocess (with the hardening of
 `workspace._git`); the custodian awaits them. Every `path` argument is relative to the workspace
-root, slash-separated, and goes through `resolve`, which refuses anything
-that would leave the root or enter a `.git` directory by raising `PathEscape`. Bad parameters
-(a bad regex, a refused rev, a limit out of range) raise `RemoteError(BAD_REQUEST, ...)`, an
+root, slash-separated, a str as `os.fsdecode` makes it (any name the file system allows;
+`path_param` reads it from a request), and goes through `resolve`, which refuses anything that
+would leave the root or enter a `.git` directory by raising `PathEscape`. Every name in an
+answer is in the wire form of `protocol.names`. Bad parameters (a bad regex, a refused rev, a
+limit out of range) raise `RemoteError(BAD_REQUEST, ...)`, an
 unknown rev `RemoteError(NOT_FOUND, ...)`. None of the tools writes anything.
 
 The check and the later open are two steps, so a symlink swapped in between could still be
@@ -26,6 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from orchestra_sup.custodian.workspace import _CappedResult, _git, _git_capped
 from orchestra_sup.errors import ErrorCode, GitError, PathEscape, RemoteError
+from orchestra_sup.protocol.names import from_wire, wire
 
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 """Default cap of `read_file`, in bytes (8 MiB)."""
@@ -122,7 +125,8 @@ def read_file(root: Path, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> dict
     """Read the regular file at workspace-relative `path` (symlinks inside the root followed).
 
     Returns `{"path": str, "size": int, "truncated": bool, "text": str}`:
-      * `path`: the normalised relative path (slash-separated);
+      * `path`: the normalised relative path (slash-separated; with `path_b64` when it is not
+        UTF-8, `protocol.names`);
       * `size`: the file's full size in bytes;
       * `truncated`: true when the file holds more than `max_bytes` bytes;
       * `text`: at most the first `max_bytes` bytes decoded as UTF-8, invalid bytes replaced by
@@ -155,7 +159,7 @@ def read_file(root: Path, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> dict
         os.close(fd)
     text = _decode(data, cut=truncated)
     return {
-        "path": _display(parts),
+        **wire("path", _display(parts)),
         "size": st.st_size,
         "truncated": truncated,
         "text": text,
@@ -166,10 +170,11 @@ def list_dir(root: Path, path: str = "") -> dict:
     """List the directory at workspace-relative `path` (default: the root).
 
     Returns `{"path": str, "entries": [{"name": str, "type": str, "size": int}, ...]}` with
-    entries sorted by name and any entry named `.git` (any case) left out. `type` is `"file"`,
-    `"dir"`, `"symlink"` or `"other"`, from `lstat` (a symlink is reported as such, never
-    followed). `size` is the `lstat` size in bytes: a file's length, a symlink's target-path
-    length, 0 for a directory. An entry that vanishes while listing is skipped.
+    entries sorted by name (their bytes) and any entry named `.git` (any case) left out; a name
+    that is not UTF-8 comes with `path_b64` or `name_b64` (`protocol.names`). `type` is
+    `"file"`, `"dir"`, `"symlink"` or `"other"`, from `lstat` (a symlink is reported as such,
+    never followed). `size` is the `lstat` size in bytes: a file's length, a symlink's
+    target-path length, 0 for a directory. An entry that vanishes while listing is skipped.
 
     Raises `PathEscape` for a path `resolve` refuses, `FileNotFoundError` if nothing is there,
     `NotADirectoryError` if it is not a directory.
@@ -185,22 +190,27 @@ def list_dir(root: Path, path: str = "") -> dict:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            entries.append(
-                {
-                    "name": entry.name,
-                    "type": _kind(st.st_mode),
-                    "size": _size(st.st_mode, st.st_size),
-                }
-            )
-    entries.sort(key=lambda e: e["name"])
-    return {"path": _display(parts), "entries": entries}
+            entries.append((os.fsencode(entry.name), entry.name, st))
+    entries.sort(key=lambda e: e[0])
+    return {
+        **wire("path", _display(parts)),
+        "entries": [
+            {
+                **wire("name", name),
+                "type": _kind(st.st_mode),
+                "size": _size(st.st_mode, st.st_size),
+            }
+            for _raw, name, st in entries
+        ],
+    }
 
 
 def stat(root: Path, path: str) -> dict:
     """Describe the entry at workspace-relative `path` without following a final symlink.
 
-    Returns `{"path": str, "type": str, "size": int, "mtime": float}`: `type` and `size` as in
-    `list_dir`; `mtime` is the modification time in seconds since the Unix epoch.
+    Returns `{"path": str, "type": str, "size": int, "mtime": float}`: `path` (and `path_b64`)
+    and `type` and `size` as in `list_dir`; `mtime` is the modification time in seconds since
+    the Unix epoch.
 
     Raises `PathEscape` for a path `resolve` refuses (including a symlink whose target is outside
     the root) and `FileNotFoundError` if nothing is there.
@@ -208,7 +218,7 @@ def stat(root: Path, path: str) -> dict:
     parts = _parts(path)
     st = os.lstat(_resolve(root, path, parts))
     return {
-        "path": _display(parts),
+        **wire("path", _display(parts)),
         "type": _kind(st.st_mode),
         "size": _size(st.st_mode, st.st_size),
         "mtime": st.st_mtime,
@@ -225,6 +235,21 @@ def _bad_request(message: str) -> RemoteError:
 def _check_limit(limit: int, maximum: int) -> None:
     if not 1 <= limit <= maximum:
         raise _bad_request(f"limit must be between 1 and {maximum}, got {limit}")
+
+
+def path_param(params: Mapping[str, str], *, required: bool = False) -> str:
+    """The request's path: `path_b64=` (its bytes in base64) or else `path=` (text), in the form
+    `os.fsdecode` gives (`protocol.names.from_wire`); `""` (the root) when neither is given.
+
+    Raises `RemoteError(BAD_REQUEST)` when `path_b64` is not base64, or `required` and neither
+    is given.
+    """
+    path = from_wire(params, "path")
+    if path is None:
+        if required:
+            raise _bad_request("missing parameter 'path' (or 'path_b64')")
+        return ""
+    return path
 
 
 def required_param(params: Mapping[str, str], name: str) -> str:
@@ -270,7 +295,7 @@ SEARCH_MAX_TEXT = 500
 def _sorted_entries(path: str) -> Iterator[os.DirEntry[str]]:
     try:
         with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
+            entries = sorted(it, key=lambda e: os.fsencode(e.name))
     except OSError:  # vanished, unreadable: nothing to search there
         entries = []
     return iter(entries)
@@ -337,7 +362,7 @@ class _Scan:
         data = head + rest
         if len(data) > SEARCH_MAX_FILE_BYTES:  # grew since fstat
             return
-        shown = display.as_posix()
+        shown = wire("path", display.as_posix())
         lines = data.decode("utf-8", errors="replace").split("\n")
         if lines[-1] == "":
             lines.pop()
@@ -348,7 +373,7 @@ class _Scan:
             if len(self.matches) >= self.limit:
                 self.truncated = True
                 return
-            self.matches.append({"path": shown, "line": number, "text": text[:SEARCH_MAX_TEXT]})
+            self.matches.append({**shown, "line": number, "text": text[:SEARCH_MAX_TEXT]})
 
 
 def search(
@@ -371,7 +396,7 @@ def search(
     "truncated": bool}`: match paths are workspace-relative, lines count from 1, `text` is the line
     cut to 500 characters. `truncated` is true when more than `limit` matches exist (the first
     `limit` are returned) or when the next file would take the bytes read past `max_total_bytes`
-    (64 MiB; the scan stops there).
+    (64 MiB; the scan stops there). A `path` that is not UTF-8 comes with `path_b64`.
 
     Raises `PathEscape` for a path `resolve` refuses, `FileNotFoundError` if nothing is there,
     `RemoteError(BAD_REQUEST)` for an invalid `pattern` or a `limit` outside 1..10_000.
@@ -393,7 +418,7 @@ def search(
     elif statmod.S_ISREG(st.st_mode):
         scan.file(str(target), pure, follow=True)
     return {
-        "path": _display(pure.parts),
+        **wire("path", _display(pure.parts)),
         "pattern": pattern,
         "matches": scan.matches,
         "truncated": scan.truncated,
@@ -419,9 +444,17 @@ _REV_SIDE = re.compile(r"[A-Za-z0-9_@][A-Za-z0-9_@./+^~{}-]*")
 
 # Readers only: no optional index refresh (`git diff` would otherwise rewrite .git/index when
 # file stat data changed, racing the custodian's own commits for index.lock), literal pathspecs
-# (no `:(glob)` or `:/` magic).
+# (no `:(glob)`, `:/` or `*` magic: a name is only ever itself, and it always comes after `--`,
+# so it is never an option either), and names in diff headers C-quoted whatever the user's
+# config says (`core.quotePath`: a name that is not UTF-8 stays exact in the text).
 _READ_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_LITERAL_PATHSPECS": "1"}
-_READ_CONFIG = ("-c", "diff.autoRefreshIndex=false")
+_READ_CONFIG = (
+    "-c",
+    "diff.autoRefreshIndex=false",
+    "-c",
+    "core.quotePath=true",
+    "--literal-pathspecs",
+)
 
 
 def _rev_sides(rev: str) -> list[str]:
@@ -506,7 +539,9 @@ async def diff(root: Path, path: str = "", rev: str = "HEAD") -> dict:
     diff drivers, textconv filters and colour are off; the index is never refreshed or written.
 
     Returns `{"path": str, "rev": str, "diff": str, "truncated": bool}`: `diff` is the output
-    decoded as UTF-8 (invalid bytes replaced), cut to its first 8 MiB when `truncated`.
+    decoded as UTF-8 (invalid bytes replaced), cut to its first 8 MiB when `truncated`; names in
+    its headers are git's C-quoted form for anything but printable ASCII (`"caf\\351.txt"`),
+    so they are exact. A `path` that is not UTF-8 comes with `path_b64`.
 
     Raises `PathEscape` for a path `resolve` refuses, `RemoteError(BAD_REQUEST)` for a refused
     `rev` (see `_rev_sides`), `RemoteError(NOT_FOUND)` when it names no commit, `GitError` if git
@@ -526,7 +561,7 @@ async def diff(root: Path, path: str = "", rev: str = "HEAD") -> dict:
     ]
     res = await _read_git(root, args, DIFF_MAX_BYTES)
     return {
-        "path": _display(pure.parts),
+        **wire("path", _display(pure.parts)),
         "rev": rev,
         "diff": _decode(res.stdout, cut=res.truncated),
         "truncated": res.truncated,
@@ -579,7 +614,7 @@ async def log(
         for i in range(0, whole * 4, 4)
     ]
     return {
-        "path": _display(pure.parts),
+        **wire("path", _display(pure.parts)),
         "rev": rev,
         "commits": commits,
         "truncated": res.truncated,

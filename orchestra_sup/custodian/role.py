@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,13 @@ READ_CONCURRENCY = 8
 """Slow read tools (`search`, `diff`, `log`) served at once; more wait their turn (a coordinator
 cannot fan out unbounded IO)."""
 
-INLINE_TOOLS: dict[str, Callable[[Path, Mapping[str, str]], Any]] = {
-    "read_file": lambda root, p: readtools.read_file(root, readtools.required_param(p, "path")),
-    "list_dir": lambda root, p: readtools.list_dir(root, p.get("path", "")),
-    "stat": lambda root, p: readtools.stat(root, readtools.required_param(p, "path")),
+INLINE_TOOLS: dict[str, Callable[[Path, str], Any]] = {
+    "read_file": readtools.read_file,
+    "list_dir": readtools.list_dir,
+    "stat": readtools.stat,
 }
-"""Read tools answered on the front thread: bounded filesystem work, no subprocess."""
+"""Read tools answered on the front thread: bounded filesystem work, no subprocess. Each takes
+the workspace root and the request's path (`readtools.path_param`; `list_dir`'s may be empty)."""
 
 
 class Custodian:
@@ -72,8 +73,9 @@ class Custodian:
         if not isinstance(body, f.ToolCall) or body.tool not in INLINE_TOOLS:
             return None
         assert self.workspace is not None
-        with _typed_errors(body.params.get("path", "")):
-            return f.ToolResult(value=INLINE_TOOLS[body.tool](self.workspace.root, body.params))
+        path = readtools.path_param(body.params, required=body.tool != "list_dir")
+        with _typed_errors(path):
+            return f.ToolResult(value=INLINE_TOOLS[body.tool](self.workspace.root, path))
 
     def load(self) -> int:
         return self._busy
@@ -183,7 +185,7 @@ class Custodian:
         assert self.workspace is not None
         root = self.workspace.root
         params = call.params
-        path = params.get("path", "")
+        path = readtools.path_param(params)
         awaited: dict[str, Callable[[], Awaitable[Any]]] = {
             # a child process: a catastrophic regex must not freeze this loop (searchproc.py)
             "search": lambda: searchproc.search(

@@ -11,6 +11,7 @@ past it the child is killed and the caller gets a typed `timeout` error naming t
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,8 @@ SEARCH_TIMEOUT_S = 10.0
 
 
 class _Request(msgspec.Struct):
-    root: str
-    path: str
+    root: bytes  # bytes, as the file system has them: a name need not be UTF-8
+    path: bytes
     pattern: str
     limit: int
 
@@ -49,7 +50,7 @@ async def search(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    request = msgspec.json.encode(_Request(str(root), path, pattern, limit))
+    request = msgspec.json.encode(_Request(os.fsencode(root), os.fsencode(path), pattern, limit))
     try:
         async with asyncio.timeout(timeout_s):
             out, _ = await proc.communicate(request)
@@ -80,12 +81,13 @@ async def search(
 
 def main() -> None:
     req = msgspec.json.decode(sys.stdin.buffer.read(), type=_Request)
+    root, path = Path(os.fsdecode(req.root)), os.fsdecode(req.path)
     try:
-        reply = _Reply(value=readtools.search(Path(req.root), req.path, req.pattern, req.limit))
-    except PathEscape as exc:
-        reply = _Reply(code="path_escape", message=str(exc))
-    except FileNotFoundError as exc:
-        reply = _Reply(code="not_found", message=str(exc))
+        reply = _Reply(value=readtools.search(root, path, req.pattern, req.limit))
+    except PathEscape:
+        reply = _Reply(code="path_escape")  # the caller raises its own, naming the path
+    except FileNotFoundError:
+        reply = _Reply(code="not_found")
     except RemoteError as exc:
         reply = _Reply(code=str(exc.code), message=exc.message)
     sys.stdout.buffer.write(msgspec.json.encode(reply))

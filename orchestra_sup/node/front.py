@@ -31,13 +31,14 @@ import logging
 import threading
 from collections.abc import Callable
 
+import msgspec
 import zmq
 
-from orchestra_sup.errors import ErrorCode, ProtocolError
+from orchestra_sup.errors import ProtocolError
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
-from orchestra_sup.protocol.endpoint import error_frame
+from orchestra_sup.protocol.endpoint import error_frame, internal_error, unexpected
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ STOP_ID = b"\0front-stop"
 Serve = Callable[[f.Envelope], f.Body | None]
 """Called on the front's thread with a request for this generation: the reply body, or None to
 leave the request to the node's loop. An exception it raises is answered with the `Error` frame
-it maps to (`endpoint.error_frame`)."""
+it maps to (`endpoint.error_frame`); an unexpected one, and a body that cannot be encoded, are
+answered `internal` (`endpoint.internal_error`), counted and logged."""
 
 
 class Front:
@@ -65,7 +67,8 @@ class Front:
     `start`, stops the thread and returns once it has exited. `on_crash()` is called on
     the front's thread if it ever dies of an unexpected error (the node then stops, so its
     supervisor restarts it, rather than go on deaf). Counters: `answered` (requests `serve`
-    answered), `forwarded` (frames passed to the loop).
+    answered), `forwarded` (frames passed to the loop), `internal_errors` (requests answered
+    `internal`: `serve` raised an unexpected exception, or its reply could not be encoded).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Front:
         self._thread = threading.Thread(target=self._run, name=f"{name}-front", daemon=True)
         self.answered = 0
         self.forwarded = 0
+        self.internal_errors = 0
 
     def start(self, public: str) -> None:
         curve.bind(self.router, public)  # refuses tcp:// (no keys): ADR 0012
@@ -151,9 +155,9 @@ class Front:
         try:
             body = self.serve(env)
         except Exception as exc:
+            if unexpected(exc):
+                self._failed(env, exc, "in serve")
             body = error_frame(exc)
-            if body.code is ErrorCode.INTERNAL:
-                log.exception("%s: serving %s failed", self.name, type(env.body).__name__)
         if body is None:
             return False
         reply = f.Envelope(
@@ -166,9 +170,19 @@ class Front:
             dest_gen=None,
             body=body,
         )
+        try:
+            data = self.codec.encode(reply)
+        except Exception as exc:  # e.g. a file name that is not UTF-8, left in a str
+            self._failed(env, exc, f"encoding its {type(body).__name__} reply")
+            data = self.codec.encode(msgspec.structs.replace(reply, body=internal_error(exc)))
         self.answered += 1  # before the reply leaves: whoever got it can count on the count
-        self._send([parts[0], self.codec.encode(reply)])
+        self._send([parts[0], data])
         return True
+
+    def _failed(self, env: f.Envelope, exc: Exception, doing: str) -> None:
+        self.internal_errors += 1
+        what = type(env.body).__name__
+        log.error("%s: serving %s failed %s", self.name, what, doing, exc_info=exc)
 
     def _send(self, parts: list[bytes]) -> None:
         try:

@@ -93,6 +93,12 @@ class Role(Protocol):
         """Stop the role's work and flush its state; called once on SIGTERM."""
 
 
+async def debug_raise(name: str) -> f.Body:
+    """The work of a `raise_in_task` debug hook: a task serving a request that raises."""
+    await asyncio.sleep(0)
+    raise RuntimeError(f"debug hook: a task of {name} serving a request raises")
+
+
 class Node:
     """The child side of the tree. See the module docstring for the lifecycle."""
 
@@ -287,9 +293,14 @@ class Node:
 
     def beat(self) -> f.Heartbeat:
         """This node's heartbeat now: loop lag (window figures and histogram), relay round
-        trips, the role's lanes, inbox and write-behind figures, refused frames."""
+        trips, the role's lanes, inbox and write-behind figures, refused frames, requests
+        answered `internal`."""
         stale, bad = self.refused()
         role = self.role
+        eps = (self.server, self.control, *self._links.values())
+        internal = sum(ep.internal_errors for ep in eps)
+        if self.front is not None:
+            internal += self.front.internal_errors
         store = role.persistence()
         lag = None
         if self.lag.samples:  # before its first sample a loop has no figures, not zeros
@@ -301,6 +312,7 @@ class Node:
             load=role.load(),
             stale_frames=stale,
             bad_frames=bad,
+            internal_errors=internal,
             loop_lag=self.lag.buckets.frame() if lag is not None else None,
             relay=self.relay.frame() if self.relay is not None else None,
             lanes=role.lanes_by_state(),
@@ -385,6 +397,11 @@ class Node:
         """Fault injection for tests; off unless the tree runs with ORCHESTRA_SUP_DEBUG_HOOKS=1."""
         if os.environ.get("ORCHESTRA_SUP_DEBUG_HOOKS") != "1":
             ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message="debug hooks are off"))
+            return
+        if hook.action == "raise":
+            raise RuntimeError(f"debug hook: {self.name}'s handler raises")
+        if hook.action == "raise_in_task":
+            self.answer(ep, peer, env, debug_raise(self.name))
             return
         ep.reply(env, peer, f.Ack())
         if hook.action == "ignore_sigterm":

@@ -1,7 +1,8 @@
 """Encoding and strict decoding of `Envelope` frames.
 
 One encoder and one typed decoder are built once per process and shared by every socket.
-Decoding is strict: garbage bytes, an unknown tag, a wrong field type, an oversized frame or a
+Decoding is strict: garbage bytes, an unknown tag, a wrong field type, an oversized frame, a
+value nested too deeply to decode (a `ToolResult` of 100,000 nested arrays is 100 KB) or a
 version outside our range raise `ProtocolError` with a stable code, so a receiver can answer
 and go on.
 """
@@ -43,6 +44,8 @@ class Codec:
             env = self._decoder.decode(data)
         except msgspec.DecodeError as exc:
             raise ProtocolError(ErrorCode.BAD_FRAME, str(exc)) from exc
+        except RecursionError:  # msgspec's answer to arrays or maps nested past the stack
+            raise ProtocolError(ErrorCode.BAD_FRAME, "frame nested too deeply") from None
         if not PROTOCOL_MIN <= env.v <= PROTOCOL_MAX:
             raise ProtocolError(
                 ErrorCode.VERSION_SKEW,

@@ -43,6 +43,7 @@ import zmq
 from orchestra_sup.errors import (
     CallTimeout,
     ErrorCode,
+    OrchestraError,
     PeerDown,
     ProtocolError,
     RemoteError,
@@ -140,7 +141,9 @@ class Endpoint:
     `[peer routing id, frame]` like a ROUTER: the handler gets the peer, replies go back to it,
     and an undecodable frame is answered. Counters `bad_frames`, `stale_frames` (requests meant
     for another generation, `Envelope.dest_gen`) and `stale_replies` count what was refused or
-    dropped. Construction does not touch the loop; `start()` must be called from the loop thread.
+    dropped, and `internal_errors` the requests answered `internal` because serving them raised
+    an unexpected exception (`failed`). Construction does not touch the loop; `start()` must be
+    called from the loop thread.
 
     `caller` is the sender's `Caller` while a `needs_caller` handler runs (None when
     its connection has none); it is None at every other time and on every other endpoint, so a
@@ -183,6 +186,7 @@ class Endpoint:
         self.bad_frames = 0
         self.stale_frames = 0
         self.stale_replies = 0
+        self.internal_errors = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -265,11 +269,27 @@ class Endpoint:
         return msg_id
 
     def reply(self, request: f.Envelope, peer: bytes | None, body: f.Body) -> None:
-        """Answer `request`; a peer that has gone away is logged and forgotten."""
+        """Answer `request`; a peer that has gone away is logged and forgotten. Never raises: a
+        body that cannot be sent for another reason (one that cannot be encoded, such as a str
+        holding a lone surrogate from a file name) is answered as `failed` says instead."""
         try:
             self.send(body, to=peer, corr=request.id)
         except PeerDown:
             log.info("%s: reply to %s dropped, peer gone", self.name, request.sender)
+        except Exception as exc:
+            self.failed(request, peer, exc, f"sending its {type(body).__name__} reply")
+
+    def failed(self, request: f.Envelope, peer: bytes | None, exc: Exception, doing: str) -> None:
+        """`exc`, an unexpected exception, was raised serving `request` (`doing` says where, as
+        "in its handler"): count it in `internal_errors`, log it with its traceback, and answer
+        `request` with `internal_error(exc)`. Never raises; a peer gone is logged and forgotten."""
+        self.internal_errors += 1
+        what = type(request.body).__name__
+        log.error("%s: serving %s failed %s", self.name, what, doing, exc_info=exc)
+        try:
+            self.send(internal_error(exc), to=peer, corr=request.id)
+        except Exception as again:  # gone, or the socket closed under us: nobody to tell
+            log.info("%s: internal error reply to %s dropped: %s", self.name, request.sender, again)
 
     async def request(
         self,
@@ -382,8 +402,7 @@ class Endpoint:
         try:
             self.handler(self, peer, env)
         except Exception as exc:  # a handler bug must not stop the loop for everyone else
-            log.exception("%s: handler failed on %s", self.name, type(env.body).__name__)
-            self.reply(env, peer, f.Error(code=ErrorCode.INTERNAL, message=repr(exc)))
+            self.failed(env, peer, exc, "in its handler")
 
 
 class _Expired(Exception):
@@ -410,16 +429,45 @@ async def reply_when_done(
     ep: Endpoint, peer: bytes | None, request: f.Envelope, work: Awaitable[f.Body]
 ) -> None:
     """Await `work` (off the receive loop, in a task the caller owns) and answer `request` with
-    its result, or with the `Error` frame its exception maps to."""
+    its result, or with the `Error` frame its exception maps to (`error_frame`); an unexpected
+    one is counted and logged as well (`Endpoint.failed`). Never raises but `CancelledError`."""
     try:
         body = await work
     except Exception as exc:
+        if unexpected(exc):
+            ep.failed(request, peer, exc, "in the task serving it")
+            return
         body = error_frame(exc)
     ep.reply(request, peer, body)
 
 
+INTERNAL_MESSAGE_MAX = 2000
+"""An `internal` error's message is cut to this many characters."""
+
+
+def unexpected(exc: BaseException) -> bool:
+    """True for an exception nothing raises on purpose: not an `OrchestraError` (a bug, or an
+    input nobody foresaw). `error_frame` answers it `internal`, naming its type."""
+    return not isinstance(exc, OrchestraError)
+
+
+def internal_error(exc: BaseException) -> f.Error:
+    """The `internal` Error answering unexpected `exc`: message `"<type>: <str(exc)>"`, cut to
+    `INTERNAL_MESSAGE_MAX` characters, with what UTF-8 cannot carry (a lone surrogate) escaped,
+    so this frame itself always encodes."""
+    message = f"{type(exc).__name__}: {exc}"
+    if len(message) > INTERNAL_MESSAGE_MAX:
+        message = message[: INTERNAL_MESSAGE_MAX - 3] + "..."
+    return f.Error(code=ErrorCode.INTERNAL, message=_encodable(message))
+
+
 def error_frame(exc: BaseException) -> f.Error:
-    """Map an exception raised while serving a request to the `Error` frame that answers it."""
+    """Map an exception raised while serving a request to the `Error` frame that answers it:
+    its own `code` (an `OrchestraError` that has one), `peer_down`, `timeout`, `internal` for
+    any other `OrchestraError` (its message as is); an unexpected one is `internal_error`.
+    The message never holds a character UTF-8 cannot carry."""
+    if unexpected(exc):
+        return internal_error(exc)
     code: Any = getattr(exc, "code", None)
     if isinstance(exc, PeerDown):
         code = ErrorCode.PEER_DOWN
@@ -427,4 +475,10 @@ def error_frame(exc: BaseException) -> f.Error:
         code = ErrorCode.TIMEOUT
     if not isinstance(code, ErrorCode):
         code = ErrorCode.INTERNAL
-    return f.Error(code=code, message=str(exc))
+    return f.Error(code=code, message=_encodable(str(exc)))
+
+
+def _encodable(text: str) -> str:
+    """`text` with every lone surrogate (what `os.fsdecode` makes of a byte that is not UTF-8)
+    written as its `\\udcXX` escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -231,6 +231,9 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     bad_frames: int = 0
     """Frames it refused as undecodable (garbage, oversized, unknown tag, wrong type or
     protocol version) on any of its sockets, from its last heartbeat."""
+    internal_errors: int = 0
+    """Requests it answered `internal` (an unexpected exception serving them), from its last
+    heartbeat."""
     relay_ms: tuple[float, float, float] | None = None
     """(p50, p99, max) of the coordinator's relay round trips in milliseconds, from its last
     heartbeat's histogram (bucket upper bounds, so an upper estimate); None elsewhere."""
@@ -360,6 +363,10 @@ class Heartbeat(Frame, tag="heartbeat"):
     were meant for another generation of this child (`Envelope.dest_gen`)."""
     bad_frames: int = 0
     """Frames refused so far as undecodable (`Endpoint.bad_frames` over all its sockets)."""
+    internal_errors: int = 0
+    """Requests answered `internal` so far: serving them raised an unexpected exception, or
+    their reply could not be encoded (`Endpoint.internal_errors` over all its sockets, and its
+    front's)."""
     loop_lag: Histogram | None = None
     """Every loop-lag sample since the process started, in seconds."""
     relay: Histogram | None = None
@@ -594,6 +601,9 @@ class StatusReply(Frame, tag="status_reply"):
     identity) plus tcp peers refused at the CURVE handshake (no CURVE, an unknown key)."""
     bad_frames: int = 0
     """Frames the supervisor itself refused as undecodable on its control and ctl sockets."""
+    internal_errors: int = 0
+    """Requests the supervisor itself answered `internal` (an unexpected exception serving
+    them) on its control and ctl sockets."""
     stale_frames: int = 0
     """Frames the supervisor refused as meant for another generation of it (`dest_gen`)."""
     isolation: str = ""
@@ -719,20 +729,25 @@ class BenchSamples(Frame, tag="bench_samples"):
     samples_us: list[float]
 
 
+DebugAction = Literal["block_loop", "ignore_sigterm", "raise", "raise_in_task"]
+
+
 class CtlDebug(Frame, tag="ctl_debug"):
     """Fault injection for tests, refused unless the tree runs with ORCHESTRA_SUP_DEBUG_HOOKS=1:
     `block_loop` blocks child `name`'s event loop for `seconds`; `ignore_sigterm` makes it
-    ignore SIGTERM from then on."""
+    ignore SIGTERM from then on; `raise` makes the handler serving this request raise
+    `RuntimeError`, `raise_in_task` the task serving it (answered `internal`, as any bug). `name`
+    "supervisor" takes the two `raise` actions, served by the supervisor itself."""
 
     name: str
-    action: Literal["block_loop", "ignore_sigterm"]
+    action: DebugAction
     seconds: float = 0.0
 
 
 class DebugHook(Frame, tag="debug_hook"):
     """`CtlDebug` as the supervisor forwards it to the child."""
 
-    action: Literal["block_loop", "ignore_sigterm"]
+    action: DebugAction
     seconds: float = 0.0
 
 

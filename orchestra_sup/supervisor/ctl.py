@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 import msgspec
 
 from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.node.runtime import debug_raise
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import (
     Caller,
@@ -150,6 +151,13 @@ class CtlService:
                 self._answer(ep, peer, env, self._lanes(env.ttl_s))
             case f.CtlLogs():
                 self._answer(ep, peer, env, self._logs(body, env.ttl_s))
+            case f.CtlDebug(name="supervisor", action="raise") if self.sup.debug_hooks:
+                raise RuntimeError("debug hook: the supervisor's ctl handler raises")
+            case f.CtlDebug(name="supervisor", action="raise_in_task") if self.sup.debug_hooks:
+                self._answer(ep, peer, env, debug_raise("supervisor"))
+            case f.CtlDebug(name="supervisor") if self.sup.debug_hooks:
+                message = f"debug action {body.action} is for children, not the supervisor"
+                ep.reply(env, peer, f.Error(code=ErrorCode.BAD_REQUEST, message=message))
             case f.CtlDebug(name=name) if self.sup.debug_hooks and name in self.sup.by_name:
                 self._answer(
                     ep,
@@ -191,6 +199,9 @@ class CtlService:
             ctl_refused=self.sup.ctl_refused(),
             bad_frames=sum(ep.bad_frames for ep in (self.sup.control, self.sup.ctl) if ep),
             stale_frames=sum(ep.stale_frames for ep in (self.sup.control, self.sup.ctl) if ep),
+            internal_errors=sum(
+                ep.internal_errors for ep in (self.sup.control, self.sup.ctl, self.sup.remote) if ep
+            ),
             isolation=effective(self.sup.settings.isolation).mode,
             metrics_url=self.sup.metrics_url,
         )

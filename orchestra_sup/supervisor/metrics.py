@@ -10,7 +10,7 @@ What is exposed (every name `orchestra_sup_*`, units in the names):
   `loop_lag_seconds` (histogram of every event-loop lag sample since the process started),
   `persist_queue_rows` and `persist_batch_rows` (the write-behind queue's depth, and a histogram
   of writes per transaction; processes with a store only), `bad_frames_total`,
-  `stale_frames_total`;
+  `stale_frames_total`, `internal_errors_total` (requests answered `internal`);
 - `relay_seconds`: histogram of the coordinator's relay round trips (its calls to the custodian
   and the shards), send to answer;
 - `lanes` (labels `shard`, `state`): each shard's live lanes by state;
@@ -96,6 +96,7 @@ class TreeSample:
     ctl_refused: int
     bad_frames: int
     stale_frames: int
+    internal_errors: int = 0
 
 
 def sample(sup: RootSupervisor) -> TreeSample:
@@ -118,6 +119,7 @@ def sample(sup: RootSupervisor) -> TreeSample:
         ctl_refused=sup.ctl_refused(),
         bad_frames=sum(ep.bad_frames for ep in (sup.control, sup.ctl) if ep),
         stale_frames=sum(ep.stale_frames for ep in (sup.control, sup.ctl) if ep),
+        internal_errors=sum(ep.internal_errors for ep in (sup.control, sup.ctl, sup.remote) if ep),
     )
 
 
@@ -181,6 +183,11 @@ def families(tree: TreeSample) -> list[Metric]:
         "Frames a process refused as meant for, or sent by, another generation.",
         labels=process,
     )
+    internal = CounterMetricFamily(
+        "orchestra_sup_internal_errors",
+        "Requests a process answered internal: an unexpected exception serving them.",
+        labels=process,
+    )
     ctl_refused = CounterMetricFamily(
         "orchestra_sup_ctl_refused",
         "Ctl requests refused as forbidden, and remote peers refused at the CURVE handshake.",
@@ -189,6 +196,7 @@ def families(tree: TreeSample) -> list[Metric]:
     _histogram(loop_lag, [SUPERVISOR], tree.loop_lag)
     bad.add_metric([SUPERVISOR], tree.bad_frames)
     stale.add_metric([SUPERVISOR], tree.stale_frames)
+    internal.add_metric([SUPERVISOR], tree.internal_errors)
     ctl_refused.add_metric([], tree.ctl_refused)
     for c in tree.children:
         restarts.add_metric([c.name], c.restarts)
@@ -211,6 +219,7 @@ def families(tree: TreeSample) -> list[Metric]:
         _histogram(batches, [c.name], beat.persist_batches)
         bad.add_metric([c.name], beat.bad_frames)
         stale.add_metric([c.name], beat.stale_frames)
+        internal.add_metric([c.name], beat.internal_errors)
     return [
         restarts,
         operator,
@@ -225,6 +234,7 @@ def families(tree: TreeSample) -> list[Metric]:
         batches,
         bad,
         stale,
+        internal,
         ctl_refused,
     ]
 

@@ -668,10 +668,11 @@ class RootSupervisor:
     def _beat_info(beat: f.Heartbeat | None) -> dict[str, Any]:
         """`ChildInfo`'s fields from a child's last heartbeat: relay (p50, p99, max) in ms
         estimated from its histogram (`histogram.figures_ms`: bucket upper bounds), lanes by
-        state, inbox and write-behind depths."""
+        state, inbox and write-behind depths, requests answered `internal`."""
         if beat is None:
             return {}
         return {
+            "internal_errors": beat.internal_errors,
             "relay_ms": figures_ms(beat.relay),
             "lanes": dict(beat.lanes),
             "inbox_depth": beat.inbox_depth,

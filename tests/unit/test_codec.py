@@ -187,6 +187,10 @@ BAD_INPUTS: dict[str, bytes] = {
     "unknown_error_code": _raw_envelope({"t": "error", "code": "no_such_code", "message": "m"}),
     "version_not_int": _raw_envelope({"t": "ack"}, v="1"),
     "trailing_bytes": Codec().encode(_envelope(f.Ack())) + b"\x00",
+    # 100,000 one-element arrays around a nil (100 KB): msgspec raises RecursionError
+    "nested_too_deep": _raw_envelope({"t": "tool_result", "value": None})[:-1]
+    + b"\x91" * 100_000
+    + b"\xc0",
 }
 
 

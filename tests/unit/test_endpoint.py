@@ -20,6 +20,7 @@ import zmq
 from orchestra_sup.errors import (
     CallTimeout,
     ErrorCode,
+    GitError,
     PeerDown,
     ProtocolError,
     RemoteError,
@@ -33,6 +34,7 @@ from orchestra_sup.protocol.endpoint import (
     frame_caller,
     needs_caller,
     parse_peer_address,
+    reply_when_done,
 )
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
@@ -554,15 +556,94 @@ def test_handler_exception_is_answered_internal_and_serving_continues() -> None:
                     raise RuntimeError("handler bug")
                 return f.Ack()
 
-            net.router(_replying(answer))
+            router = net.router(_replying(answer))
             dealer = net.dealer("d1")
             with pytest.raises(RemoteError) as info:
                 async with asyncio.timeout(DEADLINE_S):
                     await dealer.request(f.CtlStop(), timeout_s=DEADLINE_S)
             assert info.value.code is ErrorCode.INTERNAL
-            assert "handler bug" in info.value.message
+            assert info.value.message == "RuntimeError: handler bug"
+            assert router.internal_errors == 1
             async with asyncio.timeout(DEADLINE_S):
                 assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+            assert router.internal_errors == 1
+
+    _run(main)
+
+
+UNENCODABLE = f.ToolResult(value={"name": "caf\udce9.txt"})
+"""A reply msgpack cannot encode: the str `os.fsdecode` makes of the name b"caf\xe9.txt"."""
+
+
+def test_a_reply_that_cannot_be_encoded_is_answered_internal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler whose reply cannot be encoded (a lone surrogate) gets its request answered
+    `internal` naming `UnicodeEncodeError`, counted and logged, and serving goes on."""
+
+    async def main() -> None:
+        async with _net() as net:
+
+            def answer(env: f.Envelope) -> f.Body:
+                return UNENCODABLE if isinstance(env.body, f.CtlStop) else f.Ack()
+
+            router = net.router(_replying(answer))
+            dealer = net.dealer("d1")
+            with pytest.raises(RemoteError) as info:
+                async with asyncio.timeout(DEADLINE_S):
+                    await dealer.request(f.CtlStop(), timeout_s=DEADLINE_S)
+            assert info.value.code is ErrorCode.INTERNAL
+            assert info.value.message.startswith("UnicodeEncodeError: ")
+            assert router.internal_errors == 1
+            async with asyncio.timeout(DEADLINE_S):
+                assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+
+    _run(main)
+    assert "serving CtlStop failed sending its ToolResult reply" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("work", "code", "message", "counted"),
+    [
+        (ValueError("task bug"), ErrorCode.INTERNAL, "ValueError: task bug", 1),
+        (UNENCODABLE, ErrorCode.INTERNAL, "UnicodeEncodeError: ", 1),
+        (RemoteError(ErrorCode.NOT_FOUND, "no such thing"), ErrorCode.NOT_FOUND, "no such", 0),
+        (GitError(["diff"], 1, "fatal: caf\udce9"), ErrorCode.GIT, "git diff failed: fatal", 0),
+    ],
+    ids=["exception", "unencodable", "typed", "typed-surrogate"],
+)
+def test_a_task_serving_a_request_answers_whatever_it_raises(
+    work: BaseException | f.Body, code: ErrorCode, message: str, counted: int
+) -> None:
+    """`reply_when_done` answers an unexpected exception of its work (or a result that cannot
+    be encoded) `internal` with the exception's type, and counts it; a typed error keeps its
+    code, uncounted, its message made encodable."""
+
+    async def serve() -> f.Body:
+        await asyncio.sleep(0)
+        if isinstance(work, BaseException):
+            raise work
+        return work
+
+    async def main() -> None:
+        async with _net() as net:
+            tasks: set[asyncio.Task[None]] = set()
+
+            def handler(ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+                task = asyncio.get_running_loop().create_task(
+                    reply_when_done(ep, peer, env, serve())
+                )
+                tasks.add(task)
+
+            router = net.router(handler)
+            dealer = net.dealer("d1")
+            with pytest.raises(RemoteError) as info:
+                async with asyncio.timeout(DEADLINE_S):
+                    await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S)
+            assert info.value.code is code
+            assert info.value.message.startswith(message)
+            assert router.internal_errors == counted
+            assert all(task.done() and task.exception() is None for task in tasks)
 
     _run(main)
 

@@ -67,6 +67,9 @@ class Rig:
             return f.ToolResult(value={"path": body.params["path"]})
         if isinstance(body, f.ToolCall) and body.tool == "boom":
             raise RuntimeError("a bug in serve")
+        if isinstance(body, f.ToolCall) and body.tool == "list_dir":
+            # what os.scandir gives for the name b"caf\xe9.txt": msgpack cannot encode it
+            return f.ToolResult(value={"entries": [{"name": "caf\udce9.txt"}]})
         return None
 
     def send(self, body: f.Body, *, msg_id: str = "c.1.1", dest_gen: int | None = 1) -> None:
@@ -120,6 +123,25 @@ def test_serve_errors_are_typed_error_frames(rig: Rig) -> None:
     rig.send(f.ToolCall(tool="boom"))
     bug = rig.recv().body
     assert isinstance(bug, f.Error) and bug.code is ErrorCode.INTERNAL
+    assert bug.message == "RuntimeError: a bug in serve"
+    assert rig.front.internal_errors == 1  # the typed error is not counted
+    rig.send(f.ToolCall(tool="stat", params={"path": "a"}))
+    assert rig.recv().body == f.ToolResult(value={"path": "a"})
+
+
+def test_a_reply_that_cannot_be_encoded_is_internal_and_the_front_lives(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A body `serve` returns that cannot be encoded (a lone surrogate from a file name that is
+    not UTF-8) is answered `internal` naming `UnicodeEncodeError`, counted and logged; the
+    thread goes on serving (on main it died, and its node with it)."""
+    rig.send(f.ToolCall(tool="list_dir"), msg_id="c.1.9")
+    reply = rig.recv()
+    assert reply.corr == "c.1.9" and isinstance(reply.body, f.Error)
+    assert reply.body.code is ErrorCode.INTERNAL
+    assert reply.body.message.startswith("UnicodeEncodeError: ")
+    assert rig.front.internal_errors == 1
+    assert "serving ToolCall failed encoding its ToolResult reply" in caplog.text
     rig.send(f.ToolCall(tool="stat", params={"path": "a"}))
     assert rig.recv().body == f.ToolResult(value={"path": "a"})
 

@@ -77,6 +77,7 @@ def fixed_tree() -> TreeSample:
         persist_batches=frame(BATCH_BOUNDS_ROWS, 1, 3, 3),
         bad_frames=4,
         stale_frames=1,
+        internal_errors=6,
     )
     coordinator_beat = f.Heartbeat(
         loop_lag=frame(LOOP_LAG_BOUNDS_S, 0.0002),
@@ -122,6 +123,7 @@ def fixed_tree() -> TreeSample:
         ctl_refused=3,
         bad_frames=0,
         stale_frames=2,
+        internal_errors=5,
     )
 
 
@@ -194,11 +196,14 @@ def test_lanes_inbox_and_persistence(scraped: dict) -> None:
 
 
 def test_refusal_counters(scraped: dict) -> None:
-    """ctl refusals, and bad and stale frames per process (the supervisor's own included)."""
+    """ctl refusals, bad and stale frames and internal errors per process (the supervisor's
+    own included)."""
     assert scraped[("orchestra_sup_ctl_refused_total", ())] == 3
     assert scraped[("orchestra_sup_bad_frames_total", (("process", "shard-0"),))] == 4
     assert scraped[("orchestra_sup_stale_frames_total", (("process", "supervisor"),))] == 2
     assert scraped[("orchestra_sup_stale_frames_total", (("process", "shard-0"),))] == 1
+    assert scraped[("orchestra_sup_internal_errors_total", (("process", "supervisor"),))] == 5
+    assert scraped[("orchestra_sup_internal_errors_total", (("process", "shard-0"),))] == 6
 
 
 # --- asking the loop, and serving ---------------------------------------------------------------

@@ -214,11 +214,13 @@ def test_status_says_what_was_refused_and_how_lanes_are_isolated() -> None:
         ctl_refused=3,
         bad_frames=2,
         stale_frames=1,
+        internal_errors=4,
         isolation="bwrap",
     )
     text = printed(lambda c: render.status_table(reply, c))
-    assert "refused frames stale/bad 1/2" in text
+    assert "refused frames stale/bad 1/2" in text and "internal errors 4" in text
     assert "ctl refused 3" in text and "isolation bwrap" in text
     sup = render.status_json(reply)["supervisor"]
     assert (sup["ctl_refused"], sup["bad_frames"], sup["stale_frames"]) == (3, 2, 1)
+    assert sup["internal_errors"] == 4
     assert sup["isolation"] == "bwrap"
