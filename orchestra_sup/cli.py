@@ -41,6 +41,7 @@ from orchestra_sup.errors import (
     TreeUnreachable,
     WorkspaceError,
 )
+from orchestra_sup.pathcheck import check_paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import (
     DEFAULT_CLIENT,
@@ -229,6 +230,15 @@ def start(
     logformat.configure(logformat.SUPERVISOR, 1, fmt)
 
     def prepare() -> tuple[Any, Any, RemoteCtl | None]:
+        check_paths(
+            {
+                "--config": config,
+                "--workspace": workspace,
+                "--state-dir": state_dir,
+                "--run-dir": run_dir,
+                "--keys": keys,
+            }
+        )
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
         settings = with_metrics(settings, metrics_port, metrics_on)
         paths = resolve_paths(state_dir, run_dir, workspace)
@@ -307,6 +317,16 @@ def run(
     from orchestra_sup.oneshot import private_tree, wait_plan
 
     def prepare() -> tuple[f.PlanSpec, Path, Path | None]:
+        tmp = None if state_dir else tempfile.gettempdir()  # where the state directory goes
+        check_paths(
+            {
+                "PLAN": plan,
+                "--workspace": workspace,
+                "--state-dir": state_dir,
+                "--config": config,
+                "temporary directory ($TMPDIR)": tmp,
+            }
+        )
         spec = load_plan(plan)
         load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
         paths = resolve_paths(state_dir or Path(tempfile.gettempdir()), None, workspace)
@@ -1373,6 +1393,7 @@ def systemd_unit(
     from orchestra_sup.unit import UnitSpec, installed_command, render
 
     def spec() -> UnitSpec:
+        check_paths({"--config": config, "--workspace": workspace})
         settings = load_settings(None)
         if config is not None and "%" not in config:
             settings = load_settings(Path(config))

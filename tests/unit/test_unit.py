@@ -253,3 +253,32 @@ def test_cli_bad_input_is_one_line(args: list[str], needle: str) -> None:
     proc = cli(*args)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+def injecting(tmp_path: Path) -> Path:
+    """A directory whose path holds a newline and a directive after it, with a valid config
+    file in it: what `systemd-unit` once wrote into the unit as a line of its own."""
+    where = tmp_path / f"ws\nExecStartPre=/bin/touch {tmp_path}/pwned"
+    where.mkdir(parents=True)
+    (where / "c.toml").write_text("[supervisor]\nwatchdog_s = 10.0\n")
+    return where
+
+
+@pytest.mark.parametrize(
+    ("option", "name"),
+    [("--workspace", None), ("--config", "c.toml"), ("--config", "missing.toml")],
+)
+def test_cli_refuses_a_path_that_would_inject_a_directive(
+    tmp_path: Path, option: str, name: str | None
+) -> None:
+    """`systemd-unit --workspace` / `--config` with a newline + `ExecStartPre=...` in the
+    path (a config there or not): status 2, one line naming the option and showing the path
+    escaped, no unit."""
+    where = injecting(tmp_path)
+    value = str(where if name is None else where / name)
+    proc = cli(option, value)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stdout
+    assert proc.stderr.splitlines() == [
+        f"orchestra-sup: {option} {value!r}: holds a control character "
+        f"(U+000A at index {value.index(chr(10))}); a path may not"
+    ]
