@@ -1373,7 +1373,8 @@ def systemd_unit(
         str | None,
         typer.Option(
             "--workspace",
-            help="The git repository the custodian owns (systemd specifiers allowed).",
+            help="The git repository the custodian owns (systemd specifiers allowed: a "
+            "literal % is written %%).",
         ),
     ] = None,
     config: Annotated[
@@ -1381,7 +1382,8 @@ def systemd_unit(
         typer.Option(
             "--config",
             help="The TOML config the unit starts with; it also sizes TimeoutStopSec= and "
-            "WatchdogSec= (systemd specifiers allowed: then the defaults size them).",
+            "WatchdogSec= (systemd specifiers allowed: then the defaults size them; a literal % "
+            "is written %%).",
         ),
     ] = None,
 ) -> None:
@@ -1408,7 +1410,7 @@ def systemd_unit(
             settings=settings,
         )
 
-    sys.stdout.write(render(guarded(spec)))
+    sys.stdout.write(guarded(lambda: render(spec())))
 
 
 def _unit_path(path: str | None) -> str | None:
