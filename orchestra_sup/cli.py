@@ -41,6 +41,7 @@ from orchestra_sup.errors import (
     TreeUnreachable,
     WorkspaceError,
 )
+from orchestra_sup.pathcheck import check_paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import (
     DEFAULT_CLIENT,
@@ -230,6 +231,15 @@ def start(
     logformat.configure(logformat.SUPERVISOR, 1, fmt)
 
     def prepare() -> tuple[Any, Any, RemoteCtl | None]:
+        check_paths(
+            {
+                "--config": config,
+                "--workspace": workspace,
+                "--state-dir": state_dir,
+                "--run-dir": run_dir,
+                "--keys": keys,
+            }
+        )
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
         settings = with_metrics(settings, metrics_port, metrics_on)
         paths = resolve_paths(state_dir, run_dir, workspace)
@@ -308,6 +318,16 @@ def run(
     from orchestra_sup.oneshot import private_tree, wait_plan
 
     def prepare() -> tuple[f.PlanSpec, Path, Path | None]:
+        tmp = None if state_dir else tempfile.gettempdir()  # where the state directory goes
+        check_paths(
+            {
+                "PLAN": plan,
+                "--workspace": workspace,
+                "--state-dir": state_dir,
+                "--config": config,
+                "temporary directory ($TMPDIR)": tmp,
+            }
+        )
         spec = load_plan(plan)
         load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
         paths = resolve_paths(state_dir or Path(tempfile.gettempdir()), None, workspace)
@@ -1362,7 +1382,8 @@ def systemd_unit(
         str | None,
         typer.Option(
             "--workspace",
-            help="The git repository the custodian owns (systemd specifiers allowed).",
+            help="The git repository the custodian owns (systemd specifiers allowed: a "
+            "literal % is written %%).",
         ),
     ] = None,
     config: Annotated[
@@ -1370,7 +1391,8 @@ def systemd_unit(
         typer.Option(
             "--config",
             help="The TOML config the unit starts with; it also sizes TimeoutStopSec= and "
-            "WatchdogSec= (systemd specifiers allowed: then the defaults size them).",
+            "WatchdogSec= (systemd specifiers allowed: then the defaults size them; a literal % "
+            "is written %%).",
         ),
     ] = None,
 ) -> None:
@@ -1382,6 +1404,7 @@ def systemd_unit(
     from orchestra_sup.unit import UnitSpec, installed_command, render
 
     def spec() -> UnitSpec:
+        check_paths({"--config": config, "--workspace": workspace})
         settings = load_settings(None)
         if config is not None and "%" not in config:
             settings = load_settings(Path(config))
@@ -1396,7 +1419,7 @@ def systemd_unit(
             settings=settings,
         )
 
-    sys.stdout.write(render(guarded(spec)))
+    sys.stdout.write(guarded(lambda: render(spec())))
 
 
 def _unit_path(path: str | None) -> str | None:

@@ -77,6 +77,7 @@ import msgspec
 from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.coordinator.quota import Quota
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.pathcheck import check_path
 from orchestra_sup.shards.isolation import MODES, IsolationSettings, resolve
 from orchestra_sup.shards.program import PROGRAM_PATTERN
 
@@ -512,12 +513,28 @@ def default_run_dir() -> Path:
     return Path(f"/tmp/orchestra-sup-{os.getuid()}")
 
 
-def resolve_paths(state_dir: Path | None, run_dir: Path | None, workspace: Path | None) -> Paths:
-    """Fill in defaults and make paths absolute.
+def _env_source(names: tuple[str, ...]) -> str | None:
+    """The first of the variables `names` that is set, as `$NAME`; None when none is."""
+    return next((f"${name}" for name in names if os.environ.get(name)), None)
 
-    Raises `ConfigError` when the run directory is too long for a socket path, the workspace is
-    missing or not a directory, the state directory is a file, or it lies inside the workspace.
+
+def resolve_paths(state_dir: Path | None, run_dir: Path | None, workspace: Path | None) -> Paths:
+    """Fill in defaults and make paths absolute. The paths given are the caller's to check
+    (`pathcheck.check_path`, naming its options); a default taken from the environment is
+    checked here.
+
+    Raises `ConfigError` when a default directory holds a control character or a line
+    separator (naming the variable it came from), the run directory is too long for a socket
+    path, the workspace is missing or not a directory, the state directory is a file, or it
+    lies inside the workspace.
     """
+    if run_dir is None:
+        where = _env_source(("ORCHESTRA_SUP_RUN_DIR", "RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"))
+        if where is not None:  # else /tmp/orchestra-sup-<uid>
+            check_path(f"run directory (from {where})", default_run_dir())
+    if state_dir is None:
+        where = _env_source(("STATE_DIRECTORY", "XDG_STATE_HOME")) or "$HOME"
+        check_path(f"state directory (from {where})", default_state_dir())
     run = (run_dir or default_run_dir()).absolute()
     longest = len(os.fsencode(run / "coordinator.ipc"))
     if longest > IPC_PATH_MAX:

@@ -16,6 +16,11 @@ The three variants:
   `%E/orchestra-sup/%i.toml` (`/etc` for the system manager, `$XDG_CONFIG_HOME` for a user's),
   state `orchestra-sup/%i`, run directory `orchestra-sup/%i`.
 
+Values: each one is written so that systemd reads it back as itself (`exec_word` in
+`ExecStart=`, `path_word` in `ReadWritePaths=`); one that no quoting can carry (a control
+character, which would end the line and start a directive of its own, text that is not UTF-8,
+a `%` that starts no specifier) is refused by `check`, naming the option.
+
 Sizes: `TimeoutStopSec=` is `stop_budget_s` (above the longest stop the tree can take) and
 `WatchdogSec=` is `watchdog_sec`, both from the config's `[supervisor]` and `[shards]` figures
 (defaults when there is no config, or its path holds a systemd specifier such as `%i`).
@@ -25,12 +30,15 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
 import msgspec
 
 from orchestra_sup.config import Settings
+from orchestra_sup.errors import ConfigError
+from orchestra_sup.pathcheck import check_text, shown
 from orchestra_sup.shards.cgroup import KILL_TIMEOUT_S
 from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S
 from orchestra_sup.supervisor.shape import SHARD_STOP_MARGIN_S
@@ -109,16 +117,79 @@ def watchdog_sec(settings: Settings) -> int:
     return math.ceil(max(WATCHDOG_FLOOR_S, 2 * settings.supervisor.watchdog_s))
 
 
-def quote(arg: str, specifiers: bool = False) -> str:
-    """`arg` as one word of a unit's command line or path list: `$` and `\\` and `"` escaped,
-    `%` doubled unless `specifiers` (then `%i` and the like are systemd's), double-quoted when
-    it holds whitespace or is empty."""
-    text = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
+_PLAIN = re.compile(r"[A-Za-z0-9/_.,:+=@%$-]+")
+"""A word that needs no quotes (its `%` and `$` are still doubled as they need)."""
+_SPECIFIER = re.compile(r"%(?:%|[A-Za-z])")
+_UNSAFE_PROGRAM = frozenset("\\\"'")
+
+
+def exec_word(arg: str, specifiers: bool = False) -> str:
+    """`arg` as an argument on an `ExecStart=` command line that systemd hands the program as
+    exactly `arg` (systemd.service(5) "Command lines", systemd.syntax(7) "Quoting"): `$`
+    doubled (no variable is expanded), `%` doubled unless `specifiers` (then `%i` and the like
+    are systemd's), and the word double-quoted with `\\` and `"` escaped when it holds
+    anything but letters, digits and `/_.,:+=@%$-` (whitespace, quotes, backslashes, `;`,
+    non-ASCII letters). `arg` must pass `check_value`."""
+    return _path_word(arg.replace("$", "$$"), specifiers)
+
+
+def program_word(path: str) -> str:
+    """The program's absolute `path` as the first word of an `ExecStart=` command line: as
+    `exec_word` quotes it, but `$` left alone (the program is never a variable, and systemd
+    keeps a `$$` there as two). `path` must pass `check`'s rule for a program."""
+    return _path_word(path, specifiers=False)
+
+
+def path_word(path: str, specifiers: bool = False, prefix: str = "") -> str:
+    """`prefix` + `path` as one item of a path list such as `ReadWritePaths=` (systemd.exec(5)):
+    quoted and escaped as `exec_word` does, but `$` left alone (no variables there). `prefix`
+    (`-`: a missing path is ignored) goes inside the quotes, where systemd looks for it after
+    unquoting. `path` must pass `check_value`."""
+    return _path_word(prefix + path, specifiers)
+
+
+def _path_word(text: str, specifiers: bool) -> str:
     if not specifiers:
         text = text.replace("%", "%%")
-    if not text or any(c.isspace() for c in text) or '"' in arg:
-        text = f'"{text}"'
-    return text
+    if _PLAIN.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def check_value(where: str, value: str, specifiers: bool = False) -> None:
+    """Refuse a value that no quoting gives systemd back as itself; `where` names it (an
+    option of `systemd-unit`). Raises `ConfigError` (one line) for a control character or a
+    line separator (`pathcheck.check_text`), text that is not UTF-8 (a unit file must be), or,
+    with `specifiers`, a `%` that starts no specifier (a literal one is written `%%`)."""
+    check_text(where, value)
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ConfigError(f"{where} {shown(value)}: not UTF-8, which a unit file must be") from None
+    if specifiers and _SPECIFIER.sub("", value).count("%"):
+        raise ConfigError(
+            f"{where} {shown(value)}: a '%' that starts no systemd specifier (%i, %h, ...); "
+            "write a literal one as %%"
+        )
+
+
+def check(spec: UnitSpec) -> None:
+    """`check_value` on every value of `spec` that goes into the unit; the program must be an
+    absolute path (systemd reads a leading `-`, `@`, `+`, `!` or `:` as a flag) without a
+    quote or a backslash (systemd refuses to load a unit whose program has one: "Executable
+    name contains special characters"). Raises `ConfigError` naming it."""
+    for arg in spec.command:
+        check_value("the orchestra-sup command", arg)
+    program = spec.command[0] if spec.command else ""
+    if not program.startswith("/"):
+        raise ConfigError(f"the orchestra-sup program {shown(program)}: not an absolute path")
+    if _UNSAFE_PROGRAM.intersection(program):
+        raise ConfigError(
+            f"the orchestra-sup program {shown(program)}: systemd runs no program whose path "
+            "holds a quote or a backslash; install it elsewhere"
+        )
+    check_value("--config", spec.config or "", specifiers=True)
+    check_value("--workspace", spec.workspace or "", specifiers=True)
 
 
 def _private_tmp_hides(spec: UnitSpec) -> list[str]:
@@ -129,7 +200,9 @@ def _private_tmp_hides(spec: UnitSpec) -> list[str]:
 
 
 def render(spec: UnitSpec) -> str:
-    """The unit file's text (ends with a newline). Never raises."""
+    """The unit file's text (ends with a newline). Raises `ConfigError` for a value that
+    cannot be written into a unit as itself (`check`)."""
+    check(spec)
     lines: list[str] = []
 
     def directive(reason: str, line: str) -> None:
@@ -140,11 +213,11 @@ def render(spec: UnitSpec) -> str:
     config = (
         spec.config if spec.config is not None else (TEMPLATE_CONFIG if spec.template else None)
     )
-    argv = [quote(a) for a in spec.command] + ["start"]
+    argv = [program_word(spec.command[0]), *(exec_word(a) for a in spec.command[1:]), "start"]
     if config is not None:
-        argv += ["--config", quote(config, specifiers=True)]
+        argv += ["--config", exec_word(config, specifiers=True)]
     if spec.workspace is not None:
-        argv += ["--workspace", quote(spec.workspace, specifiers=True)]
+        argv += ["--workspace", exec_word(spec.workspace, specifiers=True)]
     sized = "the defaults" if spec.config is None or "%" in spec.config else spec.config
 
     lines += [f"# {unit_name(spec.template)}: generated by `orchestra-sup systemd-unit`.", ""]
@@ -273,7 +346,7 @@ def _system_sandbox(spec: UnitSpec) -> list[str]:
         add(
             "The custodian commits to the workspace ('-': a missing one is start's own "
             "one-line error, not a namespace failure).",
-            f"ReadWritePaths=-{quote(spec.workspace, specifiers=True)}",
+            "ReadWritePaths=" + path_word(spec.workspace, specifiers=True, prefix="-"),
         )
     add(
         "Homes read-only, not hidden: an installation or a config may live in one (a "

@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Tree, assert_no_leftovers, wait_until
+from tests.integration.harness import Tree, assert_no_leftovers, make_repo, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "orchestra_sup", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+        env=env,
     )
 
 
@@ -339,3 +343,90 @@ def test_state_dir_problems_are_one_line(tmp_path: Path, repo: Path) -> None:
         "inside the workspace",
     )
     assert not (repo / "state").exists()
+
+
+PLAN = 'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n'
+
+
+def injecting(tmp_path: Path) -> Path:
+    """A git repository whose path holds a newline and an `ExecStartPre=` after it (`start`
+    once ran a tree on it, and every lane failed in `git clone`: git's alternates file is one
+    path per line)."""
+    return make_repo(tmp_path / f"ws\nExecStartPre=/bin/touch {tmp_path}/pwned")
+
+
+def assert_refused(proc: subprocess.CompletedProcess[str], where: str) -> None:
+    """Status 2, one line naming `where` and showing the value escaped (repr's `\\n`)."""
+    assert_one_line_error(proc, 2, f"{where} ", "\\n", ": holds a control character (U+000A")
+
+
+def files(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+def test_start_refuses_a_workspace_with_a_newline(tmp_path: Path) -> None:
+    """`start --workspace` on that repository: one line, status 2, before the state or the
+    run directory is made."""
+    workspace = injecting(tmp_path)
+    before = files(tmp_path)
+    state, run_dir = str(tmp_path / "state"), str(tmp_path / "run")
+    proc = cli("start", "--workspace", str(workspace), "--state-dir", state, "--run-dir", run_dir)
+    assert_refused(proc, "--workspace")
+    assert files(tmp_path) == before
+
+
+def test_run_refuses_a_workspace_with_a_newline(tmp_path: Path) -> None:
+    """`run PLAN --workspace` on that repository, with a state directory or without (then not
+    even the temporary one is made): one line, status 2, no task run."""
+    workspace = injecting(tmp_path)
+    plan = write(tmp_path / "plan.toml", PLAN)
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    before = files(tmp_path)
+    assert_refused(cli("run", str(plan), "--workspace", str(workspace), env=env), "--workspace")
+    state = str(tmp_path / "state")
+    proc = cli("run", str(plan), "--workspace", str(workspace), "--state-dir", state)
+    assert_refused(proc, "--workspace")
+    assert files(tmp_path) == before
+
+
+BAD = "x\nExecStartPre=/bin/touch /tmp/pwned"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "where"),
+    [
+        (["start", "--config", "{bad}/c.toml"], {}, "--config"),
+        (["start", "--state-dir", "{bad}"], {}, "--state-dir"),
+        (["start", "--run-dir", "{bad}"], {}, "--run-dir"),
+        (["start", "--ctl-tcp", "tcp://127.0.0.1:0", "--keys", "{bad}"], {}, "--keys"),
+        (["start"], {"STATE_DIRECTORY": "{bad}"}, "state directory (from $STATE_DIRECTORY)"),
+        (["start"], {"RUNTIME_DIRECTORY": "{bad}"}, "run directory (from $RUNTIME_DIRECTORY)"),
+        (["start"], {"XDG_STATE_HOME": "{bad}"}, "state directory (from $XDG_STATE_HOME)"),
+        (["run", "{bad}/plan.toml"], {}, "PLAN"),
+        (["run", "{ok}/plan.toml", "--config", "{bad}/c.toml"], {}, "--config"),
+        (["run", "{ok}/plan.toml", "--state-dir", "{bad}"], {}, "--state-dir"),
+        (["run", "{ok}/plan.toml"], {"TMPDIR": "{bad}"}, "temporary directory ($TMPDIR)"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_every_path_start_and_run_take_is_checked(
+    tmp_path: Path, argv: list[str], env: dict[str, str], where: str
+) -> None:
+    """Each path option, argument and variable of `start` and `run` with a newline in it (the
+    files it names existing, valid): one line naming it, status 2, nothing made."""
+    bad, ok = tmp_path / BAD, tmp_path / "ok"
+    for each in (bad, ok):
+        each.mkdir(parents=True)
+        write(each / "plan.toml", PLAN)
+        write(each / "c.toml", "[shards]\ncount = 1\n")
+    values = {"bad": str(bad), "ok": str(ok)}
+    environ = {k: v for k, v in os.environ.items() if k not in ("ORCHESTRA_SUP_RUN_DIR",)}
+    environ |= {"XDG_STATE_HOME": str(ok), "XDG_RUNTIME_DIR": str(ok), "TMPDIR": str(ok)}
+    environ |= {k: v.format(**values) for k, v in env.items()}
+    if "STATE_DIRECTORY" not in env:
+        environ.pop("STATE_DIRECTORY", None)
+    before = files(tmp_path)
+    proc = cli(*(a.format(**values) for a in argv), env=environ, timeout=60)
+    assert_refused(proc, where)
+    assert files(tmp_path) == before

@@ -27,12 +27,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 
 from orchestra_sup.shards.cgroup import LaneCgroups, cgroup2_root
 from orchestra_sup.shards.isolation import resolve
+from orchestra_sup.unit import render, unit_name
 from tests.integration.harness import make_repo, wait_until
+from tests.unit.test_unit import CONFIG as HOSTILE_CONFIG
+from tests.unit.test_unit import HOSTILE, hostile_spec
+from tests.unit.test_unit import WORKSPACE as HOSTILE_WORKSPACE
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +139,10 @@ class Machine:
         return done.stdout.strip()
 
     def show(self, *props: str) -> dict[str, str]:
-        text = self.systemctl("show", "-p", ",".join(props), UNIT)
+        return self.show_unit(UNIT, *props)
+
+    def show_unit(self, unit: str, *props: str) -> dict[str, str]:
+        text = self.systemctl("show", "-p", ",".join(props), unit)
         return dict(line.split("=", 1) for line in text.splitlines())
 
     def status(self, unreachable_ok: bool = False) -> dict[str, Any]:
@@ -408,3 +416,61 @@ def test_stop_leaves_no_process(started: Machine) -> None:
     assert started.show("ActiveState")["ActiveState"] == "inactive"
     assert started.unit_processes() == []
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
+
+
+ARGV_DUMP = """#!/usr/bin/python3
+import json, os, sys
+workspace = sys.argv[sys.argv.index("--workspace") + 1]
+try:
+    open(os.path.join(workspace, "written"), "w").close()
+    writable = "yes"
+except OSError as exc:
+    writable = exc.strerror
+with open(os.path.join(os.environ["STATE_DIRECTORY"], "argv.json"), "w") as out:
+    json.dump({"argv": sys.argv, "writable": writable}, out)
+sys.exit(2)
+"""
+"""A program that records the argv systemd gave it and whether the workspace is writable under
+ProtectSystem=strict (only ReadWritePaths= makes it so), then exits 2 (bad input: no restart)."""
+
+
+def test_hostile_values_reach_the_program_as_themselves(machine: Machine) -> None:
+    """The template unit rendered from hostile values (spaces, both quotes, backslashes, `%`,
+    `$`, `${..}`, `;`, `#`, an empty word, non-ASCII letters; specifiers in the workspace and
+    config), run as `orchestra-sup@argv` by the real systemd: the program, in a directory
+    with such a name, receives exactly the argv asked for (`%i` made `argv`), and the
+    workspace's ReadWritePaths= names exactly that directory (it is writable)."""
+    instance = "argv"
+    where = machine.base / "bin 100% %i $HOME ${HOME} $$ ü;#="
+    where.mkdir()
+    program = where / "orchestra-sup"
+    program.write_text(ARGV_DUMP)
+    program.chmod(0o755)
+    workspace = HOSTILE_WORKSPACE.replace("%%", "%").replace("%i", instance)
+    config = HOSTILE_CONFIG.replace("%i", instance)
+    spec = hostile_spec(str(program))
+    spec = msgspec.structs.replace(spec, workspace=str(machine.base) + spec.workspace)
+    workspace = str(machine.base) + workspace
+    Path(workspace).mkdir(parents=True)
+    units = machine.base / "units"
+    template = units / unit_name(True)
+    template.write_text(render(spec))
+    drop_in = units / f"{unit_name(True)}.d"
+    drop_in.mkdir()
+    (drop_in / "test.conf").write_text(DROP_IN)
+    state = machine.base / "varlib" / "orchestra-sup" / instance
+    name = f"orchestra-sup@{instance}.service"
+    try:
+        machine.systemctl("daemon-reload")
+        done = machine.run("systemctl", "start", name)  # fails once the program exits 2
+        assert done.returncode != 0
+        assert machine.show_unit(name, "ExecMainStatus") == {"ExecMainStatus": "2"}
+        seen = json.loads((state / "argv.json").read_text())
+    finally:
+        machine.run("systemctl", "reset-failed", name)
+        shutil.rmtree(drop_in)
+        template.unlink()
+        shutil.rmtree(state, ignore_errors=True)
+        machine.systemctl("daemon-reload")
+    expected = [str(program), *HOSTILE, "start", "--config", config, "--workspace", workspace]
+    assert seen == {"argv": expected, "writable": "yes"}

@@ -4,21 +4,25 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from orchestra_sup.config import Settings, ShardSettings, SupervisorSettings
+from orchestra_sup.errors import ConfigError
 from orchestra_sup.shards.cgroup import KILL_TIMEOUT_S
 from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S, build_tree
 from orchestra_sup.unit import (
     TEMPLATE_CONFIG,
     UnitSpec,
+    exec_word,
     installed_command,
-    quote,
+    path_word,
     render,
     stop_budget_s,
     unit_name,
@@ -134,15 +138,196 @@ def test_a_path_in_tmp_drops_private_tmp() -> None:
 
 def test_arguments_are_quoted_for_systemd() -> None:
     """Whitespace, quotes, `$` and `\\` survive systemd's command-line parsing; `%` is literal
-    in a program path and a specifier in an option given as one."""
-    assert quote("/srv/my ws") == '"/srv/my ws"'
-    assert quote("/a$b") == "/a$$b"
-    assert quote('/a"b') == '"/a\\"b"'
-    assert quote("/a\\b") == "/a\\\\b"
-    assert quote("/opt/100%/bin") == "/opt/100%%/bin"
-    assert quote("/srv/%i", specifiers=True) == "/srv/%i"
+    in a program path and a specifier in an option given as one; `$` is doubled on a command
+    line only (a path list expands no variables)."""
+    assert exec_word("/srv/my ws") == '"/srv/my ws"'
+    assert exec_word("/a$b") == "/a$$b"
+    assert exec_word('/a"b') == '"/a\\"b"'
+    assert exec_word("/a\\b") == '"/a\\\\b"'
+    assert exec_word("/opt/100%/bin") == "/opt/100%%/bin"
+    assert exec_word("/srv/%i", specifiers=True) == "/srv/%i"
+    assert exec_word(";") == '";"'
+    assert exec_word("") == '""'
+    assert path_word("/a$b", prefix="-") == "-/a$b"
+    assert path_word("/srv/my ws", prefix="-") == '"-/srv/my ws"'
     found = directives(render(UnitSpec(command=("/opt/my tools/orchestra-sup",))))
     assert one(found, "ExecStart") == '"/opt/my tools/orchestra-sup" start'
+
+
+# systemd's documented unquoting, to read a rendered unit back as systemd does: systemd.syntax(7)
+# "Quoting", systemd.unit(5) "Specifiers", systemd.service(5) "Command lines".
+_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_ESCAPES |= {"\\": "\\", '"': '"', "'": "'", "s": " "}
+_NUMERIC = {"x": (16, 2), "u": (16, 4), "U": (16, 8)}
+
+
+def unquote_words(text: str) -> list[tuple[str, bool]]:
+    """`text` split into (item, was quoted): items are separated by unquoted whitespace; a
+    double- or single-quoted item's quote opens it and its closing quote is followed by
+    whitespace or the end; C-style escapes (the table in systemd.syntax(7)) inside quotes and
+    out. Anything else is a syntax error (AssertionError)."""
+    words: list[tuple[str, bool]] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in " \t":
+            i += 1
+        if i == n:
+            return words
+        quote = text[i] if text[i] in "\"'" else None
+        i += quote is not None
+        word: list[str] = []
+        while True:
+            if i == n:
+                assert quote is None, f"unterminated quote in {text!r}"
+                break
+            char = text[i]
+            if char == quote:
+                i += 1
+                assert i == n or text[i] in " \t", f"quote closed mid-word in {text!r}"
+                break
+            if quote is None and char in " \t":
+                break
+            assert quote is not None or char not in "\"'", f"a quote mid-word in {text!r}"
+            if char != "\\":
+                word.append(char)
+                i += 1
+                continue
+            assert i + 1 < n, f"a trailing backslash in {text!r}"
+            code = text[i + 1]
+            if code in _ESCAPES:
+                word.append(_ESCAPES[code])
+                i += 2
+            elif code in _NUMERIC or code in "01234567":
+                base, width = _NUMERIC.get(code, (8, 3))
+                start = i + 2 if code in _NUMERIC else i + 1
+                word.append(chr(int(text[start : start + width], base)))
+                i = start + width
+            else:
+                raise AssertionError(f"unknown escape \\{code} in {text!r}")
+        words.append(("".join(word), quote is not None))
+
+
+def expand_specifiers(word: str, instance: str) -> str:
+    """`%%` and `%i` (the only specifiers these tests use) expanded; any other is an error."""
+
+    def one(match: re.Match[str]) -> str:
+        assert match.group(1) in ("%", "i"), f"specifier %{match.group(1)} in {word!r}"
+        return "%" if match.group(1) == "%" else instance
+
+    assert not re.search(r"%$", re.sub(r"%.", "", word)), f"a lone % in {word!r}"
+    return re.sub(r"%(.)", one, word)
+
+
+def exec_argv(value: str, instance: str = "") -> list[str]:
+    """The argv systemd runs for an `ExecStart=` value: unquoted, no unquoted `;` (a second
+    command), specifiers expanded; in the arguments (not the program, which is never a
+    variable) `$$` made `$` and any other `$` (a variable) an error."""
+    argv: list[str] = []
+    for word, quoted in unquote_words(value):
+        assert quoted or word != ";", f"a second command in {value!r}"
+        word = expand_specifiers(word, instance)
+        if argv:
+            assert "$" not in word.replace("$$", ""), f"a variable in {word!r}"
+            word = word.replace("$$", "$")
+        argv.append(word)
+    return argv
+
+
+HOSTILE = (
+    "/srv/my ws",
+    "/srv/'single' \"double\"",
+    "/srv/back\\slash\\",
+    "/srv/100% %i %h %% $HOME ${HOME} $$",
+    ";",
+    "\\;",
+    "",
+    " leading and trailing ",
+    "/srv/#not a comment;=",
+    "/srv/ünïcödé €",
+)
+"""Words that mean something to systemd's parser, none a control character."""
+WORKSPACE = "/srv/ws 100%%/%i/'q' \"d\" \\ $X ${X} ü"
+"""A workspace as `--workspace` takes it (specifiers: a literal % is %%)."""
+CONFIG = '/etc/o;/%i \\"$.toml'
+
+
+def hostile_spec(program: str) -> UnitSpec:
+    return UnitSpec(command=(program, *HOSTILE), template=True, workspace=WORKSPACE, config=CONFIG)
+
+
+def test_hostile_values_read_back_as_themselves() -> None:
+    """Spaces, both quotes, backslashes (a trailing one too), `%`, `$`, `${..}`, `;`, `#`,
+    an empty word and non-ASCII letters: systemd's documented unquoting of ExecStart= gives
+    back exactly the argv asked for (specifiers in the workspace and config expanded), and
+    ReadWritePaths= exactly the workspace; no line of the unit ends in a backslash."""
+    program = "/opt/100% $HOME ${HOME} $$ ü;#=/orchestra-sup"
+    text = render(hostile_spec(program))
+    found = directives(text)
+    expected = [program, *HOSTILE, "start"]
+    expected += ["--config", CONFIG.replace("%i", "demo")]
+    expected += ["--workspace", WORKSPACE.replace("%%", "%").replace("%i", "demo")]
+    assert exec_argv(one(found, "ExecStart"), "demo") == expected
+    [(item, _)] = unquote_words(one(found, "ReadWritePaths"))
+    assert item.startswith("-")
+    assert expand_specifiers(item[1:], "demo") == expected[-1]
+    assert not [line for line in text.splitlines() if line.endswith("\\")]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "/srv/ws\nExecStartPre=/bin/touch /tmp/pwned",
+        "/srv/\r",
+        "/srv/\x00",
+        "/srv/\x1b[2J",
+        "/srv/\x85",
+        "/srv/\u2028",
+        "/srv/\t",
+    ],
+    ids=["newline", "cr", "nul", "esc", "nel", "u2028", "tab"],
+)
+@pytest.mark.parametrize("field", ["workspace", "config", "command"])
+def test_a_control_character_is_refused_not_written(field: str, bad: str) -> None:
+    """A control character (or U+2028) in any value of the unit: `render` raises one line
+    naming it and showing the value escaped, instead of writing a line of its own."""
+    values = {"command": (OUTSIDE_TMP[0], bad)} if field == "command" else {field: bad}
+    with pytest.raises(ConfigError) as caught:
+        render(UnitSpec(**{"command": OUTSIDE_TMP, **values}))  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and repr(bad)[1:-1] in message
+    assert {"command": "the orchestra-sup command"}.get(field, f"--{field}") in message
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("/srv/caf\udce9", "not UTF-8"),
+        ("/srv/50%", "write a literal one as %%"),
+        ("/srv/%", "starts no systemd specifier"),
+    ],
+)
+def test_values_no_quoting_carries_are_refused(value: str, needle: str) -> None:
+    """Text that is not UTF-8 (a unit must be; systemd ignores such a line), or a `%` that
+    starts no specifier where specifiers are allowed: one line naming the option."""
+    with pytest.raises(ConfigError, match=re.escape(needle)) as caught:
+        render(UnitSpec(command=OUTSIDE_TMP, workspace=value))
+    assert str(caught.value).startswith("--workspace ")
+
+
+@pytest.mark.parametrize(
+    ("program", "needle"),
+    [
+        ("-orchestra-sup", "not an absolute path"),
+        ("/opt/it's/orchestra-sup", "a quote or a backslash"),
+        ('/opt/"q"/orchestra-sup', "a quote or a backslash"),
+        ("/opt/a\\b/orchestra-sup", "a quote or a backslash"),
+    ],
+)
+def test_a_program_systemd_cannot_run_is_refused(program: str, needle: str) -> None:
+    """The program must be absolute (a leading `-` or `@` would be one of systemd's flags),
+    with no quote or backslash (systemd will not load such a unit)."""
+    with pytest.raises(ConfigError, match=needle):
+        render(UnitSpec(command=(program,)))
 
 
 @pytest.mark.parametrize("count", [1, 2, 8])
@@ -206,6 +391,29 @@ def test_systemd_analyze_verify_says_nothing(
 
 
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("user", [False, True], ids=["system", "user"])
+def test_systemd_analyze_verify_takes_hostile_values(tmp_path: Path, user: bool) -> None:
+    """The unit of `test_hostile_values_read_back_as_themselves`, its program a real one in a
+    directory whose name has `%`, `$`, `;`, `#`, spaces and non-ASCII letters:
+    `systemd-analyze verify` says nothing (it would name the program as it parsed it, were
+    that not an executable, and warn of a bad escape, specifier or second command)."""
+    where = tmp_path / "bin 100% %i $HOME ${HOME} $$ ü;#="
+    where.mkdir()
+    program = where / "orchestra-sup"
+    program.symlink_to(sys.executable)
+    spec = msgspec.structs.replace(hostile_spec(str(program)), user=user)
+    (tmp_path / unit_name(True)).write_text(render(spec))
+    target = tmp_path / "orchestra-sup@demo.service"
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    argv = [ANALYZE, *(["--user"] if user else []), "verify", str(target)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    program.unlink()  # the same check, with the program gone, names it as systemd read it
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert f"Command {program} is not executable" in proc.stderr
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
 def test_verify_would_catch_a_bad_key(tmp_path: Path) -> None:
     """The check above can fail: a misspelt directive is a warning on stderr."""
     path = tmp_path / "orchestra-sup.service"
@@ -253,3 +461,32 @@ def test_cli_bad_input_is_one_line(args: list[str], needle: str) -> None:
     proc = cli(*args)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
+
+
+def injecting(tmp_path: Path) -> Path:
+    """A directory whose path holds a newline and a directive after it, with a valid config
+    file in it: what `systemd-unit` once wrote into the unit as a line of its own."""
+    where = tmp_path / f"ws\nExecStartPre=/bin/touch {tmp_path}/pwned"
+    where.mkdir(parents=True)
+    (where / "c.toml").write_text("[supervisor]\nwatchdog_s = 10.0\n")
+    return where
+
+
+@pytest.mark.parametrize(
+    ("option", "name"),
+    [("--workspace", None), ("--config", "c.toml"), ("--config", "missing.toml")],
+)
+def test_cli_refuses_a_path_that_would_inject_a_directive(
+    tmp_path: Path, option: str, name: str | None
+) -> None:
+    """`systemd-unit --workspace` / `--config` with a newline + `ExecStartPre=...` in the
+    path (a config there or not): status 2, one line naming the option and showing the path
+    escaped, no unit."""
+    where = injecting(tmp_path)
+    value = str(where if name is None else where / name)
+    proc = cli(option, value)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stdout
+    assert proc.stderr.splitlines() == [
+        f"orchestra-sup: {option} {value!r}: holds a control character "
+        f"(U+000A at index {value.index(chr(10))}); a path may not"
+    ]
