@@ -1357,6 +1357,7 @@ def keys_init(
 
     Example: orchestra-sup keys init --client alice --client ci
     """
+    guarded(lambda: check_paths({"--dir": directory, "--state-dir": state_dir}))
     where = (directory or default_keys_dir(state_dir or default_state_dir())).absolute()
     written = guarded(lambda: init_keys(where, clients or [DEFAULT_CLIENT]))
     if as_json:

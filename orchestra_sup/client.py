@@ -19,6 +19,7 @@ import msgspec
 import zmq
 
 from orchestra_sup.errors import ConfigError, RemoteError, TreeUnreachable
+from orchestra_sup.pathcheck import shown_path
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
@@ -42,7 +43,7 @@ class CtlClient:
         self, run_dir: Path, *, connect: str | None = None, keys: ClientKeys | None = None
     ):
         if connect is None and (not is_owned(run_dir) or not (run_dir / "ctl.ipc").exists()):
-            raise TreeUnreachable(f"no tree is running at {run_dir}")
+            raise TreeUnreachable(f"no tree is running at {shown_path(run_dir)}")
         self.where = connect or str(run_dir)
         self.codec = Codec()
         self.ctx = zmq.Context()

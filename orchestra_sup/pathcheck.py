@@ -8,9 +8,11 @@ a directive of the unit). So such a path is refused before anything is created, 
 that names where it came from and shows it escaped.
 
 Refused: the control characters (Unicode category Cc: U+0000-U+001F, U+007F-U+009F, which
-holds `\\n`, `\\r`, `\\t`, NUL, ESC and NEL) and the line and paragraph separators U+2028 and
-U+2029 (line breaks to `str.splitlines` and many log readers). Any other character, spaces,
-quotes, `%`, `$` and non-ASCII letters included, is a path like any other.
+holds `\\n`, `\\r`, `\\t`, NUL, ESC and NEL), the line and paragraph separators U+2028 and
+U+2029 (line breaks to `str.splitlines` and many log readers), and bytes that are not UTF-8
+(`os.fsdecode` makes each a lone surrogate, U+DC80-U+DCFF: the tree's own paths travel as text
+in its frames, which cannot carry one). Any other character, spaces, quotes, `%`, `$` and
+non-ASCII letters included, is a path like any other.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ LINE_SEPARATORS = frozenset("\u2028\u2029")
 def forbidden(text: str) -> tuple[int, str] | None:
     """The index and the character of the first refused character in `text`, or None."""
     for index, char in enumerate(text):
-        if char in LINE_SEPARATORS or unicodedata.category(char) == "Cc":
+        if char in LINE_SEPARATORS or unicodedata.category(char) in ("Cc", "Cs"):
             return index, char
     return None
 
@@ -40,6 +42,13 @@ def shown(text: str) -> str:
     characters."""
     escaped = repr(text)
     return escaped if len(escaped) <= SHOWN_MAX else escaped[: SHOWN_MAX - 3] + "..."
+
+
+def shown_path(value: str | os.PathLike[str]) -> str:
+    """A path for a message of one line: itself when it holds nothing `forbidden` refuses, else
+    escaped (`shown`)."""
+    text = os.fspath(value)
+    return text if forbidden(text) is None else shown(text)
 
 
 def check_text(where: str, text: str) -> None:
@@ -52,10 +61,12 @@ def check_text(where: str, text: str) -> None:
     if found is None:
         return
     index, char = found
-    kind = "a line separator" if char in LINE_SEPARATORS else "a control character"
-    raise ConfigError(
-        f"{where} {shown(text)}: holds {kind} (U+{ord(char):04X} at index {index}); a path may not"
-    )
+    if unicodedata.category(char) == "Cs":
+        what = f"a byte that is not UTF-8 (0x{ord(char) - 0xDC00:02X} at index {index})"
+    else:
+        kind = "a line separator" if char in LINE_SEPARATORS else "a control character"
+        what = f"{kind} (U+{ord(char):04X} at index {index})"
+    raise ConfigError(f"{where} {shown(text)}: holds {what}; a path may not")
 
 
 def check_path(where: str, value: str | os.PathLike[str] | None) -> None:

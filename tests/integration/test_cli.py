@@ -393,6 +393,17 @@ def test_run_refuses_a_workspace_with_a_newline(tmp_path: Path) -> None:
 BAD = "x\nExecStartPre=/bin/touch /tmp/pwned"
 
 
+def test_start_refuses_a_state_dir_that_is_not_utf8(tmp_path: Path) -> None:
+    """`start --state-dir` naming a directory whose name is not UTF-8 (it would travel as text
+    in the tree's frames): one line naming the byte, status 2, nothing made (on main this was
+    a UnicodeEncodeError traceback from the fork template's request)."""
+    state = os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9")
+    before = files(tmp_path)
+    proc = cli("start", "--state-dir", state, "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert_one_line_error(proc, 2, "--state-dir ", "not UTF-8 (0xE9 at index")
+    assert files(tmp_path) == before
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "where"),
     [
@@ -407,14 +418,16 @@ BAD = "x\nExecStartPre=/bin/touch /tmp/pwned"
         (["run", "{ok}/plan.toml", "--config", "{bad}/c.toml"], {}, "--config"),
         (["run", "{ok}/plan.toml", "--state-dir", "{bad}"], {}, "--state-dir"),
         (["run", "{ok}/plan.toml"], {"TMPDIR": "{bad}"}, "temporary directory ($TMPDIR)"),
+        (["keys", "init", "--dir", "{bad}/keys"], {}, "--dir"),
+        (["keys", "init", "--state-dir", "{bad}"], {}, "--state-dir"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_every_path_start_and_run_take_is_checked(
     tmp_path: Path, argv: list[str], env: dict[str, str], where: str
 ) -> None:
-    """Each path option, argument and variable of `start` and `run` with a newline in it (the
-    files it names existing, valid): one line naming it, status 2, nothing made."""
+    """Each path option, argument and variable of `start`, `run` and `keys init` with a newline
+    in it (the files it names existing, valid): one line naming it, status 2, nothing made."""
     bad, ok = tmp_path / BAD, tmp_path / "ok"
     for each in (bad, ok):
         each.mkdir(parents=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.pathcheck import SHOWN_MAX, check_path, check_paths, forbidden
+from orchestra_sup.pathcheck import SHOWN_MAX, check_path, check_paths, forbidden, shown_path
 
 REFUSED = ["\n", "\r", "\t", "\x00", "\x1b", "\x7f", "\x85", "\x9f", "\u2028", "\u2029"]
 ALLOWED = [" ", '"', "'", "\\", "%", "$", "{", ";", "#", "=", "-", "ü", "€", "\u00a0", "😀"]
@@ -60,3 +60,21 @@ def test_none_is_nothing_given_and_the_first_bad_one_is_named() -> None:
     """`check_paths` skips None and names the first refused value in order."""
     with pytest.raises(ConfigError, match=r"^--run-dir "):
         check_paths({"--config": None, "--run-dir": Path("/r\n"), "--keys": "/k\n"})
+
+
+def test_a_path_that_is_not_utf8_is_refused_with_the_byte_named() -> None:
+    """A non-UTF-8 byte (a lone surrogate after os.fsdecode) is refused in one line that names
+    the byte: the tree's paths travel as text in its frames, which cannot carry it."""
+    value = os.fsdecode(b"/tmp/caf\xe9")
+    with pytest.raises(ConfigError) as caught:
+        check_path("--state-dir", value)
+    message = str(caught.value)
+    assert "not UTF-8 (0xE9 at index 8)" in message
+    assert "\n" not in message
+    message.encode()  # the message itself is always printable
+
+
+def test_a_clean_path_is_shown_as_itself_and_a_hostile_one_escaped() -> None:
+    """`shown_path` leaves an ordinary path alone and escapes one that would break a line."""
+    assert shown_path("/srv/a b") == "/srv/a b"
+    assert shown_path("/tmp/a\nb") == "'/tmp/a\\nb'"
