@@ -48,7 +48,7 @@ import msgspec
 
 from orchestra_sup.errors import StateError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.state.store import Store
+from orchestra_sup.state.store import MAX_KEY_BYTES, Store
 
 log = logging.getLogger(__name__)
 
@@ -359,10 +359,13 @@ class Transcript:
         about `CHUNK_BYTES` of data. With `wait_s` > 0 and no such row yet, waits up to `wait_s`
         seconds for one (or for the lane's end). `done` is true when the lane has ended and the
         chunk reaches its last row; `found` is false for a lane this shard does not know (never
-        ran here, or pruned). Raises `StateError` when LMDB cannot be read or written."""
+        ran here, or pruned), and for an id no lane can have (empty, not UTF-8, or too long
+        for a row key). Raises `StateError` when LMDB cannot be read or written."""
         after_seq = max(-1, after_seq)
         limit = max(1, min(limit, MAX_LIMIT))
-        if lane in self._detached:  # moved on: the next generation answers for it
+        if (
+            not _could_be_lane(lane) or lane in self._detached
+        ):  # moved on: the next generation answers for it
             return f.LogChunk(lane=lane, rows=[], done=False, found=False)
         live = self._live.get(lane)
         if live is not None and wait_s > 0 and not live.ended and live.next_seq - 1 <= after_seq:
@@ -491,6 +494,16 @@ class Transcript:
 
 def _one_line(text: str) -> bytes:
     return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\\n").encode()
+
+
+def _could_be_lane(lane: str) -> bool:
+    """Whether `lane` fits a transcript key: 1 byte or more of UTF-8, short enough that the row
+    key (`lane`, a NUL, 8 bytes of sequence number) is one LMDB takes."""
+    try:
+        size = len(lane.encode())
+    except UnicodeEncodeError:
+        return False
+    return 0 < size <= MAX_KEY_BYTES - 9
 
 
 def _wire(seq: int, ts: float, stream: str, data: bytes) -> f.LogRow:

@@ -367,3 +367,17 @@ def test_retention_setting_is_validated(value: object) -> None:
     )(transcript_retention_s=0.0)
     with pytest.raises(ConfigError, match="transcript_retention_s"):
         settings_from_mapping({"lanes": {"transcript_retention_s": value}})
+
+
+@pytest.mark.parametrize(
+    "lane", ["", "x" * 600, "caf\udce9"], ids=["empty", "too-long", "not-utf8"]
+)
+def test_an_id_no_lane_can_have_is_not_found(tmp_path: Path, lane: str) -> None:
+    """`ctl logs` of an empty, over-long or non-UTF-8 lane id is `found=False`, as any unknown
+    lane, not an LMDB error answered `internal` (MDB_BAD_VALSIZE on main)."""
+
+    async def body(t: Transcript) -> None:
+        chunk = await t.read(lane)
+        assert (chunk.found, chunk.rows, chunk.done) == (False, [], False)
+
+    run(tmp_path, body)
