@@ -6,6 +6,9 @@ is missing, or that does not answer in time, raises `TreeUnreachable` with a one
 Locally it connects to `<run_dir>/ctl.ipc`, where the tree knows the caller by its uid. A remote
 operator connects to the tree's CURVE `tcp://` ctl endpoint (`start --ctl-tcp`) with a client
 keypair the tree allows (`protocol.keys`); a refused handshake is reported as such, at once.
+
+A supervisor that has shut `ctl.ipc` to new connections near its open-file limit
+(`protocol.connections`) is reported as busy, not as missing.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from orchestra_sup.errors import ConfigError, RemoteError, TreeUnreachable
+from orchestra_sup.errors import ConfigError, RemoteError, TreeBusy, TreeUnreachable
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.connections import shut_path
 from orchestra_sup.protocol.keys import ClientKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor.runlock import is_owned
@@ -34,14 +38,20 @@ class CtlClient:
     address; `run_dir` is then not looked at) to a remote tree's ctl endpoint as CURVE client
     `keys`.
 
-    Raises `TreeUnreachable` at construction when no live tree owns `run_dir`, `ConfigError`
-    when `connect` is a `tcp://` address and `keys` is None.
+    Raises `TreeUnreachable` at construction when no live tree owns `run_dir`, `TreeBusy` when
+    the tree has shut `ctl.ipc` to new connections, `ConfigError` when `connect` is a `tcp://`
+    address and `keys` is None.
     """
 
     def __init__(
         self, run_dir: Path, *, connect: str | None = None, keys: ClientKeys | None = None
     ):
         if connect is None and (not is_owned(run_dir) or not (run_dir / "ctl.ipc").exists()):
+            if is_owned(run_dir) and shut_path(run_dir / "ctl.ipc").exists():
+                raise TreeBusy(
+                    f"the tree at {run_dir} takes no new ctl connections now: its supervisor "
+                    "is near its open-file limit; try again shortly"
+                )
             raise TreeUnreachable(f"no tree is running at {run_dir}")
         self.where = connect or str(run_dir)
         self.codec = Codec()

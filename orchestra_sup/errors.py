@@ -103,6 +103,14 @@ class TreeUnreachable(OrchestraError):
     """`ctl` found no tree at the run directory, or the tree did not answer within the timeout."""
 
 
+class TreeBusy(OrchestraError):
+    """The tree is up but takes no new ctl connection now: its supervisor is near its
+    open-file limit and has shut `ctl.ipc` to newcomers (`protocol.connections`). Unlike
+    `TreeUnreachable`, trying again shortly is the answer."""
+
+    code = ErrorCode.BUSY
+
+
 class RemoteError(OrchestraError):
     """A peer answered a request with an `Error` frame; `code` says which kind."""
 

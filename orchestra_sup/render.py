@@ -31,6 +31,9 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "stale_frames": reply.stale_frames,
             "ctl_refused": reply.ctl_refused,
             "metrics_url": reply.metrics_url,
+            "descriptors": msgspec.to_builtins(reply.descriptors),
+            "ctl_connections": reply.ctl_connections,
+            "ctl_connections_max": reply.ctl_connections_max,
         },
         "children": msgspec.to_builtins(reply.children),
     }
@@ -135,6 +138,12 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}, "
         f"ctl refused {reply.ctl_refused}, isolation {reply.isolation or '?'}"
     )
+    if reply.descriptors is not None:
+        console.print(
+            f"descriptors {fds(reply.descriptors)}, ctl connections "
+            f"{reply.ctl_connections} of {reply.ctl_connections_max} "
+            f"(refused {reply.descriptors.refused})"
+        )
     if reply.metrics_url:
         console.print(f"metrics {reply.metrics_url}")
     if reply.rollover is not None:
@@ -152,6 +161,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         "loop lag ms p50/p99/max",
         "release",
         "refused stale/bad",
+        "fds",
     )
     for c in reply.children:
         last = "-"
@@ -174,8 +184,16 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
             "-" if c.loop_lag_ms is None else _lag(c.loop_lag_ms),
             _release(c, reply.release),
             f"{c.stale_frames}/{c.bad_frames}",
+            "-" if c.descriptors is None else fds(c.descriptors),
         )
     console.print(table)
+
+
+def fds(d: f.Descriptors) -> str:
+    """A process's descriptors for people: "31/1024", and "31/1024 shut: ctl" while a socket
+    of it takes no new connections."""
+    shut = f" shut: {', '.join(d.shut)}" if d.shut else ""
+    return f"{d.open}/{d.limit}{shut}"
 
 
 def _release(child: f.ChildInfo, supervisor_release: str) -> str:

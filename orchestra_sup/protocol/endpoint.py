@@ -126,6 +126,17 @@ def frame_caller(frame: zmq.Frame) -> Caller | None:
     return parse_peer_address(_property(frame, "Peer-Address"))
 
 
+def frame_connection(frame: zmq.Frame) -> int | None:
+    """The descriptor of the connection `frame` (received with `copy=False`) came on
+    (`ZMQ_SRCFD`, which libzmq 4.3 still serves though it marks it deprecated), or None when
+    it came on none (`inproc://`)."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except zmq.ZMQError:
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
 def _property(frame: zmq.Frame, name: str) -> str | None:
     try:
         return frame.get(name)
@@ -144,7 +155,9 @@ class Endpoint:
 
     `caller` is the sender's `Caller` while a `needs_caller` handler runs (None when
     its connection has none); it is None at every other time and on every other endpoint, so a
-    task the handler spawns must take it as an argument, not read it later.
+    task the handler spawns must take it as an argument, not read it later. `connection` is,
+    likewise, the descriptor of the connection the frame came on (`frame_connection`), which
+    `protocol.connections.ConnectionGuard` knows its connections by.
     """
 
     def __init__(
@@ -167,6 +180,7 @@ class Endpoint:
         self.handler = handler
         self.reads_caller = bool(getattr(handler, _NEEDS_CALLER, False))
         self.caller: Caller | None = None
+        self.connection: int | None = None
         self.sock: zmq.Socket = ctx.socket(kind)
         self.sock.linger = 0
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
@@ -335,10 +349,11 @@ class Endpoint:
 
     def _dispatch_with_caller(self, parts: list[zmq.Frame]) -> None:
         self.caller = frame_caller(parts[-1])
+        self.connection = frame_connection(parts[-1])
         try:
             self._dispatch([part.bytes for part in parts])
         finally:
-            self.caller = None
+            self.caller = self.connection = None
 
     def _dispatch(self, parts: list[bytes]) -> None:
         peer = parts[0] if self.routed and len(parts) > 1 else None

@@ -765,3 +765,39 @@ def test_caller_is_cleared_when_the_handler_raises(tmp_path: Path) -> None:
             assert router.caller is None
 
     _run(main)
+
+
+# --- connections (issue 24) ----------------------------------------------------------------------
+
+
+def test_a_needs_caller_handler_sees_each_connections_descriptor(tmp_path: Path) -> None:
+    """Over `ipc://` each connection's frames carry its own descriptor (`Endpoint.connection`),
+    the same for every frame of one connection; it is None once the handler returns and over
+    `inproc://`."""
+
+    async def main() -> None:
+        seen: list[int | None] = []
+
+        @needs_caller
+        def handler(ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+            seen.append(ep.connection)
+            ep.reply(env, peer, f.Ack())
+
+        async with _net(f"ipc://{tmp_path / 'ctl.ipc'}") as net:
+            router = net.router(handler)
+            one, two = net.dealer("d1"), net.dealer("d2")
+            async with asyncio.timeout(DEADLINE_S):
+                for dealer in (one, two, one):
+                    assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+            assert router.connection is None
+        assert all(isinstance(fd, int) and fd >= 0 for fd in seen)
+        assert seen[0] == seen[2] != seen[1]
+
+        del seen[:]
+        async with _net() as net:  # inproc://
+            net.router(handler)
+            async with asyncio.timeout(DEADLINE_S):
+                assert await net.dealer("d1").request(f.CtlStatus(), timeout_s=DEADLINE_S)
+        assert seen == [None]
+
+    _run(main)
