@@ -7,8 +7,9 @@ Locally it connects to `<run_dir>/ctl.ipc`, where the tree knows the caller by i
 operator connects to the tree's CURVE `tcp://` ctl endpoint (`start --ctl-tcp`) with a client
 keypair the tree allows (`protocol.keys`); a refused handshake is reported as such, at once.
 
-A supervisor that has shut `ctl.ipc` to new connections near its open-file limit
-(`protocol.connections`) is reported as busy, not as missing.
+It knows the largest request the tree takes (`codec.MAX_FRAME_BYTES`, encoded) and refuses a
+larger one before sending anything; and a supervisor that has shut `ctl.ipc` to new connections
+near its open-file limit (`protocol.connections`) is reported as busy, not as missing.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from orchestra_sup.errors import ConfigError, RemoteError, TreeBusy, TreeUnreachable
+from orchestra_sup.errors import ConfigError, ProtocolError, RemoteError, TreeBusy, TreeUnreachable
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.connections import shut_path
 from orchestra_sup.protocol.keys import ClientKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
@@ -58,7 +59,7 @@ class CtlClient:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)  # as every tree socket
+        self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)  # as every tree socket
         self.monitor: zmq.Socket | None = None
         if connect is not None and keys is not None:
             self.monitor = self.sock.get_monitor_socket(curve.REFUSALS)
@@ -84,8 +85,9 @@ class CtlClient:
     def request(self, body: f.Body, timeout_s: float) -> f.Body:
         """Send `body`, return the reply body.
 
-        Raises `TreeUnreachable` when no reply comes within `timeout_s` seconds and `RemoteError`
-        when the tree answers with an `Error` frame.
+        Raises `ConfigError` when the request cannot be encoded or is over the largest the tree
+        takes (`codec.MAX_FRAME_BYTES`; nothing is sent), `TreeUnreachable` when no reply comes
+        within `timeout_s` seconds and `RemoteError` when the tree answers with an `Error` frame.
         """
         msg_id = f"ctl.{os.getpid()}.{next(_ids)}"
         env = f.Envelope(
@@ -104,6 +106,10 @@ class CtlClient:
             # e.g. an argument whose bytes are not UTF-8 (surrogate escapes from argv)
             raise ConfigError(
                 f"the request cannot be sent: {exc} (arguments must be UTF-8 text)"
+            ) from exc
+        except ProtocolError as exc:
+            raise ConfigError(
+                f"the request is not sent: {exc.detail}, the largest request the tree takes"
             ) from exc
         self.sock.send(data)
         poller = zmq.Poller()

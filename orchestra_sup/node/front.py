@@ -36,7 +36,7 @@ import zmq
 from orchestra_sup.errors import ErrorCode, ProtocolError
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.endpoint import error_frame
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
@@ -85,7 +85,7 @@ class Front:
         self.codec = Codec()  # msgspec encoders are not shared across threads
         self.router: zmq.Socket = ctx.socket(zmq.ROUTER)
         self.router.linger = 0
-        self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        self.router.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._stop: zmq.Socket = ctx.socket(zmq.DEALER)
         self._stop.linger = 0
@@ -156,19 +156,26 @@ class Front:
                 log.exception("%s: serving %s failed", self.name, type(env.body).__name__)
         if body is None:
             return False
-        reply = f.Envelope(
+        try:
+            data = self.codec.encode(self._reply(env, body))
+        except ProtocolError as exc:  # over the frame limit: say so instead
+            message = f"the answer ({type(body).__name__}) is not sent: {exc.detail}"
+            data = self.codec.encode(self._reply(env, f.Error(code=exc.code, message=message)))
+        self.answered += 1  # before the reply leaves: whoever got it can count on the count
+        self._send([parts[0], data])
+        return True
+
+    def _reply(self, request: f.Envelope, body: f.Body) -> f.Envelope:
+        return f.Envelope(
             v=PROTOCOL_VERSION,
             id=f"{self.name}.{self.generation}.f{next(self._ids)}",
-            corr=env.id,
+            corr=request.id,
             sender=self.name,
             gen=self.generation,
             ttl_s=None,
             dest_gen=None,
             body=body,
         )
-        self.answered += 1  # before the reply leaves: whoever got it can count on the count
-        self._send([parts[0], self.codec.encode(reply)])
-        return True
 
     def _send(self, parts: list[bytes]) -> None:
         try:

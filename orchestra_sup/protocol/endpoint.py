@@ -49,7 +49,7 @@ from orchestra_sup.errors import (
 )
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.keys import ClientKeys, ServerKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
@@ -183,7 +183,7 @@ class Endpoint:
         self.connection: int | None = None
         self.sock: zmq.Socket = ctx.socket(kind)
         self.sock.linger = 0
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)  # over the frame limit: answered
         if kind == zmq.ROUTER:
             self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if identity is not None:
@@ -246,7 +246,9 @@ class Endpoint:
         """Send one frame without blocking; returns its message id.
 
         Raises `PeerDown` when a ROUTER has no connection to `to`, when a DEALER's queue is full,
-        or when the endpoint was closed (a reply finishing after its socket went away).
+        or when the endpoint was closed (a reply finishing after its socket went away), and
+        `ProtocolError` (`too_large`) when the frame would be over `codec.MAX_FRAME_BYTES`
+        (nothing is sent).
         """
         if self.sock.closed:
             raise PeerDown(_peer_name(to))
@@ -279,11 +281,16 @@ class Endpoint:
         return msg_id
 
     def reply(self, request: f.Envelope, peer: bytes | None, body: f.Body) -> None:
-        """Answer `request`; a peer that has gone away is logged and forgotten."""
+        """Answer `request`; a peer that has gone away is logged and forgotten. An answer over
+        the frame limit is replaced by an `Error(too_large)` saying so."""
         try:
             self.send(body, to=peer, corr=request.id)
         except PeerDown:
             log.info("%s: reply to %s dropped, peer gone", self.name, request.sender)
+        except ProtocolError as exc:
+            log.warning("%s: answer to %s not sent: %s", self.name, request.sender, exc)
+            message = f"the answer ({type(body).__name__}) is not sent: {exc.detail}"
+            self.reply(request, peer, f.Error(code=exc.code, message=message))
 
     async def request(
         self,
@@ -367,7 +374,7 @@ class Endpoint:
             # Error frames at each other forever.
             if self.routed and peer is not None:
                 with contextlib.suppress(PeerDown):
-                    self.send(f.Error(code=exc.code, message=str(exc)), to=peer)
+                    self.send(f.Error(code=exc.code, message=str(exc)), to=peer, corr=exc.msg_id)
             return
         if env.corr is not None:
             pending = self._pending.get(env.corr)
