@@ -122,6 +122,7 @@ def guarded(fn: Callable[[], T]) -> T:
             ErrorCode.NOT_FOUND,
             ErrorCode.PATH_ESCAPE,
             ErrorCode.VERSION_SKEW,
+            ErrorCode.TOO_LARGE,
         )
         raise fail(str(exc), EXIT_USAGE if bad_input else EXIT_FAILED) from None
     except OrchestraError as exc:

@@ -6,6 +6,10 @@ is missing, or that does not answer in time, raises `TreeUnreachable` with a one
 Locally it connects to `<run_dir>/ctl.ipc`, where the tree knows the caller by its uid. A remote
 operator connects to the tree's CURVE `tcp://` ctl endpoint (`start --ctl-tcp`) with a client
 keypair the tree allows (`protocol.keys`); a refused handshake is reported as such, at once.
+
+It knows the largest request the tree takes (`codec.MAX_FRAME_BYTES`, encoded) and refuses a
+larger one before sending anything; and a supervisor that has shut `ctl.ipc` to new connections
+near its open-file limit (`protocol.connections`) is reported as busy, not as missing.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from orchestra_sup.errors import ConfigError, RemoteError, TreeUnreachable
+from orchestra_sup.errors import ConfigError, ProtocolError, RemoteError, TreeBusy, TreeUnreachable
 from orchestra_sup.pathcheck import shown_path
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
+from orchestra_sup.protocol.connections import shut_path
 from orchestra_sup.protocol.keys import ClientKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor.runlock import is_owned
@@ -35,21 +40,27 @@ class CtlClient:
     address; `run_dir` is then not looked at) to a remote tree's ctl endpoint as CURVE client
     `keys`.
 
-    Raises `TreeUnreachable` at construction when no live tree owns `run_dir`, `ConfigError`
-    when `connect` is a `tcp://` address and `keys` is None.
+    Raises `TreeUnreachable` at construction when no live tree owns `run_dir`, `TreeBusy` when
+    the tree has shut `ctl.ipc` to new connections, `ConfigError` when `connect` is a `tcp://`
+    address and `keys` is None.
     """
 
     def __init__(
         self, run_dir: Path, *, connect: str | None = None, keys: ClientKeys | None = None
     ):
         if connect is None and (not is_owned(run_dir) or not (run_dir / "ctl.ipc").exists()):
+            if is_owned(run_dir) and shut_path(run_dir / "ctl.ipc").exists():
+                raise TreeBusy(
+                    f"the tree at {shown_path(run_dir)} takes no new ctl connections now: its "
+                    "supervisor is near its open-file limit; try again shortly"
+                )
             raise TreeUnreachable(f"no tree is running at {shown_path(run_dir)}")
         self.where = connect or str(run_dir)
         self.codec = Codec()
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)  # as every tree socket
+        self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)  # as every tree socket
         self.monitor: zmq.Socket | None = None
         if connect is not None and keys is not None:
             self.monitor = self.sock.get_monitor_socket(curve.REFUSALS)
@@ -75,8 +86,9 @@ class CtlClient:
     def request(self, body: f.Body, timeout_s: float) -> f.Body:
         """Send `body`, return the reply body.
 
-        Raises `TreeUnreachable` when no reply comes within `timeout_s` seconds and `RemoteError`
-        when the tree answers with an `Error` frame.
+        Raises `ConfigError` when the request cannot be encoded or is over the largest the tree
+        takes (`codec.MAX_FRAME_BYTES`; nothing is sent), `TreeUnreachable` when no reply comes
+        within `timeout_s` seconds and `RemoteError` when the tree answers with an `Error` frame.
         """
         msg_id = f"ctl.{os.getpid()}.{next(_ids)}"
         env = f.Envelope(
@@ -95,6 +107,10 @@ class CtlClient:
             # e.g. an argument whose bytes are not UTF-8 (surrogate escapes from argv)
             raise ConfigError(
                 f"the request cannot be sent: {exc} (arguments must be UTF-8 text)"
+            ) from exc
+        except ProtocolError as exc:
+            raise ConfigError(
+                f"the request is not sent: {exc.detail}, the largest request the tree takes"
             ) from exc
         self.sock.send(data)
         poller = zmq.Poller()

@@ -21,6 +21,7 @@ probe_timeout_s = 30.0    # `ctl rollover`: how long a release has to answer its
 metrics_port = 9464       # serve Prometheus metrics on this port (0: any free one; default:
                           # not served); `start --metrics-port` replaces it
 metrics_host = "127.0.0.1"  # ... on this address (`start --metrics-host`)
+ctl_connections = 32      # ctl clients served at once on ctl.ipc; one more is answered busy
 
 [shards]
 count = 2                 # worker-host shards
@@ -108,6 +109,11 @@ class SupervisorSettings(msgspec.Struct, frozen=True, kw_only=True):
     not served."""
     metrics_host: str = "127.0.0.1"
     """The address the metrics are served on (a name or an IPv4/IPv6 address)."""
+    ctl_connections: int = 32
+    """Ctl connections served at once on `ctl.ipc` (`protocol.connections`): a client that
+    connects beyond them is answered `Error(busy)`. Each holds one descriptor of the
+    supervisor's; `ctl plan --wait`, `ctl logs --follow` and `ctl top` hold theirs while they
+    run."""
 
 
 class ShardProfile(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,6 +189,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("supervisor", "drain_timeout_s"): (float, 0.1, 3_600),
     ("supervisor", "probe_timeout_s"): (float, 0.1, 3_600),
     ("supervisor", "metrics_port"): (int, 0, 65_535),
+    ("supervisor", "ctl_connections"): (int, 1, 100_000),
     ("shards", "count"): (int, 1, 256),
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
     ("lanes", "transcript_retention_s"): (float, 0, 10 * 365 * 86_400),

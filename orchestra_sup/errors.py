@@ -32,6 +32,7 @@ class ErrorCode(enum.StrEnum):
     CONFLICT = "conflict"
     BUSY = "busy"
     INTERNAL = "internal"
+    TOO_LARGE = "too_large"
 
 
 class OrchestraError(Exception):
@@ -59,12 +60,16 @@ class ProtocolError(OrchestraError):
     """A frame could not be decoded or does not belong on the channel it arrived on.
 
     Raised by `protocol.codec.Codec.decode`; receivers answer it with an `Error` frame where a reply
-    is possible and never let it stop their loop.
+    is possible and never let it stop their loop. `msg_id` is the refused frame's message id when
+    it could still be read (a frame over the size limit, code `too_large`), so the answer can be
+    correlated with the request; None otherwise. `Codec.encode` raises it too, code
+    `too_large`, for a frame it will not send.
     """
 
-    def __init__(self, code: ErrorCode, detail: str):
+    def __init__(self, code: ErrorCode, detail: str, *, msg_id: str | None = None):
         self.code = code
         self.detail = detail
+        self.msg_id = msg_id
         super().__init__(f"{code}: {detail}")
 
 
@@ -101,6 +106,14 @@ class ReleaseError(SupervisionError):
 
 class TreeUnreachable(OrchestraError):
     """`ctl` found no tree at the run directory, or the tree did not answer within the timeout."""
+
+
+class TreeBusy(OrchestraError):
+    """The tree is up but takes no new ctl connection now: its supervisor is near its
+    open-file limit and has shut `ctl.ipc` to newcomers (`protocol.connections`). Unlike
+    `TreeUnreachable`, trying again shortly is the answer."""
+
+    code = ErrorCode.BUSY
 
 
 class RemoteError(OrchestraError):

@@ -32,6 +32,9 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "internal_errors": reply.internal_errors,
             "ctl_refused": reply.ctl_refused,
             "metrics_url": reply.metrics_url,
+            "descriptors": msgspec.to_builtins(reply.descriptors),
+            "ctl_connections": reply.ctl_connections,
+            "ctl_connections_max": reply.ctl_connections_max,
         },
         "children": msgspec.to_builtins(reply.children),
     }
@@ -137,6 +140,12 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         f"internal errors {reply.internal_errors}, "
         f"ctl refused {reply.ctl_refused}, isolation {reply.isolation or '?'}"
     )
+    if reply.descriptors is not None:
+        console.print(
+            f"descriptors {fds(reply.descriptors)}, ctl connections "
+            f"{reply.ctl_connections} of {reply.ctl_connections_max} "
+            f"(refused {reply.descriptors.refused})"
+        )
     if reply.metrics_url:
         console.print(f"metrics {reply.metrics_url}")
     if reply.rollover is not None:
@@ -155,6 +164,7 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
         "release",
         "refused stale/bad",
         "internal",
+        "fds",
     )
     for c in reply.children:
         last = "-"
@@ -178,8 +188,16 @@ def status_table(reply: f.StatusReply, console: Console) -> None:
             _release(c, reply.release),
             f"{c.stale_frames}/{c.bad_frames}",
             str(c.internal_errors),
+            "-" if c.descriptors is None else fds(c.descriptors),
         )
     console.print(table)
+
+
+def fds(d: f.Descriptors) -> str:
+    """A process's descriptors for people: "31/1024", and "31/1024 shut: ctl" while a socket
+    of it takes no new connections."""
+    shut = f" shut: {', '.join(d.shut)}" if d.shut else ""
+    return f"{d.open}/{d.limit}{shut}"
 
 
 def _release(child: f.ChildInfo, supervisor_release: str) -> str:

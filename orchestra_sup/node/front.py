@@ -31,13 +31,12 @@ import logging
 import threading
 from collections.abc import Callable
 
-import msgspec
 import zmq
 
 from orchestra_sup.errors import ProtocolError
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.endpoint import error_frame, internal_error, unexpected
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
@@ -88,7 +87,7 @@ class Front:
         self.codec = Codec()  # msgspec encoders are not shared across threads
         self.router: zmq.Socket = ctx.socket(zmq.ROUTER)
         self.router.linger = 0
-        self.router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        self.router.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._stop: zmq.Socket = ctx.socket(zmq.DEALER)
         self._stop.linger = 0
@@ -160,24 +159,29 @@ class Front:
             body = error_frame(exc)
         if body is None:
             return False
-        reply = f.Envelope(
+        try:
+            data = self.codec.encode(self._reply(env, body))
+        except ProtocolError as exc:  # over the frame limit: say so instead
+            message = f"the answer ({type(body).__name__}) is not sent: {exc.detail}"
+            data = self.codec.encode(self._reply(env, f.Error(code=exc.code, message=message)))
+        except Exception as exc:  # e.g. a file name that is not UTF-8, left in a str
+            self._failed(env, exc, f"encoding its {type(body).__name__} reply")
+            data = self.codec.encode(self._reply(env, internal_error(exc)))
+        self.answered += 1  # before the reply leaves: whoever got it can count on the count
+        self._send([parts[0], data])
+        return True
+
+    def _reply(self, request: f.Envelope, body: f.Body) -> f.Envelope:
+        return f.Envelope(
             v=PROTOCOL_VERSION,
             id=f"{self.name}.{self.generation}.f{next(self._ids)}",
-            corr=env.id,
+            corr=request.id,
             sender=self.name,
             gen=self.generation,
             ttl_s=None,
             dest_gen=None,
             body=body,
         )
-        try:
-            data = self.codec.encode(reply)
-        except Exception as exc:  # e.g. a file name that is not UTF-8, left in a str
-            self._failed(env, exc, f"encoding its {type(body).__name__} reply")
-            data = self.codec.encode(msgspec.structs.replace(reply, body=internal_error(exc)))
-        self.answered += 1  # before the reply leaves: whoever got it can count on the count
-        self._send([parts[0], data])
-        return True
 
     def _failed(self, env: f.Envelope, exc: Exception, doing: str) -> None:
         self.internal_errors += 1

@@ -2,11 +2,14 @@
 
 A child (coordinator, custodian or shard) is a `Role` plugged into a `Node`. The node:
 
-1. sets `PR_SET_PDEATHSIG` and exits at once if its supervisor is already gone;
+1. sets `PR_SET_PDEATHSIG` and exits at once if its supervisor is already gone, and raises its
+   soft open-file limit to its hard limit (`descriptors.raise_limit`);
 2. lets the role open what it owns (`Role.open`), then binds its ROUTER at
-   `<run_dir>/<name>.ipc` (mode 0600) and connects a DEALER to the supervisor;
+   `<run_dir>/<name>.ipc` (mode 0600), guarded against running out of descriptors
+   (`protocol.connections`), and connects a DEALER to the supervisor;
 3. says `Hello` and waits for `Welcome` under a deadline: only then is it running;
-4. heartbeats its loop lag, keeps the `Roster` of peers, and hands every request to the role;
+4. heartbeats its loop lag and descriptors, keeps the `Roster` of peers, and hands every
+   request to the role;
 5. on SIGTERM or SIGINT, lets the role stop (`Role.close`) and exits 0.
 
 A role may put a `Front` (node/front.py) before its loop with `Node.serve_through`: a thread that
@@ -34,7 +37,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from orchestra_sup import linux
+from orchestra_sup import descriptors, linux
 from orchestra_sup.config import Paths
 from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
 from orchestra_sup.node.args import ChildArgs
@@ -43,6 +46,7 @@ from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.proctitle import ProcTitle, child_title
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.connections import ConnectionGuard, watch
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
 from orchestra_sup.release import protocol_range, version
 
@@ -144,6 +148,8 @@ class Node:
         self._exit_code = 0
         self.title = None if colocated else ProcTitle()
         """This process's title (`proctitle`); a component shares the supervisor's process."""
+        self.guard: ConnectionGuard | None = None
+        """The guard of its public `ipc://` socket, while it is bound (not colocated)."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -152,6 +158,7 @@ class Node:
             linux.set_parent_death_signal()
             if os.getppid() != self.args.supervisor_pid:
                 return 1  # orphaned before the death signal was armed
+            descriptors.raise_limit()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stopping.set)
@@ -168,12 +175,21 @@ class Node:
                 task.cancel()
             for ep in (*self._links.values(), self.server, self.control):
                 ep.close()
+            if self.guard is not None:  # once its socket (the front's, the server's) is closed
+                self.guard.close()
             if not self.colocated:
                 self.ctx.term()
 
     async def _serve(self) -> int:
         default = f"inproc://{self.name}" if self.colocated else self.paths.endpoint(self.name)
         public = self.args.endpoint or default
+        if public.startswith("ipc://"):
+            sock = self.server.sock if self.front is None else self.front.router
+            self.guard = ConnectionGuard(
+                sock, Path(public.removeprefix("ipc://")), name=self.name, process=self.name
+            )
+            self.guard.start()  # before the front's thread owns its socket
+            self.spawn(watch(lambda: [self.guard] if self.guard else []))
         if self.front is None:
             self.server.bind(public)
         else:
@@ -306,6 +322,7 @@ class Node:
         if self.lag.samples:  # before its first sample a loop has no figures, not zeros
             lag = self.lag.figures()
         return f.Heartbeat(
+            descriptors=self.descriptors(),
             loop_lag_p50_ms=None if lag is None else lag[0],
             loop_lag_p99_ms=None if lag is None else lag[1],
             loop_lag_max_ms=None if lag is None else lag[2],
@@ -320,6 +337,17 @@ class Node:
             outbox_depth=role.outbox_depth(),
             persist_depth=store.queue_depth if store is not None else 0,
             persist_batches=store.batch_rows.frame() if store and store.batches else None,
+        )
+
+    def descriptors(self) -> f.Descriptors:
+        """This process's descriptors now, and what its guard shut."""
+        now = descriptors.usage()
+        guard = self.guard
+        return f.Descriptors(
+            open=now.open,
+            limit=now.limit,
+            closings=guard.closings if guard is not None else 0,
+            shut=[guard.name] if guard is not None and guard.shut else [],
         )
 
     # --- peers -----------------------------------------------------------------------------------

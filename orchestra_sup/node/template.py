@@ -47,7 +47,7 @@ from typing import assert_never
 
 import msgspec
 
-from orchestra_sup import linux
+from orchestra_sup import descriptors, linux
 from orchestra_sup.node.args import ChildArgs
 
 
@@ -313,6 +313,7 @@ def _warm() -> None:
 def main() -> int:
     cmd_fd, reply_fd, supervisor_pid = (int(a) for a in sys.argv[1:4])
     linux.set_parent_death_signal()
+    descriptors.raise_limit()  # and so every child it forks
     if os.getppid() != supervisor_pid:
         return 1  # orphaned before the death signal was armed
     for module in PRELOADED:

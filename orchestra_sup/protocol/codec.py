@@ -5,6 +5,15 @@ Decoding is strict: garbage bytes, an unknown tag, a wrong field type, an oversi
 value nested too deeply to decode (a `ToolResult` of 100,000 nested arrays is 100 KB) or a
 version outside our range raise `ProtocolError` with a stable code, so a receiver can answer
 and go on.
+
+Sizes (issue 24): a frame is at most `MAX_FRAME_BYTES`, both ways: `encode` refuses to make a
+larger one (the ctl client then refuses the request before sending it, an endpoint answers
+with an `Error` in place of a reply that large), and `decode` refuses one with code `too_large`,
+naming the frame's message id when it can still be read, so the refusal answers the request.
+Every socket lets libzmq take messages up to `SOCKET_MAX_BYTES` (twice the frame limit), so a
+frame somewhat over the limit reaches `decode` and is answered; one over that is cut off by
+libzmq (it drops the connection, and nothing can answer), which bounds what one connection
+makes a process buffer.
 """
 
 from __future__ import annotations
@@ -16,30 +25,54 @@ from orchestra_sup.protocol.frames import Envelope
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
-"""Largest frame accepted, in bytes (16 MiB). Sockets also set `zmq.MAXMSGSIZE` to this so libzmq
-drops a larger message before it is ever buffered whole."""
+"""Largest frame sent or acted on, in bytes (16 MiB), encoded: a request's body and its
+envelope."""
+SOCKET_MAX_BYTES = 2 * MAX_FRAME_BYTES
+"""Every socket's `zmq.MAXMSGSIZE`, in bytes (32 MiB): larger messages are dropped by libzmq
+with their connection, before they are buffered whole."""
+
+
+class _Head(msgspec.Struct, array_like=True):
+    """The first two fields of an `Envelope` (msgspec skips the rest of the array unread)."""
+
+    v: int
+    id: str
 
 
 class Codec:
-    """Turns `Envelope` values into bytes and back.
+    """Turns `Envelope` values into bytes and back, frames of at most `max_bytes` (default
+    `MAX_FRAME_BYTES`).
 
-    `decode` raises `ProtocolError` with code `bad_frame` for anything that is not a well-formed
-    envelope of a known body type, and `version_skew` for a version outside our range.
+    `encode` raises `ProtocolError` with code `too_large` for a frame over `max_bytes`.
+    `decode` raises it with `too_large` for one over `max_bytes` (with `msg_id` set when its
+    id can be read), `bad_frame` for anything that is not a well-formed envelope of a known body
+    type, and `version_skew` for a version outside our range.
     """
 
     def __init__(self, max_bytes: int = MAX_FRAME_BYTES):
         self.max_bytes = max_bytes
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Envelope)
+        self._head = msgspec.msgpack.Decoder(_Head)
 
     def encode(self, env: Envelope) -> bytes:
-        return self._encoder.encode(env)
+        data = self._encoder.encode(env)
+        if len(data) > self.max_bytes:
+            raise ProtocolError(ErrorCode.TOO_LARGE, self.too_large(len(data)))
+        return data
+
+    def too_large(self, size: int) -> str:
+        """A frame of `size` bytes is over the limit, in words."""
+        mib = f" ({self.max_bytes >> 20} MiB)" if self.max_bytes % (1 << 20) == 0 else ""
+        return f"a frame of {size:,} bytes is over the limit of {self.max_bytes:,} bytes{mib}"
 
     def decode(self, data: bytes | memoryview) -> Envelope:
         if len(data) > self.max_bytes:
-            raise ProtocolError(
-                ErrorCode.BAD_FRAME, f"frame of {len(data)} bytes exceeds {self.max_bytes}"
-            )
+            try:
+                msg_id: str | None = self._head.decode(data).id  # ~1 ms for 17 MB: skipped
+            except msgspec.DecodeError:
+                msg_id = None
+            raise ProtocolError(ErrorCode.TOO_LARGE, self.too_large(len(data)), msg_id=msg_id)
         try:
             env = self._decoder.decode(data)
         except msgspec.DecodeError as exc:

@@ -50,7 +50,7 @@ from orchestra_sup.errors import (
 )
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.keys import ClientKeys, ServerKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
@@ -127,6 +127,17 @@ def frame_caller(frame: zmq.Frame) -> Caller | None:
     return parse_peer_address(_property(frame, "Peer-Address"))
 
 
+def frame_connection(frame: zmq.Frame) -> int | None:
+    """The descriptor of the connection `frame` (received with `copy=False`) came on
+    (`ZMQ_SRCFD`, which libzmq 4.3 still serves though it marks it deprecated), or None when
+    it came on none (`inproc://`)."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except zmq.ZMQError:
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
 def _property(frame: zmq.Frame, name: str) -> str | None:
     try:
         return frame.get(name)
@@ -147,7 +158,9 @@ class Endpoint:
 
     `caller` is the sender's `Caller` while a `needs_caller` handler runs (None when
     its connection has none); it is None at every other time and on every other endpoint, so a
-    task the handler spawns must take it as an argument, not read it later.
+    task the handler spawns must take it as an argument, not read it later. `connection` is,
+    likewise, the descriptor of the connection the frame came on (`frame_connection`), which
+    `protocol.connections.ConnectionGuard` knows its connections by.
     """
 
     def __init__(
@@ -170,9 +183,10 @@ class Endpoint:
         self.handler = handler
         self.reads_caller = bool(getattr(handler, _NEEDS_CALLER, False))
         self.caller: Caller | None = None
+        self.connection: int | None = None
         self.sock: zmq.Socket = ctx.socket(kind)
         self.sock.linger = 0
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)  # over the frame limit: answered
         if kind == zmq.ROUTER:
             self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if identity is not None:
@@ -236,7 +250,9 @@ class Endpoint:
         """Send one frame without blocking; returns its message id.
 
         Raises `PeerDown` when a ROUTER has no connection to `to`, when a DEALER's queue is full,
-        or when the endpoint was closed (a reply finishing after its socket went away).
+        or when the endpoint was closed (a reply finishing after its socket went away), and
+        `ProtocolError` (`too_large`) when the frame would be over `codec.MAX_FRAME_BYTES`
+        (nothing is sent).
         """
         if self.sock.closed:
             raise PeerDown(_peer_name(to))
@@ -269,13 +285,18 @@ class Endpoint:
         return msg_id
 
     def reply(self, request: f.Envelope, peer: bytes | None, body: f.Body) -> None:
-        """Answer `request`; a peer that has gone away is logged and forgotten. Never raises: a
-        body that cannot be sent for another reason (one that cannot be encoded, such as a str
+        """Answer `request`; a peer that has gone away is logged and forgotten. An answer over
+        the frame limit is replaced by an `Error(too_large)` saying so. Never raises: a body
+        that cannot be sent for another reason (one that cannot be encoded, such as a str
         holding a lone surrogate from a file name) is answered as `failed` says instead."""
         try:
             self.send(body, to=peer, corr=request.id)
         except PeerDown:
             log.info("%s: reply to %s dropped, peer gone", self.name, request.sender)
+        except ProtocolError as exc:
+            log.warning("%s: answer to %s not sent: %s", self.name, request.sender, exc)
+            message = f"the answer ({type(body).__name__}) is not sent: {exc.detail}"
+            self.reply(request, peer, f.Error(code=exc.code, message=message))
         except Exception as exc:
             self.failed(request, peer, exc, f"sending its {type(body).__name__} reply")
 
@@ -355,10 +376,11 @@ class Endpoint:
 
     def _dispatch_with_caller(self, parts: list[zmq.Frame]) -> None:
         self.caller = frame_caller(parts[-1])
+        self.connection = frame_connection(parts[-1])
         try:
             self._dispatch([part.bytes for part in parts])
         finally:
-            self.caller = None
+            self.caller = self.connection = None
 
     def _dispatch(self, parts: list[bytes]) -> None:
         peer = parts[0] if self.routed and len(parts) > 1 else None
@@ -372,7 +394,7 @@ class Endpoint:
             # Error frames at each other forever.
             if self.routed and peer is not None:
                 with contextlib.suppress(PeerDown):
-                    self.send(f.Error(code=exc.code, message=str(exc)), to=peer)
+                    self.send(f.Error(code=exc.code, message=str(exc)), to=peer, corr=exc.msg_id)
             return
         if env.corr is not None:
             pending = self._pending.get(env.corr)

@@ -196,6 +196,20 @@ class PlanReport(Frame, tag="plan_report"):
     budget: Budget | None = None
 
 
+class Descriptors(msgspec.Struct, frozen=True, kw_only=True):
+    """A process's file descriptors (`descriptors.usage`, `protocol.connections`): `open`
+    against its soft open-file `limit`; `refused`: connections its answering listeners (ctl)
+    refused beyond their bound or near the limit; `closings`: times a listener of it stopped
+    taking new connections near the limit; `shut`: the sockets ("ctl", "supervisor", a child's
+    name) that take none now."""
+
+    open: int
+    limit: int
+    refused: int = 0
+    closings: int = 0
+    shut: list[str] = []
+
+
 class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
     """How a child last exited: exactly one of `signal` and `status` is set."""
 
@@ -243,6 +257,8 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The coordinator's unhandled durable inbox entries, from its last heartbeat."""
     persist_depth: int = 0
     """Rows its write-behind queue held at its last heartbeat."""
+    descriptors: Descriptors | None = None
+    """Its file descriptors, from its last heartbeat (None before the first)."""
 
 
 class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -384,6 +400,8 @@ class Heartbeat(Frame, tag="heartbeat"):
     """A shard's messages to the coordinator (results, pauses, notes) not yet acknowledged
     (`shards.outbox`); 0 in other roles. A shard a reload retires is quiet only at 0 lanes
     and 0 here."""
+    descriptors: Descriptors | None = None
+    """Its file descriptors now (None from a release that does not say)."""
 
 
 class PeerState(msgspec.Struct, frozen=True, kw_only=True):
@@ -610,6 +628,13 @@ class StatusReply(Frame, tag="status_reply"):
     """The isolation mode the shards' lanes run under ("bwrap", "none"; `shards.isolation`)."""
     metrics_url: str = ""
     """Where the supervisor serves Prometheus metrics (`start --metrics-port`); "" when off."""
+    descriptors: Descriptors | None = None
+    """The supervisor's own file descriptors (its `refused` and `shut` are ctl's and the
+    control socket's)."""
+    ctl_connections: int = 0
+    """Ctl connections served now on `ctl.ipc`."""
+    ctl_connections_max: int = 0
+    """At most this many at once (`[supervisor] ctl_connections`)."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

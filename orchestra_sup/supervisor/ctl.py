@@ -13,6 +13,11 @@ the frame: an `ipc://` caller whose uid is the tree owner's (the supervisor's ef
 or a CURVE client whose key the tree allows (`ctl --connect tcp://...`). Anyone else, and a
 connection that says nothing of who it is, is answered `Error(forbidden)` and logged with what
 the connection did say (uid and pid), and nothing else happens.
+
+How many (issue 24): `ctl.ipc` serves at most `[supervisor] ctl_connections` connections at
+once, and none new while the supervisor is near its open-file limit (`guard`,
+`protocol.connections`); every request on a connection accepted beyond them is answered
+`Error(busy)` saying which, before anything else is looked at.
 """
 
 from __future__ import annotations
@@ -22,13 +27,17 @@ import logging
 import os
 import pwd
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never
 
 import msgspec
+import zmq
 
+from orchestra_sup.descriptors import usage
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.node.runtime import debug_raise
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.connections import SHUT_BELOW, ConnectionGuard
 from orchestra_sup.protocol.endpoint import (
     Caller,
     Endpoint,
@@ -99,8 +108,34 @@ class CtlService:
         log.warning("ctl: refused a request: %s", reason)
         return reason
 
+    def guard(self, sock: zmq.Socket, path: Path) -> ConnectionGuard:
+        """The guard of the ctl socket `sock`, bound at `path`: it answers, at most
+        `[supervisor] ctl_connections` (read at each accept: a reload applies it in place),
+        its door shut below `connections.SHUT_BELOW` free descriptors."""
+        return ConnectionGuard(
+            sock,
+            path,
+            name="ctl",
+            process="the supervisor",
+            answers=True,
+            max_connections=lambda: self.sup.settings.supervisor.ctl_connections,
+            shut_below=SHUT_BELOW,
+        )
+
+    def busy(self, ep: Endpoint) -> str | None:
+        """Why the connection the frame `ep` is dispatching came on is refused (its guard's
+        `refusal`), or None: it is served, or it is no connection (`inproc://`)."""
+        if ep.connection is None:
+            return None
+        guard = self.sup.guards.get(ep)
+        return guard.refusal(ep.connection) if guard is not None else None
+
     @needs_caller
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        busy = self.busy(ep)
+        if busy is not None:
+            ep.reply(env, peer, f.Error(code=ErrorCode.BUSY, message=busy))
+            return
         refusal = self.admit(ep.caller)
         if refusal is not None:
             ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=refusal))
@@ -204,6 +239,21 @@ class CtlService:
             ),
             isolation=effective(self.sup.settings.isolation).mode,
             metrics_url=self.sup.metrics_url,
+            descriptors=self.descriptors(),
+            ctl_connections=sum(g.served for g in self.sup.guards.values() if g.answers),
+            ctl_connections_max=self.sup.settings.supervisor.ctl_connections,
+        )
+
+    def descriptors(self) -> f.Descriptors:
+        """The supervisor's descriptors now, with what its guards refused and shut."""
+        now = usage()
+        guards = list(self.sup.guards.values())
+        return f.Descriptors(
+            open=now.open,
+            limit=now.limit,
+            refused=sum(g.refused for g in guards),
+            closings=sum(g.closings for g in guards),
+            shut=[g.name for g in guards if g.shut],
         )
 
     def _answer(

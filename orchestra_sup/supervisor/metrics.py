@@ -10,12 +10,15 @@ What is exposed (every name `orchestra_sup_*`, units in the names):
   `loop_lag_seconds` (histogram of every event-loop lag sample since the process started),
   `persist_queue_rows` and `persist_batch_rows` (the write-behind queue's depth, and a histogram
   of writes per transaction; processes with a store only), `bad_frames_total`,
-  `stale_frames_total`, `internal_errors_total` (requests answered `internal`);
+  `stale_frames_total`, `internal_errors_total` (requests answered `internal`), `open_fds` and
+  `max_fds` (descriptors in use, and the soft open-file limit), `connections_refused_total`
+  (connections refused beyond a bound or near that limit, `protocol.connections`);
 - `relay_seconds`: histogram of the coordinator's relay round trips (its calls to the custodian
   and the shards), send to answer;
 - `lanes` (labels `shard`, `state`): each shard's live lanes by state;
 - `inbox_depth`: the coordinator's inbox messages not yet acted on;
-- `ctl_refused_total`: ctl requests refused `forbidden` and remote peers refused at the handshake.
+- `ctl_refused_total`: ctl requests refused `forbidden` and remote peers refused at the handshake;
+- `ctl_connections`: ctl connections served now.
 
 Child figures come from each child's last heartbeat (`Liveness.beat`); a child's histograms
 restart from zero with each new generation, which Prometheus reads as a counter reset. A child
@@ -97,6 +100,9 @@ class TreeSample:
     bad_frames: int
     stale_frames: int
     internal_errors: int = 0
+    descriptors: f.Descriptors | None = None
+    """The supervisor's own."""
+    ctl_connections: int = 0
 
 
 def sample(sup: RootSupervisor) -> TreeSample:
@@ -120,6 +126,8 @@ def sample(sup: RootSupervisor) -> TreeSample:
         bad_frames=sum(ep.bad_frames for ep in (sup.control, sup.ctl) if ep),
         stale_frames=sum(ep.stale_frames for ep in (sup.control, sup.ctl) if ep),
         internal_errors=sum(ep.internal_errors for ep in (sup.control, sup.ctl, sup.remote) if ep),
+        descriptors=sup.ctl_service.descriptors(),
+        ctl_connections=sum(g.served for g in sup.guards.values() if g.answers),
     )
 
 
@@ -192,12 +200,37 @@ def families(tree: TreeSample) -> list[Metric]:
         "orchestra_sup_ctl_refused",
         "Ctl requests refused as forbidden, and remote peers refused at the CURVE handshake.",
     )
+    open_fds = GaugeMetricFamily(
+        "orchestra_sup_open_fds", "File descriptors a process has open.", labels=process
+    )
+    max_fds = GaugeMetricFamily(
+        "orchestra_sup_max_fds",
+        "A process's soft open-file limit (new descriptors fail with EMFILE there).",
+        labels=process,
+    )
+    conn_refused = CounterMetricFamily(
+        "orchestra_sup_connections_refused",
+        "Connections a process refused beyond a bound (ctl_connections) or near its open-file "
+        "limit.",
+        labels=process,
+    )
+    ctl_connections = GaugeMetricFamily(
+        "orchestra_sup_ctl_connections", "Ctl connections the supervisor serves now."
+    )
+
+    def add_fds(name: str, d: f.Descriptors | None) -> None:
+        if d is not None:
+            open_fds.add_metric([name], d.open)
+            max_fds.add_metric([name], d.limit)
+            conn_refused.add_metric([name], d.refused)
 
     _histogram(loop_lag, [SUPERVISOR], tree.loop_lag)
     bad.add_metric([SUPERVISOR], tree.bad_frames)
     stale.add_metric([SUPERVISOR], tree.stale_frames)
     internal.add_metric([SUPERVISOR], tree.internal_errors)
     ctl_refused.add_metric([], tree.ctl_refused)
+    add_fds(SUPERVISOR, tree.descriptors)
+    ctl_connections.add_metric([], tree.ctl_connections)
     for c in tree.children:
         restarts.add_metric([c.name], c.restarts)
         operator.add_metric([c.name], c.operator_restarts)
@@ -220,6 +253,7 @@ def families(tree: TreeSample) -> list[Metric]:
         bad.add_metric([c.name], beat.bad_frames)
         stale.add_metric([c.name], beat.stale_frames)
         internal.add_metric([c.name], beat.internal_errors)
+        add_fds(c.name, beat.descriptors)
     return [
         restarts,
         operator,
@@ -236,6 +270,10 @@ def families(tree: TreeSample) -> list[Metric]:
         stale,
         internal,
         ctl_refused,
+        open_fds,
+        max_fds,
+        conn_refused,
+        ctl_connections,
     ]
 
 

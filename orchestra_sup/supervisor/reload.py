@@ -19,7 +19,8 @@ applies the difference, child by child:
   up to `drain_timeout_s` for its lanes to end, then stopped (lanes still running are
   interrupted and their tasks re-run on the shards that stay, as when a shard is stopped) and
   taken out of the tree and of `ctl status`;
-- `[supervisor]` intensity, backoff, `watchdog_s`, `drain_timeout_s` and `probe_timeout_s`
+- `[supervisor]` intensity, backoff, `watchdog_s`, `drain_timeout_s`, `probe_timeout_s` and
+  `ctl_connections`
   apply in place;
 - every other child keeps its pid.
 

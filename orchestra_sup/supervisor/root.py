@@ -37,7 +37,7 @@ from typing import Any
 
 import zmq
 
-from orchestra_sup import linux
+from orchestra_sup import descriptors, linux
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ChildStartError, ConfigError, ErrorCode, PeerDown
 from orchestra_sup.histogram import figures_ms
@@ -47,6 +47,7 @@ from orchestra_sup.node.looplag import LoopLag
 from orchestra_sup.proctitle import ProcTitle, supervisor_title
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.connections import ConnectionGuard, shut_path, watch
 from orchestra_sup.protocol.curve import Gate
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, routing_id
 from orchestra_sup.protocol.keys import ServerKeys, load_server_keys
@@ -166,6 +167,8 @@ class RootSupervisor:
             self.remote_keys = load_server_keys(Path(self.remote_ctl.keys_dir))
         self.remote: Endpoint | None = None
         """The ctl service on `remote_ctl.endpoint`, while the sockets are open."""
+        self.guards: dict[Endpoint, ConnectionGuard] = {}
+        """The guards of `control` and `ctl` (`protocol.connections`), while they are open."""
         self.gate: Gate | None = None
         """The ZAP handler that admits `remote_keys`' clients, while `remote` is open."""
         self.ctl_service = CtlService(self)
@@ -207,6 +210,9 @@ class RootSupervisor:
     # --- the whole tree --------------------------------------------------------------------------
 
     async def run(self) -> int:
+        before, now = descriptors.raise_limit()
+        if before != now:
+            log.info("open-file limit raised from %d to %d (its hard limit)", before, now)
         lock, state_lock = self.dir_locks = self._lock_dirs()
         self._retitle()
         if not self.colocated:  # components' lane commands are waited for by asyncio
@@ -225,6 +231,7 @@ class RootSupervisor:
         if self.handoff is not None:
             adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
         self.spawn(self.lag.run())
+        self.spawn(watch(lambda: self.guards.values()))
         if (ping := notify.watchdog_interval()) is not None:  # a re-exec's new image too
             self.spawn(notify.keep_alive(ping))
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -293,7 +300,17 @@ class RootSupervisor:
             )
 
         self.control, self.ctl = router(self._on_control), router(self.ctl_service.handle)
+        self.guards = {
+            self.control: ConnectionGuard(
+                self.control.sock,
+                self.paths.run_dir / "supervisor.ipc",
+                name="supervisor",
+                process="the supervisor",
+            ),
+            self.ctl: self.ctl_service.guard(self.ctl.sock, self.paths.run_dir / "ctl.ipc"),
+        }
         for ep, name in ((self.control, "supervisor"), (self.ctl, "ctl")):
+            self.guards[ep].start()
             ep.bind(self.paths.endpoint(name))
             os.chmod(self.paths.run_dir / f"{name}.ipc", 0o600)
             ep.start()
@@ -328,6 +345,9 @@ class RootSupervisor:
         for ep in (self.control, self.ctl, self.remote):
             if ep is not None:
                 ep.close(linger_s)
+        for guard in self.guards.values():  # once their sockets are closed
+            guard.close()
+        self.guards = {}
 
     def _serve_metrics(self) -> None:
         """Serve Prometheus metrics when `[supervisor] metrics_port` is set
@@ -475,9 +495,10 @@ class RootSupervisor:
         cgroups (a shard), and orphans reparented to us (we are the subreaper), identified by
         (pid, create time)."""
         endpoint = self.endpoints.pop((worker.name, generation), None)
-        # its socket file, unless a live generation listens there too
+        # its socket file (or its shut door's), unless a live generation listens there too
         if endpoint and endpoint.startswith("ipc://") and endpoint not in self.endpoints.values():
             Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
+            shut_path(Path(endpoint.removeprefix("ipc://"))).unlink(missing_ok=True)
         if self.control is not None:  # requests in flight to it will never be answered
             self.control.fail_pending(routing_id(worker.name, generation), PeerDown(worker.name))
         if worker.spec.role == "shard" and self._cgroups is not None:
@@ -668,7 +689,7 @@ class RootSupervisor:
     def _beat_info(beat: f.Heartbeat | None) -> dict[str, Any]:
         """`ChildInfo`'s fields from a child's last heartbeat: relay (p50, p99, max) in ms
         estimated from its histogram (`histogram.figures_ms`: bucket upper bounds), lanes by
-        state, inbox and write-behind depths, requests answered `internal`."""
+        state, inbox and write-behind depths, requests answered `internal`, descriptors."""
         if beat is None:
             return {}
         return {
@@ -677,6 +698,7 @@ class RootSupervisor:
             "lanes": dict(beat.lanes),
             "inbox_depth": beat.inbox_depth,
             "persist_depth": beat.persist_depth,
+            "descriptors": beat.descriptors,
         }
 
     async def _watchdog(self) -> None:

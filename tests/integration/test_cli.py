@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.coordinator.plan import load_plan
 from tests.integration.harness import Tree, assert_no_leftovers, make_repo, wait_until
 
 pytestmark = pytest.mark.integration
@@ -295,6 +296,29 @@ def test_plans_the_tree_refuses_are_bad_input(tree: Tree, tmp_path: Path) -> Non
         cli("ctl", "--run-dir", run_dir, "submit", str(odd)), 2, "is not in [lanes] programs"
     )
     assert_one_line_error(cli("ctl", "--run-dir", run_dir, "restart", "bogus"), 2, "bogus")
+
+
+def big_plan(path: Path, tasks: int = 100, run_bytes: int = 170_000) -> Path:
+    """A valid plan of about 17 MB (`tasks` tasks, each a `run` of `run_bytes`): over the
+    16 MiB frame limit once encoded, and nothing wrong with it otherwise."""
+    body = "".join(f'[[task]]\nid = "t{i}"\nrun = "echo {"x" * run_bytes}"\n' for i in range(tasks))
+    return write(path, 'name = "big"\n' + body)
+
+
+def test_a_plan_over_the_frame_limit_is_refused_before_it_is_sent(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """Issue 24, defect 4: `ctl submit` of a valid 17 MB plan exits 2 at once in one line
+    naming its size and the limit, instead of waiting out --timeout and saying the tree did
+    not answer; nothing reached the tree (it counts no bad frame) and it takes the next plan."""
+    plan = big_plan(tmp_path / "big.toml")
+    assert plan.stat().st_size > 17_000_000
+    done = cli("ctl", "--run-dir", str(tree.run_dir), "submit", str(plan), "--timeout", "30")
+    assert_one_line_error(done, 2, "16,777,216 bytes (16 MiB)", "largest request the tree takes")
+    assert "17,0" in done.stderr  # its own size, in bytes
+    assert tree.status().bad_frames == 0
+    small = write(tmp_path / "s.toml", 'name = "s"\n[[task]]\nid = "a"\nrun = "true"\n')
+    assert tree.wait_plan(tree.submit(load_plan(small))).ok
 
 
 def test_text_that_looks_like_markup_is_printed_as_itself(tmp_path: Path) -> None:

@@ -226,3 +226,37 @@ def test_bad_remote_options_are_one_line(tmp_path: Path) -> None:
         assert done.returncode == 2, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+def test_an_oversized_frame_on_ctl_is_answered_too_large(tree: Tree) -> None:
+    """Issue 24, defect 4: a raw 17 MB `CtlSubmit` frame (a valid plan, as a client that does
+    not know the limit sends it) is answered with a typed `Error(too_large)` that carries its
+    id and names the limit, not dropped with its connection; the same connection is served
+    next, and the tree counts the frame as refused."""
+    tasks = [{"id": f"t{i}", "run": "echo " + "x" * 170_000} for i in range(100)]
+    raw = [PROTOCOL_VERSION, "big.1", None, "ctl", 0, 10.0, None]
+    frame = msgspec.msgpack.encode(
+        [*raw, {"t": "ctl_submit", "plan": {"name": "big", "tasks": tasks}}]
+    )
+    assert len(frame) > 17_000_000
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(f"ipc://{tree.run_dir / 'ctl.ipc'}")
+        sock.send(frame)
+        assert sock.poll(REPLY_WAIT_MS), "the oversized frame got no answer"
+        reply = Codec().decode(sock.recv())
+        sock.send(msgspec.msgpack.encode([*raw[:1], "small.2", *raw[2:], {"t": "ctl_status"}]))
+        assert sock.poll(REPLY_WAIT_MS), "the connection is not served after it"
+        after = Codec().decode(sock.recv())
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert reply.corr == "big.1"
+    assert isinstance(reply.body, f.Error), reply.body
+    assert reply.body.code == "too_large"
+    assert f"{len(frame):,} bytes" in reply.body.message
+    assert "16,777,216 bytes" in reply.body.message
+    assert after.corr == "small.2" and isinstance(after.body, f.StatusReply)
+    assert after.body.bad_frames >= 1

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from orchestra_sup.errors import ErrorCode, ProtocolError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from tests.integration.harness import RawPeer, Tree, plan, task, wait_until
 
@@ -224,12 +224,24 @@ _ids = iter(range(10**9))
 _codec = Codec()
 
 
+class _Head(msgspec.Struct, array_like=True):
+    """An envelope's version and id, the rest of it unread (as the codec reads an oversized
+    frame to answer it)."""
+
+    v: int
+    id: str
+
+
 def _expectation(target: Target, payload: bytes) -> tuple[str, str] | None:
     """What `payload` must get back from `target`, and what it is: ("bad", "") for an
     uncorrelated bad_frame or version_skew `Error`, (message id, body type) for its reply,
     ("", body type) for nothing; None: never send it."""
     if len(payload) > MAX_FRAME_BYTES:  # the limit itself, not whatever the codec does
-        return "bad", ""
+        try:  # answered `too_large`, correlated when its id can be read
+            head = msgspec.msgpack.decode(payload, type=_Head)
+        except msgspec.DecodeError:
+            return "bad", ""
+        return head.id, "Error"
     try:
         env = _codec.decode(payload)
     except ProtocolError:
@@ -271,7 +283,11 @@ def _throw(target: Target, payloads: list[bytes]) -> None:
         env = _codec.decode(target.sock.recv())
         if env.corr is None:
             assert isinstance(env.body, f.Error), env
-            assert env.body.code in (ErrorCode.BAD_FRAME, ErrorCode.VERSION_SKEW), env.body
+            assert env.body.code in (
+                ErrorCode.BAD_FRAME,
+                ErrorCode.VERSION_SKEW,
+                ErrorCode.TOO_LARGE,
+            ), env.body
             got_bad += 1
         else:
             want_ids.pop(env.corr, None)
@@ -369,18 +385,20 @@ def _fixed_cases(targets: list[Target]) -> None:
                 msgspec.msgpack.encode(
                     [PROTOCOL_VERSION, "x", None, "fuzz", 1, None, None, {"t": "nope"}]
                 ),
-                # over the codec's limit, under MAXMSGSIZE: well-formed, refused as too big
+                # over the codec's limit, under MAXMSGSIZE: answered too_large, with its id
                 _status_frame(sender="s" * (MAX_FRAME_BYTES + 1024)),
+                b"\x00" * (MAX_FRAME_BYTES + 1024),  # ... without an id to answer
             ],
         )
         _over_maxmsgsize(t)
 
 
 def _over_maxmsgsize(t: Target) -> None:
-    """A frame over `zmq.MAXMSGSIZE` never reaches the receiver's code: libzmq drops the
-    connection. The DEALER reconnects and the endpoint answers the next request; nothing ever
-    answers the big one (its `Error` would come first: one connection keeps order)."""
-    t.sock.send(b"\x00" * (MAX_FRAME_BYTES + 64 * 1024))
+    """A frame over `zmq.MAXMSGSIZE` (`SOCKET_MAX_BYTES`) never reaches the receiver's code:
+    libzmq drops the connection. The DEALER reconnects and the endpoint answers the next
+    request; nothing ever answers the big one (its `Error` would come first: one connection
+    keeps order)."""
+    t.sock.send(b"\x00" * (SOCKET_MAX_BYTES + 64 * 1024))
     deadline = time.monotonic() + REPLY_DEADLINE_S
     asked: set[str] = set()
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ import pytest
 
 from orchestra_sup.errors import ErrorCode, ProtocolError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
+from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN, PROTOCOL_VERSION, compatible
 
 ANY_SAMPLE: Any = {"rows": [1, "two", None, 3.5, True], "nested": {"empty": []}}
@@ -209,13 +209,22 @@ def test_hand_built_envelope_is_accepted() -> None:
     assert env.body == f.Welcome(generation=5)
 
 
-def test_oversized_frame_is_bad_frame() -> None:
-    """A frame longer than max_bytes is refused with bad_frame naming both sizes."""
+def test_oversized_frame_is_too_large_and_names_its_id() -> None:
+    """A frame longer than max_bytes is refused with too_large naming both sizes, and carries
+    the frame's message id so the refusal can answer the request."""
     data = Codec().encode(_envelope(f.Reject(reason="x" * 200)))
     exc = _refused(data, Codec(max_bytes=100))
-    assert exc.code is ErrorCode.BAD_FRAME
-    assert str(len(data)) in exc.detail
-    assert "100" in exc.detail
+    assert exc.code is ErrorCode.TOO_LARGE
+    assert f"{len(data):,}" in exc.detail
+    assert "100 bytes" in exc.detail
+    assert exc.msg_id == "sender.3.41"
+
+
+def test_oversized_garbage_is_too_large_without_an_id() -> None:
+    """Oversized bytes that are no envelope at all are too_large too, with no id to answer."""
+    exc = _refused(b"\xc1" * 200, Codec(max_bytes=100))
+    assert exc.code is ErrorCode.TOO_LARGE
+    assert exc.msg_id is None
 
 
 def test_frame_of_exactly_max_bytes_is_accepted() -> None:
@@ -223,7 +232,25 @@ def test_frame_of_exactly_max_bytes_is_accepted() -> None:
     env = _envelope(f.Reject(reason="x" * 50))
     data = Codec().encode(env)
     assert Codec(max_bytes=len(data)).decode(data) == env
-    assert _refused(data, Codec(max_bytes=len(data) - 1)).code is ErrorCode.BAD_FRAME
+    assert _refused(data, Codec(max_bytes=len(data) - 1)).code is ErrorCode.TOO_LARGE
+
+
+def test_encode_refuses_a_frame_over_the_limit() -> None:
+    """The limit holds both ways: a frame one byte over max_bytes is not made at all (a sender
+    learns before sending), one of exactly max_bytes is."""
+    env = _envelope(f.Reject(reason="x" * 50))
+    size = len(Codec().encode(env))
+    assert len(Codec(max_bytes=size).encode(env)) == size
+    with pytest.raises(ProtocolError) as info:
+        Codec(max_bytes=size - 1).encode(env)
+    assert info.value.code is ErrorCode.TOO_LARGE
+    assert f"{size:,} bytes" in info.value.detail
+
+
+def test_socket_limit_is_above_the_frame_limit() -> None:
+    """Every socket takes messages up to twice the frame limit, so a frame somewhat over the
+    limit reaches the codec and is answered rather than cut off by libzmq."""
+    assert SOCKET_MAX_BYTES == 2 * MAX_FRAME_BYTES
 
 
 def test_default_max_bytes() -> None:

@@ -846,3 +846,114 @@ def test_caller_is_cleared_when_the_handler_raises(tmp_path: Path) -> None:
             assert router.caller is None
 
     _run(main)
+
+
+# --- sizes and connections (issue 24) ------------------------------------------------------------
+
+
+def test_an_oversized_request_is_answered_too_large_with_its_id() -> None:
+    """A request over the frame limit (under the socket's) is answered `Error(too_large)`
+    correlated with its id, so the caller's `request` raises at once rather than time out; the
+    handler never sees it."""
+
+    async def main() -> None:
+        async with _net() as net:
+            calls: list[f.Envelope] = []
+            router = Endpoint(
+                net.ctx,
+                zmq.ROUTER,
+                name="router",
+                generation=1,
+                codec=Codec(max_bytes=1000),
+                handler=_replying(lambda env: f.Ack(), calls),
+            )
+            net.endpoints.append(router)
+            router.bind(net.addr)
+            router.start()
+            dealer = net.dealer("d1")
+            with pytest.raises(RemoteError) as info:
+                async with asyncio.timeout(DEADLINE_S):
+                    await dealer.request(f.Reject(reason="x" * 2000), timeout_s=DEADLINE_S)
+            assert info.value.code is ErrorCode.TOO_LARGE
+            assert "over the limit of 1,000 bytes" in info.value.message
+            assert calls == [] and router.bad_frames == 1
+
+    _run(main)
+
+
+def test_an_answer_over_the_limit_becomes_a_too_large_error() -> None:
+    """A handler whose answer would be over the frame limit: the caller gets `Error(too_large)`
+    naming the answer's type, never silence."""
+
+    async def main() -> None:
+        async with _net() as net:
+            router = Endpoint(
+                net.ctx,
+                zmq.ROUTER,
+                name="router",
+                generation=1,
+                codec=Codec(max_bytes=1000),
+                handler=_replying(lambda env: f.Reject(reason="x" * 2000)),
+            )
+            net.endpoints.append(router)
+            router.bind(net.addr)
+            router.start()
+            dealer = net.dealer("d1")
+            with pytest.raises(RemoteError) as info:
+                async with asyncio.timeout(DEADLINE_S):
+                    await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S)
+            assert info.value.code is ErrorCode.TOO_LARGE
+            assert "Reject" in info.value.message
+
+    _run(main)
+
+
+def test_send_refuses_a_frame_over_the_limit() -> None:
+    """`send` of a frame over the limit raises `ProtocolError(too_large)` and sends nothing."""
+
+    async def main() -> None:
+        async with _net() as net:
+            calls: list[f.Envelope] = []
+            net.router(_replying(lambda env: f.Ack(), calls))
+            dealer = net.dealer("d1", codec=Codec(max_bytes=1000))
+            with pytest.raises(ProtocolError) as info:
+                dealer.send(f.Reject(reason="x" * 2000))
+            assert info.value.code is ErrorCode.TOO_LARGE
+            async with asyncio.timeout(DEADLINE_S):
+                assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+            assert len(calls) == 1
+
+    _run(main)
+
+
+def test_a_needs_caller_handler_sees_each_connections_descriptor(tmp_path: Path) -> None:
+    """Over `ipc://` each connection's frames carry its own descriptor (`Endpoint.connection`),
+    the same for every frame of one connection; it is None once the handler returns and over
+    `inproc://`."""
+
+    async def main() -> None:
+        seen: list[int | None] = []
+
+        @needs_caller
+        def handler(ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+            seen.append(ep.connection)
+            ep.reply(env, peer, f.Ack())
+
+        async with _net(f"ipc://{tmp_path / 'ctl.ipc'}") as net:
+            router = net.router(handler)
+            one, two = net.dealer("d1"), net.dealer("d2")
+            async with asyncio.timeout(DEADLINE_S):
+                for dealer in (one, two, one):
+                    assert await dealer.request(f.CtlStatus(), timeout_s=DEADLINE_S) == f.Ack()
+            assert router.connection is None
+        assert all(isinstance(fd, int) and fd >= 0 for fd in seen)
+        assert seen[0] == seen[2] != seen[1]
+
+        del seen[:]
+        async with _net() as net:  # inproc://
+            net.router(handler)
+            async with asyncio.timeout(DEADLINE_S):
+                assert await net.dealer("d1").request(f.CtlStatus(), timeout_s=DEADLINE_S)
+        assert seen == [None]
+
+    _run(main)

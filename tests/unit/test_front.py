@@ -17,7 +17,7 @@ import zmq
 from orchestra_sup.errors import ErrorCode, PathEscape
 from orchestra_sup.node.front import LOOP_ID, Front
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
@@ -70,6 +70,8 @@ class Rig:
         if isinstance(body, f.ToolCall) and body.tool == "list_dir":
             # what os.scandir gives for the name b"caf\xe9.txt": msgpack cannot encode it
             return f.ToolResult(value={"entries": [{"name": "caf\udce9.txt"}]})
+        if isinstance(body, f.ToolCall) and body.tool == "huge":
+            return f.ToolResult(value={"text": "x" * (MAX_FRAME_BYTES + 1)})
         return None
 
     def send(self, body: f.Body, *, msg_id: str = "c.1.1", dest_gen: int | None = 1) -> None:
@@ -144,6 +146,19 @@ def test_a_reply_that_cannot_be_encoded_is_internal_and_the_front_lives(
     assert "serving ToolCall failed encoding its ToolResult reply" in caplog.text
     rig.send(f.ToolCall(tool="stat", params={"path": "a"}))
     assert rig.recv().body == f.ToolResult(value={"path": "a"})
+
+
+def test_an_answer_over_the_frame_limit_is_a_too_large_error(rig: Rig) -> None:
+    """An answer `serve` makes that would be over the frame limit is replaced by
+    `Error(too_large)` for the same request (the thread neither dies nor goes silent), and
+    the front goes on serving."""
+    rig.send(f.ToolCall(tool="huge"), msg_id="c.1.9")
+    reply = rig.recv()
+    assert reply.corr == "c.1.9"
+    assert isinstance(reply.body, f.Error) and reply.body.code is ErrorCode.TOO_LARGE
+    assert "ToolResult" in reply.body.message
+    rig.send(f.ToolCall(tool="stat", params={"path": "README"}))
+    assert rig.recv().body == f.ToolResult(value={"path": "README"})
 
 
 def test_the_rest_reaches_the_loop_and_its_replies_go_back(rig: Rig) -> None:
