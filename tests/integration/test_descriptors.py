@@ -36,7 +36,7 @@ limit, or beyond `ctl_connections`)."""
 def waiters(tree: Tree, plan_id: str, n: int) -> list[subprocess.Popen[str]]:
     """`n` real `ctl plan ID --wait` clients, each holding its connection while it waits."""
     argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir)]
-    argv += ["plan", plan_id, "--wait", "--timeout", "20"]
+    argv += ["plan", plan_id, "--wait", "--timeout", "300"]
     return [
         subprocess.Popen(
             argv,
@@ -154,6 +154,7 @@ def test_a_child_started_by_a_squeezed_supervisor_raises_its_own(
     assert psutil.Process(shard.pid).rlimit(psutil.RLIMIT_NOFILE) == (hard, hard)
 
 
+@pytest.mark.timeout(400)  # 40 CLI processes on 2 cores: ~45 s alone, far more beside others
 def test_a_squeezed_supervisor_keeps_its_tree_and_its_clients(
     tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
 ) -> None:
@@ -172,7 +173,7 @@ def test_a_squeezed_supervisor_keeps_its_tree_and_its_clients(
     with reaped(held), reaped(more):
         wait_until(
             lambda: ctl_connections(sup, tree.run_dir) >= base + HELD,
-            30,
+            120,
             f"{HELD} waiting clients to be connected",
         )
         soft, hard = sup.rlimit(psutil.RLIMIT_NOFILE)
@@ -189,7 +190,7 @@ def test_a_squeezed_supervisor_keeps_its_tree_and_its_clients(
         assert all(p.poll() is None for p in held), "a held client was cut off"
 
         sup.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
-        wait_until(lambda: ctl(tree, "status").returncode == 0, 10, "ctl to take connections again")
+        wait_until(lambda: ctl(tree, "status").returncode == 0, 60, "ctl to take connections again")
         status = status_json(tree)
         assert status["supervisor"]["pid"] == sup.pid
         assert {c["name"]: c["pid"] for c in status["children"]} == pids
@@ -221,7 +222,7 @@ def test_ctl_serves_at_most_ctl_connections_clients(
     refused: list[subprocess.Popen[str]] = []
     with reaped(held), reaped(refused):
         wait_until(
-            lambda: ctl_connections(sup, tree.run_dir) >= base + 4, 30, "4 clients connected"
+            lambda: ctl_connections(sup, tree.run_dir) >= base + 4, 120, "4 clients connected"
         )
         refused += waiters(tree, plan_id, 2)
         for proc in refused:
@@ -234,7 +235,7 @@ def test_ctl_serves_at_most_ctl_connections_clients(
         for proc in held:
             proc.kill()
             proc.communicate()
-        wait_until(lambda: ctl(tree, "status").returncode == 0, 10, "a slot to free up")
+        wait_until(lambda: ctl(tree, "status").returncode == 0, 60, "a slot to free up")
         fds = status_json(tree)["supervisor"]
         assert fds["descriptors"]["refused"] >= 4
         assert fds["ctl_connections_max"] == 4
