@@ -1,10 +1,10 @@
 """Accepting a submitted plan: everything checked before it is stored, and its new record.
 
 The coordinator checks every submission exactly as the CLI checks a plan file
-(`plan.validate_plan`: the CLI's check is a convenience, not a boundary); then that some shard of
-this tree could take each task (`placement.unplaceable`, once per distinct need) and that each
-program is allowed (`[lanes] programs`). The record it builds comes with its progress
-(coordinator/progress.py) already derived.
+(`plan.validate_plan`: the CLI's check is a convenience, not a boundary), task limit included;
+then that some shard of this tree could take each task (`placement.unplaceable`, once per
+distinct need) and that each program is allowed (`[lanes] programs`). The record it builds comes
+with its progress (coordinator/progress.py) already derived.
 
 All of it is a pure function of the plan and a snapshot of the shards, so a big plan is accepted
 off the coordinator's event loop (`accept_off_loop`, a worker thread): checking and building a
@@ -42,8 +42,8 @@ def accept(
     `key`; `ticket`: every task's first affinity ticket), its progress derived.
 
     Raises:
-        RemoteError: `bad_request` naming the problem in one line: the plan is invalid
-            (`plan.validate_plan`), no shard of `shards` could ever take a task
+        RemoteError: `bad_request` naming the problem in one line: the plan is invalid or over
+            the task limit (`plan.validate_plan`), no shard of `shards` could ever take a task
             ("task ID: no shard offers ..."), or a task's program is not in `programs`.
     """
     try:
