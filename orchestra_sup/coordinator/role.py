@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 import uuid
@@ -74,6 +75,11 @@ START_TIMEOUT_S = 10.0
 RECOVERY_EVERY_S = 15.0
 SKIP_BATCH = 64
 """Tasks skipped between two looks at the clock (`Slicer`)."""
+FREEZE_TASKS = 1000
+"""A plan of at least this many tasks is frozen out of the cyclic garbage collector's view once
+it is done (`gc.freeze`, with whatever else is alive then): plans are kept for ever, and a full
+collection walks every object it tracks, about 70 ms for 33,000 tasks here. (Frozen objects are
+still freed when their last reference goes; only a reference cycle among them would stay.)"""
 
 
 class Coordinator:
@@ -141,6 +147,7 @@ class Coordinator:
             if plan.done:
                 self._final.add(plan.id)
                 self._active.pop(plan.id, None)
+        gc.freeze()  # what was loaded stays: keep it out of every full collection
         for key, value in self.store.items("inbox"):
             self.inbox_ids.add(key.decode())
             try:
@@ -690,6 +697,8 @@ class Coordinator:
             for waiter in self._waiters.pop(plan.id, []):
                 if not waiter.done():
                     waiter.set_result(None)
+        if len(plan.tasks) >= FREEZE_TASKS:
+            gc.freeze()
 
     def _ask_recovery(self, need: Need) -> None:
         """A lane with `need` is waiting and a shard that could take it is down: ask the

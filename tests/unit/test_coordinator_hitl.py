@@ -11,6 +11,7 @@ Real trees answer pauses in `tests/integration/test_hitl.py`.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,10 @@ def test_an_answer_acted_on_but_not_sent_is_sent_by_the_next_generation(tmp_path
             await coordinator.close()
 
     lane = asyncio.run(first())
-    spawned = asyncio.run(second())
+    try:
+        spawned = asyncio.run(second())
+    finally:
+        gc.unfreeze()  # open() froze what it loaded, this test process's objects with it
     assert [name for name, _ in spawned if name == "Answers._send"] == ["Answers._send"], (
         lane,
         spawned,

@@ -12,6 +12,7 @@ tests/integration/test_big_plans.py, and `bench plan` times them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import tempfile
 from collections.abc import Coroutine, Iterator
@@ -151,7 +152,7 @@ def test_a_long_skip_cascade_is_sliced_and_the_loop_serves_meanwhile(fast_dir: P
     """The first task of a 10,000-task fan-out fails: the result's own step skips one slice,
     the rest is skipped in slices a task runs, a callback queued before the result runs while
     the cascade is under way, and the plan ends with every dependent skipped and its final
-    record written."""
+    record written; then it is frozen out of the garbage collector's view (`gc.freeze`)."""
     store = Counting(fast_dir / "c")
 
     async def main() -> None:
@@ -177,9 +178,12 @@ def test_a_long_skip_cascade_is_sliced_and_the_loop_serves_meanwhile(fast_dir: P
         assert plan.done and plan.progress.counts[TaskStatus.SKIPPED] == 9_999
         assert accepted.id in coordinator._final and not coordinator._settling
 
+    frozen = gc.get_freeze_count()
     try:
         asyncio.run(main())
+        assert gc.get_freeze_count() > frozen
     finally:
+        gc.unfreeze()
         store.close()
 
 
