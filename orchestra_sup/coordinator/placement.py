@@ -66,6 +66,11 @@ def tenant_of(plan: f.PlanSpec, task: f.TaskSpec) -> str | None:
     return task.tenant if task.tenant is not None else plan.tenant
 
 
+def need_of(plan: f.PlanSpec, task: f.TaskSpec) -> Need:
+    """What a lane of `task` of `plan` asks of its shard."""
+    return Need(requires=frozenset(task.requires), tenant=tenant_of(plan, task))
+
+
 class AffinityTicket(msgspec.Struct, frozen=True, kw_only=True):
     """A shard's identity at one moment: its name, its generation and the boot id of the tree
     run it belongs to (generations start again at 1 when the tree starts again, so the boot id is

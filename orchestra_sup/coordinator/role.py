@@ -4,17 +4,23 @@ It holds no sandbox, no tree and no lane (ARCHITECTURE.md §11.6): it places eac
 on a shard (`placement.place`), and learns the outcome from its durable inbox. Its default policy
 is the plan runner (`runner.PlanRecord`).
 
-State (LMDB, `<state_dir>/coordinator`): `plans` (one `PlanRecord` per plan, written behind on
-every change, awaited on submission) and `inbox` (every `InboxPut` ever committed, keyed by message
-id: acknowledged only after commit, so a shard re-sends until it lands, and de-duplicated by id, so
-it lands once). On start every inbox entry is applied again, which is idempotent, so a crash
-between committing a result and recording its plan loses nothing.
+State (LMDB, `<state_dir>/coordinator`): the plans (`coordinator.planstore`: a spec once, a head
+and one record per task, what changed written behind on every change, awaited on submission) and
+`inbox` (every `InboxPut` ever committed, keyed by message id: acknowledged only after commit, so a
+shard re-sends until it lands, and de-duplicated by id, so it lands once). On start every inbox
+entry is applied again, which is idempotent, so a crash between committing a result and recording
+its plan loses nothing.
+
+Big plans (issue 24): every step costs what it changes, not the size of the plan
+(`runner.PlanRecord.progress`), and what must touch a whole plan is sliced (`coordinator.slices`:
+a skip cascade, a report) or done off the loop (`coordinator.accept`: checking a submission).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 import uuid
@@ -23,30 +29,33 @@ from typing import Any
 import msgspec
 
 from orchestra_sup.coordinator import budget
+from orchestra_sup.coordinator.accept import accept_off_loop
+from orchestra_sup.coordinator.answers import Answers
 from orchestra_sup.coordinator.placement import (
     AffinityTicket,
     Need,
     ShardView,
+    need_of,
     place,
     serves,
     tenant_of,
     unplaceable,
 )
-from orchestra_sup.coordinator.plan import validate_plan
+from orchestra_sup.coordinator.planstore import DBS, PlanStore
 from orchestra_sup.coordinator.quota import breach
+from orchestra_sup.coordinator.report import plan_summary, sliced_report
 from orchestra_sup.coordinator.runner import (
     LIVE,
-    AnswerError,
     PlanRecord,
     TaskStatus,
 )
+from orchestra_sup.coordinator.slices import Slicer
 from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import (
     CallTimeout,
     ErrorCode,
     OrchestraError,
     PeerDown,
-    PlanError,
     RemoteError,
     StateError,
 )
@@ -64,6 +73,13 @@ MSG_ID_MAX_BYTES = 256
 """The longest inbox message id (UTF-8 bytes): it is an LMDB key (`state.store.check_key`)."""
 START_TIMEOUT_S = 10.0
 RECOVERY_EVERY_S = 15.0
+SKIP_BATCH = 64
+"""Tasks skipped between two looks at the clock (`Slicer`)."""
+FREEZE_TASKS = 1000
+"""A plan of at least this many tasks is frozen out of the cyclic garbage collector's view once
+it is done (`gc.freeze`, with whatever else is alive then): plans are kept for ever, and a full
+collection walks every object it tracks, about 70 ms for 33,000 tasks here. (Frozen objects are
+still freed when their last reference goes; only a reference cycle among them would stay.)"""
 
 
 class Coordinator:
@@ -72,7 +88,15 @@ class Coordinator:
     def __init__(self) -> None:
         self.node: Node | None = None
         self.store: Store | None = None
+        self.planstore: PlanStore | None = None
         self.plans: dict[str, PlanRecord] = {}
+        self._active: dict[str, PlanRecord] = {}
+        """The plans not done, oldest submission first: all that a pump or a lost shard reads."""
+        self._keys: dict[str, str] = {}
+        """Idempotency key -> the id of the plan submitted with it."""
+        self._settling: set[str] = set()
+        """Plans whose skip cascade goes on in slices (`_settle`): nothing of them is placed
+        until it ends."""
         self.inbox_ids: set[str] = set()
         self._committing: dict[str, asyncio.Future[None]] = {}
         self._refused: dict[str, int] = {}
@@ -82,9 +106,7 @@ class Coordinator:
         """At a quiet point for a rollover (`Quiesce`): no turn is taken, nothing is placed."""
         self._unread: list[f.InboxPut] = []
         """Inbox messages committed while held, to apply on `Resume`."""
-        self._unsent: dict[tuple[str, str], tuple[str, f.HitlAnswer]] = {}
-        """Recorded answers still to deliver to the lane that asked: (lane, key) -> (shard,
-        frame); sent at the next pump while that shard is up (idempotent at the shard)."""
+        self.answers: Answers | None = None
         self._wake: asyncio.TimerHandle | None = None
         """The timer that pumps again when the earliest retry backoff ends."""
         self.toolkit: Toolkit | None = None
@@ -100,7 +122,6 @@ class Coordinator:
         self._final: set[str] = set()
         """Plans whose final record is written (or being written) durably."""
         self._enc = msgspec.msgpack.Encoder()
-        self._plan_dec = msgspec.msgpack.Decoder(PlanRecord)
         self._put_dec = msgspec.msgpack.Decoder(f.InboxPut)
 
     async def open(self, node: Node) -> None:
@@ -113,38 +134,44 @@ class Coordinator:
             lane_shard=self._lane_shard,
             deadline_s=node.args.relay_deadline_s,
         )
-        self.store = Store(node.paths.state_dir / "coordinator", ["plans", "inbox"])
-        self.store.start()
-        for key, value in self.store.items("plans"):
-            try:
-                plan = self._plan_dec.decode(value)
-            except msgspec.DecodeError as exc:  # one bad record must not stop the coordinator
-                log.error("plan %r: unreadable record skipped: %s", key, exc)
-                continue
-            self.plans[plan.id] = plan
-            for task_id, rec in plan.tasks.items():
-                if rec.lane is not None and rec.status in LIVE:
-                    self.lanes[rec.lane] = (plan.id, task_id)
-        self._final = {plan.id for plan in self.plans.values() if plan.done}
+        store = Store(node.paths.state_dir / "coordinator", ["inbox", *DBS])
+        store.start()
+        self.attach(node, store)
+        assert self.planstore is not None and self.answers is not None
+        for plan in self.planstore.load():
+            self._add(plan)
+            for task_id in plan.live_ids():
+                lane = plan.tasks[task_id].lane
+                if lane is not None:
+                    self.lanes[lane] = (plan.id, task_id)
+            if plan.done:
+                self._final.add(plan.id)
+                self._active.pop(plan.id, None)
+        gc.freeze()  # what was loaded stays: keep it out of every full collection
         for key, value in self.store.items("inbox"):
             self.inbox_ids.add(key.decode())
             try:
                 self._apply_put(self._put_dec.decode(value), pump=False)
             except msgspec.DecodeError as exc:
                 log.error("inbox %r: unreadable entry skipped: %s", key, exc)
-        # An answer recorded by an earlier generation that stopped before acting on it: the
-        # pause is reconstructed from the record and the answer acted on now (seeds/003: "the
-        # pause survives a restart because it is reconstructed from the log").
-        for plan in self.plans.values():
-            for shard, frame in plan.answers_to_deliver():
-                self._unsent[(frame.lane, frame.key)] = (shard, frame)
-            for task_id in plan.unsettled():
-                try:
-                    self._act_on_answer(plan, task_id)
-                except Exception:  # one bad answer must not keep the coordinator from starting
-                    log.exception("plan %s: task %s: answer dropped, ask again", plan.id, task_id)
-                    plan.drop_answer(task_id)
-                    self._persist(plan)
+        # An answer recorded by an earlier generation that stopped before acting on it, or
+        # acted on and not delivered (`Answers.recover`).
+        for plan in list(self._active.values()):
+            self.answers.recover(plan)
+
+    def attach(self, node: Node, store: Store) -> None:
+        """Serve through `node`, keeping state in `store` (started, opened with "inbox" and
+        `planstore.DBS`)."""
+        self.node, self.store = node, store
+        self.planstore = PlanStore(store)
+        self.answers = Answers(
+            node,
+            plans=self._active.values,
+            shards=self.shards,
+            check_writable=store.check_writable,
+            write_durable=self.planstore.write_durable,
+            settle=self._answered,
+        )
 
     @property
     def max_worker_loss(self) -> int:
@@ -152,8 +179,14 @@ class Coordinator:
         assert self.node is not None
         return self.node.args.max_worker_loss
 
+    def _add(self, plan: PlanRecord) -> None:
+        self.plans[plan.id] = plan
+        self._active[plan.id] = plan
+        if plan.key is not None:
+            self._keys[plan.key] = plan.id
+
     def load(self) -> int:
-        return sum(not p.done for p in self.plans.values())
+        return len(self._active)
 
     def lanes_by_state(self) -> dict[str, int]:
         return {}  # it holds no lane (ARCHITECTURE.md §11.6); the shards say theirs
@@ -210,7 +243,7 @@ class Coordinator:
                     self.node.spawn(self._settle_moved(peer.name, peer.generation, retired))
             else:
                 keep = frozenset()
-            for plan in self.plans.values():
+            for plan in list(self._active.values()):
                 if self.stopping and not peer.up:
                     lost = plan.interrupt_shard(peer.name)
                 else:
@@ -238,12 +271,10 @@ class Coordinator:
         """Generations of `shard` older than `generation` that live tasks were placed on."""
         return frozenset(
             rec.shard_gen
-            for plan in self.plans.values()
-            for rec in plan.tasks.values()
-            if rec.status in LIVE
-            and rec.shard == shard
-            and rec.shard_gen is not None
-            and rec.shard_gen < generation
+            for plan in self._active.values()
+            for task_id in plan.live_ids()
+            for rec in (plan.tasks[task_id],)
+            if rec.shard == shard and rec.shard_gen is not None and rec.shard_gen < generation
         )
 
     async def _settle_moved(self, shard: str, generation: int, retired: frozenset[int]) -> None:
@@ -265,7 +296,7 @@ class Coordinator:
         moving = self._moving.get(shard)
         if moving is not None:
             self._moving[shard] = moving - retired
-        for plan in self.plans.values():
+        for plan in list(self._active.values()):
             moved, lost = plan.settle_moved(
                 shard, retired, generation, there, self.max_worker_loss, time.time()
             )
@@ -281,11 +312,12 @@ class Coordinator:
         assert self.node is not None
         if not self.node.peers:
             return
-        for plan in self.plans.values():
+        for plan in list(self._active.values()):
             gone = {
                 rec.shard
-                for rec in plan.tasks.values()
-                if rec.status in LIVE and rec.shard is not None and rec.shard not in self.node.peers
+                for task_id in plan.live_ids()
+                for rec in (plan.tasks[task_id],)
+                if rec.shard is not None and rec.shard not in self.node.peers
             }
             for shard in gone:
                 lost = plan.lose_shard(shard, None, self.max_worker_loss, now=time.time())
@@ -326,17 +358,17 @@ class Coordinator:
                 self.node.answer(ep, peer, env, self._plan(body))
             case f.CtlPlans():
                 newest = sorted(self.plans.values(), key=lambda p: p.submitted_at, reverse=True)
-                ep.reply(env, peer, f.PlanList(plans=[p.summary() for p in newest]))
+                ep.reply(env, peer, f.PlanList(plans=[plan_summary(p) for p in newest]))
             case f.CtlCall():
                 self.node.answer(ep, peer, env, self._call(body))
             case f.CtlBenchRelay():
                 self.node.answer(ep, peer, env, self._bench(body))
             case f.CtlCancel():
                 self.node.answer(ep, peer, env, self._cancel(body.lane))
-            case f.HitlRespond():
-                self.node.answer(ep, peer, env, self._respond(body))
-            case f.ListPending():
-                ep.reply(env, peer, self._pending())
+            case f.HitlRespond() if self.answers is not None:
+                self.node.answer(ep, peer, env, self.answers.respond(body))
+            case f.ListPending() if self.answers is not None:
+                ep.reply(env, peer, self.answers.pending())
             case f.SandboxCreate():
                 ep.reply(
                     env,
@@ -380,33 +412,28 @@ class Coordinator:
     ) -> f.Body:
         """Validate and durably record a plan, then start what is ready. With an idempotency
         `key` already used, nothing new happens and the earlier plan's id is the answer. A
-        `ticket` is every task's first affinity ticket (`start_lane ticket=`)."""
-        assert self.store is not None
-        if key is not None:
-            for earlier in self.plans.values():
-                if earlier.key == key:
-                    return f.PlanAccepted(id=earlier.id)
+        `ticket` is every task's first affinity ticket (`start_lane ticket=`). A big plan is
+        checked off the loop (`coordinator.accept`)."""
+        assert self.store is not None and self.planstore is not None and self.node is not None
+        if key is not None and key in self._keys:
+            return f.PlanAccepted(id=self._keys[key])
         try:
             self.store.check_writable()  # a full disk refuses new work, in one clear line
         except StateError as exc:
             raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
-        try:
-            spec = validate_plan(spec)
-        except PlanError as exc:
-            raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
-        assert self.node is not None
-        allowed = {SHELL, *self.node.args.lane_programs}
-        for task in spec.tasks:
-            why = unplaceable(list(self.shards.values()), _need(spec, task))
-            if why is None and task.program not in allowed:
-                why = f"program {task.program!r} is not in [lanes] programs"
-            if why is not None:
-                raise RemoteError(ErrorCode.BAD_REQUEST, f"task {task.id}: {why}")
-        plan = PlanRecord.new(uuid.uuid4().hex[:12], spec, time.time(), key)
-        for rec in plan.tasks.values():
-            rec.ticket = ticket
-        await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
-        self.plans[plan.id] = plan
+        plan = await accept_off_loop(
+            spec,
+            plan_id=uuid.uuid4().hex[:12],
+            submitted_at=time.time(),
+            shards=list(self.shards.values()),
+            programs=frozenset({SHELL, *self.node.args.lane_programs}),
+            key=key,
+            ticket=ticket,
+        )
+        if key is not None and key in self._keys:  # the same key, accepted meanwhile
+            return f.PlanAccepted(id=self._keys[key])
+        await self.planstore.write_durable(plan, new=True)
+        self._add(plan)
         self.node.retitle()
         log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
         self._pump()
@@ -428,7 +455,7 @@ class Coordinator:
                 waiters = self._waiters.get(plan.id, [])
                 if waiter in waiters:
                     waiters.remove(waiter)
-        return plan.report()
+        return await sliced_report(plan)
 
     async def _start_lane(self, params: dict[str, str]) -> Any:
         """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
@@ -513,11 +540,11 @@ class Coordinator:
         """`ctl cancel`: the `cancel_lane` tool, so operators and policies share one path; a
         task that waits for a human with no lane (an approval, a review) is cancelled here."""
         assert self.toolkit is not None
-        for plan in self.plans.values():
+        for plan in list(self._active.values()):
             task_id = plan.waiting_on(lane)
-            rec = None if task_id is None else plan.tasks[task_id]
-            if rec is not None and rec.status is TaskStatus.AWAITING_APPROVAL:
-                rec.status, rec.error, rec.pending = TaskStatus.CANCELLED, "cancelled", None
+            if task_id is not None and plan.tasks[task_id].status is TaskStatus.AWAITING_APPROVAL:
+                rec = plan.set_status(task_id, TaskStatus.CANCELLED)
+                rec.error, rec.pending = "cancelled", None
                 self._persist(plan)
                 self._maybe_done(plan)
                 self._pump()
@@ -525,109 +552,14 @@ class Coordinator:
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
 
-    # --- HITL ------------------------------------------------------------------------------------
-
-    def _pending(self) -> f.LaneList:
-        """Every task that waits for a human, oldest pause first (`ListPending`)."""
-        lanes: list[f.LaneInfo] = []
-        for plan in self.plans.values():
-            for task_id, rec in plan.tasks.items():
-                if rec.pending is None:
-                    continue
-                lanes.append(
-                    f.LaneInfo(
-                        lane=rec.pending.lane,
-                        task=task_id,
-                        plan=plan.id,
-                        shard=(rec.shard or "") if rec.status in LIVE else "",
-                        state=TaskStatus.AWAITING_APPROVAL,
-                        sandbox=rec.sandbox,
-                        question=rec.pending.question,
-                        since=rec.pending.since,
-                    )
-                )
-        lanes.sort(key=lambda info: info.since or 0.0)
-        return f.LaneList(lanes=lanes)
-
-    async def _respond(self, req: f.HitlRespond) -> f.Body:
-        """A human's answer to the pause lane id `req.lane` answers (ARCHITECTURE.md §11
-        invariant 9): recorded durably first, with the responder the supervisor stamped from
-        the ctl connection, then acted on. Answers `HitlRecorded`. Raises `RemoteError`:
-        `not_found` when nothing waits on that lane, `bad_request` when the answer does not fit
-        the pause (`PlanRecord.record_answer`), `state_degraded` when it cannot be recorded."""
-        assert self.store is not None
-        for plan in self.plans.values():
-            task_id = plan.waiting_on(req.lane)
-            if task_id is not None:
-                break
-        else:
-            raise RemoteError(
-                ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
-            )
-        answer = f.Answer(
-            verdict=req.verdict,
-            text=req.text,
-            grant=req.grant,
-            retries=req.retries,
-            responder=req.responder,
-            uid=req.uid,
-            at=round(time.time(), 3),
-        )
-        try:
-            self.store.check_writable()  # before anything is recorded: a refusal changes nothing
-        except StateError as exc:
-            raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
-        try:
-            plan.record_answer(task_id, answer)
-        except AnswerError as exc:
-            raise RemoteError(ErrorCode(exc.code), str(exc)) from None
-        # The audit moment: durable before anything acts on it.
-        await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
-        if plan.tasks[task_id].pending is None:  # another answer acted first, meanwhile
-            raise RemoteError(
-                ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
-            )
-        outcome = self._act_on_answer(plan, task_id)
-        log.info(
-            "plan %s: task %s: %s answered %s: %s",
-            plan.id,
-            task_id,
-            req.responder,
-            req.verdict,
-            outcome,
-        )
-        return f.HitlRecorded(lane=req.lane, plan=plan.id, task=task_id, outcome=outcome)
-
-    def _act_on_answer(self, plan: PlanRecord, task_id: str) -> str:
-        """Act on the recorded answer to a task's pause; returns what it did, in one line."""
-        effect = plan.act_on_answer(task_id, time.time())
-        if effect.answer is not None and effect.shard is not None:
-            self._unsent[(effect.answer.lane, effect.answer.key)] = (effect.shard, effect.answer)
-        self._cancel_lanes(effect.cancel)
+    def _answered(self, plan: PlanRecord, cancel: list[tuple[str, str]]) -> None:
+        """An answer changed `plan` (`Answers.settle`): cancel the lanes a sibling-group retry
+        took over, write it, skip and finish what follows, place what became ready."""
+        self._cancel_lanes(cancel)
         self._persist(plan)
         self._maybe_done(plan)
         if self.node is not None and self.node.peers:
             self._pump()
-        return effect.outcome
-
-    def _send_answers(self) -> None:
-        """Deliver each recorded answer whose lane's shard is up (`_unsent`)."""
-        assert self.node is not None
-        for key, (shard, frame) in list(self._unsent.items()):
-            view = self.shards.get(shard)
-            if view is not None and view.up:
-                del self._unsent[key]
-                self.node.spawn(self._send_answer(key, shard, frame))
-
-    async def _send_answer(self, key: tuple[str, str], shard: str, frame: f.HitlAnswer) -> None:
-        assert self.node is not None
-        try:
-            await self.node.call(shard, frame, timeout_s=START_TIMEOUT_S)
-        except RemoteError as exc:
-            if exc.code is not ErrorCode.NOT_FOUND:  # a lane gone is settled by its loss
-                self._unsent.setdefault(key, (shard, frame))
-        except (PeerDown, CallTimeout):
-            self._unsent.setdefault(key, (shard, frame))  # the next pump tries again
 
     def _cancel_lanes(self, lanes: list[tuple[str, str]]) -> None:
         """Cancel lanes a sibling-group retry took over (their results are stale now)."""
@@ -665,7 +597,7 @@ class Coordinator:
                 f"{len(self._starting)} lane start(s) and {len(self._committing)} inbox "
                 f"commit(s) still in flight after {timeout_s:g} s",
             ) from None
-        waiting = sum(len(plan.ready()) for plan in self.plans.values() if not plan.done)
+        waiting = sum(len(plan.ready()) for plan in self._active.values())
         return f.Quiesced(held=f"turns held, {waiting} ready task(s) wait for the next generation")
 
     def _resume(self) -> None:
@@ -714,29 +646,59 @@ class Coordinator:
             self._pump()
 
     def _persist(self, plan: PlanRecord) -> None:
-        assert self.store is not None
-        self.store.put("plans", plan.id.encode(), self._enc.encode(plan))
+        """Write what changed of `plan` behind (`coordinator.planstore`)."""
+        assert self.planstore is not None
+        self.planstore.write(plan)
 
     def _maybe_done(self, plan: PlanRecord) -> None:
-        """Skip what can no longer run; once the plan is done, write its final record durably
-        (seeds/003: a failure that reaches the root "terminates the session with a durable final
-        snapshot"), then wake whoever waits for it (`ctl plan --wait`)."""
-        if plan.skip_blocked():
-            self._persist(plan)
+        """Skip what can no longer run (for one slice; a longer cascade goes on in `_settle`);
+        once the plan is done, write its final record durably (seeds/003: a failure that
+        reaches the root "terminates the session with a durable final snapshot"), then wake
+        whoever waits for it (`ctl plan --wait`)."""
+        if plan.id in self._settling:
+            return
+        if plan.blocking:
+            slicer = Slicer()
+            while plan.skip_blocked(SKIP_BATCH):
+                self._persist(plan)
+                if slicer.spent:
+                    break
+            if plan.blocking:
+                assert self.node is not None
+                self._settling.add(plan.id)
+                self.node.spawn(self._settle(plan, slicer))
+                return
         if plan.done and plan.id not in self._final:
             self._final.add(plan.id)
+            self._active.pop(plan.id, None)
             assert self.node is not None
             self.node.retitle()
             self.node.spawn(self._finish(plan))
 
-    async def _finish(self, plan: PlanRecord) -> None:
-        assert self.store is not None
+    async def _settle(self, plan: PlanRecord, slicer: Slicer) -> None:
+        """Go on skipping what can no longer run in `plan`, a slice at a time, then finish as
+        `_maybe_done` does and place what the plan's end lets run (nothing of the plan is
+        placed meanwhile: a grant is carved from a plan whose skips are all counted)."""
         try:
-            await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
+            while plan.blocking:
+                await slicer.tick()
+                if plan.skip_blocked(SKIP_BATCH):
+                    self._persist(plan)
+        finally:
+            self._settling.discard(plan.id)
+        self._maybe_done(plan)
+        self._pump()
+
+    async def _finish(self, plan: PlanRecord) -> None:
+        assert self.planstore is not None
+        try:
+            await self.planstore.write_durable(plan)
         finally:
             for waiter in self._waiters.pop(plan.id, []):
                 if not waiter.done():
                     waiter.set_result(None)
+        if len(plan.tasks) >= FREEZE_TASKS:
+            gc.freeze()
 
     def _ask_recovery(self, need: Need) -> None:
         """A lane with `need` is waiting and a shard that could take it is down: ask the
@@ -762,10 +724,11 @@ class Coordinator:
     def _loads(self) -> None:
         for view in self.shards.values():
             view.load = 0
-        for plan in self.plans.values():
-            for rec in plan.tasks.values():
+        for plan in self._active.values():
+            for task_id in plan.live_ids():
+                rec = plan.tasks[task_id]
                 view = self.shards.get(rec.shard or "")
-                if rec.status in LIVE and view is not None:
+                if view is not None:
                     here = rec.shard_gen == view.generation
                     view.load += here or rec.shard_gen in self._moving.get(view.name, ())
         for name, generation in self._refused.items():
@@ -779,21 +742,25 @@ class Coordinator:
         assert self.node is not None
         if self.stopping or self.held:
             return
-        self._send_answers()
+        if self.answers is not None:
+            self.answers.send()
         self._loads()
         now = time.time()
         wake: float | None = None
-        for plan in sorted(self.plans.values(), key=lambda p: p.submitted_at):
-            if plan.done:
-                continue
+        waits: set[Need] = set()  # needs no shard can take now: their tasks wait
+        for plan in list(self._active.values()):
             self._resend_starts(plan)
-            if plan.skip_blocked():
-                self._persist(plan)
-                self._maybe_done(plan)
+            self._maybe_done(plan)
+            if plan.id in self._settling or plan.done:
+                continue
             if plan.hold_for_approval(now):
                 self._persist(plan)
-            for spec in plan.ready(now):
-                self._place(plan, spec, now)
+            for spec in plan.iter_ready(now):
+                if not any(view.open for view in self.shards.values()):
+                    break  # every shard is full: what is ready waits for the next pump
+                need = need_of(plan.spec, spec)
+                if need not in waits and not self._place(plan, spec, need, now):
+                    waits.add(need)
             retry = plan.next_retry()
             if retry is not None and retry > now:
                 wake = retry if wake is None else min(wake, retry)
@@ -815,8 +782,9 @@ class Coordinator:
         generation, or lost with its connection) would otherwise leave the task starting for
         ever; the shard acknowledges a lane it already has without starting it twice."""
         assert self.node is not None
-        for spec in plan.spec.tasks:
-            rec = plan.tasks[spec.id]
+        for task_id in plan.live_ids():
+            rec = plan.tasks[task_id]
+            spec = plan.spec.tasks[plan.progress.position[task_id]]
             if rec.status is not TaskStatus.STARTING or rec.lane in self._starting:
                 continue
             view = self.shards.get(rec.shard or "")
@@ -825,21 +793,21 @@ class Coordinator:
             self._starting[rec.lane] = asyncio.get_running_loop().create_future()
             self.node.spawn(self._start(plan, spec.id, plan.start_of(spec), view.name))
 
-    def _place(self, plan: PlanRecord, spec: f.TaskSpec, now: float) -> None:
+    def _place(self, plan: PlanRecord, spec: f.TaskSpec, need: Need, now: float) -> bool:
         """Place one ready task (placement.py: affinity, eligibility, score, tie-break), fail it
-        when no shard of this tree could ever take it, or leave it waiting. First the tenant's
-        quota and then the budget are checked: a breach, or a budget with nothing left to carve
-        a lane from, starts nothing and is a failure for the task's strategy."""
+        when no shard of this tree could ever take it, or leave it waiting (False: no shard can
+        take a lane with `need` now). First the tenant's quota and then the budget are checked:
+        a breach, or a budget with nothing left to carve a lane from, starts nothing and is a
+        failure for the task's strategy."""
         assert self.node is not None
         rec = plan.tasks[spec.id]
         views = list(self.shards.values())
-        need = _need(plan.spec, spec)
         why = unplaceable(views, need)
         if why is not None:  # the shards' config changed under a stored plan
-            rec.status, rec.error = TaskStatus.FAILED, why
+            plan.set_status(spec.id, TaskStatus.FAILED).error = why
             self._persist(plan)
             self._maybe_done(plan)
-            return
+            return True
         tenant = tenant_of(plan.spec, spec)
         quota = None if tenant is None else self.node.args.quotas.get(tenant)
         over = None if quota is None else breach(quota, tenant or "", self.plans.values(), now)
@@ -847,7 +815,7 @@ class Coordinator:
             self._fail_unstarted(
                 plan, spec, FailureClass.QUOTA_BREACH, f"quota breach: {over}", now
             )
-            return
+            return True
         empty = budget.empty(plan.grant_for(spec))
         if empty is not None:
             self._fail_unstarted(
@@ -858,7 +826,7 @@ class Coordinator:
                 f"{budget.describe(spec.budget)}, plan budget {budget.describe(plan.spec.budget)})",
                 now,
             )
-            return
+            return True
         ticket = None
         if rec.ticket is not None:
             with contextlib.suppress(ValueError):
@@ -870,7 +838,7 @@ class Coordinator:
         shard = place(views, need, ticket, self.node.args.boot)
         if shard is None:
             self._ask_recovery(need)
-            return
+            return False
         rec.avoid = None
         start = plan.place(
             spec,
@@ -882,6 +850,7 @@ class Coordinator:
         self._starting[start.lane] = asyncio.get_running_loop().create_future()
         self._persist(plan)
         self.node.spawn(self._start(plan, spec.id, start, shard.name))
+        return True
 
     def _fail_unstarted(
         self, plan: PlanRecord, spec: f.TaskSpec, failure: FailureClass, error: str, now: float
@@ -911,7 +880,8 @@ class Coordinator:
         # The placement is durable before the lane can exist: a coordinator killed after sending
         # LaneStart must not come back believing the task pending and start it a second time.
         # (On a full disk this waits: the store keeps the batch and retries until there is room.)
-        await self.store.put_durable("plans", plan.id.encode(), self._enc.encode(plan))
+        assert self.planstore is not None
+        await self.planstore.write_durable(plan)
         if rec.lane != start.lane or rec.status is not TaskStatus.STARTING or self.stopping:
             return
         try:
@@ -925,7 +895,8 @@ class Coordinator:
                 ErrorCode.PEER_DOWN,
                 ErrorCode.STALE_GENERATION,
             ):
-                rec.status, rec.error = TaskStatus.FAILED, f"{shard} refused the lane: {exc}"
+                refused = plan.set_status(task_id, TaskStatus.FAILED)
+                refused.error = f"{shard} refused the lane: {exc}"
                 plan.close_attempt(task_id, start.lane, time.time(), "refused")
             else:
                 plan.unplace(task_id)
@@ -941,7 +912,7 @@ class Coordinator:
             return
         except CallTimeout as exc:  # the lane may or may not exist
             if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
-                rec.status = TaskStatus.FAILED
+                plan.set_status(task_id, TaskStatus.FAILED)
                 rec.error = f"starting lane {start.lane} on {shard}: {exc}"
                 plan.close_attempt(task_id, start.lane, time.time(), "unknown")
                 self._persist(plan)
@@ -949,9 +920,5 @@ class Coordinator:
                 self._pump()
             return
         if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
-            rec.status = TaskStatus.RUNNING
+            plan.set_status(task_id, TaskStatus.RUNNING)
             self._persist(plan)
-
-
-def _need(plan: f.PlanSpec, task: f.TaskSpec) -> Need:
-    return Need(requires=frozenset(task.requires), tenant=tenant_of(plan, task))

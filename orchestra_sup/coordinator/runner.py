@@ -45,15 +45,17 @@ its outbox) move on to it, and only the others are lost (`settle_moved`).
 
 from __future__ import annotations
 
-import enum
+import functools
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Literal, NamedTuple
 
 import msgspec
 
 from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import AffinityTicket
+from orchestra_sup.coordinator.progress import Progress
+from orchestra_sup.coordinator.status import FINAL, HELD, LIVE, UNSUCCESSFUL, WAITING, TaskStatus
 from orchestra_sup.coordinator.strategy import (
     Action,
     Decision,
@@ -65,28 +67,7 @@ from orchestra_sup.coordinator.strategy import (
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 
-
-class TaskStatus(enum.StrEnum):
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    AWAITING_APPROVAL = "awaiting_approval"
-    PAUSED = "paused"
-    INTERRUPTED = "interrupted"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-    CANCELLED = "cancelled"
-
-
-FINAL = frozenset(
-    {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.SKIPPED, TaskStatus.CANCELLED}
-)
-LIVE = frozenset({TaskStatus.STARTING, TaskStatus.RUNNING})
-WAITING = frozenset({TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPTED})
-"""Not placed yet (pending) or no longer placed (paused): ready once every need succeeded."""
-HELD = frozenset({TaskStatus.AWAITING_APPROVAL})
-"""Waiting for a human, with no lane: nothing happens until an answer comes."""
+__all__ = ["FINAL", "HELD", "LIVE", "WAITING", "PlanRecord", "TaskRecord", "TaskStatus"]
 
 MAX_NOTES = 20
 """Notes (`tell_coordinator`) kept per task in its record: the newest. The record is written
@@ -226,8 +207,13 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     """The inbox message ids of every note kept (a shard bounds a lane's notes)."""
 
 
-class PlanRecord(msgspec.Struct, kw_only=True):
-    """One plan's durable record: its spec and one `TaskRecord` per task id."""
+class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
+    """One plan's durable record: its spec and one `TaskRecord` per task id.
+
+    Every status change goes through `set_status`, which keeps `progress` (what is ready, what
+    must be skipped, how many tasks are left: coordinator/progress.py) in step, and every method
+    that changes a task's record names it in `dirty`, so only changed tasks are written
+    (coordinator/planstore.py). Neither is stored: both are rebuilt when a record is loaded."""
 
     id: str
     spec: f.PlanSpec
@@ -252,59 +238,97 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             key=key,
         )
 
+    @functools.cached_property
+    def progress(self) -> Progress:
+        """The plan's progress (coordinator/progress.py), derived from the task records when
+        first asked for and kept in step by `set_status` from then on."""
+        specs = self.spec.tasks
+        progress = Progress(specs, [self.tasks[spec.id].status for spec in specs])
+        for i, spec in enumerate(specs):
+            rec = self.tasks[spec.id]
+            if rec.retry_at is not None:
+                progress.backoff.add(i)
+            if rec.history and any(a.ended_at is None for a in rec.history):
+                progress.holding.add(i)
+        return progress
+
+    @functools.cached_property
+    def dirty(self) -> set[str]:
+        """Ids of the tasks whose records changed since the plan was last written."""
+        return set()
+
+    def touch(self, task_id: str) -> TaskRecord:
+        """Task `task_id`'s record, to change: it is named in `dirty`."""
+        self.dirty.add(task_id)
+        return self.tasks[task_id]
+
+    def set_status(self, task_id: str, status: TaskStatus) -> TaskRecord:
+        """The one writer of a task's status (it keeps `progress` in step); returns the task's
+        record, touched."""
+        rec = self.touch(task_id)
+        rec.status = status
+        self.progress.move(self.progress.position[task_id], status)
+        return rec
+
     @property
     def done(self) -> bool:
-        return all(t.status in FINAL for t in self.tasks.values())
+        return self.progress.done
 
     @property
     def ok(self) -> bool:
-        return all(t.status is TaskStatus.SUCCEEDED for t in self.tasks.values())
+        return self.progress.counts[TaskStatus.SUCCEEDED] == len(self.tasks)
 
-    def skip_blocked(self) -> list[str]:
+    @property
+    def blocking(self) -> bool:
+        """Some pending task may need one that did not succeed: `skip_blocked` has work."""
+        return bool(self.progress.blocked)
+
+    def skip_blocked(self, limit: int | None = None) -> list[str]:
         """Mark as skipped every pending task that needs one which ended in anything but success
-        (transitively); returns their ids."""
+        (transitively), at most `limit` of them (None: all), each time the first in file order
+        that can be; returns their ids. Each costs its task's needs and dependents, so skipping
+        a whole plan is linear."""
         skipped: list[str] = []
-        changed = True
-        while changed:
-            changed = False
-            for spec in self.spec.tasks:
-                rec = self.tasks[spec.id]
-                if rec.status is not TaskStatus.PENDING:
-                    continue
-                blockers = [
-                    n for n in spec.needs if self.tasks[n].status in FINAL - {TaskStatus.SUCCEEDED}
-                ]
-                if blockers:
-                    rec.status = TaskStatus.SKIPPED
-                    rec.error = f"skipped: {blockers[0]} did not succeed"
-                    skipped.append(spec.id)
-                    changed = True
+        progress = self.progress
+        while limit is None or len(skipped) < limit:
+            i = progress.next_blocked()
+            if i is None:
+                break
+            spec = self.spec.tasks[i]
+            blocker = next(n for n in spec.needs if self.tasks[n].status in UNSUCCESSFUL)
+            rec = self.set_status(spec.id, TaskStatus.SKIPPED)
+            rec.error = f"skipped: {blocker} did not succeed"
+            skipped.append(spec.id)
         return skipped
-
-    def _needs_met(self, spec: f.TaskSpec) -> bool:
-        return all(self.tasks[n].status is TaskStatus.SUCCEEDED for n in spec.needs)
 
     def ready(self, now: float = math.inf) -> list[f.TaskSpec]:
         """Pending and paused tasks whose needs have all succeeded, that back off no more at
         `now` (Unix seconds; the default ignores backoffs) and wait for no approval, in file
         order."""
-        return [
-            spec
-            for spec in self.spec.tasks
-            for rec in (self.tasks[spec.id],)
-            if rec.status in WAITING
-            and self._needs_met(spec)
-            and (rec.retry_at is None or rec.retry_at <= now)
-            and not (spec.approve and "approval" not in rec.answers)
-        ]
+        return list(self.iter_ready(now))
+
+    def iter_ready(self, now: float = math.inf) -> Iterator[f.TaskSpec]:
+        """`ready`, one task at a time, as things are when each is asked for (a caller may place
+        each before asking for the next, and stop early: the cost is what it reads)."""
+        progress = self.progress
+        for i in progress.candidates():
+            spec = self.spec.tasks[i]
+            rec = self.tasks[spec.id]
+            if rec.retry_at is not None and rec.retry_at > now:
+                continue
+            if spec.approve and "approval" not in rec.answers:
+                continue
+            yield spec
 
     def next_retry(self) -> float | None:
         """The earliest `retry_at` of a task that waits for it (Unix seconds), or None."""
-        times = [
-            rec.retry_at
-            for rec in self.tasks.values()
-            if rec.status in WAITING and rec.retry_at is not None
-        ]
+        times: list[float] = []
+        for i in list(self.progress.backoff):
+            rec = self.tasks[self.spec.tasks[i].id]
+            if rec.retry_at is None or rec.status not in WAITING:
+                self.progress.backoff.discard(i)
+            else:
+                times.append(rec.retry_at)
         return min(times, default=None)
 
     def hold_for_approval(self, now: float) -> list[str]:
@@ -312,14 +336,13 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         no approval yet (ARCHITECTURE.md §11 invariant 9: the pause, which an answer resolves,
         exists before it is recorded); returns their ids."""
         held: list[str] = []
-        for spec in self.spec.tasks:
+        for i in self.progress.drain_fresh():
+            spec = self.spec.tasks[i]
             rec = self.tasks[spec.id]
-            if not spec.approve or "approval" in rec.answers or rec.status not in WAITING:
-                continue
-            if not self._needs_met(spec):
+            if "approval" in rec.answers:
                 continue
             what = spec.run if spec.program == "shell" else f"{spec.program} {spec.run}"
-            rec.status = TaskStatus.AWAITING_APPROVAL
+            rec = self.set_status(spec.id, TaskStatus.AWAITING_APPROVAL)
             rec.pending = Pending(
                 kind="approval",
                 key="approval",
@@ -334,12 +357,14 @@ class PlanRecord(msgspec.Struct, kw_only=True):
 
     def held(self) -> f.Spend:
         """What the grants of lanes that have not ended hold."""
-        return budget.total(
-            budget.as_spend(a.grant)
-            for rec in self.tasks.values()
-            for a in rec.history
-            if a.ended_at is None
-        )
+        open_ = []
+        for i in sorted(self.progress.holding):
+            rec = self.tasks[self.spec.tasks[i].id]
+            attempts = [a for a in rec.history if a.ended_at is None]
+            if not attempts:
+                self.progress.holding.discard(i)
+            open_.extend(attempts)
+        return budget.total(budget.as_spend(a.grant) for a in open_)
 
     def grant_for(self, spec: f.TaskSpec) -> f.Budget | None:
         """The grant a new lane of `spec` would get (`coordinator.budget.carve`): the least of
@@ -349,7 +374,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks[spec.id]
         task_left = budget.left(budget.extend(spec.budget, rec.granted), rec.spent)
         plan_limit = budget.extend(self.spec.budget, self.granted)
-        to_run = sum(r.status not in FINAL | LIVE for r in self.tasks.values())
+        progress = self.progress
+        to_run = len(progress) - progress.final - len(progress.live)
         return budget.carve(task_left, budget.left(plan_limit, self.spent, self.held()), to_run)
 
     def _charge(
@@ -387,7 +413,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         worth), each at most its grant; its output is not charged. (Charging the whole grant
         instead would leave a budgeted task nothing to re-run with after a worker loss, which
         must pause the work, not fail it: ARCHITECTURE.md §11 invariant 5.)"""
-        rec = self.tasks[task_id]
+        rec = self.touch(task_id)
         for attempt in rec.history:
             if attempt.lane == lane and attempt.ended_at is None:
                 wall = cpu = round(max(0.0, now - attempt.placed_at), 3)
@@ -407,15 +433,15 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         checks first that it is not empty). Returns the `LaneStart` to send. The lane id names
         the attempt, so a result of an earlier lane of the same task is told apart (and ignored)
         by `apply`."""
-        rec = self.tasks[spec.id]
         grant = self.grant_for(spec)
+        rec = self.set_status(spec.id, TaskStatus.STARTING)
         rec.attempts += 1
-        rec.status = TaskStatus.STARTING
         rec.lane = f"{self.id}-{spec.id}-{rec.attempts}"
         rec.shard, rec.shard_gen = ticket.shard, ticket.generation
         rec.ticket = str(ticket)
         rec.retry_at = None
         rec.history.append(Attempt(lane=rec.lane, shard=ticket.shard, placed_at=now, grant=grant))
+        self.progress.holding.add(self.progress.position[spec.id])
         return self.start_of(spec)
 
     def start_of(self, spec: f.TaskSpec) -> f.LaneStart:
@@ -440,7 +466,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         """Take back a placement its shard never took (it was full or down before the lane
         existed): the task waits again as it did before, and the attempt does not count."""
         rec = self.tasks[task_id]
-        rec.status = TaskStatus.PAUSED if rec.worker_losses else TaskStatus.PENDING
+        self.set_status(task_id, TaskStatus.PAUSED if rec.worker_losses else TaskStatus.PENDING)
         rec.attempts -= 1
         rec.history = [a for a in rec.history if a.lane != rec.lane]
         rec.lane = rec.shard = rec.shard_gen = rec.ticket = None
@@ -450,9 +476,9 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         strategy (`fail`). `Applied.applied` is False (and at most the spend is recorded:
         `changed`) when the result is stale: the task has moved on to another lane or already
         ended."""
-        rec = self.tasks.get(result.task)
-        if rec is None:
+        if result.task not in self.tasks:
             return Applied(False, [], False)
+        rec = self.touch(result.task)
         failure = None
         if result.status == "failed":
             failure = result.failure or FailureClass.TOOL_FAILURE
@@ -465,9 +491,9 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         if result.status == "interrupted":
             rec.output_tail = result.output_tail
             if rec.pending is not None and rec.pending.kind == "question":
-                self._hold_question(rec, f"{result.shard} was stopped")
+                self._hold_question(result.task, f"{result.shard} was stopped")
             else:
-                self._interrupt(rec, f"{result.shard} was stopped")
+                self._interrupt(result.task, f"{result.shard} was stopped")
             return Applied(True, [], True)
         rec.exit_code = result.exit_code
         rec.duration_s = result.duration_s
@@ -477,7 +503,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.error = result.error
         rec.pending = None
         if failure is None:
-            rec.status = TaskStatus(result.status)
+            self.set_status(result.task, TaskStatus(result.status))
             rec.failure = None
             return Applied(True, [], True)
         error = result.error or "failed"
@@ -515,17 +541,17 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         (`coordinator.strategy.decide`, gates included). Returns the lanes (shard, lane id) a
         sibling-group retry took over, for the coordinator to cancel."""
         spec = self._spec(task_id)
-        rec = self.tasks[task_id]
+        rec = self.touch(task_id)
         decision = self._decide(task_id, failure, max_worker_loss)
         attempt = f"attempt {rec.attempts}" if rec.attempts else "before its first attempt"
         match decision.action:
             case Action.ESCALATE:
-                rec.status = TaskStatus.FAILED
+                self.set_status(task_id, TaskStatus.FAILED)
                 rec.failure = failure
                 rec.error = error if not decision.why else f"{error} ({decision.why})"
                 return []
             case Action.PAUSE:
-                rec.status = TaskStatus.AWAITING_APPROVAL
+                self.set_status(task_id, TaskStatus.AWAITING_APPROVAL)
                 rec.failure = failure
                 rec.error = error
                 rec.pending = Pending(
@@ -545,7 +571,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     rec.retries_used += 1
                     rec.carried.clear()
                 rec.avoid = rec.shard
-                rec.status = TaskStatus.PAUSED
+                self.set_status(task_id, TaskStatus.PAUSED)
                 rec.warnings.append(
                     f"{attempt} failed ({failure}): {error}; re-placing it on a fresh worker"
                 )
@@ -554,13 +580,14 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec.retries_used += 1
         rec.carried.clear()
         rec.retry_at = round(now + decision.delay_s, 3)
+        self.progress.backoff.add(self.progress.position[task_id])
         if decision.action is Action.RETRY_WITH_FEEDBACK:
             rec.feedback = error
         rec.warnings.append(
             f"{attempt} failed ({failure}): {error}; retry {rec.retries_used} of "
             f"{spec.retries + rec.retries_granted} in {decision.delay_s:g} s"
         )
-        rec.status = TaskStatus.PENDING
+        self.set_status(task_id, TaskStatus.PENDING)
         rec.lane = rec.shard = rec.shard_gen = None
         return self._restart_siblings(task_id, decision.scope, now)
 
@@ -601,20 +628,19 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         lane id) it took over, to cancel (their results are then stale)."""
         if scope is Scope.ONE:
             return []
-        ids = [t.id for t in self.spec.tasks]
-        after = ids[ids.index(task_id) + 1 :]
-        siblings = set(after if scope is Scope.REST else [t for t in ids if t != task_id])
-        again = siblings | {task_id}
-        grew = True
-        while grew:  # the dependents of whatever runs again, transitively
-            grew = False
-            for spec in self.spec.tasks:
-                if spec.id not in again and again.intersection(spec.needs):
-                    again.add(spec.id)
-                    grew = True
-        siblings = again - {task_id}
+        progress = self.progress
+        me = progress.position[task_id]
+        first = me + 1 if scope is Scope.REST else 0
+        again = set(range(first, len(progress))) | {me}
+        grow = list(again)
+        while grow:  # the dependents of whatever runs again, transitively
+            for d in progress.dependents[grow.pop()]:
+                if d not in again:
+                    again.add(d)
+                    grow.append(d)
         cancel: list[tuple[str, str]] = []
-        for sibling in (t for t in ids if t in siblings):
+        for i in sorted(again - {me}):
+            sibling = self.spec.tasks[i].id
             rec = self.tasks[sibling]
             if rec.status in (TaskStatus.PENDING, TaskStatus.PAUSED, TaskStatus.INTERRUPTED):
                 continue
@@ -623,13 +649,13 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 # Its result, if it comes, is stale: ended here, it holds nothing any more.
                 self.close_attempt(sibling, rec.lane, now, "cancelled")
             rec.warnings.append(f"re-run: sibling {task_id} is retried ({scope} strategy)")
-            rec.status = TaskStatus.PENDING
+            self.set_status(sibling, TaskStatus.PENDING)
             rec.lane = rec.shard = rec.shard_gen = None
             rec.exit_code = rec.commit = rec.error = rec.failure = rec.pending = None
         return cancel
 
     def _spec(self, task_id: str) -> f.TaskSpec:
-        return next(t for t in self.spec.tasks if t.id == task_id)
+        return self.spec.tasks[self.progress.position[task_id]]
 
     # --- HITL ------------------------------------------------------------------------------------
 
@@ -639,6 +665,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks.get(pause.task)
         if rec is None or rec.lane != pause.lane or rec.status not in LIVE:
             return False
+        rec = self.touch(pause.task)
         if pause.key in rec.carried:
             return False
         if rec.pending is not None and rec.pending.asked != pause.key:
@@ -653,14 +680,15 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         )
         return True
 
-    def _hold_question(self, rec: TaskRecord, why: str) -> None:
+    def _hold_question(self, task_id: str, why: str) -> None:
         """The lane asking a human is gone (`why`): the question still waits, with no lane;
         once answered the task re-runs with the answer (not a loss, not a retry)."""
+        rec = self.touch(task_id)
         rec.warnings.append(
             f"partial work: lane {rec.lane} was interrupted when {why} while it waited for "
             "a human; it re-runs once answered"
         )
-        rec.status = TaskStatus.AWAITING_APPROVAL
+        self.set_status(task_id, TaskStatus.AWAITING_APPROVAL)
         rec.lane = rec.shard = rec.shard_gen = None
 
     def note(self, note: f.LaneNote, msg_id: str) -> bool:
@@ -670,6 +698,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         rec = self.tasks.get(note.task)
         if rec is None or msg_id in rec.noted:
             return False
+        rec = self.touch(note.task)
         rec.noted.append(msg_id)
         text = note.text if len(note.text) <= NOTE_CHARS else note.text[: NOTE_CHARS - 3] + "..."
         rec.notes.append(f"{note.lane}: {text}")
@@ -692,7 +721,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         refuses; reject or redirect without text; a text over `MAX_ANSWER_BYTES`; an approval
         of a review whose retry the cap forbids (grant retries); accept-partial of an
         approval."""
-        rec = self.tasks[task_id]
+        rec = self.touch(task_id)
         pending = rec.pending
         assert pending is not None
         earlier = rec.answers.get(pending.key)
@@ -736,8 +765,8 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         lane keeps the first answer to a key). What a coordinator had acted on but not yet
         sent when it stopped (held for a rollover, killed) is sent by the next one."""
         out: list[tuple[str, f.HitlAnswer]] = []
-        for rec in self.tasks.values():
-            if rec.status not in LIVE or rec.lane is None or rec.shard is None:
+        for rec in self._live():
+            if rec.lane is None or rec.shard is None:
                 continue
             for key, answer in rec.carried.items():
                 out.append((rec.shard, f.HitlAnswer(lane=rec.lane, key=key, answer=answer)))
@@ -746,7 +775,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
     def drop_answer(self, task_id: str) -> None:
         """Forget the answer recorded for task `task_id`'s pause and not acted on (acting on it
         failed): the pause waits for an answer again."""
-        rec = self.tasks[task_id]
+        rec = self.touch(task_id)
         if rec.pending is not None:
             rec.answers.pop(rec.pending.key, None)
 
@@ -771,7 +800,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
           is gone, the task re-runs and its program finds the answer recorded.
 
         A grant adds to the task's and the plan's budgets, `retries` to its retry cap."""
-        rec = self.tasks[task_id]
+        rec = self.touch(task_id)
         pending = rec.pending
         assert pending is not None
         answer = rec.answers[pending.key]
@@ -790,22 +819,22 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 return Effect(
                     outcome=f"{verdict} sent to lane {rec.lane}", shard=rec.shard, answer=hitl
                 )
-            rec.status = TaskStatus.PAUSED
+            self.set_status(task_id, TaskStatus.PAUSED)
             return Effect(outcome=f"{verdict} recorded; task {task_id} re-runs with it")
         if pending.kind == "approval":
             if verdict == "reject":
-                rec.status = TaskStatus.FAILED
+                self.set_status(task_id, TaskStatus.FAILED)
                 rec.failure = FailureClass.PREFLIGHT_ESCALATION
                 rec.error = f"rejected by {who}: {answer.text}"
                 return Effect(outcome=f"task {task_id} rejected: it does not run")
-            rec.status = TaskStatus.PENDING
+            self.set_status(task_id, TaskStatus.PENDING)
             if verdict == "redirect":
                 rec.feedback = answer.text
                 return Effect(outcome=f"task {task_id} redirected: it runs with the feedback")
             return Effect(outcome=f"task {task_id} approved: it runs")
         # a review of a failed attempt
         if verdict == "accept_partial":
-            rec.status = TaskStatus.SUCCEEDED
+            self.set_status(task_id, TaskStatus.SUCCEEDED)
             rec.failure = None
             rec.warnings.append(
                 f"partial: accepted by {who} after attempt {rec.attempts} failed: {rec.error}"
@@ -814,35 +843,43 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         if verdict in ("reject", "redirect"):
             rec.feedback = answer.text
         if not self.covers(self._spec(task_id)):
-            rec.status = TaskStatus.FAILED
+            self.set_status(task_id, TaskStatus.FAILED)
             rec.error = f"{rec.error} ({verdict} by {who}: the budget cannot cover another attempt)"
             return Effect(outcome=f"task {task_id} failed: its budget cannot cover a retry")
         rec.retries_used += 1
         rec.carried.clear()
-        rec.status = TaskStatus.PENDING
+        self.set_status(task_id, TaskStatus.PENDING)
         rec.warnings.append(f"attempt {rec.attempts} failed: {verdict} by {who}: retrying")
         spec = self._spec(task_id)
         cancel = self._restart_siblings(task_id, task_strategy(self.spec, spec).scope, now)
         return Effect(outcome=f"task {task_id} retried", cancel=cancel)
 
-    def _interrupt(self, rec: TaskRecord, why: str) -> None:
+    def _live(self) -> list[TaskRecord]:
+        """The records of the starting and running tasks, in file order."""
+        return [self.tasks[self.spec.tasks[i].id] for i in sorted(self.progress.live)]
+
+    def live_ids(self) -> list[str]:
+        """The ids of the starting and running tasks, in file order."""
+        return [self.spec.tasks[i].id for i in sorted(self.progress.live)]
+
+    def _interrupt(self, task_id: str, why: str) -> None:
         """A stop interrupted the task's lane: not a verdict and not a loss; it runs again."""
+        rec = self.set_status(task_id, TaskStatus.INTERRUPTED)
         rec.warnings.append(
             f"partial work: lane {rec.lane} was interrupted when {why}; re-running the step"
         )
-        rec.status = TaskStatus.INTERRUPTED
         rec.lane = rec.shard = rec.shard_gen = None
 
     def interrupt_shard(self, shard: str) -> list[str]:
         """The tree is stopping and `shard` went down: its live tasks are interrupted, not lost
         (no `worker_losses` counted); returns their ids."""
-        hit = [t for t, rec in self.tasks.items() if rec.status in LIVE and rec.shard == shard]
+        hit = [t for t in self.live_ids() if self.tasks[t].shard == shard]
         for task_id in hit:
             rec = self.tasks[task_id]
             if rec.pending is not None and rec.pending.kind == "question":
-                self._hold_question(rec, f"{shard} was stopped with the tree")
+                self._hold_question(task_id, f"{shard} was stopped with the tree")
             else:
-                self._interrupt(rec, f"{shard} was stopped with the tree")
+                self._interrupt(task_id, f"{shard} was stopped with the tree")
         return hit
 
     def lose_shard(
@@ -864,12 +901,11 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         `worker_process_loss`, so a command that kills its own shard cannot loop.
         """
         lost: list[str] = []
-        for task_id, rec in self.tasks.items():
-            if rec.status not in LIVE or rec.shard != shard or rec.shard_gen == generation:
+        for task_id in self.live_ids():
+            rec = self.tasks[task_id]
+            if rec.shard != shard or rec.shard_gen == generation or rec.shard_gen in keep:
                 continue
-            if rec.shard_gen in keep:
-                continue
-            self._lose(rec, shard, max_worker_loss, now)
+            self._lose(task_id, shard, max_worker_loss, now)
             lost.append(task_id)
         return lost
 
@@ -888,40 +924,41 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         `lose_shard`. Returns (moved task ids, lost task ids)."""
         moved: list[str] = []
         lost: list[str] = []
-        for task_id, rec in self.tasks.items():
-            if rec.status not in LIVE or rec.shard != shard or rec.shard_gen not in retired:
+        for task_id in self.live_ids():
+            rec = self.tasks[task_id]
+            if rec.shard != shard or rec.shard_gen not in retired:
                 continue
             if rec.lane in there:
-                rec.shard_gen = generation
+                self.touch(task_id).shard_gen = generation
                 moved.append(task_id)
             else:
-                self._lose(rec, shard, max_worker_loss, now)
+                self._lose(task_id, shard, max_worker_loss, now)
                 lost.append(task_id)
         return moved, lost
 
-    def _lose(self, rec: TaskRecord, shard: str, max_worker_loss: int, now: float) -> None:
-        """The worker process of `rec`'s lane is gone: an infrastructure failure, resolved by
-        its strategy (re-acquire by default, capped by `max_worker_loss`); a lane that waited
-        for a human keeps waiting, and that is not a loss."""
-        task_id = next(t for t, r in self.tasks.items() if r is rec)
+    def _lose(self, task_id: str, shard: str, max_worker_loss: int, now: float) -> None:
+        """The worker process of task `task_id`'s lane is gone: an infrastructure failure,
+        resolved by its strategy (re-acquire by default, capped by `max_worker_loss`); a lane
+        that waited for a human keeps waiting, and that is not a loss."""
+        rec = self.touch(task_id)
         self.close_attempt(task_id, rec.lane, now, "lost", FailureClass.WORKER_PROCESS_LOSS)
         interrupted = (
             f"partial work: lane {rec.lane} was interrupted when {shard} "
             f"(generation {rec.shard_gen}) was lost"
         )
         if rec.pending is not None and rec.pending.kind == "question":
-            self._hold_question(rec, f"{shard} (generation {rec.shard_gen}) was lost")
+            self._hold_question(task_id, f"{shard} (generation {rec.shard_gen}) was lost")
             return
         rec.worker_losses += 1
         loss = FailureClass.WORKER_PROCESS_LOSS
         decision = self._decide(task_id, loss, max_worker_loss)
         if decision.action is Action.REACQUIRE:
-            rec.status = TaskStatus.PAUSED
+            self.set_status(task_id, TaskStatus.PAUSED)
             rec.warnings.append(f"{interrupted}; re-running the step")
             rec.lane = rec.shard = rec.shard_gen = None
             return
         if decision.action is Action.ESCALATE and rec.worker_losses >= max_worker_loss:
-            rec.status = TaskStatus.FAILED
+            self.set_status(task_id, TaskStatus.FAILED)
             rec.failure = loss
             rec.warnings.append(f"{interrupted}; not re-run")
             rec.error = (
@@ -937,58 +974,4 @@ class PlanRecord(msgspec.Struct, kw_only=True):
             f"{shard} (generation {rec.shard_gen}) exited while lane {rec.lane} was running",
             now,
             max_worker_loss,
-        )
-
-    def summary(self) -> f.PlanSummary:
-        """The plan in one line: its tasks counted by the status a report shows."""
-        counts: dict[str, int] = {}
-        for t in self.report().tasks:
-            counts[t.status] = counts.get(t.status, 0) + 1
-        return f.PlanSummary(
-            id=self.id,
-            plan=self.spec.name,
-            submitted_at=self.submitted_at,
-            done=self.done,
-            ok=self.done and self.ok,
-            tasks=counts,
-        )
-
-    def report(self) -> f.PlanReport:
-        def shown(rec: TaskRecord) -> str:
-            if rec.pending is not None:
-                return TaskStatus.AWAITING_APPROVAL
-            return TaskStatus.RUNNING if rec.status is TaskStatus.STARTING else str(rec.status)
-
-        return f.PlanReport(
-            plan=self.spec.name,
-            id=self.id,
-            done=self.done,
-            ok=self.done and self.ok,
-            spent=self.spent,
-            budget=budget.extend(self.spec.budget, self.granted),
-            tasks=[
-                f.TaskReport(
-                    id=spec.id,
-                    status=shown(rec),
-                    exit_code=rec.exit_code,
-                    attempts=rec.attempts,
-                    shard=rec.shard,
-                    lane=rec.lane,
-                    sandbox=rec.sandbox,
-                    duration_s=rec.duration_s,
-                    output_tail=rec.output_tail,
-                    commit=rec.commit,
-                    error=rec.error,
-                    failure=None if rec.failure is None else str(rec.failure),
-                    warnings=list(rec.warnings),
-                    ticket=rec.ticket,
-                    spent=rec.spent,
-                    question=None if rec.pending is None else rec.pending.question,
-                    answers=list(rec.answers.values()),
-                    retry_at=rec.retry_at if rec.status in WAITING else None,
-                    notes=list(rec.notes),
-                )
-                for spec in self.spec.tasks
-                for rec in (self.tasks[spec.id],)
-            ],
         )

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
-import msgspec
 import pytest
 
+from orchestra_sup.coordinator.planstore import read_plan
 from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
 from tests.integration.harness import Tree, plan, task, wait_until
 
@@ -169,9 +169,7 @@ def plan_on_disk(state: Path, plan_id: str) -> PlanRecord | None:
     """The coordinator's committed record of `plan_id`, read beside the live coordinator."""
     env = lmdb.open(str(state / "coordinator"), readonly=True, max_dbs=8)
     try:
-        with env.begin(db=env.open_db(b"plans", create=False)) as txn:
-            raw = txn.get(plan_id.encode())
-            return None if raw is None else msgspec.msgpack.decode(raw, type=PlanRecord)
+        return read_plan(env, plan_id)
     finally:
         env.close()
 

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
-import msgspec
 import pytest
 
-from orchestra_sup.coordinator.runner import PlanRecord
+from orchestra_sup.coordinator.planstore import read_plan
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import Tree, plan, task, wait_until
 
@@ -115,13 +114,11 @@ def shards_on_disk(tree: Tree, plan_id: str) -> set[str | None]:
     (read-only, beside the live coordinator)."""
     env = lmdb.open(str(tree.state_dir / "coordinator"), readonly=True, max_dbs=8)
     try:
-        with env.begin() as txn:
-            raw = txn.get(plan_id.encode(), db=env.open_db(b"plans", txn=txn, create=False))
+        record = read_plan(env, plan_id)
     finally:
         env.close()
-    if raw is None:
+    if record is None:
         return set()
-    record = msgspec.msgpack.decode(raw, type=PlanRecord)
     return {t.shard for t in record.tasks.values()}
 
 

@@ -1,16 +1,17 @@
 """The coordinator records a human's answer before it acts on it (ARCHITECTURE.md §11 invariant 9:
 "the answer is recorded before it resumes the lane").
 
-A unit test of the ordering inside `Coordinator._respond`, with a real LMDB store: the moment the
-coordinator hands the answer to its messaging layer (to send it to the waiting lane), the answer
-must already be committed. The messaging layer is the one part stood in for: `Recorder` keeps
-what the coordinator asks it to send and checks the store at that moment. Real trees answer
-pauses in `tests/integration/test_hitl.py`.
+A unit test of the ordering inside `Answers.respond` (coordinator/answers.py), with a real LMDB
+store: the moment the coordinator hands the answer to its messaging layer (to send it to the
+waiting lane), the answer must already be committed. The messaging layer is the one part stood in
+for: `Recorder` keeps what the coordinator asks it to send and checks the store at that moment.
+Real trees answer pauses in `tests/integration/test_hitl.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,18 @@ import msgspec
 
 from orchestra_sup.config import resolve_paths
 from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
+from orchestra_sup.coordinator.planstore import DBS, TASKS, PlanStore, task_key
 from orchestra_sup.coordinator.role import Coordinator
-from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
+from orchestra_sup.coordinator.runner import PlanRecord, TaskRecord, TaskStatus
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.state.store import Store
 
 
 class Recorder:
-    """The coordinator's node, as far as `_respond` uses it: `args`, `peers`, and `spawn`, which
-    here runs nothing and notes, for each coroutine the coordinator starts, whether the plan's
-    answer was already committed to LMDB at that moment."""
+    """The coordinator's node, as far as `Answers.respond` uses it: `args`, `peers`, and `spawn`,
+    which here runs nothing and notes, for each coroutine the coordinator starts, whether the
+    plan's answer was already committed to LMDB at that moment."""
 
     def __init__(self, store: Store, plan_id: str) -> None:
         self.args = ChildArgs(
@@ -48,17 +50,15 @@ class Recorder:
         self._plan_id = plan_id
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        raw = self._store.get("plans", self._plan_id.encode())
-        committed = raw is not None and bool(
-            msgspec.msgpack.decode(raw, type=PlanRecord).tasks["ask"].answers
-        )
+        raw = self._store.get(TASKS, task_key(self._plan_id, "ask"))
+        committed = raw is not None and bool(msgspec.msgpack.decode(raw, type=TaskRecord).answers)
         self.spawned.append((coro.__qualname__, committed))
         coro.close()
 
 
 def test_an_answer_is_committed_before_it_is_sent_to_the_lane(tmp_path: Path) -> None:
     async def main() -> list[tuple[str, bool]]:
-        store = Store(tmp_path / "coordinator", ["plans", "inbox"])
+        store = Store(tmp_path / "coordinator", ["inbox", *DBS])
         store.start()
         try:
             spec = f.PlanSpec(name="p", tasks=[f.TaskSpec(id="ask", run="", program="m:P")])
@@ -66,7 +66,7 @@ def test_an_answer_is_committed_before_it_is_sent_to_the_lane(tmp_path: Path) ->
             start = plan.place(
                 spec.tasks[0], AffinityTicket(shard="shard-0", generation=1, boot="")
             )
-            plan.tasks["ask"].status = TaskStatus.RUNNING
+            plan.set_status("ask", TaskStatus.RUNNING)
             plan.pause_for_question(
                 f.HitlPause(
                     lane=start.lane,
@@ -80,14 +80,14 @@ def test_an_answer_is_committed_before_it_is_sent_to_the_lane(tmp_path: Path) ->
             )
             coordinator = Coordinator()
             node = Recorder(store, plan.id)
-            coordinator.node = node  # type: ignore[assignment]
-            coordinator.store = store
-            coordinator.plans[plan.id] = plan
+            coordinator.attach(node, store)  # type: ignore[arg-type]
+            coordinator._add(plan)
             coordinator.shards["shard-0"] = ShardView(
                 name="shard-0", generation=1, up=True, capacity=8
             )
-            await store.put_durable("plans", b"p1", msgspec.msgpack.encode(plan))
-            recorded = await coordinator._respond(
+            await PlanStore(store).write_durable(plan, new=True)
+            assert coordinator.answers is not None
+            recorded = await coordinator.answers.respond(
                 f.HitlRespond(lane=start.lane, verdict="approve", uid=0, responder="root")
             )
             assert isinstance(recorded, f.HitlRecorded)
@@ -97,7 +97,7 @@ def test_an_answer_is_committed_before_it_is_sent_to_the_lane(tmp_path: Path) ->
             store.close()
 
     spawned = asyncio.run(main())
-    sends = [committed for name, committed in spawned if name.endswith("_send_answer")]
+    sends = [committed for name, committed in spawned if name == "Answers._send"]
     assert sends == [True], spawned
 
 
@@ -117,7 +117,7 @@ def test_an_answer_acted_on_but_not_sent_is_sent_by_the_next_generation(tmp_path
     (the lane keeps the first answer to a key, so a second send is harmless)."""
 
     async def first() -> str:
-        store = Store(tmp_path / "coordinator", ["plans", "inbox"])
+        store = Store(tmp_path / "coordinator", ["inbox", *DBS])
         store.start()
         try:
             spec = f.PlanSpec(name="p", tasks=[f.TaskSpec(id="ask", run="", program="m:P")])
@@ -125,7 +125,7 @@ def test_an_answer_acted_on_but_not_sent_is_sent_by_the_next_generation(tmp_path
             start = plan.place(
                 spec.tasks[0], AffinityTicket(shard="shard-0", generation=1, boot="")
             )
-            plan.tasks["ask"].status = TaskStatus.RUNNING
+            plan.set_status("ask", TaskStatus.RUNNING)
             pause = f.HitlPause(
                 lane=start.lane,
                 plan="p1",
@@ -138,6 +138,8 @@ def test_an_answer_acted_on_but_not_sent_is_sent_by_the_next_generation(tmp_path
             assert plan.pause_for_question(pause)
             plan.record_answer("ask", f.Answer(verdict="approve", responder="root", uid=0))
             assert plan.act_on_answer("ask", 0.0).answer is not None  # ... and never sent
+            # in the layout before issue 24 (one whole record per plan): the next generation
+            # moves it to the new one as it opens it
             await store.put_durable("plans", b"p1", msgspec.msgpack.encode(plan))
             return start.lane
         finally:
@@ -158,7 +160,11 @@ def test_an_answer_acted_on_but_not_sent_is_sent_by_the_next_generation(tmp_path
             await coordinator.close()
 
     lane = asyncio.run(first())
-    spawned = asyncio.run(second())
-    assert [name for name, _ in spawned if name.endswith("_send_answer")] == [
-        "Coordinator._send_answer"
-    ], (lane, spawned)
+    try:
+        spawned = asyncio.run(second())
+    finally:
+        gc.unfreeze()  # open() froze what it loaded, this test process's objects with it
+    assert [name for name, _ in spawned if name == "Answers._send"] == ["Answers._send"], (
+        lane,
+        spawned,
+    )

@@ -8,9 +8,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from orchestra_sup.coordinator.plan import load_plan, parse_plan, topological_order, validate_plan
+from orchestra_sup.coordinator.plan import (
+    MAX_TASKS,
+    load_plan,
+    parse_plan,
+    plan_from_mapping,
+    topological_order,
+    validate_plan,
+)
 from orchestra_sup.errors import PlanError
 from orchestra_sup.protocol.frames import Budget, PlanSpec, TaskSpec
+from tests.unit.test_plan_scaling import lines_run
 
 VALID = """\
 name = "selfcheck"
@@ -469,3 +477,36 @@ def test_bad_supervision_keys_are_one_line_naming_key_and_value(
     with pytest.raises(PlanError) as info:
         parse_plan(text)
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_plan_at_the_task_limit_is_taken_and_one_more_task_is_refused() -> None:
+    """MAX_TASKS tasks parse; one more is refused in one line naming both counts, from a plan
+    file and from a submitted spec alike."""
+    tasks = [{"id": f"t{i}", "run": "true"} for i in range(MAX_TASKS)]
+    assert len(plan_from_mapping({"name": "p", "task": tasks}).tasks) == MAX_TASKS
+    expected = f"{MAX_TASKS + 1:,} tasks: a plan holds at most {MAX_TASKS:,}"
+    more = [*tasks, {"id": "extra", "run": "true"}]
+    with pytest.raises(PlanError, match=expected) as info:
+        plan_from_mapping({"name": "p", "task": more})
+    assert "\n" not in str(info.value)
+    spec = PlanSpec(
+        name="p", tasks=[TaskSpec(id=f"t{i}", run="true") for i in range(MAX_TASKS + 1)]
+    )
+    with pytest.raises(PlanError, match=expected):
+        validate_plan(spec)
+
+
+def test_a_submitted_plan_over_the_limit_is_refused_before_its_tasks_are_read() -> None:
+    """The size comes first: a spec of MAX_TASKS + 1 tasks that are all bad (every one needs
+    itself) is refused for its size, not for its first task, in a few lines of Python, not
+    one per task (nothing of it is converted)."""
+    spec = PlanSpec(
+        name="p",
+        tasks=[TaskSpec(id=f"t{i}", run="true", needs=[f"t{i}"]) for i in range(MAX_TASKS + 1)],
+    )
+
+    def refuse() -> None:
+        with pytest.raises(PlanError, match="a plan holds at most"):
+            validate_plan(spec)
+
+    assert lines_run(refuse) < MAX_TASKS // 4

@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from orchestra_sup.coordinator.placement import AffinityTicket
+from orchestra_sup.coordinator.report import plan_report
 from orchestra_sup.coordinator.runner import (
     FINAL,
     HELD,
@@ -33,7 +34,7 @@ def _plan(*tasks: str | tuple[str, list[str]], statuses: dict[str, TaskStatus] |
     ]
     rec = PlanRecord.new("plan-1", f.PlanSpec(name="demo", tasks=specs), submitted_at=100.0)
     for task_id, status in (statuses or {}).items():
-        rec.tasks[task_id].status = status
+        rec.set_status(task_id, status)
     return rec
 
 
@@ -47,8 +48,8 @@ def _live(
     status: TaskStatus = S.RUNNING,
 ) -> TaskRecord:
     """Put `task_id` on `lane` of `shard` generation `gen`, as the coordinator does at start."""
-    t = rec.tasks[task_id]
-    t.status, t.lane, t.shard, t.shard_gen, t.attempts = status, lane, shard, gen, 1
+    t = rec.set_status(task_id, status)
+    t.lane, t.shard, t.shard_gen, t.attempts = lane, shard, gen, 1
     return t
 
 
@@ -589,7 +590,7 @@ def test_replaced_task_succeeds_with_warning_and_stale_result_ignored() -> None:
     assert (t.status, t.attempts, t.worker_losses, t.failure) == (S.SUCCEEDED, 2, 1, None)
     assert t.warnings == [warning]
     assert rec.done and rec.ok
-    report = rec.report().tasks[0]
+    report = plan_report(rec).tasks[0]
     assert (report.status, report.attempts, report.failure) == ("succeeded", 2, None)
     assert report.warnings == [warning]
 
@@ -616,7 +617,7 @@ def test_task_that_keeps_losing_its_shard_fails_at_the_cap() -> None:
     ]
     assert rec.skip_blocked() == ["b"]
     assert rec.done and not rec.ok
-    report = {r.id: r for r in rec.report().tasks}
+    report = {r.id: r for r in plan_report(rec).tasks}
     assert report["a"].status == "failed"
     assert report["a"].failure == "worker_process_loss"
     assert report["a"].warnings == t.warnings
@@ -649,7 +650,7 @@ def test_done_and_ok(statuses: dict[str, TaskStatus], done: bool, ok: bool) -> N
     rec = _plan("a", "b", statuses=statuses)
     assert rec.done is done
     assert rec.ok is ok
-    report = rec.report()
+    report = plan_report(rec)
     assert report.done is done
     assert report.ok is ok
 
@@ -659,7 +660,7 @@ def test_report_shows_starting_as_running() -> None:
     rec = _plan(*(s.value for s in TaskStatus))
     for status in TaskStatus:
         rec.tasks[status.value].status = status
-    shown = {t.id: t.status for t in rec.report().tasks}
+    shown = {t.id: t.status for t in plan_report(rec).tasks}
     assert shown[S.STARTING.value] == "running"
     for status in set(TaskStatus) - {S.STARTING}:
         assert shown[status.value] == status.value
@@ -672,7 +673,7 @@ def test_report_fields_follow_records_in_file_order() -> None:
     rec = _plan("z", "a", ("m", ["z"]))
     _live(rec, "z", lane="lane-7", shard="shard-1", gen=3)
     assert rec.apply(_result("z", "lane-7", commit="c0ffee"))[0]
-    report = rec.report()
+    report = plan_report(rec)
     assert (report.plan, report.id) == ("demo", "plan-1")
     assert [t.id for t in report.tasks] == ["z", "a", "m"]
     z = report.tasks[0]

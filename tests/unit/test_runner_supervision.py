@@ -10,6 +10,7 @@ import pytest
 from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.coordinator.quota import Quota, breach
+from orchestra_sup.coordinator.report import plan_report
 from orchestra_sup.coordinator.runner import AnswerError, PlanRecord, TaskStatus
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass as C
@@ -30,7 +31,7 @@ def _task(tid: str = "a", **kw: object) -> f.TaskSpec:
 def _place(rec: PlanRecord, tid: str = "a", now: float = T0, shard: str = "shard-0") -> f.LaneStart:
     spec = next(t for t in rec.spec.tasks if t.id == tid)
     start = rec.place(spec, AffinityTicket(shard=shard, generation=1, boot="b"), now)
-    rec.tasks[tid].status = S.RUNNING
+    rec.set_status(tid, S.RUNNING)
     return start
 
 
@@ -207,7 +208,7 @@ def test_approve_true_waits_for_a_human_and_runs_once_approved() -> None:
     t = rec.tasks["a"]
     assert t.status is S.AWAITING_APPROVAL and t.pending is not None
     assert rec.waiting_on("p1-a-1") == "a"
-    assert rec.report().tasks[0].status == "awaiting_approval"
+    assert plan_report(rec).tasks[0].status == "awaiting_approval"
     rec.record_answer("a", _answer(grant=f.Budget(wall_s=5.0)))
     assert rec.unsettled() == ["a"]  # recorded, not acted on yet
     effect = rec.act_on_answer("a", T0)
@@ -278,7 +279,7 @@ def test_a_question_is_answered_to_the_live_lane() -> None:
     start = _place(rec)
     pause = _ask(start.lane)
     assert rec.pause_for_question(pause)
-    assert rec.report().tasks[0].status == "awaiting_approval"
+    assert plan_report(rec).tasks[0].status == "awaiting_approval"
     assert rec.tasks["a"].status is S.RUNNING  # its lane is live and holds a slot
     rec.record_answer("a", _answer())
     effect = rec.act_on_answer("a", T0)
@@ -430,7 +431,7 @@ def test_a_retried_attempt_asks_its_questions_afresh() -> None:
     second = _place(rec, now=T0 + 5)
     assert second.answers == {}
     assert rec.pause_for_question(ask(second.lane))
-    assert rec.report().tasks[0].status == "awaiting_approval"
+    assert plan_report(rec).tasks[0].status == "awaiting_approval"
     assert [k.split(":")[-1] for k in rec.tasks["a"].answers] == ["publish"]
 
 

@@ -1,0 +1,165 @@
+"""The coordinator's side of HITL: what waits for a human, and a human's answer to it.
+
+ARCHITECTURE.md §11 invariant 9: an answer is recorded durably, with the responder the supervisor
+stamped from the ctl connection, before anything acts on it (`respond`); acted on, an answer to a
+lane's question is kept to deliver to that lane (`unsent`) and sent while its shard is up
+(`send`, at every pump), again after a restart or a rollover until the shard has taken it (a lane
+keeps the first answer to a key, so a second send is harmless). The plan runner's pure side is
+`runner.PlanRecord` (`record_answer`, `act_on_answer`).
+
+`Answers` reaches the rest of the coordinator only through what it is given (as `Toolkit`
+does): the plans not done, the node, the state to refuse on and to write to, and `settle`, which
+the coordinator runs after an answer changed a plan (cancel the lanes a sibling-group retry took
+over, write the plan, skip and finish what follows, place what became ready).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from orchestra_sup.coordinator.placement import ShardView
+from orchestra_sup.coordinator.runner import LIVE, AnswerError, PlanRecord, TaskStatus
+from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError, StateError
+from orchestra_sup.node.runtime import Node
+from orchestra_sup.protocol import frames as f
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_S = 10.0
+
+
+class Answers:
+    """See the module docstring. `plans()` gives the plans not done; `check_writable()` raises
+    `StateError` while the state is degraded; `write_durable(plan)` resolves once what changed of
+    `plan` is committed; `settle(plan, cancel)` finishes a change an answer made."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        plans: Callable[[], Iterable[PlanRecord]],
+        shards: dict[str, ShardView],
+        check_writable: Callable[[], None],
+        write_durable: Callable[[PlanRecord], Awaitable[None]],
+        settle: Callable[[PlanRecord, list[tuple[str, str]]], None],
+    ) -> None:
+        self.node = node
+        self._plans = plans
+        self._shards = shards
+        self._check_writable = check_writable
+        self._write_durable = write_durable
+        self._settle = settle
+        self.unsent: dict[tuple[str, str], tuple[str, f.HitlAnswer]] = {}
+        """Recorded answers still to deliver to the lane that asked: (lane, key) -> (shard,
+        frame)."""
+
+    def recover(self, plan: PlanRecord) -> None:
+        """At start: keep what `plan` acted on but may not have delivered, and act on what it
+        recorded but did not act on (seeds/003: "the pause survives a restart because it is
+        reconstructed from the log"). An answer that cannot be acted on is dropped: its pause
+        waits for an answer again."""
+        for shard, frame in plan.answers_to_deliver():
+            self.unsent[(frame.lane, frame.key)] = (shard, frame)
+        for task_id in plan.unsettled():
+            try:
+                self.act(plan, task_id)
+            except Exception:  # one bad answer must not keep the coordinator from starting
+                log.exception("plan %s: task %s: answer dropped, ask again", plan.id, task_id)
+                plan.drop_answer(task_id)
+                self._settle(plan, [])
+
+    def pending(self) -> f.LaneList:
+        """Every task that waits for a human, oldest pause first (`ListPending`)."""
+        lanes: list[f.LaneInfo] = []
+        for plan in self._plans():
+            for task_id, rec in plan.tasks.items():
+                if rec.pending is None:
+                    continue
+                lanes.append(
+                    f.LaneInfo(
+                        lane=rec.pending.lane,
+                        task=task_id,
+                        plan=plan.id,
+                        shard=(rec.shard or "") if rec.status in LIVE else "",
+                        state=TaskStatus.AWAITING_APPROVAL,
+                        sandbox=rec.sandbox,
+                        question=rec.pending.question,
+                        since=rec.pending.since,
+                    )
+                )
+        lanes.sort(key=lambda info: info.since or 0.0)
+        return f.LaneList(lanes=lanes)
+
+    async def respond(self, req: f.HitlRespond) -> f.Body:
+        """A human's answer to the pause lane id `req.lane` answers: recorded durably first,
+        then acted on. Answers `HitlRecorded`. Raises `RemoteError`: `not_found` when nothing
+        waits on that lane, `bad_request` when the answer does not fit the pause
+        (`PlanRecord.record_answer`), `state_degraded` when it cannot be recorded."""
+        for plan in self._plans():
+            task_id = plan.waiting_on(req.lane)
+            if task_id is not None:
+                break
+        else:
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
+            )
+        answer = f.Answer(
+            verdict=req.verdict,
+            text=req.text,
+            grant=req.grant,
+            retries=req.retries,
+            responder=req.responder,
+            uid=req.uid,
+            at=round(time.time(), 3),
+        )
+        try:
+            self._check_writable()  # before anything is recorded: a refusal changes nothing
+        except StateError as exc:
+            raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
+        try:
+            plan.record_answer(task_id, answer)
+        except AnswerError as exc:
+            raise RemoteError(ErrorCode(exc.code), str(exc)) from None
+        # The audit moment: durable before anything acts on it.
+        await self._write_durable(plan)
+        if plan.tasks[task_id].pending is None:  # another answer acted first, meanwhile
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
+            )
+        outcome = self.act(plan, task_id)
+        log.info(
+            "plan %s: task %s: %s answered %s: %s",
+            plan.id,
+            task_id,
+            req.responder,
+            req.verdict,
+            outcome,
+        )
+        return f.HitlRecorded(lane=req.lane, plan=plan.id, task=task_id, outcome=outcome)
+
+    def act(self, plan: PlanRecord, task_id: str) -> str:
+        """Act on the recorded answer to a task's pause; returns what it did, in one line."""
+        effect = plan.act_on_answer(task_id, time.time())
+        if effect.answer is not None and effect.shard is not None:
+            self.unsent[(effect.answer.lane, effect.answer.key)] = (effect.shard, effect.answer)
+        self._settle(plan, effect.cancel)
+        return effect.outcome
+
+    def send(self) -> None:
+        """Deliver each recorded answer whose lane's shard is up (`unsent`)."""
+        for key, (shard, frame) in list(self.unsent.items()):
+            view = self._shards.get(shard)
+            if view is not None and view.up:
+                del self.unsent[key]
+                self.node.spawn(self._send(key, shard, frame))
+
+    async def _send(self, key: tuple[str, str], shard: str, frame: f.HitlAnswer) -> None:
+        try:
+            await self.node.call(shard, frame, timeout_s=SEND_TIMEOUT_S)
+        except RemoteError as exc:
+            if exc.code is not ErrorCode.NOT_FOUND:  # a lane gone is settled by its loss
+                self.unsent.setdefault(key, (shard, frame))
+        except (PeerDown, CallTimeout):
+            self.unsent.setdefault(key, (shard, frame))  # the next pump tries again
