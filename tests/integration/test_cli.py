@@ -52,8 +52,12 @@ def write(path: Path, text: str) -> Path:
             ["'a'", "duplicate"],
         ),
         ('name = "p"\n[[task]]\nid = "a"\nrun = "true"\nneeds = ["ghost"]\n', ["'a'", "ghost"]),
+        (
+            'name = "p"\n[[task]]\nid = "a"\nrun = "true"\nneed = ["b"]\n',
+            ["'a'", "unknown key 'need': did you mean 'needs'?"],
+        ),
     ],
-    ids=["unknown-key", "cycle", "duplicate-id", "missing-dependency"],
+    ids=["unknown-key", "cycle", "duplicate-id", "missing-dependency", "near-key"],
 )
 def test_bad_plan_is_one_line_exit_2(tmp_path: Path, text: str, needles: list[str]) -> None:
     """`run` refuses a bad plan before anything starts: one line naming the task, exit 2."""
@@ -92,7 +96,9 @@ def test_bad_config_names_key_and_value(tmp_path: Path) -> None:
     )
     cfg = write(tmp_path / "c.toml", "[supervisor]\nmax_restart = 3\n")
     assert_one_line_error(
-        cli("start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")), 2, "max_restart"
+        cli("start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")),
+        2,
+        "unknown key 'max_restart': did you mean 'max_restarts'?",
     )
 
 
