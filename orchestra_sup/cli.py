@@ -215,7 +215,7 @@ def start(
     from orchestra_sup.supervisor.reexec import resume
     from orchestra_sup.supervisor.reload import ConfigSource
     from orchestra_sup.supervisor.root import RootSupervisor
-    from orchestra_sup.supervisor.runlock import RunLock, StateLock
+    from orchestra_sup.supervisor.runlock import refuse_owned
 
     if preflight:
         raise typer.Exit(0)
@@ -243,9 +243,7 @@ def start(
             raise ConfigError("--keys is for --ctl-tcp; give both or neither")
         if paths.workspace is not None:
             _check_workspace(paths.workspace, paths.state_dir)
-        # refuse a live tree's directories before starting anything
-        RunLock(paths.run_dir).release()
-        StateLock(paths.state_dir).release()
+        refuse_owned(paths.state_dir, paths.run_dir)  # before anything is started or made
         return settings, paths, remote
 
     settings, paths, remote = guarded(prepare)
@@ -305,6 +303,7 @@ def run(
     Example: orchestra-sup run examples/selfcheck.toml --workspace .
     """
     from orchestra_sup.oneshot import private_tree, wait_plan
+    from orchestra_sup.supervisor.runlock import refuse_owned
 
     def prepare() -> tuple[f.PlanSpec, Path, Path | None]:
         spec = load_plan(plan)
@@ -312,6 +311,8 @@ def run(
         paths = resolve_paths(state_dir or Path(tempfile.gettempdir()), None, workspace)
         if paths.workspace is not None:
             _check_workspace(paths.workspace, paths.state_dir)
+        if state_dir is not None:  # a live tree's: refused, its log and directories untouched
+            refuse_owned(paths.state_dir)
         state = paths.state_dir if state_dir else Path(tempfile.mkdtemp(prefix="osup-run-"))
         return spec, state, paths.workspace
 

@@ -345,3 +345,13 @@ def test_state_dir_problems_are_one_line(tmp_path: Path, repo: Path) -> None:
         "inside the workspace",
     )
     assert not (repo / "state").exists()
+
+
+def test_run_on_a_live_trees_state_dir_is_refused_untouched(tree: Tree, tmp_path: Path) -> None:
+    """`run --state-dir` naming a live tree's state directory: one line, exit 2, before a
+    private tree is started (which would write its log into the live tree's directory)."""
+    plan = write(tmp_path / "plan.toml", 'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n')
+    proc = cli("run", str(plan), "--state-dir", str(tree.state_dir))
+    assert_one_line_error(proc, 2, f"state directory {tree.state_dir}", "owned by a live tree")
+    assert not (tree.state_dir / "tree.log").exists()
+    assert tree.status().supervisor_pid == tree.proc.pid
