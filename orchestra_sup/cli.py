@@ -24,6 +24,7 @@ from rich.console import Console
 
 from orchestra_sup import __version__, logformat, render
 from orchestra_sup.client import CtlClient
+from orchestra_sup.columns import WIDE
 from orchestra_sup.config import (
     default_run_dir,
     default_state_dir,
@@ -79,14 +80,27 @@ keys_app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 
-# Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
+# Piped output is for reading whole, not for an 80-column guess: every column, no line wrapped.
 _tty = sys.stdout is not None and sys.stdout.isatty()  # None: started with stdout closed
-out = Console(width=None if _tty else 200, markup=False, highlight=False)
+out = Console(width=None if _tty else WIDE, markup=False, highlight=False)
 """No markup: plan names, errors and output are the users' text, and "[/x]" in one must print as
 itself, not be parsed (or refused) as rich markup."""
+
+
+def screen(wide: bool = False) -> tuple[Console, int | None]:
+    """Where a table is printed and the width it is fitted to (`columns.fit`): the terminal's,
+    or unbounded with `--wide` or when stdout is not a terminal."""
+    if not _tty:
+        return out, None
+    return (Console(width=WIDE, markup=False, highlight=False), None) if wide else (out, out.width)
+
+
 T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
+WideOpt = Annotated[
+    bool, typer.Option("--wide", help="Every column, lines as long as they need (as piped).")
+]
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the tree to answer.")
 ]
@@ -348,7 +362,7 @@ def run(
     if as_json:
         print_json({**render.plan_json(report), "state_dir": str(state)})
     else:
-        render.plan_table(report, out)
+        render.plan_table(report, *screen())
         out.print(f"state: {state}")
     raise typer.Exit(0 if report.ok else EXIT_FAILED)
 
@@ -432,10 +446,12 @@ def ctl_main(
 def status(
     ctx: typer.Context,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,
 ) -> None:
-    """Show the supervisor and every child. Answered by the supervisor itself.
+    """Show the supervisor and every child. Answered by the supervisor itself. A narrow
+    terminal leaves the least needed columns out (and says which); --wide shows them all.
 
     Example: orchestra-sup ctl status --json
     """
@@ -444,7 +460,7 @@ def status(
     if as_json:
         print_json(render.status_json(reply))
     else:
-        render.status_table(reply, out)
+        render.status_table(reply, *screen(wide))
 
 
 @ctl_app.command()
@@ -548,7 +564,7 @@ def plans_cmd(
     if as_json:
         print_json({"plans": msgspec.to_builtins(reply.plans)})
     else:
-        render.plans_table(reply, out)
+        render.plans_table(reply, *screen())
 
 
 @ctl_app.command("plan")
@@ -591,7 +607,7 @@ def _show_plan(
     if as_json:
         print_json(render.plan_json(report))
     else:
-        render.plan_table(report, out)
+        render.plan_table(report, *screen())
     if wait:
         raise typer.Exit(0 if report.ok else EXIT_FAILED)
 
@@ -631,12 +647,13 @@ def call(
 def lanes(
     ctx: typer.Context,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,
 ) -> None:
     """List live lanes on every shard, and every task that waits for a human (state
     awaiting_approval: how long it has waited and its question; --json has the whole question
-    and `since`, Unix seconds).
+    and `since`, Unix seconds). --wide adds what a narrow terminal leaves out (the sandbox).
 
     Example: orchestra-sup ctl lanes --json
     """
@@ -645,7 +662,8 @@ def lanes(
     if as_json:
         print_json(render.lanes_json(reply))
     else:
-        render.lanes_table(reply, out)
+        console, width = screen(wide)
+        render.lanes_table(reply, console, width=width)
 
 
 @ctl_app.command()
@@ -657,6 +675,9 @@ def top(
     ] = 1.0,
     once: Annotated[
         bool, typer.Option("--once", help="Print one frame and exit (also when piped).")
+    ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="With --once (or piped): every column, lines unwrapped.")
     ] = False,
     as_json: Annotated[
         bool,
@@ -697,7 +718,8 @@ def top(
         if as_json:
             sys.stdout.write(json.dumps(frame_json(first)) + "\n")
         else:
-            out.print(view(first, time.time()))
+            console, width = screen(wide)
+            console.print(view(first, time.time(), width=width))
         return
     # SIGTERM (a closing terminal, `kill`) unwinds like Ctrl-C: the terminal is given back
     signal.signal(signal.SIGTERM, _interrupt)
