@@ -42,6 +42,7 @@ from orchestra_sup.errors import (
     TreeUnreachable,
     WorkspaceError,
 )
+from orchestra_sup.invocation import ctl_command
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import (
     DEFAULT_CLIENT,
@@ -380,10 +381,22 @@ class CtlContext:
     """What every ctl command shares: where the tree is, and for a remote one (`connect`, a
     `tcp://` address) the CURVE client keys to reach it with."""
 
-    def __init__(self, run_dir: Path | None, connect: str | None, keys: ClientKeys | None):
+    def __init__(
+        self,
+        run_dir: Path | None,
+        connect: str | None,
+        keys: ClientKeys | None,
+        keys_dir: Path | None,
+    ):
         self.group_run_dir = run_dir
         self.connect = connect
         self.keys = keys
+        self.keys_dir = keys_dir
+
+    def command(self, run_dir: Path | None) -> str:
+        """The ctl command that reaches this tree, as a hint to paste (`invocation`)."""
+        key = self.keys.name if self.keys is not None and self.keys.name != DEFAULT_CLIENT else None
+        return ctl_command(run_dir or self.group_run_dir, self.connect, self.keys_dir, key)
 
     def run_dir(self, override: Path | None) -> Path:
         return (override or self.group_run_dir or default_run_dir()).absolute()
@@ -439,7 +452,7 @@ def ctl_main(
             raise ConfigError(f"--connect {connect}: a tcp:// endpoint needs --keys DIR")
         return load_client_keys(keys, key)
 
-    ctx.obj = CtlContext(run_dir, connect, guarded(client_keys))
+    ctx.obj = CtlContext(run_dir, connect, guarded(client_keys), keys)
 
 
 @ctl_app.command()
@@ -607,7 +620,7 @@ def _show_plan(
     if as_json:
         print_json(render.plan_json(report))
     else:
-        render.plan_table(report, *screen())
+        render.plan_table(report, *screen(), ctx.obj.command(run_dir))
     if wait:
         raise typer.Exit(0 if report.ok else EXIT_FAILED)
 
@@ -663,7 +676,7 @@ def lanes(
         print_json(render.lanes_json(reply))
     else:
         console, width = screen(wide)
-        render.lanes_table(reply, console, width=width)
+        render.lanes_table(reply, console, width=width, command=ctx.obj.command(run_dir))
 
 
 @ctl_app.command()
@@ -719,7 +732,7 @@ def top(
             sys.stdout.write(json.dumps(frame_json(first)) + "\n")
         else:
             console, width = screen(wide)
-            console.print(view(first, time.time(), width=width))
+            console.print(view(first, time.time(), "", width, ctx.obj.command(run_dir)))
         return
     # SIGTERM (a closing terminal, `kill`) unwinds like Ctrl-C: the terminal is given back
     signal.signal(signal.SIGTERM, _interrupt)
@@ -728,7 +741,7 @@ def top(
             if as_json:
                 run_json(watcher, first, sys.stdout, keys, interval)
             else:
-                run_live(watcher, first, out, keys, interval)
+                run_live(watcher, first, out, keys, interval, ctx.obj.command(run_dir))
     except KeyboardInterrupt:
         return
     except BrokenPipeError:  # `ctl top --json | head -3`: the reader has all it wanted
@@ -882,19 +895,19 @@ def accept_partial(
     _respond(ctx, f.CtlRespond(lane=lane, verdict="accept_partial"), as_json, timeout, run_dir)
 
 
-FOLLOW_POLL_S = 5.0
-"""How long one `ctl logs --follow` exchange waits at the shard for new rows."""
-
-
 @ctl_app.command()
 def logs(
     ctx: typer.Context,
     lane: Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`, `ctl plan --json`).")],
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Print rows as they come until the lane ends.")
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Print rows as they come until the lane (or its task) ends."
+        ),
     ] = False,
     as_json: Annotated[
-        bool, typer.Option("--json", help='One object per row: {"seq", "ts", "stream", "data"}.')
+        bool,
+        typer.Option("--json", help='One object per row: {"seq", "ts", "stream", "data", "lane"}.'),
     ] = False,
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,
@@ -903,37 +916,18 @@ def logs(
     (`# event: ...` lines on stderr), or with --json one object per row on stdout.
 
     Works for running and finished lanes (kept for \\[lanes] transcript_retention_s). --follow
-    exits 0 when the lane ends; Ctrl-C exits 130; an unknown lane exits 1.
+    goes on to the task's next lane when its shard was restarted or lost, exits 0 when the
+    lane ends otherwise, 3 when the tree goes away first; Ctrl-C exits 130; an unknown lane
+    exits 2.
     Example: orchestra-sup ctl logs 3f2a9c1b7d44-build-1 --follow
     """
-    sink = render.LogSink(as_json, sys.stdout, sys.stderr)
-    wait_s = FOLLOW_POLL_S if follow else 0.0
+    from orchestra_sup.follow import LogSink, show_logs
+
+    sink = LogSink(as_json, sys.stdout, sys.stderr)
 
     def go() -> None:
-        after = -1
-        shard_down_since: float | None = None
         with ctx.obj.client(run_dir) as client:
-            while True:
-                ask = f.CtlLogs(lane=lane, after_seq=after, wait_s=wait_s)
-                try:
-                    chunk = client.request(ask, timeout_s=wait_s + timeout)
-                except RemoteError as exc:
-                    # Following a lane whose shard died: its next generation comes back within
-                    # seconds and closes the transcript with a `lost:` event; wait for that.
-                    if not follow or exc.code is not ErrorCode.PEER_DOWN:
-                        raise
-                    shard_down_since = shard_down_since or time.monotonic()
-                    if time.monotonic() - shard_down_since > timeout:
-                        raise
-                    time.sleep(0.2)
-                    continue
-                shard_down_since = None
-                assert isinstance(chunk, f.LogChunk)
-                sink.write(chunk.rows)
-                after = chunk.rows[-1].seq if chunk.rows else after
-                # without --follow: what there is now (a running lane's rows so far)
-                if chunk.done or (not follow and not chunk.rows):
-                    return
+            show_logs(client, lane, sink, follow=follow, timeout_s=timeout)
 
     try:
         guarded(go)
@@ -1091,29 +1085,10 @@ def reload(
     if report.refused:
         raise fail(f"config reload refused: {report.error}", EXIT_USAGE)
     if not as_json:
-        for line in _reload_lines(report):
+        for line in render.reload_lines(report):
             out.print(line)
     if report.error is not None:
         raise fail(f"config reload: {report.error}", EXIT_FAILED)
-
-
-def _reload_lines(report: f.ReloadReport) -> list[str]:
-    """A reload's report for people: what changed, then what that did to which child."""
-    if not report.config:
-        return ["nothing to reload: the tree was started without --config"]
-    if not report.changed:
-        return [f"config {report.config}: nothing changed"]
-    lines = [f"config {report.config}: changed {', '.join(report.changed)}"]
-    for label, names in (
-        ("restarted", report.restarted),
-        ("added", report.added),
-        ("retired", report.retired),
-        ("updated in place", report.updated),
-        ("unchanged", report.unchanged),
-    ):
-        if names:
-            lines.append(f"{label}: {', '.join(names)}")
-    return lines
 
 
 def _rollover_event(event: f.RolloverEvent, as_json: bool) -> None:

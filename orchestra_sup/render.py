@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import time
-from typing import IO, Any
+from typing import Any
 
 import msgspec
 from rich.console import Console, Group, RenderableType
@@ -55,6 +54,25 @@ def rollover_line(event: f.RolloverEvent) -> str:
     who = f"{event.child}: " if event.child else ""
     took = f" ({event.took_s:.3f} s)" if event.took_s is not None else ""
     return f"+{event.at_s:7.3f} s  {who}{event.text}{took}"
+
+
+def reload_lines(report: f.ReloadReport) -> list[str]:
+    """A reload's report for people: what changed, then what that did to which child."""
+    if not report.config:
+        return ["nothing to reload: the tree was started without --config"]
+    if not report.changed:
+        return [f"config {report.config}: nothing changed"]
+    lines = [f"config {report.config}: changed {', '.join(report.changed)}"]
+    for label, names in (
+        ("restarted", report.restarted),
+        ("added", report.added),
+        ("retired", report.retired),
+        ("updated in place", report.updated),
+        ("unchanged", report.unchanged),
+    ):
+        if names:
+            lines.append(f"{label}: {', '.join(names)}")
+    return lines
 
 
 def recorded_json(reply: f.HitlRecorded) -> dict[str, Any]:
@@ -248,7 +266,33 @@ TAIL_LINES = 10
 """How many of a failed task's last output lines `ctl plan` and `run` show under the table."""
 AWAITING = "awaiting_approval"
 """The state (of a lane) and status (of a task) of work that waits for a human."""
-ANSWER_HINT = "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial LANE"
+CTL = "orchestra-sup ctl"
+"""The ctl command a hint names when the caller does not say how it reached the tree
+(`invocation.ctl_command` says it in full)."""
+VERDICTS = ("approve", "reject", "redirect", "accept_partial")
+"""Every answer to a pause, as a coordinator older than `LaneInfo.accepts` takes them."""
+
+
+def answer_hints(pauses: list[tuple[str, list[str], bool]], command: str = CTL) -> list[str]:
+    """How to answer each pause: `pauses` are (lane, the verdicts it takes, whether an approval
+    needs `--retries N`: `LaneInfo.accepts`, `needs_retries`); `command` is the ctl command that
+    reached the tree (`invocation.ctl_command`), so the hint works pasted. Only the answers a
+    pause takes are offered: "answer with: orchestra-sup ctl --run-dir /r approve|reject|redirect
+    LANE", the lane id itself in place of LANE when one pause is meant. Pauses that take
+    different answers get a line for each kind, naming their lanes."""
+    groups: dict[tuple[tuple[str, ...], bool], list[str]] = {}
+    for lane, accepts, needs_retries in pauses:
+        groups.setdefault((tuple(accepts) or VERDICTS, needs_retries), []).append(lane)
+    lines = []
+    for (accepts, needs_retries), lanes in groups.items():
+        target = lanes[0] if len(lanes) == 1 else "LANE"
+        who = "" if len(groups) == 1 or len(lanes) == 1 else f" {', '.join(lanes)}"
+        verbs = [v.replace("_", "-") for v in accepts if not (v == "approve" and needs_retries)]
+        hint = f"{command} {'|'.join(verbs)} {target}"
+        if needs_retries:
+            hint += f", or approve {target} --retries N"
+        lines.append(f"answer{who} with: {hint}")
+    return lines
 
 
 def one_line(text: str, limit: int) -> str:
@@ -295,17 +339,19 @@ too narrow (`columns.fit`): commit and lane first (3), then attempts and duratio
 failure class, exit status and shard (1); task, status and error (0) stay, the error wrapped."""
 
 
-def plan_table(report: f.PlanReport, console: Console, width: int | None = None) -> None:
+def plan_table(
+    report: f.PlanReport, console: Console, width: int | None = None, command: str = CTL
+) -> None:
     """`plan_view` printed on `console`."""
-    console.print(plan_view(report, width))
+    console.print(plan_view(report, width, command))
 
 
-def plan_view(report: f.PlanReport, width: int | None) -> Group:
+def plan_view(report: f.PlanReport, width: int | None, command: str = CTL) -> Group:
     """The plan's verdict and a table of its tasks fitted to `width` columns (None: every
     column), then, under it: each task's warnings (one line each, at most `WARNING_CHARS`), the
     last `TAIL_LINES` lines of each failed task's output (what says why, when the tree that ran
     it is gone), and one line per task that waits for a human with its lane (to answer with)
-    and its question, then how to answer."""
+    and its question, then how to answer (`answer_hints`, with `command`)."""
     parts: list[RenderableType] = [
         Text(f"plan {report.plan} ({report.id}): {plan_verdict(report)}")
     ]
@@ -337,8 +383,8 @@ def plan_view(report: f.PlanReport, width: int | None) -> Group:
     asking = [t for t in report.tasks if t.question is not None]
     for t in asking:
         parts.append(Text(f"{t.id} asks (lane {t.lane or '-'}): {one_line(t.question or '', 200)}"))
-    if asking:
-        parts.append(Text(ANSWER_HINT))
+    pauses = [(t.lane or "", t.accepts, t.needs_retries) for t in asking]
+    parts.extend(Text(line) for line in answer_hints(pauses, command))
     return Group(*parts)
 
 
@@ -396,18 +442,25 @@ says that too); lane and state (0) stay."""
 
 
 def lanes_table(
-    reply: f.LaneList, console: Console, now: float | None = None, width: int | None = None
+    reply: f.LaneList,
+    console: Console,
+    now: float | None = None,
+    width: int | None = None,
+    command: str = CTL,
 ) -> None:
     """Live lanes and tasks awaiting approval (`lanes_view`), printed on `console`."""
-    console.print(lanes_view(reply, now, width))
+    console.print(lanes_view(reply, now, width, command))
 
 
-def lanes_view(reply: f.LaneList, now: float | None = None, width: int | None = None) -> Group:
+def lanes_view(
+    reply: f.LaneList, now: float | None = None, width: int | None = None, command: str = CTL
+) -> Group:
     """Live lanes and tasks awaiting approval, fitted to `width` columns (None: every column).
     Under the table, each that waits: its lane, how long it has waited (from `since` to `now`,
     Unix seconds; default: the wall clock, as `since` is another process's) and its question
-    on one line of at most `QUESTION_CHARS`. Children that did not answer are named last: what
-    they hold is missing from the table. Shared by `ctl lanes` and `ctl top`."""
+    on one line of at most `QUESTION_CHARS`, then how to answer (`answer_hints`, with
+    `command`). Children that did not answer are named last: what they hold is missing from
+    the table. Shared by `ctl lanes` and `ctl top`."""
     parts: list[RenderableType] = []
     if reply.unanswered:
         missing = ", ".join(reply.unanswered)
@@ -439,56 +492,8 @@ def lanes_view(reply: f.LaneList, now: float | None = None, width: int | None = 
             wait = "" if lane.since is None else f" ({waited(now - lane.since)})"
             question = one_line(lane.question, QUESTION_CHARS)
             parts.append(Text(f"{lane.lane} asks{wait}: {question}"))
-    if any(lane.state == AWAITING for lane in reply.lanes):
-        parts.append(Text(ANSWER_HINT))
+    pauses = [(x.lane, x.accepts, x.needs_retries) for x in reply.lanes if x.state == AWAITING]
+    parts.extend(Text(line) for line in answer_hints(pauses, command))
     if reply.unanswered:
         parts.append(Text(note))
     return Group(*parts)
-
-
-# --- ctl logs ------------------------------------------------------------------------------------
-
-
-def log_row_json(row: f.LogRow) -> dict[str, Any]:
-    """One transcript row for programs: exactly {"seq", "ts", "stream", "data"}."""
-    return {"seq": row.seq, "ts": row.ts, "stream": row.stream, "data": row.data}
-
-
-class LogSink:
-    """Writes `ctl logs` rows as they come, flushed after each batch.
-
-    Text: "stdout" rows to `stdout` and "stderr" rows to `stderr`, as the command wrote them (so
-    `ctl logs LANE > out.txt` holds the command's stdout); an "event" row as one `# event: ...` line
-    on `stderr`, started on a line of its own. JSON: one object per row per line on `stdout`
-    (`log_row_json`). Text is written as UTF-8 bytes whatever the locale.
-    """
-
-    def __init__(self, as_json: bool, stdout: IO[str], stderr: IO[str]):
-        self.as_json = as_json
-        self.stdout = stdout
-        self.stderr = stderr
-        self._line_open = False  # the last text written (either stream) did not end a line
-
-    def write(self, rows: list[f.LogRow]) -> None:
-        for row in rows:
-            if self.as_json:
-                self.stdout.write(json.dumps(log_row_json(row)) + "\n")
-            elif row.stream == "event":
-                lead = "\n" if self._line_open else ""
-                self._put(self.stderr, f"{lead}# event: {row.data}\n")
-            else:
-                self._put(self.stdout if row.stream == "stdout" else self.stderr, row.data)
-        self.stdout.flush()
-        self.stderr.flush()
-
-    def _put(self, stream: IO[str], text: str) -> None:
-        if not text:
-            return
-        raw = getattr(stream, "buffer", None)
-        if raw is None:
-            stream.write(text)
-        else:
-            stream.flush()  # keep order with what was written as text before
-            raw.write(text.encode("utf-8", errors="replace"))
-            raw.flush()
-        self._line_open = not text.endswith("\n")

@@ -113,10 +113,17 @@ def frame_json(frame: Frame) -> dict[str, Any]:
     }
 
 
-def view(frame: Frame, now: float, header: str = "", width: int | None = None) -> Group:
+def view(
+    frame: Frame,
+    now: float,
+    header: str = "",
+    width: int | None = None,
+    command: str = render.CTL,
+) -> Group:
     """The whole screen, `width` columns wide (None: unbounded, every column): `header`, the
-    supervisor's lines, the error (if any), the processes, then the lanes. `now` is the wall
-    clock (Unix seconds) for how long lanes have waited.
+    supervisor's lines, the error (if any), the processes, then the lanes (with how to answer
+    a pause: `command` is the ctl command that reaches the tree). `now` is the wall clock
+    (Unix seconds) for how long lanes have waited.
 
     The header (how to quit) comes first: a screen taller than the terminal is cut at the
     bottom, and what is cut must never be how to leave."""
@@ -134,7 +141,7 @@ def view(frame: Frame, now: float, header: str = "", width: int | None = None) -
         if fitted.dropped:
             parts.append(Text(dropped_line(fitted.dropped, render.WIDE_HINT), style="dim"))
     if frame.lanes is not None:
-        parts.append(render.lanes_view(frame.lanes, now, width))
+        parts.append(render.lanes_view(frame.lanes, now, width, command))
     return Group(*parts)
 
 
@@ -263,16 +270,22 @@ def _foreground_tty(fd: int) -> bool:
 
 
 def run_live(
-    watcher: Watcher, first: Frame, console: Console, keys: Keys, interval_s: float
+    watcher: Watcher,
+    first: Frame,
+    console: Console,
+    keys: Keys,
+    interval_s: float,
+    command: str = render.CTL,
 ) -> None:
     """The interactive view on `console`'s alternate screen: `first`, then a refresh every
     `interval_s` seconds (plus the time a refresh takes, at most the watcher's timeout) until a
-    quit key. Ctrl-C raises KeyboardInterrupt out of it, the screen restored."""
+    quit key. Ctrl-C raises KeyboardInterrupt out of it, the screen restored. `command`: as
+    `view`."""
     header = f"every {interval_s:g} s; q or Ctrl-C quits"
     frame = first
     with Live(console=console, screen=True, auto_refresh=False) as live:
         while True:  # the terminal's width read again each time: it may have been resized
-            live.update(view(frame, time.time(), header, console.width), refresh=True)
+            live.update(view(frame, time.time(), header, console.width, command), refresh=True)
             if keys.quit_within(interval_s):
                 return
             frame = watcher.poll()

@@ -182,6 +182,12 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     """When its next attempt may start (Unix seconds) while it backs off, else None."""
     notes: list[str] = []
     """What its lanes' programs told the coordinator ("<lane>: <text>"), oldest first."""
+    accepts: list[str] = []
+    """The answers its pause takes (`CtlRespond.verdict`s), [] when it waits on nothing (or
+    the coordinator is older than this field)."""
+    needs_retries: bool = False
+    """Its pause takes an approval only with retries granted (`ctl approve LANE --retries N`):
+    a failed attempt with no retry left."""
 
 
 class PlanReport(Frame, tag="plan_report"):
@@ -255,6 +261,10 @@ class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
     """What it waits for a human about (state "awaiting_approval"), else None."""
     since: float | None = None
     """When it started waiting for that answer (Unix seconds)."""
+    accepts: list[str] = []
+    """The answers that pause takes, as `TaskReport.accepts`."""
+    needs_retries: bool = False
+    """As `TaskReport.needs_retries`."""
 
 
 class LaneResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -214,8 +214,20 @@ def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None
         return [lane for lane in json.loads(out.stdout)["lanes"] if lane["state"] == "running"]
 
     (lane,) = wait_until(lanes, 20, "the lane to run")  # type: ignore[misc]
-    assert set(lane) == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
-    assert lane["question"] is None and lane["since"] is None
+    assert set(lane) == {
+        "lane",
+        "task",
+        "plan",
+        "shard",
+        "state",
+        "sandbox",
+        "question",
+        "since",
+    } | {
+        "accepts",
+        "needs_retries",
+    }
+    assert lane["question"] is None and lane["since"] is None and lane["accepts"] == []
     assert lane["plan"] == plan_id and lane["task"] == "slow"
     pending = json.loads(cli("ctl", "--run-dir", run_dir, "plan", plan_id, "--json").stdout)
     assert pending["tasks"][0]["status"] == "running"

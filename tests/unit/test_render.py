@@ -66,11 +66,13 @@ def test_lanes_table_shows_what_waits_for_a_human() -> None:
     answer it."""
     lanes = pending_lanes()
     text = printed(lambda c: render.lanes_table(lanes, c, now=1000.0 + 3 * 60 + 5), width=1000)
-    row, asks = [line for line in text.splitlines() if "p1-deploy-1" in line]
+    row, asks, hint = [line for line in text.splitlines() if "p1-deploy-1" in line]
     assert "awaiting_approval" in row and "3 min" in row
     assert asks.startswith("p1-deploy-1 asks (3 min): Deploy build 41 to production? It ")
     assert asks.endswith("…") and len(asks.split(": ", 1)[1]) == render.QUESTION_CHARS
-    assert render.ANSWER_HINT in text
+    assert (
+        hint == "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial p1-deploy-1"
+    )
     (live,) = [line for line in text.splitlines() if "p1-build-1" in line]
     assert "running" in live and "shard-0" in live and "/sb/1" in live
 
@@ -78,7 +80,7 @@ def test_lanes_table_shows_what_waits_for_a_human() -> None:
 def test_lanes_table_without_pending_has_no_hint() -> None:
     """No answer hint when nothing waits for a human; an empty list says so in words."""
     running = f.LaneList(lanes=pending_lanes().lanes[:1])
-    assert render.ANSWER_HINT not in printed(lambda c: render.lanes_table(running, c))
+    assert "answer" not in printed(lambda c: render.lanes_table(running, c))
     empty = printed(lambda c: render.lanes_table(f.LaneList(lanes=[]), c))
     assert empty.strip() == "no live lanes, nothing awaits approval"
 
@@ -98,7 +100,9 @@ def test_lanes_json_carries_the_whole_question_and_since() -> None:
     lanes = render.lanes_json(pending_lanes())["lanes"]
     assert [(x["question"], x["since"]) for x in lanes] == [(None, None), (QUESTION, 1000.0)]
     assert all(
-        set(x) == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
+        set(x)
+        == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
+        | {"accepts", "needs_retries"}
         for x in lanes
     )
 
@@ -165,7 +169,9 @@ def test_plan_table_shows_failure_classes_and_questions() -> None:
     assert tail == "build failed with no output"
     assert "budget_exhaustion" in build and "cpu budget spent" in build
     assert "deploy asks (lane p1-deploy-1): Deploy now?" in text.splitlines()
-    assert text.splitlines()[-1] == render.ANSWER_HINT
+    assert text.splitlines()[-1] == (
+        "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial p1-deploy-1"
+    )
 
 
 def test_plan_json_carries_the_issue_8_task_fields() -> None:
@@ -318,3 +324,31 @@ def test_plan_shows_failed_output_tails_and_warnings_safely() -> None:
     assert "\x1b" not in "".join(lines)
     assert "quiet failed with no output" in lines
     assert not any(line.startswith("fine failed") or "all good" in line for line in lines)
+
+
+def test_answer_hints_offer_only_what_each_pause_takes() -> None:
+    """One kind of pause: one line, the lane id in it when one pause is meant; an approval has
+    no accept-partial; a review with no retry left offers accept-partial or approve with
+    --retries; kinds that differ get a line each naming their lanes; a coordinator that does
+    not say what a pause takes gets all four answers offered."""
+    command = "osup ctl --run-dir /r"
+    approval = ["approve", "reject", "redirect"]
+    assert render.answer_hints([("p-a-1", approval, False)], command) == [
+        "answer with: osup ctl --run-dir /r approve|reject|redirect p-a-1"
+    ]
+    assert render.answer_hints([("p-a-1", approval, False), ("p-b-1", approval, False)]) == [
+        "answer with: orchestra-sup ctl approve|reject|redirect LANE"
+    ]
+    mixed = [
+        ("p-a-1", approval, False),
+        ("p-b-1", ["approve", "accept_partial"], True),
+        ("p-c-1", approval, False),
+    ]
+    assert render.answer_hints(mixed, command) == [
+        "answer p-a-1, p-c-1 with: osup ctl --run-dir /r approve|reject|redirect LANE",
+        "answer with: osup ctl --run-dir /r accept-partial p-b-1, or approve p-b-1 --retries N",
+    ]
+    assert render.answer_hints([("p-a-1", [], False)]) == [
+        "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial p-a-1"
+    ]
+    assert render.answer_hints([]) == []
