@@ -85,7 +85,7 @@ def fit(fields: Sequence[Field], rows: Sequence[Sequence[str]], width: int | Non
 
 def dropped_line(dropped: list[str], how: str) -> str:
     """The line under a table that left columns out: what, and `how` to see them ("--wide shows
-    every column"); "" when nothing was left out."""
+    them"); "" when nothing was left out."""
     if not dropped:
         return ""
     return f"not shown: {', '.join(dropped)} ({how})"
