@@ -163,6 +163,8 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     shard: str | None = None
     lane: str | None = None
+    """Its latest lane; while it waits for a human with none (an approval before its first
+    attempt), the lane id that answers the pause, and that will run it."""
     sandbox: str | None = None
     duration_s: float = 0.0
     output_tail: str = ""

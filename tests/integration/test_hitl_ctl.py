@@ -156,6 +156,10 @@ def test_the_answer_hint_pastes_and_offers_only_what_the_pause_takes(
         f"ctl --run-dir {tree.run_dir} accept-partial {lanes['flaky']}, "
         f"or approve {lanes['flaky']} --retries N"
     )
+    shown = ctl(tree, "plan", plan_id)  # the plan's view offers the same, lane ids filled in
+    hints = [line for line in shown.stdout.splitlines() if line.startswith("answer")]
+    assert hints == [f"answer with: {gate}", f"answer with: {flaky}"]
+    assert f"gate asks (lane {lanes['gate']}):" in shown.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     for pasted in (gate.replace("approve|reject|redirect", "approve"), flaky.split(", or ")[0]):
