@@ -382,7 +382,8 @@ def plan_view(report: f.PlanReport, width: int | None, command: str = CTL) -> Gr
             parts.extend(_tail(t))
     asking = [t for t in report.tasks if t.question is not None]
     for t in asking:
-        parts.append(Text(f"{t.id} asks (lane {t.lane or '-'}): {one_line(t.question or '', 200)}"))
+        question = one_line(t.question or "", QUESTION_CHARS)
+        parts.append(Text(f"{t.id} asks (lane {t.lane or '-'}): {question}"))
     pauses = [(t.lane or "LANE", t.accepts, t.needs_retries) for t in asking]
     parts.extend(Text(line) for line in answer_hints(pauses, command))
     return Group(*parts)
