@@ -81,6 +81,7 @@ from orchestra_sup.errors import ConfigError
 from orchestra_sup.pathcheck import check_path
 from orchestra_sup.shards.isolation import MODES, IsolationSettings, resolve
 from orchestra_sup.shards.program import PROGRAM_PATTERN
+from orchestra_sup.suggest import did_you_mean
 
 ISOLATION_ENV = "ORCHESTRA_SUP_ISOLATION"
 """Environment variable that replaces `[isolation] mode` ("auto", "bwrap", "none"), as `--shards`
@@ -226,13 +227,16 @@ def _check(section: str, key: str, value: Any) -> Any:
         if value not in choices:
             allowed = ", ".join(_toml_value(c) for c in choices)
             shown = _toml_value(value)
-            raise ConfigError(f"[{section}] {key} = {shown}: expected one of {allowed}")
+            near = did_you_mean(value, choices)
+            raise ConfigError(f"[{section}] {key} = {shown}: expected one of {allowed}{near}")
         return value
     spec = _LIMITS.get((section, key))
     if spec is None:
         keys = [k for s, k in [*_LIMITS, *_CHOICES] if s == section]
         known = ", ".join([*keys, *_CHECKED_APART.get(section, ())])
-        raise ConfigError(f"[{section}] unknown key {key!r} (known: {known})")
+        raise ConfigError(
+            f"[{section}] unknown key {key!r}{_near_key(section, key)} (known: {known})"
+        )
     kind, low, high = spec
     ok_type = isinstance(value, int | float) if kind is float else isinstance(value, int)
     shown = _toml_value(value)
@@ -242,6 +246,21 @@ def _check(section: str, key: str, value: Any) -> Any:
     if not low <= value <= high:
         raise ConfigError(f"[{section}] {key} = {shown}: must be between {low:g} and {high:g}")
     return kind(value)
+
+
+def _near_key(section: str, key: str) -> str:
+    """What `key`, unknown in `[section]`, was likely meant to be: a key of that section it is
+    close to (`suggest.did_you_mean`), else the section it belongs in, else ""."""
+    keys = [k for s, k in [*_LIMITS, *_CHOICES] if s == section]
+    keys += [k for k in _CHECKED_APART.get(section, ()) if not k.startswith("[")]
+    near = did_you_mean(key, keys)
+    if near:
+        return near
+    home = next((s for s, k in [*_LIMITS, *_CHOICES] if k == key and s != section), None)
+    home = home or next((s for s, ks in _CHECKED_APART.items() if key in ks), None)
+    if home == "quotas":
+        home = "quotas.<tenant>"
+    return f": it belongs in [{home}]" if home is not None else ""
 
 
 SHOWN_MAX = 60
@@ -321,7 +340,8 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
     for section, body in data.items():
         if section not in _SECTIONS:
             known = ", ".join(f"[{name}]" for name in _SECTIONS)
-            raise ConfigError(f"unknown section [{section}] (known: {known})")
+            near = did_you_mean(section, _SECTIONS, lambda name: f"[{name}]")
+            raise ConfigError(f"unknown section [{section}]{near} (known: {known})")
         if not isinstance(body, dict):
             raise ConfigError(f"[{section}] must be a table, got {_toml_value(body)}")
         if section == "shards":
@@ -395,7 +415,8 @@ def _shards_section(body: dict[str, Any]) -> dict[str, Any]:
             for inner in value:
                 if inner not in _NAME_LISTS:
                     raise ConfigError(
-                        f"[shards.{key}] unknown key {inner!r} (known: {', '.join(_NAME_LISTS)})"
+                        f"[shards.{key}] unknown key {inner!r}{did_you_mean(inner, _NAME_LISTS)} "
+                        f"(known: {', '.join(_NAME_LISTS)})"
                     )
             profiles[key] = ShardProfile(
                 **{k: _names(f"[shards.{key}] {k}", v) for k, v in value.items()}

@@ -683,6 +683,24 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                 return task_id
         return None
 
+    def answers_taken(self, task_id: str) -> tuple[list[str], bool]:
+        """What task `task_id`'s pause takes as `record_answer` judges it now: the verdicts (in
+        `ctl` order: approve, reject, redirect, accept_partial) and whether an approval needs
+        retries granted with it (`approve --retries N`: a review with no retry left, where
+        reject and redirect, which retry too, are refused). ([], False) when it waits on
+        nothing. Answers its text or grant would make bad are not told apart here."""
+        rec = self.tasks[task_id]
+        pending = rec.pending
+        if pending is None:
+            return [], False
+        if pending.kind == "approval":  # nothing ran yet: nothing to accept part of
+            return ["approve", "reject", "redirect"], False
+        if pending.kind == "review":
+            spec = self._spec(task_id)
+            if rec.retries_used >= spec.retries + rec.retries_granted:
+                return ["approve", "accept_partial"], True
+        return ["approve", "reject", "redirect", "accept_partial"], False
+
     def record_answer(self, task_id: str, answer: f.Answer) -> None:
         """Keep `answer` to task `task_id`'s pause (the audit record, ARCHITECTURE.md §11
         invariant 9); `act_on_answer` acts on it once this is durable. Raises `AnswerError`
@@ -973,7 +991,7 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     exit_code=rec.exit_code,
                     attempts=rec.attempts,
                     shard=rec.shard,
-                    lane=rec.lane,
+                    lane=rec.lane or (rec.pending.lane if rec.pending is not None else None),
                     sandbox=rec.sandbox,
                     duration_s=rec.duration_s,
                     output_tail=rec.output_tail,
@@ -984,11 +1002,14 @@ class PlanRecord(msgspec.Struct, kw_only=True):
                     ticket=rec.ticket,
                     spent=rec.spent,
                     question=None if rec.pending is None else rec.pending.question,
+                    accepts=taken[0],
+                    needs_retries=taken[1],
                     answers=list(rec.answers.values()),
                     retry_at=rec.retry_at if rec.status in WAITING else None,
                     notes=list(rec.notes),
                 )
                 for spec in self.spec.tasks
                 for rec in (self.tasks[spec.id],)
+                for taken in (self.answers_taken(spec.id),)
             ],
         )

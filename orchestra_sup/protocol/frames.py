@@ -163,6 +163,8 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     shard: str | None = None
     lane: str | None = None
+    """Its latest lane; while it waits for a human with none (an approval before its first
+    attempt), the lane id that answers the pause, and that will run it."""
     sandbox: str | None = None
     duration_s: float = 0.0
     output_tail: str = ""
@@ -182,6 +184,12 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     """When its next attempt may start (Unix seconds) while it backs off, else None."""
     notes: list[str] = []
     """What its lanes' programs told the coordinator ("<lane>: <text>"), oldest first."""
+    accepts: list[str] = []
+    """The answers its pause takes (`CtlRespond.verdict`s), [] when it waits on nothing (or
+    the coordinator is older than this field)."""
+    needs_retries: bool = False
+    """Its pause takes an approval only with retries granted (`ctl approve LANE --retries N`):
+    a failed attempt with no retry left."""
 
 
 class PlanReport(Frame, tag="plan_report"):
@@ -274,6 +282,10 @@ class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
     """What it waits for a human about (state "awaiting_approval"), else None."""
     since: float | None = None
     """When it started waiting for that answer (Unix seconds)."""
+    accepts: list[str] = []
+    """The answers that pause takes, as `TaskReport.accepts`."""
+    needs_retries: bool = False
+    """As `TaskReport.needs_retries`."""
 
 
 class LaneResult(msgspec.Struct, frozen=True, kw_only=True):

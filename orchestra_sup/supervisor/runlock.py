@@ -133,8 +133,28 @@ def read_owner(lock_path: Path) -> int | None:
 
 def is_owned(run_dir: Path) -> bool:
     """True when a live tree holds the run directory's lock."""
+    return _held(run_dir / "supervisor.lock")
+
+
+def refuse_owned(state_dir: Path, run_dir: Path | None = None) -> None:
+    """Raise `DirBusy` when a live tree holds the state directory or the run directory (None:
+    a fresh private one, not asked about; the state directory is named first), creating,
+    opening for writing and changing nothing: a `start` or `run` refused here leaves no
+    directory behind. What can be taken now is taken for real by `StateLock` and `RunLock`
+    later, which refuse again if a tree got there first."""
+    for directory, name, what in (
+        (state_dir, "tree.lock", "state directory"),
+        (run_dir, "supervisor.lock", "run directory"),
+    ):
+        if directory is not None and _held(directory / name):
+            raise DirBusy(what, str(directory), read_owner(directory / name))
+
+
+def _held(lock_path: Path) -> bool:
+    """True when a live process holds the flock on `lock_path`; False when none does, or the
+    file does not exist or cannot be opened (then nothing can hold it for a tree of ours)."""
     try:
-        fd = os.open(run_dir / "supervisor.lock", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
     try:

@@ -575,3 +575,32 @@ def test_a_config_nested_past_the_parser_is_one_line(tmp_path: Path) -> None:
     deep.write_text("[relay]\ndeadline_s = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_settings(deep)
+
+
+@pytest.mark.parametrize(
+    ("text", "near"),
+    [
+        ("[supervisor]\nwatchdog = 3\n", "unknown key 'watchdog': did you mean 'watchdog_s'?"),
+        ("[shards]\nlanes = 4\n", "unknown key 'lanes': did you mean 'lanes_per_shard'?"),
+        ("[lanes]\nmax_worker_losses = 2\n", "did you mean 'max_worker_loss'?"),
+        (
+            "[supervisr]\nmax_restarts = 1\n",
+            "unknown section [supervisr]: did you mean [supervisor]?",
+        ),
+        ('[isolation]\nmode = "bwarp"\n', "\"none\": did you mean 'bwrap'?"),
+        ("[shards.shard-0]\ncapability = []\n", "did you mean 'capabilities'?"),
+        (
+            "[quotas.acme]\nwindow = 60\n",
+            "[quotas.acme] unknown key 'window': did you mean 'window_s'?",
+        ),
+        ("[supervisor]\ncount = 2\n", "unknown key 'count': it belongs in [shards]"),
+        ("[shards]\nprograms = []\n", "unknown key 'programs': it belongs in [lanes]"),
+        ("[supervisor]\nrate = 2\n", "it belongs in [quotas.<tenant>]"),
+    ],
+)
+def test_a_mistyped_key_is_answered_with_the_near_one(tmp_path: Path, text: str, near: str) -> None:
+    """A key one slip away from a real one, or a real key in the wrong section: the refusal
+    says what was meant, and still lists what the section takes."""
+    message = _refused(tmp_path, text)
+    assert near in message
+    assert "(known: " in message or "expected one of" in message
