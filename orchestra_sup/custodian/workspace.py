@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from orchestra_sup.errors import CommitConflict, GitError, WorkspaceError
+from orchestra_sup.state.permissions import private_file
 
 IDENTITY_NAME = "orchestra-sup"
 IDENTITY_EMAIL = "orchestra-sup@localhost"
@@ -403,7 +404,7 @@ class Workspace:
             str(partial.absolute()),
         )
         await _git(partial, "checkout", "--quiet", "--detach", rev)
-        _base_record(dest).write_text(rev + "\n")
+        private_file(_base_record(dest)).write_text(rev + "\n")  # 0600: the custodian's
         os.rename(partial, dest)
         return str(dest), rev
 

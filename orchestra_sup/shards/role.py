@@ -55,6 +55,7 @@ from orchestra_sup.shards.program import (
 from orchestra_sup.shards.spend import BudgetWatch
 from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
 from orchestra_sup.shards.transcript import Transcript
+from orchestra_sup.state.permissions import PRIVATE_DIR, PRIVATE_FILE
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -592,6 +593,8 @@ def _end_event(result: f.LaneResult) -> str:
 
 
 def _append_line(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
+    """Append one line to inbox `path`: made 0600 in a 0700 directory when missing."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    with open(os.open(path, flags, PRIVATE_FILE), "a", encoding="utf-8") as fh:
         fh.write(text.replace("\n", " ") + "\n")
