@@ -8,6 +8,7 @@ import signal
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -30,3 +31,9 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
 def set_child_subreaper() -> None:
     """Make this process the reaper of orphaned descendants (they are reparented here)."""
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_no_new_privs() -> None:
+    """Make this process and everything it executes unable to gain privileges (a setuid or
+    file-capability program runs without them); for good, inherited across fork and exec."""
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)

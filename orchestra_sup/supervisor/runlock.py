@@ -114,7 +114,8 @@ class StateLock(DirLock):
     """The state directory's lock: two trees on one state would each think the other's lanes
     were lost. The state directory is made mode 0700, an existing one too (systemd's
     `StateDirectory=` makes it 0755): it holds the tree's records, its sandboxes and its CURVE
-    keys (`state.permissions`)."""
+    keys, which no lane's uid may read (`state.permissions`; the custodian opens it to 0711
+    where lanes of their own uid must walk to their sandboxes)."""
 
     def __init__(self, state_dir: Path):
         super().__init__(state_dir, "tree.lock", "state directory", mode=0o700)
