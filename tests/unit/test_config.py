@@ -11,6 +11,7 @@ import pytest
 from orchestra_sup.config import (
     IPC_PATH_MAX,
     ISOLATION_ENV,
+    LANE_USER_ENV,
     LaneSettings,
     Paths,
     Settings,
@@ -62,8 +63,10 @@ def _refused(tmp_path: Path, text: str, **overrides: int) -> str:
 
 @pytest.fixture(autouse=True)
 def _no_isolation_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Config as the file says: tests/conftest.py sets `ISOLATION_ENV` for the trees."""
+    """Config as the file says: tests/conftest.py sets `ISOLATION_ENV` and `LANE_USER_ENV` for
+    the trees."""
     monkeypatch.delenv(ISOLATION_ENV, raising=False)
+    monkeypatch.delenv(LANE_USER_ENV, raising=False)
 
 
 def test_defaults_without_a_file() -> None:
@@ -604,3 +607,22 @@ def test_a_mistyped_key_is_answered_with_the_near_one(tmp_path: Path, text: str,
     message = _refused(tmp_path, text)
     assert near in message
     assert "(known: " in message or "expected one of" in message
+
+
+def test_lane_user_from_the_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[isolation] lane_user` is read from the file, replaced by `$ORCHESTRA_SUP_LANE_USER`,
+    checked against its choices, and "dynamic" is refused where the tree is not root."""
+    path = tmp_path / "c.toml"
+    path.write_text('[isolation]\nmode = "none"\nlane_user = "tree"\n')
+    assert load_settings(path).isolation.lane_user == "tree"
+    monkeypatch.setenv(LANE_USER_ENV, "auto")
+    assert load_settings(path).isolation.lane_user == "auto"
+    monkeypatch.setenv(LANE_USER_ENV, "nobody")
+    with pytest.raises(ConfigError, match='lane_user = "nobody": expected one of "auto"'):
+        load_settings(path)
+    monkeypatch.setenv(LANE_USER_ENV, "dynamic")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="only root can run lanes as uids of their own"):
+        load_settings(path)
