@@ -1264,7 +1264,8 @@ def chaos(
 ) -> None:
     """Run plans while a random child is SIGKILLed every 1-3 s; count what was lost.
 
-    Exits 1 when anything was lost or duplicated, an orphan was left, or the supervisor died.
+    Exits 1 when nothing succeeded, a success left no ledger line, anything was lost or
+    duplicated, an orphan was left, or the supervisor died.
     Example: orchestra-sup bench chaos --duration 20 --json
     """
     from orchestra_sup.bench.chaos import run_chaos
@@ -1275,8 +1276,7 @@ def chaos(
     else:
         for key, value in msgspec.to_builtins(report).items():
             typer.echo(f"{key:>16}: {value}")
-    clean = report.lost == report.duplicated == report.orphans == 0 and report.supervisor_alive
-    raise typer.Exit(0 if clean else EXIT_FAILED)
+    raise typer.Exit(0 if report.clean else EXIT_FAILED)
 
 
 @bench_app.command()
