@@ -366,6 +366,15 @@ def run(
             lanes_per_shard=lanes_per_shard,
             config=config,
         ) as client:
+            if any(t.approve or t.program != "shell" for t in spec.tasks):
+                # A human may be asked (an approval, a program's question) while this waits
+                # silently: say where the private tree answers.
+                typer.echo(
+                    f"run: the tree's run directory is {client.where}: "
+                    f"`orchestra-sup ctl --run-dir {client.where} lanes` shows what waits for "
+                    "a human",
+                    err=True,
+                )
             accepted = client.request(f.CtlSubmit(plan=spec), timeout_s=timeout)
             assert isinstance(accepted, f.PlanAccepted)
             return wait_plan(client, accepted.id, timeout_s=timeout)

@@ -495,3 +495,39 @@ def test_run_on_a_live_trees_state_dir_is_refused_untouched(tree: Tree, tmp_path
     assert_one_line_error(proc, 2, f"state directory {tree.state_dir}", "owned by a live tree")
     assert not (tree.state_dir / "tree.log").exists()
     assert tree.status().supervisor_pid == tree.proc.pid
+
+
+def test_run_of_a_plan_that_asks_says_where_to_answer(tmp_path: Path) -> None:
+    """`run` of a plan with `approve = true` prints the private tree's run directory on stderr
+    before it waits; the `ctl --run-dir ... lanes` it names lists the pause, and an approval
+    sent there lets the plan finish (a newcomer found only the state directory, which no ctl
+    takes)."""
+    ws = make_repo(tmp_path / "ws")
+    plan = write(tmp_path / "plan.toml", 'name = "gate"\n[[task]]\nid = "d"\nrun = "true"\n')
+    plan.write_text(plan.read_text() + "approve = true\n")
+    argv = [sys.executable, "-m", "orchestra_sup", "run", str(plan), "--workspace", str(ws)]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("run: the tree's run directory is /tmp/osup-"), line
+        run_dir = line.split("`orchestra-sup ctl --run-dir ", 1)[1].split(" ", 1)[0]
+        lanes = wait_until(
+            lambda: json.loads(
+                cli("ctl", "--run-dir", run_dir, "lanes", "--json").stdout or "{}"
+            ).get("lanes"),
+            60,
+            "the approval to be listed",
+        )
+        assert isinstance(lanes, list)
+        approved = cli("ctl", "--run-dir", run_dir, "approve", lanes[0]["lane"])
+        assert approved.returncode == 0, approved.stderr
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
