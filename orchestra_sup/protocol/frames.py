@@ -12,7 +12,7 @@ a body outside its channel answers `Error(code="unexpected")`.
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -1077,6 +1077,14 @@ Ctl = (
 Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Rollover | Ack | Error
 
 
+ENVELOPE_ID_MAX = 256
+"""Characters an envelope's `id`, `corr` and `sender` may hold (ours are a name, a generation
+and a counter: tens). A longer one is a `bad_frame`: every answer echoes the id, so an id
+near the frame limit would make every answer to it too large to send."""
+
+MessageId = Annotated[str, msgspec.Meta(max_length=ENVELOPE_ID_MAX)]
+
+
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """The one thing a ZeroMQ message carries.
 
@@ -1084,6 +1092,7 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     - `id`: message id, unique per sender incarnation.
     - `corr`: the `id` this frame answers, or None for a request or a one-way frame.
     - `sender`, `gen`: who sent it and which generation of it.
+    - `id`, `corr` and `sender` hold at most `ENVELOPE_ID_MAX` characters.
     - `ttl_s`: seconds the sender will wait for an answer (None: no reply expected or no limit).
     - `dest_gen`: the generation of the receiver the sender means (None: any); a receiver of another
       generation refuses the frame with `stale_generation`, so a request queued for a process that
@@ -1091,9 +1100,9 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """
 
     v: int
-    id: str
-    corr: str | None
-    sender: str
+    id: MessageId
+    corr: MessageId | None
+    sender: MessageId
     gen: int
     ttl_s: float | None
     dest_gen: int | None
