@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -234,10 +235,21 @@ class Custodian:
 
 @contextlib.contextmanager
 def _typed_errors(path: str) -> Iterator[None]:
-    """Raise a missing path as `not_found` and a file/directory mix-up as `bad_request`."""
+    """Raise a missing path as `not_found`, and as `bad_request` a file/directory mix-up, a
+    symlink loop (ELOOP), a name too long for the file system (ENAMETOOLONG) or a file that is
+    not a regular one (EINVAL from `read_file`): what the path names, never a fault of the
+    custodian's (`internal`), and said without the workspace's own path."""
     try:
         yield
     except FileNotFoundError as exc:
         raise RemoteError(ErrorCode.NOT_FOUND, f"{path!r} does not exist") from exc
     except (IsADirectoryError, NotADirectoryError) as exc:
         raise RemoteError(ErrorCode.BAD_REQUEST, f"{path!r}: {exc.strerror}") from exc
+    except OSError as exc:
+        if exc.errno not in _PATH_ERRNOS:
+            raise
+        raise RemoteError(ErrorCode.BAD_REQUEST, f"{path!r}: {exc.strerror}") from exc
+
+
+_PATH_ERRNOS = frozenset({errno.ELOOP, errno.ENAMETOOLONG, errno.EINVAL})
+"""OSError numbers that say what a read tool's path names, answered `bad_request`."""
