@@ -13,8 +13,8 @@
 #   orchestra-sup ctl reject LANE --reason "also list the authors"
 #
 # (`orchestra-sup run examples/review.toml --config examples/review.config.toml --workspace .`
-# with the same PYTHONPATH does it in one go, on a private tree in /tmp/osup-*: pass that
-# directory to `ctl --run-dir` to answer.)
+# with the same PYTHONPATH does it in one go, on a private tree whose run directory it prints
+# on stderr first: pass that directory to `ctl --run-dir` to answer.)
 """`Review`: run the task's command in the sandbox, summarise its output, ask a human whether
 to publish the summary, then write it to REVIEW.md (the task commits it: the irreversible step).
 

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from orchestra_sup import __version__, logformat, render
 from orchestra_sup.client import CtlClient
+from orchestra_sup.columns import WIDE
 from orchestra_sup.config import (
     default_run_dir,
     default_state_dir,
@@ -41,6 +42,7 @@ from orchestra_sup.errors import (
     TreeUnreachable,
     WorkspaceError,
 )
+from orchestra_sup.invocation import ctl_command
 from orchestra_sup.pathcheck import check_paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import (
@@ -81,14 +83,27 @@ keys_app = typer.Typer(
 )
 app.add_typer(keys_app, name="keys")
 
-# Piped output is for reading whole, not for an 80-column guess: ids must never be cut.
+# Piped output is for reading whole, not for an 80-column guess: every column, no line wrapped.
 _tty = sys.stdout is not None and sys.stdout.isatty()  # None: started with stdout closed
-out = Console(width=None if _tty else 200, markup=False, highlight=False)
+out = Console(width=None if _tty else WIDE, markup=False, highlight=False)
 """No markup: plan names, errors and output are the users' text, and "[/x]" in one must print as
 itself, not be parsed (or refused) as rich markup."""
+
+
+def screen(wide: bool = False) -> tuple[Console, int | None]:
+    """Where a table is printed and the width it is fitted to (`columns.fit`): the terminal's,
+    or unbounded with `--wide` or when stdout is not a terminal."""
+    if not _tty:
+        return out, None
+    return (Console(width=WIDE, markup=False, highlight=False), None) if wide else (out, out.width)
+
+
 T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs.")]
+WideOpt = Annotated[
+    bool, typer.Option("--wide", help="Every column, lines as long as they need (as piped).")
+]
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the tree to answer.")
 ]
@@ -218,7 +233,7 @@ def start(
     from orchestra_sup.supervisor.reexec import resume
     from orchestra_sup.supervisor.reload import ConfigSource
     from orchestra_sup.supervisor.root import RootSupervisor
-    from orchestra_sup.supervisor.runlock import RunLock, StateLock
+    from orchestra_sup.supervisor.runlock import refuse_owned
 
     if preflight:
         raise typer.Exit(0)
@@ -255,9 +270,7 @@ def start(
             raise ConfigError("--keys is for --ctl-tcp; give both or neither")
         if paths.workspace is not None:
             _check_workspace(paths.workspace, paths.state_dir)
-        # refuse a live tree's directories before starting anything
-        RunLock(paths.run_dir).release()
-        StateLock(paths.state_dir).release()
+        refuse_owned(paths.state_dir, paths.run_dir)  # before anything is started or made
         return settings, paths, remote
 
     settings, paths, remote = guarded(prepare)
@@ -317,6 +330,7 @@ def run(
     Example: orchestra-sup run examples/selfcheck.toml --workspace .
     """
     from orchestra_sup.oneshot import private_tree, wait_plan
+    from orchestra_sup.supervisor.runlock import refuse_owned
 
     def prepare() -> tuple[f.PlanSpec, Path, Path | None]:
         tmp = None if state_dir else tempfile.gettempdir()  # where the state directory goes
@@ -334,6 +348,8 @@ def run(
         paths = resolve_paths(state_dir or Path(tempfile.gettempdir()), None, workspace)
         if paths.workspace is not None:
             _check_workspace(paths.workspace, paths.state_dir)
+        if state_dir is not None:  # a live tree's: refused, its log and directories untouched
+            refuse_owned(paths.state_dir)
         state = paths.state_dir if state_dir else Path(tempfile.mkdtemp(prefix="osup-run-"))
         return spec, state, paths.workspace
 
@@ -350,6 +366,15 @@ def run(
             lanes_per_shard=lanes_per_shard,
             config=config,
         ) as client:
+            if any(t.approve or t.program != "shell" for t in spec.tasks):
+                # A human may be asked (an approval, a program's question) while this waits
+                # silently: say where the private tree answers.
+                typer.echo(
+                    f"run: the tree's run directory is {client.where}: "
+                    f"`orchestra-sup ctl --run-dir {client.where} lanes` shows what waits for "
+                    "a human",
+                    err=True,
+                )
             accepted = client.request(f.CtlSubmit(plan=spec), timeout_s=timeout)
             assert isinstance(accepted, f.PlanAccepted)
             return wait_plan(client, accepted.id, timeout_s=timeout)
@@ -369,7 +394,7 @@ def run(
     if as_json:
         print_json({**render.plan_json(report), "state_dir": str(state)})
     else:
-        render.plan_table(report, out)
+        render.plan_table(report, *screen())
         out.print(f"state: {state}")
     raise typer.Exit(0 if report.ok else EXIT_FAILED)
 
@@ -387,10 +412,22 @@ class CtlContext:
     """What every ctl command shares: where the tree is, and for a remote one (`connect`, a
     `tcp://` address) the CURVE client keys to reach it with."""
 
-    def __init__(self, run_dir: Path | None, connect: str | None, keys: ClientKeys | None):
+    def __init__(
+        self,
+        run_dir: Path | None,
+        connect: str | None,
+        keys: ClientKeys | None,
+        keys_dir: Path | None,
+    ):
         self.group_run_dir = run_dir
         self.connect = connect
         self.keys = keys
+        self.keys_dir = keys_dir
+
+    def command(self, run_dir: Path | None) -> str:
+        """The ctl command that reaches this tree, as a hint to paste (`invocation`)."""
+        key = self.keys.name if self.keys is not None and self.keys.name != DEFAULT_CLIENT else None
+        return ctl_command(run_dir or self.group_run_dir, self.connect, self.keys_dir, key)
 
     def run_dir(self, override: Path | None) -> Path:
         return (override or self.group_run_dir or default_run_dir()).absolute()
@@ -446,17 +483,19 @@ def ctl_main(
             raise ConfigError(f"--connect {connect}: a tcp:// endpoint needs --keys DIR")
         return load_client_keys(keys, key)
 
-    ctx.obj = CtlContext(run_dir, connect, guarded(client_keys))
+    ctx.obj = CtlContext(run_dir, connect, guarded(client_keys), keys)
 
 
 @ctl_app.command()
 def status(
     ctx: typer.Context,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,
 ) -> None:
-    """Show the supervisor and every child. Answered by the supervisor itself.
+    """Show the supervisor and every child. Answered by the supervisor itself. A narrow
+    terminal leaves the least needed columns out (and says which); --wide shows them all.
 
     Example: orchestra-sup ctl status --json
     """
@@ -465,7 +504,7 @@ def status(
     if as_json:
         print_json(render.status_json(reply))
     else:
-        render.status_table(reply, out)
+        render.status_table(reply, *screen(wide))
 
 
 @ctl_app.command()
@@ -569,7 +608,7 @@ def plans_cmd(
     if as_json:
         print_json({"plans": msgspec.to_builtins(reply.plans)})
     else:
-        render.plans_table(reply, out)
+        render.plans_table(reply, *screen())
 
 
 @ctl_app.command("plan")
@@ -612,7 +651,7 @@ def _show_plan(
     if as_json:
         print_json(render.plan_json(report))
     else:
-        render.plan_table(report, out)
+        render.plan_table(report, *screen(), ctx.obj.command(run_dir))
     if wait:
         raise typer.Exit(0 if report.ok else EXIT_FAILED)
 
@@ -660,12 +699,13 @@ def call(
 def lanes(
     ctx: typer.Context,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,
 ) -> None:
     """List live lanes on every shard, and every task that waits for a human (state
     awaiting_approval: how long it has waited and its question; --json has the whole question
-    and `since`, Unix seconds).
+    and `since`, Unix seconds). --wide adds what a narrow terminal leaves out (the sandbox).
 
     Example: orchestra-sup ctl lanes --json
     """
@@ -674,7 +714,8 @@ def lanes(
     if as_json:
         print_json(render.lanes_json(reply))
     else:
-        render.lanes_table(reply, out)
+        console, width = screen(wide)
+        render.lanes_table(reply, console, width=width, command=ctx.obj.command(run_dir))
 
 
 @ctl_app.command()
@@ -686,6 +727,9 @@ def top(
     ] = 1.0,
     once: Annotated[
         bool, typer.Option("--once", help="Print one frame and exit (also when piped).")
+    ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="With --once (or piped): every column, lines unwrapped.")
     ] = False,
     as_json: Annotated[
         bool,
@@ -726,7 +770,8 @@ def top(
         if as_json:
             sys.stdout.write(json.dumps(frame_json(first)) + "\n")
         else:
-            out.print(view(first, time.time()))
+            console, width = screen(wide)
+            console.print(view(first, time.time(), "", width, ctx.obj.command(run_dir)))
         return
     # SIGTERM (a closing terminal, `kill`) unwinds like Ctrl-C: the terminal is given back
     signal.signal(signal.SIGTERM, _interrupt)
@@ -735,7 +780,7 @@ def top(
             if as_json:
                 run_json(watcher, first, sys.stdout, keys, interval)
             else:
-                run_live(watcher, first, out, keys, interval)
+                run_live(watcher, first, out, keys, interval, ctx.obj.command(run_dir))
     except KeyboardInterrupt:
         return
     except BrokenPipeError:  # `ctl top --json | head -3`: the reader has all it wanted
@@ -889,19 +934,19 @@ def accept_partial(
     _respond(ctx, f.CtlRespond(lane=lane, verdict="accept_partial"), as_json, timeout, run_dir)
 
 
-FOLLOW_POLL_S = 5.0
-"""How long one `ctl logs --follow` exchange waits at the shard for new rows."""
-
-
 @ctl_app.command()
 def logs(
     ctx: typer.Context,
     lane: Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`, `ctl plan --json`).")],
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Print rows as they come until the lane ends.")
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Print rows as they come until the lane (or its task) ends."
+        ),
     ] = False,
     as_json: Annotated[
-        bool, typer.Option("--json", help='One object per row: {"seq", "ts", "stream", "data"}.')
+        bool,
+        typer.Option("--json", help='One object per row: {"seq", "ts", "stream", "data", "lane"}.'),
     ] = False,
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,
@@ -910,37 +955,18 @@ def logs(
     (`# event: ...` lines on stderr), or with --json one object per row on stdout.
 
     Works for running and finished lanes (kept for \\[lanes] transcript_retention_s). --follow
-    exits 0 when the lane ends; Ctrl-C exits 130; an unknown lane exits 1.
+    goes on to the task's next lane when its shard was restarted or lost, exits 0 when the
+    lane ends otherwise, 3 when the tree goes away first; Ctrl-C exits 130; an unknown lane
+    exits 2.
     Example: orchestra-sup ctl logs 3f2a9c1b7d44-build-1 --follow
     """
-    sink = render.LogSink(as_json, sys.stdout, sys.stderr)
-    wait_s = FOLLOW_POLL_S if follow else 0.0
+    from orchestra_sup.follow import LogSink, show_logs
+
+    sink = LogSink(as_json, sys.stdout, sys.stderr)
 
     def go() -> None:
-        after = -1
-        shard_down_since: float | None = None
         with ctx.obj.client(run_dir) as client:
-            while True:
-                ask = f.CtlLogs(lane=lane, after_seq=after, wait_s=wait_s)
-                try:
-                    chunk = client.request(ask, timeout_s=wait_s + timeout)
-                except RemoteError as exc:
-                    # Following a lane whose shard died: its next generation comes back within
-                    # seconds and closes the transcript with a `lost:` event; wait for that.
-                    if not follow or exc.code is not ErrorCode.PEER_DOWN:
-                        raise
-                    shard_down_since = shard_down_since or time.monotonic()
-                    if time.monotonic() - shard_down_since > timeout:
-                        raise
-                    time.sleep(0.2)
-                    continue
-                shard_down_since = None
-                assert isinstance(chunk, f.LogChunk)
-                sink.write(chunk.rows)
-                after = chunk.rows[-1].seq if chunk.rows else after
-                # without --follow: what there is now (a running lane's rows so far)
-                if chunk.done or (not follow and not chunk.rows):
-                    return
+            show_logs(client, lane, sink, follow=follow, timeout_s=timeout)
 
     try:
         guarded(go)
@@ -1098,29 +1124,10 @@ def reload(
     if report.refused:
         raise fail(f"config reload refused: {report.error}", EXIT_USAGE)
     if not as_json:
-        for line in _reload_lines(report):
+        for line in render.reload_lines(report):
             out.print(line)
     if report.error is not None:
         raise fail(f"config reload: {report.error}", EXIT_FAILED)
-
-
-def _reload_lines(report: f.ReloadReport) -> list[str]:
-    """A reload's report for people: what changed, then what that did to which child."""
-    if not report.config:
-        return ["nothing to reload: the tree was started without --config"]
-    if not report.changed:
-        return [f"config {report.config}: nothing changed"]
-    lines = [f"config {report.config}: changed {', '.join(report.changed)}"]
-    for label, names in (
-        ("restarted", report.restarted),
-        ("added", report.added),
-        ("retired", report.retired),
-        ("updated in place", report.updated),
-        ("unchanged", report.unchanged),
-    ):
-        if names:
-            lines.append(f"{label}: {', '.join(names)}")
-    return lines
 
 
 def _rollover_event(event: f.RolloverEvent, as_json: bool) -> None:
@@ -1266,7 +1273,8 @@ def chaos(
 ) -> None:
     """Run plans while a random child is SIGKILLed every 1-3 s; count what was lost.
 
-    Exits 1 when anything was lost or duplicated, an orphan was left, or the supervisor died.
+    Exits 1 when nothing succeeded, a success left no ledger line, anything was lost or
+    duplicated, an orphan was left, or the supervisor died.
     Example: orchestra-sup bench chaos --duration 20 --json
     """
     from orchestra_sup.bench.chaos import run_chaos
@@ -1277,8 +1285,7 @@ def chaos(
     else:
         for key, value in msgspec.to_builtins(report).items():
             typer.echo(f"{key:>16}: {value}")
-    clean = report.lost == report.duplicated == report.orphans == 0 and report.supervisor_alive
-    raise typer.Exit(0 if clean else EXIT_FAILED)
+    raise typer.Exit(0 if report.clean else EXIT_FAILED)
 
 
 @bench_app.command()

@@ -61,6 +61,8 @@ max_memory_bytes = 4294967296  # address space per process, resident memory per 
 max_open_files = 4096     # descriptors per process
 max_file_bytes = 4294967296    # largest file written; size of each private tmpfs under bwrap
 max_processes = 1024      # tasks per lane (cgroup v1 pids controller, where there is one)
+lane_user = "auto"        # a tree run as root: "auto" runs each lane as its sandbox's own uid
+                          # where it can, "dynamic" always, "tree" never (laneuser.py)
 ```
 """
 
@@ -78,14 +80,21 @@ import msgspec
 from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.coordinator.quota import Quota
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.laneuser import LANE_USERS
 from orchestra_sup.pathcheck import check_path
-from orchestra_sup.shards.isolation import MODES, IsolationSettings, resolve
+from orchestra_sup.shards.isolation import MODES, IsolationSettings, resolve, resolve_lane_user
 from orchestra_sup.shards.program import PROGRAM_PATTERN
+from orchestra_sup.suggest import did_you_mean
 
 ISOLATION_ENV = "ORCHESTRA_SUP_ISOLATION"
 """Environment variable that replaces `[isolation] mode` ("auto", "bwrap", "none"), as `--shards`
 replaces `[shards] count`: e.g. a test suite whose lanes write marker files outside their
 sandboxes runs its trees with "none"."""
+
+LANE_USER_ENV = "ORCHESTRA_SUP_LANE_USER"
+"""Environment variable that replaces `[isolation] lane_user` ("auto", "dynamic", "tree"), as
+`ISOLATION_ENV` replaces the mode: a test suite whose lanes write outside their sandboxes runs
+its trees with "tree"."""
 
 IPC_PATH_MAX = 100
 """Longest socket path we use: AF_UNIX paths are limited to 107 bytes, and the run directory is the
@@ -209,6 +218,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("supervisor", "spawn"): ("fork", "exec"),
     ("isolation", "mode"): MODES,
+    ("isolation", "lane_user"): LANE_USERS,
 }
 _SECTIONS = ("supervisor", "shards", "lanes", "relay", "quotas", "isolation")
 _CHECKED_APART = {
@@ -226,13 +236,16 @@ def _check(section: str, key: str, value: Any) -> Any:
         if value not in choices:
             allowed = ", ".join(_toml_value(c) for c in choices)
             shown = _toml_value(value)
-            raise ConfigError(f"[{section}] {key} = {shown}: expected one of {allowed}")
+            near = did_you_mean(value, choices)
+            raise ConfigError(f"[{section}] {key} = {shown}: expected one of {allowed}{near}")
         return value
     spec = _LIMITS.get((section, key))
     if spec is None:
         keys = [k for s, k in [*_LIMITS, *_CHOICES] if s == section]
         known = ", ".join([*keys, *_CHECKED_APART.get(section, ())])
-        raise ConfigError(f"[{section}] unknown key {key!r} (known: {known})")
+        raise ConfigError(
+            f"[{section}] unknown key {key!r}{_near_key(section, key)} (known: {known})"
+        )
     kind, low, high = spec
     ok_type = isinstance(value, int | float) if kind is float else isinstance(value, int)
     shown = _toml_value(value)
@@ -242,6 +255,21 @@ def _check(section: str, key: str, value: Any) -> Any:
     if not low <= value <= high:
         raise ConfigError(f"[{section}] {key} = {shown}: must be between {low:g} and {high:g}")
     return kind(value)
+
+
+def _near_key(section: str, key: str) -> str:
+    """What `key`, unknown in `[section]`, was likely meant to be: a key of that section it is
+    close to (`suggest.did_you_mean`), else the section it belongs in, else ""."""
+    keys = [k for s, k in [*_LIMITS, *_CHOICES] if s == section]
+    keys += [k for k in _CHECKED_APART.get(section, ()) if not k.startswith("[")]
+    near = did_you_mean(key, keys)
+    if near:
+        return near
+    home = next((s for s, k in [*_LIMITS, *_CHOICES] if k == key and s != section), None)
+    home = home or next((s for s, ks in _CHECKED_APART.items() if key in ks), None)
+    if home == "quotas":
+        home = "quotas.<tenant>"
+    return f": it belongs in [{home}]" if home is not None else ""
 
 
 SHOWN_MAX = 60
@@ -321,7 +349,8 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
     for section, body in data.items():
         if section not in _SECTIONS:
             known = ", ".join(f"[{name}]" for name in _SECTIONS)
-            raise ConfigError(f"unknown section [{section}] (known: {known})")
+            near = did_you_mean(section, _SECTIONS, lambda name: f"[{name}]")
+            raise ConfigError(f"unknown section [{section}]{near} (known: {known})")
         if not isinstance(body, dict):
             raise ConfigError(f"[{section}] must be a table, got {_toml_value(body)}")
         if section == "shards":
@@ -395,7 +424,8 @@ def _shards_section(body: dict[str, Any]) -> dict[str, Any]:
             for inner in value:
                 if inner not in _NAME_LISTS:
                     raise ConfigError(
-                        f"[shards.{key}] unknown key {inner!r} (known: {', '.join(_NAME_LISTS)})"
+                        f"[shards.{key}] unknown key {inner!r}{did_you_mean(inner, _NAME_LISTS)} "
+                        f"(known: {', '.join(_NAME_LISTS)})"
                     )
             profiles[key] = ShardProfile(
                 **{k: _names(f"[shards.{key}] {k}", v) for k, v in value.items()}
@@ -443,18 +473,21 @@ def _names(where: str, value: Any) -> tuple[str, ...]:
 def load_settings(
     path: Path | None, *, shards: int | None = None, lanes_per_shard: int | None = None
 ) -> Settings:
-    """Read `path` (None: defaults) and apply CLI overrides and `$ORCHESTRA_SUP_ISOLATION`
-    (`ISOLATION_ENV`, replacing `[isolation] mode`), then check that this machine can
-    give the isolation asked for (`shards.isolation.resolve`: `mode = "bwrap"` where bubblewrap
-    does not work is refused here, before anything starts). Raises `ConfigError`."""
+    """Read `path` (None: defaults) and apply CLI overrides, `$ORCHESTRA_SUP_ISOLATION`
+    (`ISOLATION_ENV`, replacing `[isolation] mode`) and `$ORCHESTRA_SUP_LANE_USER`
+    (`LANE_USER_ENV`, replacing `lane_user`), then check that this machine can give the
+    isolation asked for (`shards.isolation.resolve`: `mode = "bwrap"` where bubblewrap does not
+    work is refused here, before anything starts; so is `lane_user = "dynamic"` where lanes
+    cannot run as uids of their own: `resolve_lane_user`). Raises `ConfigError`."""
     data = _read_toml(path) if path is not None else {}
     try:
-        mode = os.environ.get(ISOLATION_ENV)
-        if mode is not None:
-            table = data.setdefault("isolation", {})
-            if not isinstance(table, dict):
-                raise ConfigError(f"[isolation] must be a table, got {_toml_value(table)}")
-            table["mode"] = mode
+        for env, key in ((ISOLATION_ENV, "mode"), (LANE_USER_ENV, "lane_user")):
+            value = os.environ.get(env)
+            if value is not None:
+                table = data.setdefault("isolation", {})
+                if not isinstance(table, dict):
+                    raise ConfigError(f"[isolation] must be a table, got {_toml_value(table)}")
+                table[key] = value
         overrides = {"count": shards, "lanes_per_shard": lanes_per_shard}
         for key, value in overrides.items():
             if value is not None:
@@ -463,7 +496,7 @@ def load_settings(
                     raise ConfigError(f"[shards] must be a table, got {_toml_value(shards_table)}")
                 shards_table[key] = value
         settings = settings_from_mapping(data)
-        resolve(settings.isolation.mode)
+        resolve_lane_user(settings.isolation.lane_user, resolve(settings.isolation.mode))
         return settings
     except ConfigError as exc:
         where = f"config {path}: " if path else ""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NO_NEW_PRIVS = 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -58,3 +59,9 @@ def cgroup_joiner(paths: list[Path], unmet: str) -> Callable[[], None]:
                     os.write(2, f"orchestra-sup: {unmet}: {exc}\n".encode())
 
     return join
+
+
+def set_no_new_privs() -> None:
+    """Make this process and everything it executes unable to gain privileges (a setuid or
+    file-capability program runs without them); for good, inherited across fork and exec."""
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)

@@ -2,7 +2,7 @@
 
 The tree is a real `orchestra-sup start` in a subprocess, with its own run directory and the same
 ctl protocol an operator uses; readiness is the tree's own `READY=1` on a private notify socket
-(the sd_notify protocol), not a sleep. The tree's log goes to `<state_dir>/tree.log`.
+(the sd_notify protocol), not a sleep. The tree's log goes to `<state_dir>/tree.log` (0600).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from orchestra_sup import linux
 from orchestra_sup.client import CtlClient
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.state.permissions import private_dir, private_file
 from orchestra_sup.supervisor import notify
 
 READY_TIMEOUT_S = 60.0
@@ -45,8 +46,8 @@ def private_tree(
     seconds; the message points at its log.
     """
     run_dir = Path(tempfile.mkdtemp(prefix="osup-", dir="/tmp"))
-    state_dir.mkdir(parents=True, exist_ok=True)
-    log_path = state_dir / "tree.log"
+    private_dir(state_dir)
+    log_path = private_file(state_dir / "tree.log")  # 0600: a lane's uid reads no log
     notify_path = run_dir / "notify.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
     listener.bind(str(notify_path))

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import time
-from typing import IO, Any
+from typing import Any
 
 import msgspec
 from rich.console import Console, Group, RenderableType
-from rich.table import Column, Table
 from rich.text import Text
 from rich.tree import Tree
 
+from orchestra_sup.columns import Field, dropped_line, fit, pack
 from orchestra_sup.protocol import frames as f
 
 
@@ -59,6 +58,25 @@ def rollover_line(event: f.RolloverEvent) -> str:
     who = f"{event.child}: " if event.child else ""
     took = f" ({event.took_s:.3f} s)" if event.took_s is not None else ""
     return f"+{event.at_s:7.3f} s  {who}{event.text}{took}"
+
+
+def reload_lines(report: f.ReloadReport) -> list[str]:
+    """A reload's report for people: what changed, then what that did to which child."""
+    if not report.config:
+        return ["nothing to reload: the tree was started without --config"]
+    if not report.changed:
+        return [f"config {report.config}: nothing changed"]
+    lines = [f"config {report.config}: changed {', '.join(report.changed)}"]
+    for label, names in (
+        ("restarted", report.restarted),
+        ("added", report.added),
+        ("retired", report.retired),
+        ("updated in place", report.updated),
+        ("unchanged", report.unchanged),
+    ):
+        if names:
+            lines.append(f"{label}: {', '.join(names)}")
+    return lines
 
 
 def recorded_json(reply: f.HitlRecorded) -> dict[str, Any]:
@@ -132,65 +150,101 @@ def tree_text(reply: f.StatusReply, console: Console) -> None:
     console.print(root)
 
 
-def status_table(reply: f.StatusReply, console: Console) -> None:
-    console.print(
-        f"supervisor pid {reply.supervisor_pid}, version {reply.version} ({reply.release}), "
-        f"run dir {reply.run_dir}, loop lag p50/p99/max ms {_lag(reply.loop_lag_ms)}, "
-        f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}, "
-        f"internal errors {reply.internal_errors}, "
-        f"ctl refused {reply.ctl_refused}, isolation {reply.isolation or '?'}"
-    )
+STATUS_FIELDS = (
+    Field("name"),
+    Field("role", rank=5),
+    Field("pid", right=True),
+    Field("gen", rank=1, right=True),
+    Field("state"),
+    Field("restarts", rank=1, right=True),
+    Field("op restarts", rank=4, right=True),
+    Field("uptime", rank=2, right=True),
+    Field("last exit", rank=3),
+    Field("loop lag ms p50/p99/max", rank=2, right=True),
+    Field("release", rank=5),
+    Field("fds", rank=3, right=True),
+    Field("refused stale/bad", rank=6, right=True),
+    Field("internal", rank=6, right=True),
+)
+"""`ctl status`'s columns in table order, each with the rank it is dropped by when the terminal
+is too narrow for all of them (`columns.fit`; `--wide` and piped output show every one). Dropped
+first: frames refused (6), then the release and role (5: the name says the role), restarts by
+`ctl restart` (4), the last exit (3), uptime and loop lag (2), restarts and generation (1); name,
+pid and state (0) always stay. A figure added later takes the rank of what it is worth beside
+these (a child's open descriptors, `fds`, is 3, with the last exit; requests answered
+`internal` are 6, with the frames refused)."""
+WIDE_HINT = "--wide shows them"
+"""How to see what a narrow terminal left out (`ctl status`, `ctl lanes`, `ctl top`)."""
+
+
+def status_view(reply: f.StatusReply, width: int | None) -> Group:
+    """`ctl status` for people, `width` columns wide (None: unbounded): the supervisor's figures
+    packed on as few lines as fit (`columns.pack`), its directories and interpreter one line
+    each, the metrics URL and the rollover in progress when there are, then the children's
+    table (`STATUS_FIELDS`) and what it left out."""
+    facts = [
+        f"supervisor pid {reply.supervisor_pid}",
+        f"orchestra-sup {reply.version}",
+        f"isolation {reply.isolation or '?'}",
+        f"loop lag ms p50/p99/max {_lag(reply.loop_lag_ms)}",
+        f"refused frames stale/bad {reply.stale_frames}/{reply.bad_frames}",
+        f"internal errors {reply.internal_errors}",
+        f"ctl refused {reply.ctl_refused}",
+    ]
     if reply.descriptors is not None:
-        console.print(
-            f"descriptors {fds(reply.descriptors)}, ctl connections "
-            f"{reply.ctl_connections} of {reply.ctl_connections_max} "
-            f"(refused {reply.descriptors.refused})"
-        )
+        facts += [
+            f"descriptors {fds(reply.descriptors)}",
+            f"ctl connections {reply.ctl_connections} of {reply.ctl_connections_max} "
+            f"(refused {reply.descriptors.refused})",
+        ]
+    lines = pack(facts, width)
+    lines += [f"run dir {reply.run_dir}", f"state dir {reply.state_dir}"]
+    if reply.workspace:
+        lines.append(f"workspace {reply.workspace}")
+    if reply.release:
+        lines.append(f"interpreter {reply.release}")
     if reply.metrics_url:
-        console.print(f"metrics {reply.metrics_url}")
+        lines.append(f"metrics {reply.metrics_url}")
     if reply.rollover is not None:
-        console.print(f"rollover {reply.rollover}")
-    table = Table(
-        Column("name", no_wrap=True),
-        "role",
-        "pid",
-        "gen",
-        "state",
-        "restarts",
-        "op restarts",
-        "uptime s",
-        "last exit",
-        "loop lag ms p50/p99/max",
-        "release",
-        "refused stale/bad",
-        "internal",
-        "fds",
-    )
-    for c in reply.children:
-        last = "-"
-        if c.last_exit is not None:
-            last = (
-                f"signal {c.last_exit.signal}"
-                if c.last_exit.signal is not None
-                else f"status {c.last_exit.status}"
-            )
-        table.add_row(
-            c.name,
-            c.role,
-            str(c.pid or "-"),
-            str(c.generation),
-            c.state,
-            str(c.restarts),
-            str(c.operator_restarts),
-            f"{c.uptime_s:.1f}",
-            last,
-            "-" if c.loop_lag_ms is None else _lag(c.loop_lag_ms),
-            _release(c, reply.release),
-            f"{c.stale_frames}/{c.bad_frames}",
-            str(c.internal_errors),
-            "-" if c.descriptors is None else fds(c.descriptors),
+        lines.append(f"rollover {reply.rollover}")
+    rows = [_status_row(c, reply.release) for c in reply.children]
+    fitted = fit(STATUS_FIELDS, rows, width)
+    parts: list[RenderableType] = [Text(line) for line in lines]
+    parts.append(fitted.table)
+    if fitted.dropped:
+        parts.append(Text(dropped_line(fitted.dropped, WIDE_HINT), style="dim"))
+    return Group(*parts)
+
+
+def status_table(reply: f.StatusReply, console: Console, width: int | None = None) -> None:
+    """`status_view` printed on `console`."""
+    console.print(status_view(reply, width))
+
+
+def _status_row(c: f.ChildInfo, supervisor_release: str) -> list[str]:
+    last = "-"
+    if c.last_exit is not None:
+        last = (
+            f"signal {c.last_exit.signal}"
+            if c.last_exit.signal is not None
+            else f"status {c.last_exit.status}"
         )
-    console.print(table)
+    return [
+        c.name,
+        c.role,
+        str(c.pid or "-"),
+        str(c.generation),
+        c.state,
+        str(c.restarts),
+        str(c.operator_restarts),
+        waited(c.uptime_s) if c.pid is not None else "-",
+        last,
+        "-" if c.loop_lag_ms is None else _lag(c.loop_lag_ms),
+        _release(c, supervisor_release),
+        "-" if c.descriptors is None else fds(c.descriptors),
+        f"{c.stale_frames}/{c.bad_frames}",
+        str(c.internal_errors),
+    ]
 
 
 def fds(d: f.Descriptors) -> str:
@@ -226,11 +280,42 @@ def _verdict(done: bool, ok: bool, statuses: set[str]) -> str:
     return "cancelled" if statuses - {"succeeded"} == {"cancelled"} else "FAILED"
 
 
-QUESTION_CHARS = 60
-"""How much of a HITL question a table shows (`ctl lanes`); `--json` has all of it."""
+QUESTION_CHARS = 200
+"""How much of a HITL question a table's line shows (`ctl lanes`, `ctl plan`); `--json` has all
+of it."""
+WARNING_CHARS = 200
+"""How much of each of a task's warnings `ctl plan` and `run` show; `--json` has all of it."""
+TAIL_LINES = 10
+"""How many of a failed task's last output lines `ctl plan` and `run` show under the table."""
 AWAITING = "awaiting_approval"
 """The state (of a lane) and status (of a task) of work that waits for a human."""
-ANSWER_HINT = "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial LANE"
+CTL = "orchestra-sup ctl"
+"""The ctl command a hint names when the caller does not say how it reached the tree
+(`invocation.ctl_command` says it in full)."""
+VERDICTS = ("approve", "reject", "redirect", "accept_partial")
+"""Every answer to a pause, as a coordinator older than `LaneInfo.accepts` takes them."""
+
+
+def answer_hints(pauses: list[tuple[str, list[str], bool]], command: str = CTL) -> list[str]:
+    """How to answer each pause: `pauses` are (lane, the verdicts it takes, whether an approval
+    needs `--retries N`: `LaneInfo.accepts`, `needs_retries`); `command` is the ctl command that
+    reached the tree (`invocation.ctl_command`), so the hint works pasted. Only the answers a
+    pause takes are offered: "answer with: orchestra-sup ctl --run-dir /r approve|reject|redirect
+    LANE", the lane id itself in place of LANE when one pause is meant. Pauses that take
+    different answers get a line for each kind, naming their lanes."""
+    groups: dict[tuple[tuple[str, ...], bool], list[str]] = {}
+    for lane, accepts, needs_retries in pauses:
+        groups.setdefault((tuple(accepts) or VERDICTS, needs_retries), []).append(lane)
+    lines = []
+    for (accepts, needs_retries), lanes in groups.items():
+        target = lanes[0] if len(lanes) == 1 else "LANE"
+        who = "" if len(groups) == 1 or len(lanes) == 1 else f" {', '.join(lanes)}"
+        verbs = [v.replace("_", "-") for v in accepts if not (v == "approve" and needs_retries)]
+        hint = f"{command} {'|'.join(verbs)} {target}"
+        if needs_retries:
+            hint += f", or approve {target} --retries N"
+        lines.append(f"answer{who} with: {hint}")
+    return lines
 
 
 def one_line(text: str, limit: int) -> str:
@@ -253,75 +338,153 @@ def waited(seconds: float) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
-def plan_table(report: f.PlanReport, console: Console) -> None:
-    """The plan's verdict, a table of its tasks (the failure class of each failed one), then one
-    line per task that waits for a human: its lane (to answer with) and its question."""
-    console.print(f"plan {report.plan} ({report.id}): {plan_verdict(report)}")
-    table = Table(
-        Column("task", no_wrap=True),
-        Column("status", no_wrap=True),
-        Column("failure", no_wrap=True),
-        "exit",
-        "attempts",
-        Column("shard", no_wrap=True),
-        Column("lane", no_wrap=True),
-        "s",
-        "commit",
-        "error",
-        "warnings",
-    )
-    for t in report.tasks:
-        table.add_row(
+def printable(line: str) -> str:
+    """A line of a command's output made safe for a terminal: every control character but tab
+    (an escape sequence could move the cursor, retitle the window, hide what follows) becomes
+    U+FFFD."""
+    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in line)
+
+
+PLAN_FIELDS = (
+    Field("task"),
+    Field("status"),
+    Field("failure", rank=1),
+    Field("exit", rank=1, right=True),
+    Field("attempts", rank=2, right=True),
+    Field("shard", rank=1),
+    Field("secs", rank=2, right=True),
+    Field("commit", rank=3),
+    Field("lane", rank=3),
+    Field("error", squeeze=24),
+)
+"""A plan's task columns in table order with the rank each is dropped by when the terminal is
+too narrow (`columns.fit`): commit and lane first (3), then attempts and duration (2), then
+failure class, exit status and shard (1); task, status and error (0) stay, the error wrapped."""
+
+
+def plan_table(
+    report: f.PlanReport, console: Console, width: int | None = None, command: str = CTL
+) -> None:
+    """`plan_view` printed on `console`."""
+    console.print(plan_view(report, width, command))
+
+
+def plan_view(report: f.PlanReport, width: int | None, command: str = CTL) -> Group:
+    """The plan's verdict and a table of its tasks fitted to `width` columns (None: every
+    column), then, under it: each task's warnings (one line each, at most `WARNING_CHARS`), the
+    last `TAIL_LINES` lines of each failed task's output (what says why, when the tree that ran
+    it is gone), and one line per task that waits for a human with its lane (to answer with)
+    and its question, then how to answer (`answer_hints`, with `command`)."""
+    parts: list[RenderableType] = [
+        Text(f"plan {report.plan} ({report.id}): {plan_verdict(report)}")
+    ]
+    rows = [
+        [
             t.id,
             t.status,
             t.failure or "-",
             "-" if t.exit_code is None else str(t.exit_code),
             str(t.attempts),
             t.shard or "-",
-            t.lane or "-",
             f"{t.duration_s:.2f}",
             (t.commit or "-")[:10],
+            t.lane or "-",
             t.error or "",
-            str(len(t.warnings)) if t.warnings else "",  # in full with --json
-        )
-    console.print(table)
+        ]
+        for t in report.tasks
+    ]
+    fitted = fit(PLAN_FIELDS, rows, width)
+    parts.append(fitted.table)
+    if fitted.dropped:
+        parts.append(Text(dropped_line(fitted.dropped, "--json has every field"), style="dim"))
+    for t in report.tasks:
+        for warning in t.warnings:
+            parts.append(Text(f"{t.id} warning: {one_line(warning, WARNING_CHARS)}"))
+    for t in report.tasks:
+        if t.status == "failed":
+            parts.extend(_tail(t))
     asking = [t for t in report.tasks if t.question is not None]
     for t in asking:
-        console.print(f"{t.id} asks (lane {t.lane or '-'}): {one_line(t.question or '', 200)}")
-    if asking:
-        console.print(ANSWER_HINT)
+        question = one_line(t.question or "", QUESTION_CHARS)
+        parts.append(Text(f"{t.id} asks (lane {t.lane or '-'}): {question}"))
+    pauses = [(t.lane or "LANE", t.accepts, t.needs_retries) for t in asking]
+    parts.extend(Text(line) for line in answer_hints(pauses, command))
+    return Group(*parts)
 
 
-def plans_table(reply: f.PlanList, console: Console) -> None:
+def _tail(task: f.TaskReport) -> list[Text]:
+    """The last `TAIL_LINES` lines of a failed task's output (`output_tail`), indented under a
+    line that names the task, or that it printed nothing."""
+    lines = task.output_tail.splitlines()[-TAIL_LINES:]
+    if not lines:
+        return [Text(f"{task.id} failed with no output")]
+    head = f"{task.id} failed; the last {len(lines)} lines of its output:"
+    if len(lines) == 1:
+        head = f"{task.id} failed; the last line of its output:"
+    return [Text(head), *(Text(f"  {printable(line)}") for line in lines)]
+
+
+PLANS_FIELDS = (
+    Field("id"),
+    Field("plan", squeeze=16),
+    Field("submitted", rank=2),
+    Field("state"),
+    Field("tasks", rank=1, squeeze=20),
+)
+"""`ctl plans`' columns in table order, with the rank each is dropped by (`columns.fit`)."""
+
+
+def plans_table(reply: f.PlanList, console: Console, width: int | None = None) -> None:
     if not reply.plans:
         console.print("no plans")
         return
-    table = Table(
-        Column("id", no_wrap=True),
-        "plan",
-        Column("submitted", no_wrap=True),
-        "state",
-        "tasks",
-    )
+    rows = []
     for p in reply.plans:
         state = _verdict(p.done, p.ok, set(p.tasks))
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.submitted_at))
         counts = ", ".join(f"{n} {status}" for status, n in sorted(p.tasks.items()))
-        table.add_row(p.id, p.plan, when, state, counts)
-    console.print(table)
+        rows.append([p.id, p.plan, when, state, counts])
+    fitted = fit(PLANS_FIELDS, rows, width)
+    console.print(fitted.table)
+    if fitted.dropped:
+        console.print(Text(dropped_line(fitted.dropped, "--json has every field"), style="dim"))
 
 
-def lanes_table(reply: f.LaneList, console: Console, now: float | None = None) -> None:
+LANE_FIELDS = (
+    Field("lane"),
+    Field("task", rank=3),
+    Field("plan", rank=3),
+    Field("shard", rank=1),
+    Field("state"),
+    Field("waiting", rank=1),
+    Field("sandbox", rank=4),
+)
+"""`ctl lanes`' columns in table order with the rank each is dropped by when the terminal is too
+narrow (`columns.fit`): the sandbox path first (4), then task and plan (3: the lane id is
+PLAN-TASK-ATTEMPT), then shard and how long it has waited (1: a pause's line under the table
+says that too); lane and state (0) stay."""
+
+
+def lanes_table(
+    reply: f.LaneList,
+    console: Console,
+    now: float | None = None,
+    width: int | None = None,
+    command: str = CTL,
+) -> None:
     """Live lanes and tasks awaiting approval (`lanes_view`), printed on `console`."""
-    console.print(lanes_view(reply, now))
+    console.print(lanes_view(reply, now, width, command))
 
 
-def lanes_view(reply: f.LaneList, now: float | None = None) -> Group:
-    """Live lanes and tasks awaiting approval: for those, how long they have waited (from
-    `since` to `now`, Unix seconds; default: the wall clock, as `since` is another process's)
-    and their question on one line of at most `QUESTION_CHARS`. Children that did not answer
-    are named last: what they hold is missing from the table. Shared by `ctl lanes` and
-    `ctl top`."""
+def lanes_view(
+    reply: f.LaneList, now: float | None = None, width: int | None = None, command: str = CTL
+) -> Group:
+    """Live lanes and tasks awaiting approval, fitted to `width` columns (None: every column).
+    Under the table, each that waits: its lane, how long it has waited (from `since` to `now`,
+    Unix seconds; default: the wall clock, as `since` is another process's) and its question
+    on one line of at most `QUESTION_CHARS`, then how to answer (`answer_hints`, with
+    `command`). Children that did not answer are named last: what they hold is missing from
+    the table. Shared by `ctl lanes` and `ctl top`."""
     parts: list[RenderableType] = []
     if reply.unanswered:
         missing = ", ".join(reply.unanswered)
@@ -332,78 +495,29 @@ def lanes_view(reply: f.LaneList, now: float | None = None) -> Group:
             parts.append(Text(note))
         return Group(*parts)
     now = time.time() if now is None else now
-    table = Table(
-        Column("lane", no_wrap=True),
-        "task",
-        "plan",
-        Column("shard", no_wrap=True),
-        Column("state", no_wrap=True),
-        Column("waiting", no_wrap=True),
-        "question",  # cut to QUESTION_CHARS, then wrapped: ids must never be cut
-        Column("sandbox", overflow="fold"),
-    )
-    for lane in reply.lanes:
-        table.add_row(
+    rows = [
+        [
             lane.lane,
             lane.task or "-",
             lane.plan or "-",
             lane.shard or "-",
             lane.state,
             "-" if lane.since is None else waited(now - lane.since),
-            "" if lane.question is None else one_line(lane.question, QUESTION_CHARS),
             lane.sandbox or "-",
-        )
-    parts.append(table)
-    if any(lane.state == AWAITING for lane in reply.lanes):
-        parts.append(Text(ANSWER_HINT))
+        ]
+        for lane in reply.lanes
+    ]
+    fitted = fit(LANE_FIELDS, rows, width)
+    parts.append(fitted.table)
+    if fitted.dropped:
+        parts.append(Text(dropped_line(fitted.dropped, WIDE_HINT), style="dim"))
+    for lane in reply.lanes:
+        if lane.question is not None:
+            wait = "" if lane.since is None else f" ({waited(now - lane.since)})"
+            question = one_line(lane.question, QUESTION_CHARS)
+            parts.append(Text(f"{lane.lane} asks{wait}: {question}"))
+    pauses = [(x.lane, x.accepts, x.needs_retries) for x in reply.lanes if x.state == AWAITING]
+    parts.extend(Text(line) for line in answer_hints(pauses, command))
     if reply.unanswered:
         parts.append(Text(note))
     return Group(*parts)
-
-
-# --- ctl logs ------------------------------------------------------------------------------------
-
-
-def log_row_json(row: f.LogRow) -> dict[str, Any]:
-    """One transcript row for programs: exactly {"seq", "ts", "stream", "data"}."""
-    return {"seq": row.seq, "ts": row.ts, "stream": row.stream, "data": row.data}
-
-
-class LogSink:
-    """Writes `ctl logs` rows as they come, flushed after each batch.
-
-    Text: "stdout" rows to `stdout` and "stderr" rows to `stderr`, as the command wrote them (so
-    `ctl logs LANE > out.txt` holds the command's stdout); an "event" row as one `# event: ...` line
-    on `stderr`, started on a line of its own. JSON: one object per row per line on `stdout`
-    (`log_row_json`). Text is written as UTF-8 bytes whatever the locale.
-    """
-
-    def __init__(self, as_json: bool, stdout: IO[str], stderr: IO[str]):
-        self.as_json = as_json
-        self.stdout = stdout
-        self.stderr = stderr
-        self._line_open = False  # the last text written (either stream) did not end a line
-
-    def write(self, rows: list[f.LogRow]) -> None:
-        for row in rows:
-            if self.as_json:
-                self.stdout.write(json.dumps(log_row_json(row)) + "\n")
-            elif row.stream == "event":
-                lead = "\n" if self._line_open else ""
-                self._put(self.stderr, f"{lead}# event: {row.data}\n")
-            else:
-                self._put(self.stdout if row.stream == "stdout" else self.stderr, row.data)
-        self.stdout.flush()
-        self.stderr.flush()
-
-    def _put(self, stream: IO[str], text: str) -> None:
-        if not text:
-            return
-        raw = getattr(stream, "buffer", None)
-        if raw is None:
-            stream.write(text)
-        else:
-            stream.flush()  # keep order with what was written as text before
-            raw.write(text.encode("utf-8", errors="replace"))
-            raw.flush()
-        self._line_open = not text.endswith("\n")

@@ -31,10 +31,10 @@ from typing import IO, Any
 import msgspec
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Column, Table
 from rich.text import Text
 
 from orchestra_sup import render
+from orchestra_sup.columns import Field, Fitted, dropped_line, fit, pack
 from orchestra_sup.errors import RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 
@@ -113,9 +113,17 @@ def frame_json(frame: Frame) -> dict[str, Any]:
     }
 
 
-def view(frame: Frame, now: float, header: str = "") -> Group:
-    """The whole screen: `header`, the supervisor's line, the error (if any), the processes,
-    then the lanes. `now` is the wall clock (Unix seconds) for how long lanes have waited.
+def view(
+    frame: Frame,
+    now: float,
+    header: str = "",
+    width: int | None = None,
+    command: str = render.CTL,
+) -> Group:
+    """The whole screen, `width` columns wide (None: unbounded, every column): `header`, the
+    supervisor's lines, the error (if any), the processes, then the lanes (with how to answer
+    a pause: `command` is the ctl command that reaches the tree). `now` is the wall clock
+    (Unix seconds) for how long lanes have waited.
 
     The header (how to quit) comes first: a screen taller than the terminal is cut at the
     bottom, and what is cut must never be how to leave."""
@@ -123,28 +131,33 @@ def view(frame: Frame, now: float, header: str = "") -> Group:
     if header:
         parts.append(Text(header, style="dim"))
     if frame.status is not None:
-        parts.extend(supervisor_lines(frame.status))
+        parts.extend(supervisor_lines(frame.status, width))
     if frame.error is not None:
         shown = "nothing shown yet" if frame.status is None else f"shown: {frame.age_s:.0f} s old"
         parts.append(Text(f"unreachable: {frame.error} (retrying; {shown})", style="bold red"))
     if frame.status is not None:
-        parts.append(processes_table(frame.status))
+        fitted = processes_table(frame.status, width)
+        parts.append(fitted.table)
+        if fitted.dropped:
+            parts.append(Text(dropped_line(fitted.dropped, render.WIDE_HINT), style="dim"))
     if frame.lanes is not None:
-        parts.append(render.lanes_view(frame.lanes, now))
+        parts.append(render.lanes_view(frame.lanes, now, width, command))
     return Group(*parts)
 
 
-def supervisor_lines(status: f.StatusReply) -> list[Text]:
-    """The supervisor: pid, version, loop lag p50/p99 (ms), isolation; then the rollover in
-    progress and the metrics URL, each on a line of its own when there is one."""
+def supervisor_lines(status: f.StatusReply, width: int | None = None) -> list[Text]:
+    """The supervisor: pid, version, loop lag p50/p99 (ms), isolation and run directory, packed
+    on as few lines of `width` as they fit (`columns.pack`); then the rollover in progress and
+    the metrics URL, each on a line of its own when there is one."""
     p50, p99, _ = status.loop_lag_ms
-    lines = [
-        Text(
-            f"orchestra-sup {status.version}  supervisor pid {status.supervisor_pid}  "
-            f"loop lag p50/p99 {p50:.1f}/{p99:.1f} ms  isolation {status.isolation or '-'}  "
-            f"run dir {status.run_dir}"
-        )
+    facts = [
+        f"orchestra-sup {status.version}",
+        f"supervisor pid {status.supervisor_pid}",
+        f"loop lag p50/p99 {p50:.1f}/{p99:.1f} ms",
+        f"isolation {status.isolation or '-'}",
+        f"run dir {status.run_dir}",
     ]
+    lines = [Text(line) for line in pack(facts, width)]
     if status.rollover is not None:
         lines.append(Text(f"rollover: {status.rollover}", style="yellow"))
     if status.metrics_url:
@@ -152,24 +165,30 @@ def supervisor_lines(status: f.StatusReply) -> list[Text]:
     return lines
 
 
-def processes_table(status: f.StatusReply) -> Table:
-    """One row per child. Figures a child has not reported (no heartbeat yet, a role that has
-    no relay, inbox or lanes) are "-"."""
-    table = Table(
-        Column("name", no_wrap=True),
-        Column("pid", justify="right"),
-        Column("gen", justify="right"),
-        Column("state", no_wrap=True),
-        Column("uptime", justify="right", no_wrap=True),
-        Column("restarts", justify="right"),
-        Column("loop lag ms p50/p99", justify="right"),
-        Column("relay ms p50/p99", justify="right"),
-        "lanes",
-        Column("inbox", justify="right"),
-        Column("persist q", justify="right"),
-    )
-    for c in status.children:
-        table.add_row(
+PROCESS_FIELDS = (
+    Field("name"),
+    Field("pid", right=True),
+    Field("gen", rank=1, right=True),
+    Field("state"),
+    Field("uptime", rank=2, right=True),
+    Field("restarts", rank=1, right=True),
+    Field("loop lag ms p50/p99", rank=2, right=True),
+    Field("relay ms p50/p99", rank=3, right=True),
+    Field("lanes", rank=1, squeeze=20),
+    Field("inbox", rank=3, right=True),
+    Field("persist q", rank=4, right=True),
+)
+"""`ctl top`'s process columns in table order, each with the rank it is dropped by when the
+terminal is too narrow (`columns.fit`): the persistence queue first (4), then relay latency
+and inbox depth (3), uptime and loop lag (2), generation, restarts and lanes (1); name, pid and
+state (0) always stay."""
+
+
+def processes_table(status: f.StatusReply, width: int | None = None) -> Fitted:
+    """One row per child, fitted to `width` columns (None: every column). Figures a child has
+    not reported (no heartbeat yet, a role that has no relay, inbox or lanes) are "-"."""
+    rows = [
+        [
             c.name,
             str(c.pid or "-"),
             str(c.generation),
@@ -181,8 +200,10 @@ def processes_table(status: f.StatusReply) -> Table:
             lanes_by_state(c.lanes),
             "-" if c.inbox_depth is None else str(c.inbox_depth),
             str(c.persist_depth) if c.pid is not None else "-",
-        )
-    return table
+        ]
+        for c in status.children
+    ]
+    return fit(PROCESS_FIELDS, rows, width)
 
 
 def lanes_by_state(counts: dict[str, int]) -> str:
@@ -249,16 +270,22 @@ def _foreground_tty(fd: int) -> bool:
 
 
 def run_live(
-    watcher: Watcher, first: Frame, console: Console, keys: Keys, interval_s: float
+    watcher: Watcher,
+    first: Frame,
+    console: Console,
+    keys: Keys,
+    interval_s: float,
+    command: str = render.CTL,
 ) -> None:
     """The interactive view on `console`'s alternate screen: `first`, then a refresh every
     `interval_s` seconds (plus the time a refresh takes, at most the watcher's timeout) until a
-    quit key. Ctrl-C raises KeyboardInterrupt out of it, the screen restored."""
+    quit key. Ctrl-C raises KeyboardInterrupt out of it, the screen restored. `command`: as
+    `view`."""
     header = f"every {interval_s:g} s; q or Ctrl-C quits"
     frame = first
     with Live(console=console, screen=True, auto_refresh=False) as live:
-        while True:
-            live.update(view(frame, time.time(), header), refresh=True)
+        while True:  # the terminal's width read again each time: it may have been resized
+            live.update(view(frame, time.time(), header, console.width, command), refresh=True)
             if keys.quit_within(interval_s):
                 return
             frame = watcher.poll()

@@ -119,7 +119,9 @@ def watchdog_sec(settings: Settings) -> int:
 
 _PLAIN = re.compile(r"[A-Za-z0-9/_.,:+=@%$-]+")
 """A word that needs no quotes (its `%` and `$` are still doubled as they need)."""
-_SPECIFIER = re.compile(r"%(?:%|[A-Za-z])")
+_SPECIFIER = re.compile(r"%[%ABCEGHIJLMNPSTUVWYabdfghijlmnopqstuvwy]")
+"""A specifier systemd resolves in a unit file (systemd.unit(5), "Specifiers", systemd 252), or
+`%%`. Any other `%` followed by a letter is a fatal error when systemd loads the unit."""
 _UNSAFE_PROGRAM = frozenset("\\\"'")
 
 

@@ -10,13 +10,19 @@ is allowed to finish, the tree is stopped, and the run reports:
 - `duplicated`: tasks whose side effect happened again after their success was recorded. Each
   task appends `<plan> <task> <attempt>` to a ledger as its last act; a success recorded for
   attempt A is duplicated by a second line for attempt A or any line for an attempt after A;
+- `unrecorded`: tasks reported succeeded whose ledger line for their last attempt is missing:
+  their effect did not reach the ledger, so `duplicated` could not have seen a repeat either. A
+  run with none succeeded, or any unrecorded, proves nothing and fails;
 - `orphans`: processes of the tree still alive after it stopped. This process makes itself a
   child subreaper first, so nothing the tree started can escape the count by being reparented to
   PID 1;
 - `supervisor_alive`: the supervisor answered `ctl status` when the killing stopped.
 
 The tree runs with a restart intensity high enough that the chaos itself cannot exhaust it
-(the point is to see what the restarts lose, not to watch the root give up).
+(the point is to see what the restarts lose, not to watch the root give up), and with
+`[isolation] mode = "none"`, `lane_user = "tree"`: the ledger is an effect outside the lanes'
+sandboxes on purpose, which confinement would hide (bubblewrap's private `/tmp`) or refuse (a
+lane's own uid). What confinement costs is `bench isolation`'s to measure.
 """
 
 from __future__ import annotations
@@ -44,16 +50,29 @@ PLAN_TIMEOUT_S = 180.0
 
 
 class ChaosReport(msgspec.Struct, kw_only=True):
+    """What `run_chaos` counted (the module docstring says what each figure means)."""
+
     duration_s: float
     plans: int
     kills: int
     restarts: int
     tasks: int
     succeeded: int
+    unrecorded: int
     lost: int
     duplicated: int
     orphans: int
     supervisor_alive: bool
+
+    @property
+    def clean(self) -> bool:
+        """Whether the run proves what it is for: something succeeded, every success left its
+        one ledger line, nothing was lost or left behind, and the supervisor lived."""
+        return (
+            self.succeeded > 0
+            and self.unrecorded == self.lost == self.duplicated == self.orphans == 0
+            and self.supervisor_alive
+        )
 
 
 def chaos_plan(name: str, tasks: int, ledger: Path) -> f.PlanSpec:
@@ -76,6 +95,7 @@ def run_chaos(duration_s: float, *, tasks: int = 60, seed: int | None = None) ->
     config = base / "tree.toml"
     config.write_text(
         "[supervisor]\nmax_restarts = 1000\nmax_seconds = 10.0\nbackoff_max_s = 0.5\n"
+        '[isolation]\nmode = "none"\nlane_user = "tree"\n'
     )
     reports: list[f.PlanReport] = []
     kills = restarts = 0
@@ -104,11 +124,12 @@ def run_chaos(duration_s: float, *, tasks: int = 60, seed: int | None = None) ->
     lines = Counter(tuple(line.split()) for line in ledger.read_text().splitlines() if line)
     shutil.rmtree(base, ignore_errors=True)
     total = sum(len(r.tasks) for r in reports)
-    succeeded = lost = duplicated = 0
+    succeeded = unrecorded = lost = duplicated = 0
     for report in reports:
         for t in report.tasks:
             if t.status == "succeeded":
                 succeeded += 1
+                unrecorded += lines[(report.plan, t.id, str(t.attempts))] == 0
                 duplicated += _duplicated(lines, report.plan, t)
             elif t.status not in ("failed", "skipped", "cancelled"):
                 lost += 1
@@ -120,6 +141,7 @@ def run_chaos(duration_s: float, *, tasks: int = 60, seed: int | None = None) ->
         restarts=restarts,
         tasks=total,
         succeeded=succeeded,
+        unrecorded=unrecorded,
         lost=lost,
         duplicated=duplicated,
         orphans=orphans,

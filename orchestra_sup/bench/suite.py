@@ -138,6 +138,7 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
     if name == "chaos":
         return [
             ("kills / restarts / tasks", f"{r['kills']} / {r['restarts']} / {r['tasks']}"),
+            ("succeeded / unrecorded", f"{r['succeeded']} / {r['unrecorded']}"),
             ("lost / duplicated / orphans", f"{r['lost']} / {r['duplicated']} / {r['orphans']}"),
         ]
     return []

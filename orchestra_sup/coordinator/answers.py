@@ -77,6 +77,7 @@ class Answers:
             for task_id, rec in plan.tasks.items():
                 if rec.pending is None:
                     continue
+                accepts, needs_retries = plan.answers_taken(task_id)
                 lanes.append(
                     f.LaneInfo(
                         lane=rec.pending.lane,
@@ -87,6 +88,8 @@ class Answers:
                         sandbox=rec.sandbox,
                         question=rec.pending.question,
                         since=rec.pending.since,
+                        accepts=accepts,
+                        needs_retries=needs_retries,
                     )
                 )
         lanes.sort(key=lambda info: info.since or 0.0)

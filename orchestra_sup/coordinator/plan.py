@@ -57,6 +57,7 @@ from orchestra_sup.coordinator.strategy import MAX_BACKOFF_S, Action
 from orchestra_sup.errors import PlanError
 from orchestra_sup.protocol.frames import Budget, FailureClass, PlanSpec, TaskSpec
 from orchestra_sup.shards.program import PROGRAM_PATTERN, SHELL
+from orchestra_sup.suggest import did_you_mean
 
 __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", "validate_plan"]
 
@@ -189,8 +190,8 @@ def _budget(value: Any, where: str) -> Budget:
     unknown = sorted(set(value) - set(_BUDGET_KEYS))
     if unknown:
         raise ValueError(
-            f"key 'budget'{where} has unknown key {unknown[0]!r} "
-            f"(allowed: {', '.join(_BUDGET_KEYS)})"
+            f"key 'budget'{where} has unknown key {unknown[0]!r}"
+            f"{did_you_mean(unknown[0], _BUDGET_KEYS)} (allowed: {', '.join(_BUDGET_KEYS)})"
         )
     if not value:
         raise ValueError(f"key 'budget'{where} is empty: give wall_s, cpu_s or output_bytes")
@@ -229,13 +230,13 @@ def _replan(value: Any) -> dict[str, str]:
     for failure, action in value.items():
         if failure not in classes:
             raise ValueError(
-                f"key 'replan' names unknown failure class {failure!r} "
-                f"(known: {', '.join(classes)})"
+                f"key 'replan' names unknown failure class {failure!r}"
+                f"{did_you_mean(failure, classes)} (known: {', '.join(classes)})"
             )
         if not isinstance(action, str) or action not in actions:
             raise ValueError(
                 f"key 'replan' maps {failure!r} to {_describe(action)}; "
-                f"expected one of {', '.join(actions)}"
+                f"expected one of {', '.join(actions)}{did_you_mean(action, actions)}"
             )
     return dict(value)
 
@@ -249,8 +250,8 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     for key in data:
         if key not in _TOP_KEYS:
             raise PlanError(
-                f"unknown top-level key {key!r} (expected 'name', 'tenant', 'budget', "
-                "'strategy', 'replan' and [[task]] tables)",
+                f"unknown top-level key {key!r}{did_you_mean(key, _TOP_KEYS)} (expected "
+                "'name', 'tenant', 'budget', 'strategy', 'replan' and [[task]] tables)",
                 source=source,
             )
 
@@ -282,7 +283,8 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     strategy = data.get("strategy", "one_for_one")
     if strategy not in STRATEGIES:
         raise PlanError(
-            f"key 'strategy' must be one of {', '.join(STRATEGIES)}, got {_describe(strategy)}",
+            f"key 'strategy' must be one of {', '.join(STRATEGIES)}, got {_describe(strategy)}"
+            f"{did_you_mean(strategy, STRATEGIES)}",
             source=source,
         )
 
@@ -348,7 +350,10 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
 
     for key in raw:
         if key not in _TASK_KEYS:
-            raise refuse(f"unknown key {key!r} (allowed: {', '.join(sorted(_TASK_KEYS))})")
+            raise refuse(
+                f"unknown key {key!r}{did_you_mean(key, _TASK_KEYS)} "
+                f"(allowed: {', '.join(sorted(_TASK_KEYS))})"
+            )
 
     program = raw.get("program", SHELL)
     if not isinstance(program, str) or not PROGRAM_PATTERN.fullmatch(program):
@@ -423,6 +428,7 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
     if on_failure is not None and on_failure not in ON_FAILURE:
         raise refuse(
             f"key 'on_failure' must be one of {', '.join(ON_FAILURE)}, got {_describe(on_failure)}"
+            f"{did_you_mean(on_failure, ON_FAILURE)}"
         )
     if on_failure == "retry" and retries == 0:
         raise refuse("on_failure = 'retry' needs retries >= 1 (how many times to retry)")

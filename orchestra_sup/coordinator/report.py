@@ -27,14 +27,18 @@ def shown(rec: TaskRecord) -> str:
     return TaskStatus.RUNNING if rec.status is TaskStatus.STARTING else str(rec.status)
 
 
-def task_report(spec: f.TaskSpec, rec: TaskRecord) -> f.TaskReport:
+def task_report(plan: PlanRecord, spec: f.TaskSpec) -> f.TaskReport:
+    """Task `spec` of `plan` as a report shows it: a pause's lane when no attempt runs, and
+    the answers its pause takes (`PlanRecord.answers_taken`)."""
+    rec = plan.tasks[spec.id]
+    accepts, needs_retries = plan.answers_taken(spec.id)
     return f.TaskReport(
         id=spec.id,
         status=shown(rec),
         exit_code=rec.exit_code,
         attempts=rec.attempts,
         shard=rec.shard,
-        lane=rec.lane,
+        lane=rec.lane or (rec.pending.lane if rec.pending is not None else None),
         sandbox=rec.sandbox,
         duration_s=rec.duration_s,
         output_tail=rec.output_tail,
@@ -45,6 +49,8 @@ def task_report(spec: f.TaskSpec, rec: TaskRecord) -> f.TaskReport:
         ticket=rec.ticket,
         spent=rec.spent,
         question=None if rec.pending is None else rec.pending.question,
+        accepts=accepts,
+        needs_retries=needs_retries,
         answers=list(rec.answers.values()),
         retry_at=rec.retry_at if rec.status in WAITING else None,
         notes=list(rec.notes),
@@ -53,7 +59,7 @@ def task_report(spec: f.TaskSpec, rec: TaskRecord) -> f.TaskReport:
 
 def plan_report(plan: PlanRecord) -> f.PlanReport:
     """The whole plan's report, in one step."""
-    return _report(plan, (task_report(s, plan.tasks[s.id]) for s in plan.spec.tasks))
+    return _report(plan, (task_report(plan, s) for s in plan.spec.tasks))
 
 
 async def sliced_report(plan: PlanRecord, slicer: Slicer | None = None) -> f.PlanReport:
@@ -63,7 +69,7 @@ async def sliced_report(plan: PlanRecord, slicer: Slicer | None = None) -> f.Pla
     slicer = slicer or Slicer()
     tasks: list[f.TaskReport] = []
     for spec in plan.spec.tasks:
-        tasks.append(task_report(spec, plan.tasks[spec.id]))
+        tasks.append(task_report(plan, spec))
         await slicer.tick()
     return _report(plan, tasks)
 

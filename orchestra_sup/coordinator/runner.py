@@ -712,6 +712,24 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
                 return task_id
         return None
 
+    def answers_taken(self, task_id: str) -> tuple[list[str], bool]:
+        """What task `task_id`'s pause takes as `record_answer` judges it now: the verdicts (in
+        `ctl` order: approve, reject, redirect, accept_partial) and whether an approval needs
+        retries granted with it (`approve --retries N`: a review with no retry left, where
+        reject and redirect, which retry too, are refused). ([], False) when it waits on
+        nothing. Answers its text or grant would make bad are not told apart here."""
+        rec = self.tasks[task_id]
+        pending = rec.pending
+        if pending is None:
+            return [], False
+        if pending.kind == "approval":  # nothing ran yet: nothing to accept part of
+            return ["approve", "reject", "redirect"], False
+        if pending.kind == "review":
+            spec = self._spec(task_id)
+            if rec.retries_used >= spec.retries + rec.retries_granted:
+                return ["approve", "accept_partial"], True
+        return ["approve", "reject", "redirect", "accept_partial"], False
+
     def record_answer(self, task_id: str, answer: f.Answer) -> None:
         """Keep `answer` to task `task_id`'s pause (the audit record, ARCHITECTURE.md §11
         invariant 9); `act_on_answer` acts on it once this is durable. Raises `AnswerError`

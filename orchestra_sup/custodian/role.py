@@ -11,23 +11,28 @@ the GIL), `diff` and `log` as git subprocesses awaited off the loop. Nothing run
 filesystem on the receive loop (ARCHITECTURE.md §11.1).
 
 The coordinator can never hold a sandbox: a `SandboxCreate` from it is refused with `forbidden`.
+Each sandbox it hands out belongs to the uid its lane runs as (`custodian.owners`, `laneuser`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from orchestra_sup.custodian import readtools, searchproc
+from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.laneuser import decide, lane_needs
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.state.permissions import PASSAGE, PRIVATE_DIR, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ class Custodian:
         self.node: Node | None = None
         self.workspace: Workspace | None = None
         self.sandboxes: Path = Path()
+        self.owners = SandboxOwners(Path(), own_uids=False)
         self._ordered = asyncio.Lock()
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
         self._busy = 0
@@ -61,9 +67,20 @@ class Custodian:
         self.node = node
         self.workspace = await open_workspace(node.paths.workspace, node.paths.state_dir)
         self.sandboxes = node.paths.state_dir / "sandboxes"
-        self.sandboxes.mkdir(parents=True, exist_ok=True)
+        isolation = node.args.isolation
+        needs = lane_needs(node.paths.state_dir, self.workspace.root)
+        decision = await asyncio.to_thread(decide, isolation.lane_user, needs)
+        # Lanes of their own uid walk to their sandboxes by name on the host only in mode none
+        # (under bubblewrap the path to a sandbox is the tmpfs's): else nobody passes.
+        passage = decision.own_uids and isolation.mode == "none"
+        mode = PASSAGE if passage else PRIVATE_DIR
+        await asyncio.to_thread(private_dir, node.paths.state_dir, mode)
+        await asyncio.to_thread(private_dir, self.sandboxes, mode)
+        self.owners = SandboxOwners(self.sandboxes, decision.own_uids)
         node.serve_through(self.serve_inline)
         log.info("custodian: workspace %s", self.workspace.root)
+        own = "a uid of its own" if decision.own_uids else "the tree's uid"
+        log.info("custodian: each sandbox and its lane get %s (%s)", own, decision.reason)
 
     def serve_inline(self, env: f.Envelope) -> f.Body | None:
         """On the front thread: the answer to a read in `INLINE_TOOLS`, None for anything else
@@ -166,6 +183,7 @@ class Custodian:
             self._busy += 1
             try:
                 path, rev = await self.workspace.create_sandbox(req.lane, dest)
+                await asyncio.to_thread(self.owners.claim, Path(path))
             finally:
                 self._busy -= 1
         return f.SandboxReady(lane=req.lane, path=path, rev=rev)
@@ -217,10 +235,21 @@ class Custodian:
 
 @contextlib.contextmanager
 def _typed_errors(path: str) -> Iterator[None]:
-    """Raise a missing path as `not_found` and a file/directory mix-up as `bad_request`."""
+    """Raise a missing path as `not_found`, and as `bad_request` a file/directory mix-up, a
+    symlink loop (ELOOP), a name too long for the file system (ENAMETOOLONG) or a file that is
+    not a regular one (EINVAL from `read_file`): what the path names, never a fault of the
+    custodian's (`internal`), and said without the workspace's own path."""
     try:
         yield
     except FileNotFoundError as exc:
         raise RemoteError(ErrorCode.NOT_FOUND, f"{path!r} does not exist") from exc
     except (IsADirectoryError, NotADirectoryError) as exc:
         raise RemoteError(ErrorCode.BAD_REQUEST, f"{path!r}: {exc.strerror}") from exc
+    except OSError as exc:
+        if exc.errno not in _PATH_ERRNOS:
+            raise
+        raise RemoteError(ErrorCode.BAD_REQUEST, f"{path!r}: {exc.strerror}") from exc
+
+
+_PATH_ERRNOS = frozenset({errno.ELOOP, errno.ENAMETOOLONG, errno.EINVAL})
+"""OSError numbers that say what a read tool's path names, answered `bad_request`."""

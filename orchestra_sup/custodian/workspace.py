@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from orchestra_sup.errors import CommitConflict, GitError, WorkspaceError
+from orchestra_sup.state.permissions import private_file
 
 IDENTITY_NAME = "orchestra-sup"
 IDENTITY_EMAIL = "orchestra-sup@localhost"
@@ -201,9 +202,16 @@ async def _git_capped(
     return _CappedResult(returncode, bytes(out), err.decode("utf-8", errors="replace"), truncated)
 
 
+def _trusting(path: Path) -> tuple[str, str]:
+    """Config that lets git read the repository at `path` though another uid owns it (a sandbox
+    belongs to its lane's uid: `custodian.owners`), for read-only questions whose answer the
+    custodian checks itself; git refuses such a repository otherwise ("dubious ownership")."""
+    return ("-c", f"safe.directory={os.path.realpath(path)}")
+
+
 async def _toplevel(path: Path) -> str | None:
     """The realpath of the working tree `path` belongs to, or None if it is in none."""
-    res = await _git(path, "rev-parse", "--show-toplevel", check=False)
+    res = await _git(path, *_trusting(path), "rev-parse", "--show-toplevel", check=False)
     if res.returncode != 0 or not res.stdout.strip():
         return None
     return os.path.realpath(res.stdout.rstrip("\n"))
@@ -403,7 +411,7 @@ class Workspace:
             str(partial.absolute()),
         )
         await _git(partial, "checkout", "--quiet", "--detach", rev)
-        _base_record(dest).write_text(rev + "\n")
+        private_file(_base_record(dest)).write_text(rev + "\n")  # 0600: the custodian's
         os.rename(partial, dest)
         return str(dest), rev
 
@@ -487,7 +495,9 @@ class Workspace:
         with contextlib.suppress(FileNotFoundError):
             return _base_record(sandbox).read_text().strip()
         if await _is_checkout_root(sandbox):
-            head = await _git(sandbox, "rev-parse", "--verify", "HEAD^{commit}", check=False)
+            head = await _git(
+                sandbox, *_trusting(sandbox), "rev-parse", "--verify", "HEAD^{commit}", check=False
+            )
             sha = head.stdout.strip()
             known = await _git(self.root, "merge-base", "--is-ancestor", sha, "HEAD", check=False)
             if head.returncode == 0 and known.returncode == 0:

@@ -47,6 +47,9 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """`[isolation]` with its mode resolved ("bwrap" or "none"), for a shard's lanes."""
     log_format: LogFormat = LogFormat.TEXT
     """The supervisor's `start --log-format`: how this child writes its log (`logformat`)."""
+    keys_dir: str | None = None
+    """The CURVE keys directory of `start --keys` (None: none, or the default one inside the
+    state directory): one more directory no lane sees (`shards.isolation`)."""
 
 
 def encode(args: ChildArgs) -> str:

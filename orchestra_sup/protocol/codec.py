@@ -21,7 +21,7 @@ from __future__ import annotations
 import msgspec
 
 from orchestra_sup.errors import ErrorCode, ProtocolError
-from orchestra_sup.protocol.frames import Envelope
+from orchestra_sup.protocol.frames import Envelope, MessageId
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -36,7 +36,7 @@ class _Head(msgspec.Struct, array_like=True):
     """The first two fields of an `Envelope` (msgspec skips the rest of the array unread)."""
 
     v: int
-    id: str
+    id: MessageId
 
 
 class Codec:

@@ -295,6 +295,8 @@ class Endpoint:
             log.info("%s: reply to %s dropped, peer gone", self.name, request.sender)
         except ProtocolError as exc:
             log.warning("%s: answer to %s not sent: %s", self.name, request.sender, exc)
+            if isinstance(body, f.Error):  # even the refusal does not fit: nothing will
+                return
             message = f"the answer ({type(body).__name__}) is not sent: {exc.detail}"
             self.reply(request, peer, f.Error(code=exc.code, message=message))
         except Exception as exc:
@@ -393,7 +395,7 @@ class Endpoint:
             # decode, two peers that refuse each other's frames (a version skew) would bounce
             # Error frames at each other forever.
             if self.routed and peer is not None:
-                with contextlib.suppress(PeerDown):
+                with contextlib.suppress(PeerDown, ProtocolError):  # ProtocolError: too large
                     self.send(f.Error(code=exc.code, message=str(exc)), to=peer, corr=exc.msg_id)
             return
         if env.corr is not None:

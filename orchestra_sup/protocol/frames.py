@@ -12,7 +12,7 @@ a body outside its channel answers `Error(code="unexpected")`.
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -163,6 +163,8 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     shard: str | None = None
     lane: str | None = None
+    """Its latest lane; while it waits for a human with none (an approval before its first
+    attempt), the lane id that answers the pause, and that will run it."""
     sandbox: str | None = None
     duration_s: float = 0.0
     output_tail: str = ""
@@ -182,6 +184,12 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     """When its next attempt may start (Unix seconds) while it backs off, else None."""
     notes: list[str] = []
     """What its lanes' programs told the coordinator ("<lane>: <text>"), oldest first."""
+    accepts: list[str] = []
+    """The answers its pause takes (`CtlRespond.verdict`s), [] when it waits on nothing (or
+    the coordinator is older than this field)."""
+    needs_retries: bool = False
+    """Its pause takes an approval only with retries granted (`ctl approve LANE --retries N`):
+    a failed attempt with no retry left."""
 
 
 class PlanReport(Frame, tag="plan_report"):
@@ -274,6 +282,10 @@ class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
     """What it waits for a human about (state "awaiting_approval"), else None."""
     since: float | None = None
     """When it started waiting for that answer (Unix seconds)."""
+    accepts: list[str] = []
+    """The answers that pause takes, as `TaskReport.accepts`."""
+    needs_retries: bool = False
+    """As `TaskReport.needs_retries`."""
 
 
 class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -1065,6 +1077,14 @@ Ctl = (
 Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Rollover | Ack | Error
 
 
+ENVELOPE_ID_MAX = 256
+"""Characters an envelope's `id`, `corr` and `sender` may hold (ours are a name, a generation
+and a counter: tens). A longer one is a `bad_frame`: every answer echoes the id, so an id
+near the frame limit would make every answer to it too large to send."""
+
+MessageId = Annotated[str, msgspec.Meta(max_length=ENVELOPE_ID_MAX)]
+
+
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """The one thing a ZeroMQ message carries.
 
@@ -1072,6 +1092,7 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     - `id`: message id, unique per sender incarnation.
     - `corr`: the `id` this frame answers, or None for a request or a one-way frame.
     - `sender`, `gen`: who sent it and which generation of it.
+    - `id`, `corr` and `sender` hold at most `ENVELOPE_ID_MAX` characters.
     - `ttl_s`: seconds the sender will wait for an answer (None: no reply expected or no limit).
     - `dest_gen`: the generation of the receiver the sender means (None: any); a receiver of another
       generation refuses the frame with `stale_generation`, so a request queued for a process that
@@ -1079,9 +1100,9 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """
 
     v: int
-    id: str
-    corr: str | None
-    sender: str
+    id: MessageId
+    corr: MessageId | None
+    sender: MessageId
     gen: int
     ttl_s: float | None
     dest_gen: int | None

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import msgspec
 
+from orchestra_sup.config import default_state_dir
+from orchestra_sup.laneuser import FIRST_UID, decide, lane_needs
 from orchestra_sup.shards.cgroup import cgroup2_root
-from orchestra_sup.shards.isolation import bwrap_problem, resolve
+from orchestra_sup.shards.isolation import bwrap_problem, resolve, resolve_lane_user, uid_problem
 from orchestra_sup.shards.limits import v1_controller
 
 __all__ = ["Layer", "Report", "diagnose"]
@@ -33,10 +35,12 @@ class Layer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):
-    """Every layer, in the order they are listed, and the mode `auto` would pick here."""
+    """Every layer, in the order they are listed, the mode `auto` would pick here, and whether
+    `lane_user = "auto"` would run lanes as uids of their own (`auto_own_uids`)."""
 
     layers: list[Layer]
     auto_mode: str
+    auto_own_uids: bool = False
 
 
 _SYS_LANDLOCK_CREATE_RULESET = 444  # x86_64 and aarch64 alike (the generic syscall table)
@@ -73,17 +77,49 @@ def _seccomp() -> tuple[bool, str]:
     return True, "the kernel has it; no filter applied by orchestra-sup yet"
 
 
+def _lane_uids(auto: str) -> tuple[Layer, bool]:
+    """The "lane uid" layer, and whether "auto" uses it, for a tree started here with the
+    default state directory and this interpreter."""
+    if auto == "bwrap":
+        problem = uid_problem()
+        own = resolve_lane_user("auto", "bwrap") == "dynamic"
+        detail = problem or "bubblewrap hands each lane's command to its sandbox's own uid"
+    else:
+        workspace = default_state_dir() / "workspace"
+        decision = decide("auto", lane_needs(default_state_dir(), workspace))
+        own = decision.own_uids
+        problem = None if own else decision.reason
+        detail = problem or "each lane's command runs as its sandbox's own uid"
+    if problem is None:
+        detail += f" (from {FIRST_UID}): the tree's files, 0600 and 0700, are closed to lanes"
+    else:
+        detail += "; lanes run as the tree's uid, which can read the tree's files"
+    return Layer(name="lane uid", available=problem is None, detail=detail, used=own), own
+
+
 def diagnose() -> Report:
-    """Probe every layer (~10 ms: one trial run of bubblewrap). Never raises."""
+    """Probe every layer (~20 ms: a trial run of bubblewrap, and as root one of bubblewrap
+    running a command as a lane's uid). Never raises."""
     auto = resolve("auto")
     problem = bwrap_problem()
+    uids, own = _lane_uids(auto)
     layers = [
         Layer(
             name="bwrap",
             available=problem is None,
-            detail=problem or "bubblewrap runs here with every namespace lanes get",
+            detail=problem
+            or "bubblewrap runs here with every namespace lanes get; it hides the state, run "
+            "and keys directories and the home",
             used=auto == "bwrap",
-        )
+        ),
+        uids,
+        Layer(
+            name="private state",
+            available=True,
+            detail="state files 0600, directories 0700 (0711 for the state, sandboxes and "
+            "inboxes directories where lanes of their own uid walk to theirs in mode none)",
+            used=True,
+        ),
     ]
     for kind in ("user", "net", "pid"):
         ok, detail = _namespace(kind)
@@ -125,4 +161,4 @@ def diagnose() -> Report:
     for name, probe in (("landlock", _landlock), ("seccomp", _seccomp)):
         ok, detail = probe()
         layers.append(Layer(name=name, available=ok, detail=detail, used=False))
-    return Report(layers=layers, auto_mode=auto)
+    return Report(layers=layers, auto_mode=auto, auto_own_uids=own)

@@ -4,7 +4,8 @@ output, count what it spends, record its questions and notes for the coordinator
 - Commands (`Host.exec`) run in the lane's sandbox through `shards.shell.run_shell`, each in the
   lane's cgroup (whatever is left in it when the command ends is killed) and its v1 limit
   cgroups (`shards.limits`), under the rlimits and, in mode "bwrap", the bubblewrap of
-  `shards.isolation`, at the shard's `lane_nice`, with the scrubbed environment of `lane_env`.
+  `shards.isolation`, as the sandbox's owner (`laneuser`: a uid of its own when the tree is
+  root), at the shard's `lane_nice`, with the scrubbed environment of `lane_env`.
   Their CPU is counted from the cgroup (`LaneCgroups.cpu_s`), else sampled by the shard's
   `BudgetWatch` (`shards.spend`).
 - Output (commands' chunks and `emit`ted lines) goes to the lane's tail and meter and to its
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -27,16 +29,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestra_sup.laneuser import is_lane_uid, object_stores, python_paths
 from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.cgroup import LaneCgroups
 from orchestra_sup.shards.isolation import (
+    Mounts,
+    as_uid_fn,
     bwrap_argv,
     bwrap_binary,
-    object_stores,
-    python_paths,
     rlimits,
     set_rlimits_fn,
+    setpriv_binary,
+    with_veils,
 )
 from orchestra_sup.shards.lane import TAIL_BYTES, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
@@ -45,6 +50,12 @@ from orchestra_sup.shards.program import NOTES_MAX
 from orchestra_sup.shards.shell import ShellOutcome, run_shell
 from orchestra_sup.shards.spend import BudgetWatch
 from orchestra_sup.shards.transcript import Transcript
+from orchestra_sup.state.permissions import (
+    PASSAGE,
+    PRIVATE_DIR,
+    private_dir,
+    private_file,
+)
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
 """Variables a lane command inherits from the shard; everything else is scrubbed."""
@@ -55,19 +66,45 @@ def inbox_path(state_dir: Path, lane: str) -> Path:
     return state_dir / "inboxes" / lane
 
 
-def lane_env(node: Node, lane: Lane) -> dict[str, str]:
+def _existing(paths: list[Path]) -> list[Path]:
+    """`paths` resolved, those that are directories (a missing one has nothing to hide)."""
+    real = (Path(os.path.realpath(p)) for p in paths)
+    return [p for p in real if p.is_dir()]
+
+
+def lane_uid(sandbox: Path) -> int | None:
+    """The uid lane commands in `sandbox` run as: its owner when that is a lane's uid
+    (`laneuser`) and this process is root, None when it is this process's own.
+
+    Raises `PermissionError` when it belongs to anyone else: a command never runs as a uid
+    the tree did not give it."""
+    owner = os.lstat(sandbox).st_uid
+    if owner == os.geteuid():
+        return None
+    if os.geteuid() == 0 and is_lane_uid(owner):
+        return owner
+    raise PermissionError(
+        errno.EPERM, f"sandbox {sandbox} belongs to uid {owner}: neither the tree's nor a lane's"
+    )
+
+
+def lane_env(node: Node, lane: Lane, uid: int | None = None) -> dict[str, str]:
     """A lane command's whole environment: `ENV_ALLOW` from the shard's, and `ORCHESTRA_LANE`,
-    `_PLAN`, `_TASK`, `_ATTEMPT`, `_PYTHON` (this interpreter), `_INBOX` (`inbox_path`), and
-    `_FEEDBACK` when the attempt has revision feedback (`LaneStart.feedback`)."""
+    `_PLAN`, `_TASK`, `_ATTEMPT`, `_PYTHON` (this interpreter), `_INBOX` (`inbox_path`,
+    resolved: the path a lane sees it at), and `_FEEDBACK` when the attempt has revision
+    feedback (`LaneStart.feedback`). For a lane of a uid of its own (`uid`), `USER` and
+    `LOGNAME` name that uid (`lane-<uid>`), not the tree's user."""
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if uid is not None:
+        env["USER"] = env["LOGNAME"] = f"lane-{uid}"
     env.update(
         ORCHESTRA_LANE=lane.id,
         ORCHESTRA_PLAN=lane.start.plan,
         ORCHESTRA_TASK=lane.start.task.id,
         ORCHESTRA_ATTEMPT=str(lane.start.attempt),
         ORCHESTRA_PYTHON=sys.executable,
-        ORCHESTRA_INBOX=str(inbox_path(node.paths.state_dir, lane.id)),
+        ORCHESTRA_INBOX=os.path.realpath(inbox_path(node.paths.state_dir, lane.id)),
     )
     if lane.start.feedback is not None:
         env["ORCHESTRA_FEEDBACK"] = lane.start.feedback
@@ -128,7 +165,8 @@ class Host:
         stopped (its exit, its timeout, a cancel, a budget stop), before its pipes drain: what
         the cgroup spends stops there. Raises `CancelledError` when a drain stopped it to hand
         the lane over; `RuntimeError` once the lane has ended; `OSError` when the command cannot
-        be spawned (its sandbox is gone, bwrap is missing)."""
+        be spawned (its sandbox is gone, bwrap is missing, or the sandbox belongs to a uid
+        neither the tree's nor a lane's: `PermissionError`, `lane_uid`)."""
         self._check_open()
         lane = self._lane
         assert lane.sandbox is not None
@@ -136,11 +174,11 @@ class Host:
         if cgroup is not None:
             lane.meter.command(lambda: LaneCgroups.cpu_s(cgroup))
         try:
-            preexec, wrap = await asyncio.to_thread(self._confinement, cgroup)
+            preexec, wrap, uid = await asyncio.to_thread(self._confinement, cgroup)
             return await run_shell(
                 command,
                 cwd=Path(lane.sandbox),
-                env=lane_env(self._node, lane),
+                env=lane_env(self._node, lane, uid),
                 timeout_s=timeout_s,
                 on_output=self.on_output,
                 tail_bytes=TAIL_BYTES,
@@ -158,10 +196,11 @@ class Host:
             if lane.moving:  # a drain stopped the command to hand the lane over
                 raise asyncio.CancelledError
 
-    def _confinement(self, cgroup: Path | None) -> tuple[Callable[[], None], list[str]]:
+    def _confinement(self, cgroup: Path | None) -> tuple[Callable[[], None], list[str], int | None]:
         """What confines one command (off the loop: it makes cgroups and files): the function
         the child runs before exec (join the v2 cgroup, then the v1 limit cgroups, then set the
-        rlimits) and the argv prefix (bubblewrap, or nothing in mode "none")."""
+        rlimits, then, in mode "none", become the lane's uid), the argv prefix (bubblewrap, or
+        nothing in mode "none"), and the lane's uid (None: the tree's; `lane_uid`)."""
         lane, node = self._lane, self._node
         settings = node.args.isolation
         steps = [] if cgroup is None else [LaneCgroups.join_fn(cgroup)]
@@ -173,30 +212,56 @@ class Host:
         grant = lane.start.budget.cpu_s if lane.start.budget is not None else None
         left = None if grant is None else grant - lane.meter.spent().cpu_s
         steps.append(set_rlimits_fn(rlimits(settings, left)))
+        assert lane.sandbox is not None
+        sandbox = Path(os.path.realpath(lane.sandbox))
+        uid = lane_uid(sandbox)
+        inbox = self._inbox(uid, passage=settings.mode == "none")
+        if settings.mode == "none" and uid is not None:
+            steps.append(as_uid_fn(uid))  # last: joining a cgroup takes root
 
         def preexec() -> None:
             for step in steps:
                 step()
 
         if settings.mode == "none":
-            return preexec, []
-        assert lane.sandbox is not None
-        sandbox = Path(lane.sandbox)
-        inbox = inbox_path(node.paths.state_dir, lane.id)
-        inbox.parent.mkdir(parents=True, exist_ok=True)
-        inbox.touch()  # bound into the sandbox: it must exist before the first message
+            return preexec, [], uid
+        paths = node.paths
+        workspace = paths.workspace or paths.state_dir / "workspace"
+        # the keys of `start --keys`; the default ones (`keys init`) are in the state directory
+        keys = [] if node.args.keys_dir is None else [Path(node.args.keys_dir)]
+        home = Path(os.path.realpath(Path.home()))
+        mounts = Mounts(
+            sandbox=sandbox,
+            scratch=(home,) if home != Path("/") else (),
+            readable=tuple(python_paths()),
+            secret=tuple(_existing([paths.state_dir, paths.run_dir, *keys])),
+            stores=tuple(object_stores(workspace)),
+            files=(inbox,),
+        )
+        if uid is not None:
+            mounts = with_veils(mounts, uid)
         wrap = bwrap_argv(
             bwrap_binary() or "bwrap",
-            sandbox=sandbox,
-            hidden=[Path.home(), node.paths.state_dir, node.paths.run_dir],
-            readable=[
-                *python_paths(),
-                *object_stores(node.paths.workspace or node.paths.state_dir / "workspace"),
-            ],
-            files=[inbox],
+            mounts,
             tmpfs_bytes=settings.max_file_bytes,
+            lane_uid=uid,
+            setpriv=setpriv_binary() or "setpriv",
         )
-        return preexec, wrap
+        return preexec, wrap, uid
+
+    def _inbox(self, uid: int | None, *, passage: bool) -> Path:
+        """The lane's inbox file (resolved), made before its first command (it is bound into
+        the sandbox, and read by name in mode "none"): 0600, or for a lane of a uid of its own
+        0640 with that uid's group, in an `inboxes` directory it may pass through in mode
+        "none" (`state.permissions`)."""
+        inbox = inbox_path(self._node.paths.state_dir, self._lane.id)
+        private_dir(inbox.parent, PASSAGE if passage and uid is not None else PRIVATE_DIR)
+        if uid is None:
+            private_file(inbox)
+        else:
+            private_file(inbox, 0o640)
+            os.chown(inbox, -1, uid, follow_symlinks=False)
+        return Path(os.path.realpath(inbox))
 
     def _spawned(self, pgid: int) -> None:
         """A command with no cgroup runs as `pgid`: its tree's CPU is sampled, if it counts."""

@@ -36,7 +36,8 @@ from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
 from orchestra_sup.shards.handover import Handover
 from orchestra_sup.shards.hitl import Questions
-from orchestra_sup.shards.host import Host, inbox_path
+from orchestra_sup.shards.host import Host, inbox_path, lane_uid
+from orchestra_sup.shards.isolation import describe
 from orchestra_sup.shards.lane import FINAL, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
 from orchestra_sup.shards.outbox import DB as OUTBOX_DB
@@ -55,6 +56,7 @@ from orchestra_sup.shards.program import (
 from orchestra_sup.shards.spend import BudgetWatch
 from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
 from orchestra_sup.shards.transcript import Transcript
+from orchestra_sup.state.permissions import PRIVATE_DIR, PRIVATE_FILE
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -429,8 +431,9 @@ class Shard:
                 if self.transcript is not None:
                     what = spec.run if spec.program == SHELL else f"{spec.program} {spec.run}"
                     mode = self.node.args.isolation.mode
+                    uid = await asyncio.to_thread(lane_uid, Path(ready.path))
                     self.transcript.event(
-                        lane.id, f"started in {ready.path} (isolation {mode}): {what}"
+                        lane.id, f"started in {ready.path} ({describe(mode, uid)}): {what}"
                     )
             lane.enter(LaneState.RUNNING)
             host = Host(
@@ -592,6 +595,8 @@ def _end_event(result: f.LaneResult) -> str:
 
 
 def _append_line(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
+    """Append to inbox `path`, made 0600 in a 0700 directory when missing (`Host._inbox`)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    with open(os.open(path, flags, PRIVATE_FILE), "a", encoding="utf-8") as fh:
         fh.write(text.replace("\n", " ") + "\n")

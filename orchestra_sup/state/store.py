@@ -51,6 +51,7 @@ import lmdb
 
 from orchestra_sup.errors import StateError
 from orchestra_sup.histogram import BATCH_BOUNDS_ROWS, Buckets
+from orchestra_sup.state.permissions import PRIVATE_FILE, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,9 @@ class Store:
     `on_degraded`, an attribute an owner may set, is called on the store's loop whenever
     `degraded` changes: with the `StateError` when commits start failing, with None when one
     succeeds again (an owner that refused work can resume it then).
+    The directory is made 0700 and its files 0600 (`state.permissions`), an existing one's too.
     Raises `StateError` when the environment cannot be opened (another process holds it, or the
-    directory is unusable).
+    directory is unusable, or not this uid's to chmod).
 
     Counters (read from any thread; approximate while the thread runs): `batches` (commits),
     `writes` (writes committed), `last_batch` (writes in the last commit), `failures` (failed
@@ -104,11 +106,19 @@ class Store:
         if _META_DB in dbs:
             raise ValueError(f"{_META_DB!r} is reserved")
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            # LMDB's defaults, spelled out: a commit is on disk (fsynced) when it returns
+            private_dir(path)
+            # LMDB's defaults, spelled out: a commit is on disk (fsynced) when it returns. Its
+            # files are the tree's alone (`state.permissions`), those an older release made too.
             self.env = lmdb.open(
-                str(path), map_size=map_size, max_dbs=len(dbs) + 2, sync=True, metasync=True
+                str(path),
+                map_size=map_size,
+                max_dbs=len(dbs) + 2,
+                sync=True,
+                metasync=True,
+                mode=PRIVATE_FILE,
             )
+            for name in ("data.mdb", "lock.mdb"):
+                os.chmod(path / name, PRIVATE_FILE)
         except (lmdb.Error, OSError) as exc:
             raise StateError(f"cannot open state {path}: {exc}") from exc
         self.path = path

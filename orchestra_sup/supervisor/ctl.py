@@ -413,8 +413,9 @@ def merge_pending(live: list[f.LaneInfo], pending: list[f.LaneInfo]) -> list[f.L
     """The shards' `live` lanes with the coordinator's `pending` approvals folded in.
 
     A pending entry for a lane a shard lists takes that lane's place with the coordinator's
-    state, question and since (the shard's own are kept where the coordinator has none) and the
-    shard's placement (shard, sandbox); a pending entry with no live lane (a task waiting for
+    state, question, since and the answers it takes (the shard's own question and since are
+    kept where the coordinator has none) and the shard's placement (shard, sandbox); a pending
+    entry with no live lane (a task waiting for
     approval before it runs, or one whose shard is down) is added after the live lanes. Order:
     live lanes as the shards listed them, then the others as the coordinator did.
 
@@ -434,6 +435,8 @@ def merge_pending(live: list[f.LaneInfo], pending: list[f.LaneInfo]) -> list[f.L
                 state=p.state,
                 question=p.question if p.question is not None else lane.question,
                 since=p.since if p.since is not None else lane.since,
+                accepts=p.accepts,
+                needs_retries=p.needs_retries,
             )
         merged.append(lane)
     return merged + list(waiting.values())

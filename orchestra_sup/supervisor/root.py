@@ -488,6 +488,7 @@ class RootSupervisor:
             boot=self.boot,
             **settings_args(self.settings, worker.spec.role),
             log_format=self.log_format,
+            keys_dir=self.remote_ctl.keys_dir if self.remote_ctl is not None else None,
         )
 
     def _after_exit(self, worker: Worker, generation: int) -> None:

@@ -23,8 +23,9 @@ from orchestra_sup.errors import ConfigError, DirBusy
 class DirLock:
     """A held lock on `directory/name`; `what` names the directory in errors.
 
-    The run directory is also made mode 0700 and must belong to this process's effective uid:
-    whoever owns it could chmod it open again, or swap a socket in it for their own.
+    The directory is made mode `mode` (an existing one too). The run directory must also belong
+    to this process's effective uid: whoever owns it could chmod it open again, or swap a socket
+    in it for their own.
 
     Raises `DirBusy` when a live tree holds it, `ConfigError` when the directory cannot be made
     (a file is in the way, no permission, read-only file system) or, for the run directory,
@@ -42,7 +43,7 @@ class DirLock:
                         f"{what} {directory} belongs to uid {owner}, not to uid "
                         f"{os.geteuid()} that runs the tree; pick another --run-dir"
                     )
-                os.chmod(directory, mode)
+            os.chmod(directory, mode)
             self.path = directory / name
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -111,8 +112,10 @@ class RunLock(DirLock):
 
 class StateLock(DirLock):
     """The state directory's lock: two trees on one state would each think the other's lanes
-    were lost. A state directory it creates is mode 0700: it holds the tree's records, its
-    sandboxes and its CURVE keys (an existing one keeps its mode: the owner chose it)."""
+    were lost. The state directory is made mode 0700, an existing one too (systemd's
+    `StateDirectory=` makes it 0755): it holds the tree's records, its sandboxes and its CURVE
+    keys, which no lane's uid may read (`state.permissions`; the custodian opens it to 0711
+    where lanes of their own uid must walk to their sandboxes)."""
 
     def __init__(self, state_dir: Path):
         super().__init__(state_dir, "tree.lock", "state directory", mode=0o700)
@@ -133,8 +136,28 @@ def read_owner(lock_path: Path) -> int | None:
 
 def is_owned(run_dir: Path) -> bool:
     """True when a live tree holds the run directory's lock."""
+    return _held(run_dir / "supervisor.lock")
+
+
+def refuse_owned(state_dir: Path, run_dir: Path | None = None) -> None:
+    """Raise `DirBusy` when a live tree holds the state directory or the run directory (None:
+    a fresh private one, not asked about; the state directory is named first), creating,
+    opening for writing and changing nothing: a `start` or `run` refused here leaves no
+    directory behind. What can be taken now is taken for real by `StateLock` and `RunLock`
+    later, which refuse again if a tree got there first."""
+    for directory, name, what in (
+        (state_dir, "tree.lock", "state directory"),
+        (run_dir, "supervisor.lock", "run directory"),
+    ):
+        if directory is not None and _held(directory / name):
+            raise DirBusy(what, str(directory), read_owner(directory / name))
+
+
+def _held(lock_path: Path) -> bool:
+    """True when a live process holds the flock on `lock_path`; False when none does, or the
+    file does not exist or cannot be opened (then nothing can hold it for a tree of ours)."""
     try:
-        fd = os.open(run_dir / "supervisor.lock", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
     try:

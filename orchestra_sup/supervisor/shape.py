@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestra_sup.config import Settings
-from orchestra_sup.shards.isolation import effective
+from orchestra_sup.shards.isolation import IsolationSettings, effective
 from orchestra_sup.supervisor.core import Flags, Strategy
 from orchestra_sup.supervisor.spec import ChildSpec
 
@@ -62,7 +62,7 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 
 
 READS: dict[str, frozenset[str]] = {
-    "custodian": frozenset({"heartbeat_s"}),
+    "custodian": frozenset({"heartbeat_s", "isolation"}),  # who owns a sandbox: laneuser
     "coordinator": frozenset(
         {"heartbeat_s", "max_worker_loss", "relay_deadline_s", "lane_programs", "quotas"}
     ),
@@ -103,6 +103,8 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
     reads = READS[role]
     told = {key: value for key, value in every.items() if key in reads}
     if "isolation" in reads:  # resolving "auto" may probe bubblewrap: only for whom it is
-        told["isolation"] = effective(settings.isolation)
+        told["isolation"] = resolved = effective(settings.isolation)
+        if role == "custodian":  # who owns a sandbox: a limit's change must not restart it
+            told["isolation"] = IsolationSettings(mode=resolved.mode, lane_user=resolved.lane_user)
     told.setdefault("lanes_per_shard", 0)  # a field every ChildArgs has, read by shards only
     return told

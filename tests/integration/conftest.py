@@ -47,9 +47,20 @@ def tree_factory(tmp_path: Path) -> Iterator[Callable[..., Tree]]:
         base: Path | None = None,
         run_dir: Path | None = None,
         extra_args: list[str] | None = None,
+        cwd: Path | None = None,
+        state_dir: Path | None = None,
     ) -> Tree:
         tree = Tree(
-            base or tmp_path, workspace, shards, lanes, config, extra_env, run_dir, extra_args
+            base or tmp_path,
+            workspace,
+            shards,
+            lanes,
+            config,
+            extra_env,
+            run_dir,
+            extra_args,
+            cwd=cwd,
+            state_dir=state_dir,
         )
         trees.append(tree)
         return tree

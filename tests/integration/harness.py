@@ -82,9 +82,13 @@ class Tree:
         extra_env: dict[str, str] | None = None,
         run_dir: Path | None = None,
         extra_args: list[str] | None = None,
+        cwd: Path | None = None,
+        state_dir: Path | None = None,
     ):
+        """`state_dir` (default `base/state`) is passed as given, a relative one too, and the
+        tree started in `cwd` (default: this process's)."""
         self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="osup-t", dir="/tmp"))
-        self.state_dir = base / "state"
+        self.state_dir = (cwd or Path.cwd()) / state_dir if state_dir else base / "state"
         self.workspace = workspace
         self.log_path = base / "tree.log"
         base.mkdir(parents=True, exist_ok=True)
@@ -100,7 +104,7 @@ class Tree:
             "--run-dir",
             str(self.run_dir),
             "--state-dir",
-            str(self.state_dir),
+            str(state_dir or self.state_dir),
         ]
         if shards is not None:  # None: as the config file says (it stays reloadable)
             argv += ["--shards", str(shards)]
@@ -114,7 +118,7 @@ class Tree:
         env = dict(os.environ, NOTIFY_SOCKET=str(notify_path), **(extra_env or {}))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL
+                argv, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL, cwd=cwd
             )
         self._await_ready()
 

@@ -57,8 +57,12 @@ def write(path: Path, text: str) -> Path:
             ["'a'", "duplicate"],
         ),
         ('name = "p"\n[[task]]\nid = "a"\nrun = "true"\nneeds = ["ghost"]\n', ["'a'", "ghost"]),
+        (
+            'name = "p"\n[[task]]\nid = "a"\nrun = "true"\nneed = ["b"]\n',
+            ["'a'", "unknown key 'need': did you mean 'needs'?"],
+        ),
     ],
-    ids=["unknown-key", "cycle", "duplicate-id", "missing-dependency"],
+    ids=["unknown-key", "cycle", "duplicate-id", "missing-dependency", "near-key"],
 )
 def test_bad_plan_is_one_line_exit_2(tmp_path: Path, text: str, needles: list[str]) -> None:
     """`run` refuses a bad plan before anything starts: one line naming the task, exit 2."""
@@ -97,7 +101,9 @@ def test_bad_config_names_key_and_value(tmp_path: Path) -> None:
     )
     cfg = write(tmp_path / "c.toml", "[supervisor]\nmax_restart = 3\n")
     assert_one_line_error(
-        cli("start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")), 2, "max_restart"
+        cli("start", "--config", str(cfg), "--run-dir", str(tmp_path / "r")),
+        2,
+        "unknown key 'max_restart': did you mean 'max_restarts'?",
     )
 
 
@@ -213,8 +219,20 @@ def test_ctl_commands_against_a_running_tree(tree: Tree, tmp_path: Path) -> None
         return [lane for lane in json.loads(out.stdout)["lanes"] if lane["state"] == "running"]
 
     (lane,) = wait_until(lanes, 20, "the lane to run")  # type: ignore[misc]
-    assert set(lane) == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
-    assert lane["question"] is None and lane["since"] is None
+    assert set(lane) == {
+        "lane",
+        "task",
+        "plan",
+        "shard",
+        "state",
+        "sandbox",
+        "question",
+        "since",
+    } | {
+        "accepts",
+        "needs_retries",
+    }
+    assert lane["question"] is None and lane["since"] is None and lane["accepts"] == []
     assert lane["plan"] == plan_id and lane["task"] == "slow"
     pending = json.loads(cli("ctl", "--run-dir", run_dir, "plan", plan_id, "--json").stdout)
     assert pending["tasks"][0]["status"] == "running"
@@ -467,3 +485,49 @@ def test_every_path_start_and_run_take_is_checked(
     proc = cli(*(a.format(**values) for a in argv), env=environ, timeout=60)
     assert_refused(proc, where)
     assert files(tmp_path) == before
+
+
+def test_run_on_a_live_trees_state_dir_is_refused_untouched(tree: Tree, tmp_path: Path) -> None:
+    """`run --state-dir` naming a live tree's state directory: one line, exit 2, before a
+    private tree is started (which would write its log into the live tree's directory)."""
+    plan = write(tmp_path / "plan.toml", 'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n')
+    proc = cli("run", str(plan), "--state-dir", str(tree.state_dir))
+    assert_one_line_error(proc, 2, f"state directory {tree.state_dir}", "owned by a live tree")
+    assert not (tree.state_dir / "tree.log").exists()
+    assert tree.status().supervisor_pid == tree.proc.pid
+
+
+def test_run_of_a_plan_that_asks_says_where_to_answer(tmp_path: Path) -> None:
+    """`run` of a plan with `approve = true` prints the private tree's run directory on stderr
+    before it waits; the `ctl --run-dir ... lanes` it names lists the pause, and an approval
+    sent there lets the plan finish (a newcomer found only the state directory, which no ctl
+    takes)."""
+    ws = make_repo(tmp_path / "ws")
+    plan = write(tmp_path / "plan.toml", 'name = "gate"\n[[task]]\nid = "d"\nrun = "true"\n')
+    plan.write_text(plan.read_text() + "approve = true\n")
+    argv = [sys.executable, "-m", "orchestra_sup", "run", str(plan), "--workspace", str(ws)]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert line.startswith("run: the tree's run directory is /tmp/osup-"), line
+        run_dir = line.split("`orchestra-sup ctl --run-dir ", 1)[1].split(" ", 1)[0]
+        lanes = wait_until(
+            lambda: json.loads(
+                cli("ctl", "--run-dir", run_dir, "lanes", "--json").stdout or "{}"
+            ).get("lanes"),
+            60,
+            "the approval to be listed",
+        )
+        assert isinstance(lanes, list)
+        approved = cli("ctl", "--run-dir", run_dir, "approve", lanes[0]["lane"])
+        assert approved.returncode == 0, approved.stderr
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,58 @@ def test_operator_answers_with_the_cli(tree: Tree, tmp_path: Path) -> None:
     report = tree.wait_plan(plan_id)
     (task,) = report.tasks
     assert [a.verdict for a in task.answers] == ["reject"] and task.answers[0].text == "not today"
+
+
+def answer_hint(tree: Tree, lane: str) -> str:
+    """The command `ctl lanes` tells to answer `lane` with."""
+    table = ctl(tree, "lanes")
+    assert table.returncode == 0, table.stderr
+    lines = [ln for ln in table.stdout.splitlines() if ln.startswith("answer") and lane in ln]
+    assert len(lines) == 1, table.stdout
+    return lines[0].split(" with: ", 1)[1]
+
+
+def test_the_answer_hint_pastes_and_offers_only_what_the_pause_takes(
+    tree: Tree, tmp_path: Path
+) -> None:
+    """`ctl --run-dir DIR lanes`: the hint repeats DIR and the program as it was run, so pasted
+    as it is (a verb picked) in another directory it is answered. An approval is offered
+    approve, reject and redirect (not accept-partial, which it refuses); a failed attempt with
+    no retry left, accept-partial or approve with --retries (not reject, which needs one)."""
+    plan = tmp_path / "two.toml"
+    plan.write_text(
+        'name = "two"\n'
+        '[[task]]\nid = "gate"\nrun = "echo deployed"\napprove = true\n'
+        '[[task]]\nid = "flaky"\nrun = "exit 3"\non_failure = "pause"\n'
+    )
+    plan_id = json.loads(ctl(tree, "submit", str(plan), "--json").stdout)["id"]
+
+    def pauses() -> dict[str, str] | None:
+        lanes = json.loads(ctl(tree, "lanes", "--json").stdout)["lanes"]
+        waiting = {x["task"]: x["lane"] for x in lanes if x["state"] == "awaiting_approval"}
+        return waiting if len(waiting) == 2 else None
+
+    lanes = wait_until(pauses, 30, "both tasks to wait for an answer")
+    assert isinstance(lanes, dict)
+    gate = answer_hint(tree, lanes["gate"])
+    assert f"ctl --run-dir {tree.run_dir} approve|reject|redirect {lanes['gate']}" in gate
+    assert "accept-partial" not in gate
+    flaky = answer_hint(tree, lanes["flaky"])
+    assert flaky.endswith(
+        f"ctl --run-dir {tree.run_dir} accept-partial {lanes['flaky']}, "
+        f"or approve {lanes['flaky']} --retries N"
+    )
+    shown = ctl(tree, "plan", plan_id)  # the plan's view offers the same, lane ids filled in
+    hints = [line for line in shown.stdout.splitlines() if line.startswith("answer")]
+    assert hints == [f"answer with: {gate}", f"answer with: {flaky}"]
+    assert f"gate asks (lane {lanes['gate']}):" in shown.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for pasted in (gate.replace("approve|reject|redirect", "approve"), flaky.split(", or ")[0]):
+        done = subprocess.run(
+            shlex.split(pasted), cwd=elsewhere, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, (pasted, done.stderr)
+    report = tree.wait_plan(plan_id)
+    assert [t.status for t in report.tasks] == ["succeeded", "succeeded"]
+    assert [a.verdict for t in report.tasks for a in t.answers] == ["approve", "accept_partial"]

@@ -8,14 +8,16 @@ and the mutation that makes it fail (run with that layer off) is in the commit m
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from orchestra_sup.config import ISOLATION_ENV
+from orchestra_sup.config import ISOLATION_ENV, LANE_USER_ENV
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.isolation import bwrap_problem
 from orchestra_sup.shards.limits import v1_controller
@@ -167,3 +169,27 @@ def test_a_lane_cannot_unhide_paths_through_its_own_git_alternates(
     report = tree.wait_plan(tree.submit(plan("alt", task("alt", run, program=TWICE))), 60)
     (t,) = report.tasks
     assert t.status == "failed" and "do not read" not in t.output_tail, t
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root tree gives lanes uids of their own")
+def test_a_lane_of_its_own_uid_reads_no_root_only_file(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """bwrap with `lane_user = "auto"` (a root tree: each sandbox its own uid): a file only root
+    may read, outside every hidden directory, stays closed. Under the tree's uid it was open:
+    uid 0 mapped into the user namespace is still its owner (/etc/shadow, host keys)."""
+    where = Path(tempfile.mkdtemp(prefix="osup-rootonly-", dir="/var/tmp"))  # not under a tmpfs
+    try:
+        where.chmod(0o755)  # the way there is open (pytest's own tmp_path is 0700); the file not
+        secret = where / "root-only"
+        secret.write_text("r00t only\n")
+        secret.chmod(0o600)
+        tree = tree_factory(
+            workspace=repo, shards=1, extra_env={ISOLATION_ENV: "bwrap", LANE_USER_ENV: "auto"}
+        )
+        result = _run(tree, f"cat {secret}; id -u")
+    finally:
+        shutil.rmtree(where)
+    assert "r00t only" not in result.output_tail
+    assert result.output_tail.split()[-1] != "0", result.output_tail

@@ -20,7 +20,7 @@ from tests.integration.harness import Tree, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
 
-KEYS = {"seq", "ts", "stream", "data"}
+KEYS = {"seq", "ts", "stream", "data", "lane"}
 
 
 def ctl_argv(tree: Tree, *args: str) -> list[str]:
@@ -63,9 +63,9 @@ def running_lane(tree: Tree, plan_id: str) -> str:
 class Follower:
     """`ctl logs LANE --follow --json` as a subprocess, its rows read as they come."""
 
-    def __init__(self, tree: Tree, lane: str):
+    def __init__(self, tree: Tree, lane: str, *options: str):
         self.proc = subprocess.Popen(
-            ctl_argv(tree, "logs", lane, "--follow", "--json"),
+            ctl_argv(tree, "logs", lane, "--follow", "--json", *options),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -196,12 +196,28 @@ def test_an_unknown_lane_is_one_line_exit_2(tree: Tree) -> None:
         assert len(lines) == 1 and "nope-x-1" in lines[0], proc.stderr
 
 
+FIRST_ATTEMPT_SLOW = (
+    'if [ "$ORCHESTRA_ATTEMPT" = 1 ]; then for i in $(seq 300); do echo line $i; sleep 0.2; done; '
+    'fi; echo "attempt $ORCHESTRA_ATTEMPT done"'
+)
+"""A task whose first attempt runs for a minute, printing; any later one ends at once."""
+
+
+def by_lane(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """`rows` grouped by the lane they name, in the order they came."""
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for row in rows:
+        if not out or out[-1][0] != row["lane"]:
+            out.append((row["lane"], []))
+        out[-1][1].append(row)
+    return out
+
+
 def test_follow_outlives_the_death_of_the_lanes_shard(tree: Tree) -> None:
     """--follow on a lane whose shard is SIGKILLed waits for the shard's next generation, which
-    closes the transcript with a `lost:` event, and then exits 0."""
-    plan_id = tree.submit(
-        plan("doomed", task("slow", "for i in $(seq 60); do echo line $i; sleep 0.2; done"))
-    )
+    closes the transcript with a `lost:` event, goes on with the task's next lane from its
+    first row (each row names its lane), and exits 0 when that one ends."""
+    plan_id = tree.submit(plan("doomed", task("slow", FIRST_ATTEMPT_SLOW)))
     lane = running_lane(tree, plan_id)
     follower = Follower(tree, lane)
     follower.until(lambda rows: any(r["data"].startswith("line 2") for r in rows))
@@ -209,4 +225,57 @@ def test_follow_outlives_the_death_of_the_lanes_shard(tree: Tree) -> None:
     os.kill(tree.pids()[shard], signal.SIGKILL)  # type: ignore[arg-type]
     code, err = follower.finish()
     assert code == 0, err
-    assert follower.rows[-1]["stream"] == "event" and "lost" in follower.rows[-1]["data"]
+    (first, rows_1), (second, rows_2) = by_lane(follower.rows)
+    assert first == lane and second == f"{plan_id}-slow-2"
+    assert rows_1[-1]["stream"] == "event" and rows_1[-1]["data"].startswith("lost:")
+    assert [r["seq"] for r in rows_2] == list(range(len(rows_2)))
+    assert text(rows_2, "stdout") == "attempt 2 done\n"
+    assert rows_2[-1]["data"] == "succeeded: exited with status 0"
+
+
+def test_follow_goes_on_to_the_next_attempt_after_a_restart(tree: Tree) -> None:
+    """`ctl restart` of the lane's shard ends the lane `interrupted`: the follower (text, as a
+    person reads it) says which lane the task runs again as and prints that one to its end,
+    exit 0, instead of stopping at `interrupted` as if the work were done."""
+    plan_id = tree.submit(plan("moved", task("slow", FIRST_ATTEMPT_SLOW)))
+    lane = running_lane(tree, plan_id)
+    proc = subprocess.Popen(
+        ctl_argv(tree, "logs", lane, "--follow"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "line 1\n"  # it follows, the lane runs
+        shard = next(x.shard for x in tree.ctl(f.CtlLanes()).lanes if x.lane == lane)  # type: ignore[union-attr]
+        tree.ctl(f.CtlRestart(name=shard), timeout_s=30)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert out.endswith("attempt 2 done\n")
+    events = [line for line in err.splitlines() if line.startswith("# ")]
+    at = events.index(f"# next attempt: lane {plan_id}-slow-2 (the task of {lane} runs again)")
+    assert events[at - 1].startswith("# event: interrupted: ")
+    assert events[-1] == "# event: succeeded: exited with status 0"
+    assert tree.wait_plan(plan_id).ok
+
+
+def test_follow_says_so_when_the_tree_goes_before_the_task_runs_again(tree: Tree) -> None:
+    """The whole tree stopped under a followed lane: no next attempt comes, and the follower
+    ends with status 3 and one line saying the lane was interrupted and that its task runs
+    again on the next start, not with a 0 that says the work is done."""
+    plan_id = tree.submit(plan("stopped", task("slow", FIRST_ATTEMPT_SLOW)))
+    lane = running_lane(tree, plan_id)
+    follower = Follower(tree, lane, "--timeout", "2")
+    follower.until(lambda rows: any(r["data"].startswith("line 1") for r in rows))
+    assert tree.stop() == 0
+    code, err = follower.finish()
+    assert code == 3, err
+    (line,) = err.strip().splitlines()
+    assert f"lane {lane} was interrupted and the tree went away before its task ran" in line
+    assert follower.rows[-1]["data"].startswith("interrupted: ")

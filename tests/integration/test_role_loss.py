@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.config import ISOLATION_ENV, LANE_USER_ENV
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import Tree, plan, task, wait_until
 
@@ -83,10 +84,19 @@ def test_custodian_loss_is_waited_out_and_disturbs_no_running_lane(
     assert tree.child("custodian").generation == 2
 
 
+def default_isolation(**extra: str) -> dict[str, str]:
+    """This environment without the suite's isolation overrides (tests/conftest.py), plus
+    `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in (ISOLATION_ENV, LANE_USER_ENV)}
+    return env | extra
+
+
 @pytest.mark.timeout(120)
 def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
-    """`bench chaos` for 15 s: random SIGKILLs every 1-3 s; nothing lost, nothing duplicated,
-    no orphan, the supervisor alive."""
+    """`bench chaos` for 15 s with the isolation a user gets by default (not the suite's
+    `ORCHESTRA_SUP_ISOLATION` / `ORCHESTRA_SUP_LANE_USER`): random SIGKILLs every 1-3 s; tasks
+    succeed, each success left its ledger line, nothing lost, nothing duplicated, no orphan, the
+    supervisor alive."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -104,10 +114,11 @@ def test_short_chaos_run_loses_nothing(tmp_path: Path) -> None:
         text=True,
         timeout=110,
         stdin=subprocess.DEVNULL,
-        env=dict(os.environ, TMPDIR=str(tmp_path)),
+        env=default_isolation(TMPDIR=str(tmp_path)),
     )
     report = json.loads(proc.stdout)
     assert report["kills"] >= 4 and report["tasks"] >= 50
+    assert report["succeeded"] > 0 and report["unrecorded"] == 0
     assert report["lost"] == 0 and report["duplicated"] == 0 and report["orphans"] == 0
     assert report["supervisor_alive"] is True
     assert proc.returncode == 0, proc.stderr

@@ -147,6 +147,7 @@ def test_second_start_on_live_run_dir_is_refused(tree: Tree, tmp_path: Path) -> 
     assert proc.stderr.strip().count("\n") == 0
     assert "owned by a live tree" in proc.stderr and str(tree.proc.pid) in proc.stderr
     assert tree.status().supervisor_pid == tree.proc.pid
+    assert not (tmp_path / "other").exists()  # the refused start made no state directory
 
 
 def test_stale_run_dir_of_a_crashed_tree_is_taken_over(
@@ -258,3 +259,4 @@ def test_second_tree_on_a_live_state_dir_is_refused(tree: Tree, tmp_path: Path) 
     )
     assert proc.returncode == 2
     assert "state directory" in proc.stderr and "owned by a live tree" in proc.stderr
+    assert not (tmp_path / "r2").exists()  # the refused start made no run directory

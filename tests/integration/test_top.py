@@ -55,7 +55,7 @@ def test_one_frame_text_json_and_piped(tree: Tree) -> None:
     assert f"supervisor pid {tree.proc.pid}" in text.stdout
     for name, pid in pids.items():
         assert any(
-            ln.startswith(f"│ {name} ") and f" {pid} " in ln for ln in text.stdout.splitlines()
+            ln.startswith(f"{name} ") and f" {pid} " in ln for ln in text.stdout.splitlines()
         )
     assert lane in text.stdout and plan_id in text.stdout
 

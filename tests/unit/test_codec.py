@@ -308,3 +308,17 @@ def test_protocol_constants_are_consistent() -> None:
     assert PROTOCOL_MIN <= PROTOCOL_MAX
     assert PROTOCOL_VERSION == PROTOCOL_MAX
     assert compatible(PROTOCOL_MIN, PROTOCOL_MAX)
+
+
+@pytest.mark.parametrize("field", ["id", "corr", "sender"])
+def test_an_envelope_id_past_its_bound_is_a_bad_frame(field: str) -> None:
+    """An `id`, `corr` or `sender` over `ENVELOPE_ID_MAX` characters is refused `bad_frame`
+    (every answer echoes the id: one near the frame limit made every answer too large, and the
+    endpoint re-encoded its refusal ~960 times, stalling its loop for tens of seconds)."""
+    codec = Codec()
+    raw = msgspec.msgpack.encode(_envelope(f.CtlStatus(), **{field: "i" * (f.ENVELOPE_ID_MAX + 1)}))
+    with pytest.raises(ProtocolError) as info:
+        codec.decode(raw)
+    assert info.value.code is ErrorCode.BAD_FRAME
+    ok = msgspec.msgpack.encode(_envelope(f.CtlStatus(), **{field: "i" * f.ENVELOPE_ID_MAX}))
+    assert getattr(codec.decode(ok), field) == "i" * f.ENVELOPE_ID_MAX

@@ -11,6 +11,7 @@ import pytest
 from orchestra_sup.config import (
     IPC_PATH_MAX,
     ISOLATION_ENV,
+    LANE_USER_ENV,
     LaneSettings,
     Paths,
     Settings,
@@ -62,8 +63,10 @@ def _refused(tmp_path: Path, text: str, **overrides: int) -> str:
 
 @pytest.fixture(autouse=True)
 def _no_isolation_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Config as the file says: tests/conftest.py sets `ISOLATION_ENV` for the trees."""
+    """Config as the file says: tests/conftest.py sets `ISOLATION_ENV` and `LANE_USER_ENV` for
+    the trees."""
     monkeypatch.delenv(ISOLATION_ENV, raising=False)
+    monkeypatch.delenv(LANE_USER_ENV, raising=False)
 
 
 def test_defaults_without_a_file() -> None:
@@ -575,3 +578,51 @@ def test_a_config_nested_past_the_parser_is_one_line(tmp_path: Path) -> None:
     deep.write_text("[relay]\ndeadline_s = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_settings(deep)
+
+
+@pytest.mark.parametrize(
+    ("text", "near"),
+    [
+        ("[supervisor]\nwatchdog = 3\n", "unknown key 'watchdog': did you mean 'watchdog_s'?"),
+        ("[shards]\nlanes = 4\n", "unknown key 'lanes': did you mean 'lanes_per_shard'?"),
+        ("[lanes]\nmax_worker_losses = 2\n", "did you mean 'max_worker_loss'?"),
+        (
+            "[supervisr]\nmax_restarts = 1\n",
+            "unknown section [supervisr]: did you mean [supervisor]?",
+        ),
+        ('[isolation]\nmode = "bwarp"\n', "\"none\": did you mean 'bwrap'?"),
+        ("[shards.shard-0]\ncapability = []\n", "did you mean 'capabilities'?"),
+        (
+            "[quotas.acme]\nwindow = 60\n",
+            "[quotas.acme] unknown key 'window': did you mean 'window_s'?",
+        ),
+        ("[supervisor]\ncount = 2\n", "unknown key 'count': it belongs in [shards]"),
+        ("[shards]\nprograms = []\n", "unknown key 'programs': it belongs in [lanes]"),
+        ("[supervisor]\nrate = 2\n", "it belongs in [quotas.<tenant>]"),
+    ],
+)
+def test_a_mistyped_key_is_answered_with_the_near_one(tmp_path: Path, text: str, near: str) -> None:
+    """A key one slip away from a real one, or a real key in the wrong section: the refusal
+    says what was meant, and still lists what the section takes."""
+    message = _refused(tmp_path, text)
+    assert near in message
+    assert "(known: " in message or "expected one of" in message
+
+
+def test_lane_user_from_the_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[isolation] lane_user` is read from the file, replaced by `$ORCHESTRA_SUP_LANE_USER`,
+    checked against its choices, and "dynamic" is refused where the tree is not root."""
+    path = tmp_path / "c.toml"
+    path.write_text('[isolation]\nmode = "none"\nlane_user = "tree"\n')
+    assert load_settings(path).isolation.lane_user == "tree"
+    monkeypatch.setenv(LANE_USER_ENV, "auto")
+    assert load_settings(path).isolation.lane_user == "auto"
+    monkeypatch.setenv(LANE_USER_ENV, "nobody")
+    with pytest.raises(ConfigError, match='lane_user = "nobody": expected one of "auto"'):
+        load_settings(path)
+    monkeypatch.setenv(LANE_USER_ENV, "dynamic")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="only root can run lanes as uids of their own"):
+        load_settings(path)

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from orchestra_sup.config import resolve_paths
 from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
 from orchestra_sup.coordinator.planstore import DBS, TASKS, PlanStore, task_key
 from orchestra_sup.coordinator.role import Coordinator
-from orchestra_sup.coordinator.runner import PlanRecord, TaskRecord, TaskStatus
+from orchestra_sup.coordinator.runner import AnswerError, PlanRecord, TaskRecord, TaskStatus
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.state.store import Store
@@ -168,3 +169,50 @@ def test_an_answer_acted_on_but_not_sent_is_sent_by_the_next_generation(tmp_path
         lane,
         spawned,
     )
+
+
+def paused(kind: str) -> PlanRecord:
+    """A one-task plan whose task `t` waits on a pause of `kind`: "approval", "review" (a
+    failed attempt with a retry left), "review-spent" (with none), "question"."""
+    task = {
+        "approval": f.TaskSpec(id="t", run="x", approve=True),
+        "review": f.TaskSpec(id="t", run="x", on_failure="pause", retries=1),
+        "review-spent": f.TaskSpec(id="t", run="x", on_failure="pause"),
+        "question": f.TaskSpec(id="t", run="", program="m:P"),
+    }[kind]
+    plan = PlanRecord.new("p1", f.PlanSpec(name="p", tasks=[task]), submitted_at=0.0)
+    if kind == "approval":
+        assert plan.hold_for_approval(0.0) == ["t"]
+        return plan
+    start = plan.place(task, AffinityTicket(shard="shard-0", generation=1, boot=""))
+    plan.tasks["t"].status = TaskStatus.RUNNING
+    if kind == "question":
+        pause = f.HitlPause(
+            lane=start.lane, plan="p1", task="t", shard="shard-0", key="q", question="?",
+            asked_at=0.0,
+        )  # fmt: skip
+        assert plan.pause_for_question(pause)
+    else:
+        plan.fail("t", f.FailureClass.TOOL_FAILURE, "exited with status 3", 0.0)
+    assert plan.tasks["t"].pending is not None
+    return plan
+
+
+@pytest.mark.parametrize("kind", ["approval", "review", "review-spent", "question"])
+def test_the_answers_a_pause_is_said_to_take_are_the_ones_it_takes(kind: str) -> None:
+    """`answers_taken` (what `ctl lanes` offers) agrees with `record_answer` (what the pause
+    then takes) for every verdict: offered ones are taken, the others refused; an approval said
+    to need retries is refused bare and taken with `--retries 1`."""
+    accepts, needs_retries = paused(kind).answers_taken("t")
+    for verdict in ("approve", "reject", "redirect", "accept_partial"):
+        answer = f.Answer(verdict=verdict, text="why" if verdict in ("reject", "redirect") else "")
+        offered = verdict in accepts and not (verdict == "approve" and needs_retries)
+        try:
+            paused(kind).record_answer("t", answer)
+        except AnswerError:
+            assert not offered, (kind, verdict)
+        else:
+            assert offered, (kind, verdict)
+    if needs_retries:
+        paused(kind).record_answer("t", f.Answer(verdict="approve", retries=1))
+    assert (kind, needs_retries) != ("review-spent", False)

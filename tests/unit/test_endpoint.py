@@ -908,6 +908,32 @@ def test_an_answer_over_the_limit_becomes_a_too_large_error() -> None:
     _run(main)
 
 
+def test_a_refusal_that_does_not_fit_either_is_dropped_once() -> None:
+    """An answer over the limit whose `too_large` refusal is over it too (a `corr` echoing a
+    long id, here under a 170-byte limit): the endpoint drops it after one try instead of
+    refusing its refusal again, and goes on serving (the caller times out)."""
+
+    async def main() -> None:
+        async with _net() as net:
+            router = Endpoint(
+                net.ctx,
+                zmq.ROUTER,
+                name="router",
+                generation=1,
+                codec=Codec(max_bytes=170),  # the request fits (~156 bytes), the refusal not
+                handler=_replying(lambda env: f.Reject(reason="x" * 400)),
+            )
+            net.endpoints.append(router)
+            router.bind(net.addr)
+            router.start()
+            dealer = net.dealer("d" * 60)  # a long sender: the refusal's `corr` echoes it
+            with pytest.raises(CallTimeout):
+                await dealer.request(f.CtlStatus(), timeout_s=0.5)
+            assert router.internal_errors == 0  # no RecursionError became `internal`
+
+    _run(main)
+
+
 def test_send_refuses_a_frame_over_the_limit() -> None:
     """`send` of a frame over the limit raises `ProtocolError(too_large)` and sends nothing."""
 

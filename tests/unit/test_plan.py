@@ -510,3 +510,33 @@ def test_a_submitted_plan_over_the_limit_is_refused_before_its_tasks_are_read() 
             validate_plan(spec)
 
     assert lines_run(refuse) < MAX_TASKS // 4
+
+
+@pytest.mark.parametrize(
+    ("top", "task_body", "near"),
+    [
+        ("", 'need = ["b"]', "unknown key 'need': did you mean 'needs'?"),
+        ("", "timeout = 5", "unknown key 'timeout': did you mean 'timeout_s'?"),
+        ("", "needs_all = []", "unknown key 'needs_all': did you mean 'needs'?"),
+        ("", "budget = { wall = 1 }", "unknown key 'wall': did you mean 'wall_s'?"),
+        ("", 'on_failure = "pasue"', "got 'pasue' (string): did you mean 'pause'?"),
+        ('strategy = "one_for_al"', "", "did you mean 'one_for_all'?"),
+        ('replan = { timout = "retry" }', "", "class 'timout': did you mean 'timeout'?"),
+        ('replan = { timeout = "rety" }', "", "did you mean 'retry'?"),
+        ('tasks = "x"', "", "unknown top-level key 'tasks': did you mean 'task'?"),
+    ],
+)
+def test_a_mistyped_name_is_answered_with_the_near_one(top: str, task_body: str, near: str) -> None:
+    """A key or a named value one slip away from a real one: the refusal says which one was
+    meant (difflib), and still lists what is allowed."""
+    text = _plan(f'id = "a"\nrun = "x"\n{task_body}', name=f'name = "p"\n{top}')
+    with pytest.raises(PlanError) as info:
+        parse_plan(text)
+    assert near in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_name_like_no_other_gets_no_suggestion() -> None:
+    """Nothing near: no guess is made up, only the list of allowed keys."""
+    err = _refused(_plan('id = "a"\nrun = "x"\ncolour = "red"'))
+    assert "did you mean" not in str(err) and "(allowed: approve," in str(err)

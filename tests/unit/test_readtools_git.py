@@ -397,3 +397,20 @@ def test_search_in_a_child_process_gives_the_same_answers(repo: Path) -> None:
         assert info.value.code is ErrorCode.BAD_REQUEST
 
     asyncio.run(go())
+
+
+def test_a_symlink_loop_or_an_over_long_name_is_bad_request(repo: Path) -> None:
+    """A self-looping symlink (ELOOP) and a name longer than the file system takes
+    (ENAMETOOLONG), through every inline read tool: `bad_request` naming the path, never
+    `internal` with the workspace's own path in it (a hostile tester's find)."""
+    (repo / "selfref").symlink_to("selfref")
+    c = _custodian(repo)
+    assert _inline(c, "stat", path="selfref") == f.ToolResult(value=readtools.stat(repo, "selfref"))
+    for tool in ("read_file", "stat", "list_dir"):
+        for path in ("selfref", "L" * 5000, "a/" * 3000):
+            if tool == "stat" and path == "selfref":  # lstat: the link itself, not its loop
+                continue
+            with pytest.raises(RemoteError) as info:
+                _inline(c, tool, path=path)
+            assert info.value.code is ErrorCode.BAD_REQUEST, (tool, path[:20], info.value)
+            assert str(repo) not in info.value.message

@@ -4,6 +4,7 @@ failure classes), and the JSON shapes programs read."""
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable
 
 import pytest
@@ -60,22 +61,26 @@ def pending_lanes() -> f.LaneList:
 
 
 def test_lanes_table_shows_what_waits_for_a_human() -> None:
-    """A pending approval is a row with its state, how long it has waited and its question on
-    one line, cut to `QUESTION_CHARS`; a line says how to answer it."""
-    text = printed(lambda c: render.lanes_table(pending_lanes(), c, now=1000.0 + 3 * 60 + 5))
-    (row,) = [line for line in text.splitlines() if "p1-deploy-1" in line]
+    """A pending approval is a row with its state and how long it has waited; under the table
+    a line gives its question on one line, cut to `QUESTION_CHARS`, and one says how to
+    answer it."""
+    lanes = pending_lanes()
+    text = printed(lambda c: render.lanes_table(lanes, c, now=1000.0 + 3 * 60 + 5), width=1000)
+    row, asks, hint = [line for line in text.splitlines() if "p1-deploy-1" in line]
     assert "awaiting_approval" in row and "3 min" in row
-    assert "Deploy build 41 to production? It replaces build 40, which" in row
-    assert "end" not in row.split("Deploy")[1] and "…" in row
-    assert render.ANSWER_HINT in text
+    assert asks.startswith("p1-deploy-1 asks (3 min): Deploy build 41 to production? It ")
+    assert asks.endswith("…") and len(asks.split(": ", 1)[1]) == render.QUESTION_CHARS
+    assert (
+        hint == "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial p1-deploy-1"
+    )
     (live,) = [line for line in text.splitlines() if "p1-build-1" in line]
-    assert "running" in live and "shard-0" in live
+    assert "running" in live and "shard-0" in live and "/sb/1" in live
 
 
 def test_lanes_table_without_pending_has_no_hint() -> None:
     """No answer hint when nothing waits for a human; an empty list says so in words."""
     running = f.LaneList(lanes=pending_lanes().lanes[:1])
-    assert render.ANSWER_HINT not in printed(lambda c: render.lanes_table(running, c))
+    assert "answer" not in printed(lambda c: render.lanes_table(running, c))
     empty = printed(lambda c: render.lanes_table(f.LaneList(lanes=[]), c))
     assert empty.strip() == "no live lanes, nothing awaits approval"
 
@@ -95,7 +100,9 @@ def test_lanes_json_carries_the_whole_question_and_since() -> None:
     lanes = render.lanes_json(pending_lanes())["lanes"]
     assert [(x["question"], x["since"]) for x in lanes] == [(None, None), (QUESTION, 1000.0)]
     assert all(
-        set(x) == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
+        set(x)
+        == {"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}
+        | {"accepts", "needs_retries"}
         for x in lanes
     )
 
@@ -158,10 +165,13 @@ def test_plan_table_shows_failure_classes_and_questions() -> None:
     """Each task's failure class is a column; a task waiting for a human gets a line with its
     lane and question after the table, then how to answer."""
     text = printed(lambda c: render.plan_table(failing_report(), c))
-    (build,) = [line for line in text.splitlines() if line.startswith("│ build")]
+    build, tail = [line for line in text.splitlines() if line.startswith("build ")]
+    assert tail == "build failed with no output"
     assert "budget_exhaustion" in build and "cpu budget spent" in build
     assert "deploy asks (lane p1-deploy-1): Deploy now?" in text.splitlines()
-    assert text.splitlines()[-1] == render.ANSWER_HINT
+    assert text.splitlines()[-1] == (
+        "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial p1-deploy-1"
+    )
 
 
 def test_plan_json_carries_the_issue_8_task_fields() -> None:
@@ -224,3 +234,123 @@ def test_status_says_what_was_refused_and_how_lanes_are_isolated() -> None:
     assert (sup["ctl_refused"], sup["bad_frames"], sup["stale_frames"]) == (3, 2, 1)
     assert sup["internal_errors"] == 4
     assert sup["isolation"] == "bwrap"
+
+
+def busy_status() -> f.StatusReply:
+    """A status of 12 children with 7-digit pids, long paths, an exit and a restart each."""
+    deep = "/tmp/" + "/".join(["a-deep-temporary-directory"] * 4)
+    children = [
+        f.ChildInfo(
+            name=name, role=name.split("-")[0], pid=4194300 + i, generation=3, state=state,
+            restarts=12, operator_restarts=1, uptime_s=18060, loop_lag_ms=(0.4, 12.5, 123.4),
+            last_exit=f.ExitInfo(signal=9), release="/opt/other/bin/python3", version="0.1.0",
+        )
+        for i, (name, state) in enumerate(
+            [("custodian", "running"), ("coordinator", "starting")]
+            + [(f"shard-{k}", "backoff" if k % 3 else "running") for k in range(10)]
+        )
+    ]  # fmt: skip
+    return f.StatusReply(
+        supervisor_pid=4194000, version="0.1.0", run_dir="/run/orchestra-sup",
+        state_dir=deep, workspace=f"{deep}/ws", children=children,
+        loop_lag_ms=(0.25, 4.5, 9.0), release="/usr/bin/python3", isolation="bwrap",
+        metrics_url="http://127.0.0.1:9464/metrics",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_status_fits_the_terminal_and_cuts_no_name_pid_or_state(width: int) -> None:
+    """At 80 and 120 columns: no line is wider, every child's row has its name, pid and state
+    whole, and a line names the columns left out; at 120 restarts and loop lag stay."""
+    reply = busy_status()
+    text = printed(lambda c: render.status_table(reply, c, width), width=width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width, text
+    for child in reply.children:
+        (line,) = [ln for ln in lines if ln.startswith(f"{child.name} ")]
+        assert f" {child.pid} " in line and f" {child.state} " in f"{line} "
+    assert any(line.startswith("not shown: ") for line in lines)
+    for fact in (
+        "supervisor pid 4194000",
+        "isolation bwrap",
+        "loop lag ms p50/p99/max 0.2/4.5/9.0",
+        "refused frames stale/bad 0/0",
+        "ctl refused 0",
+    ):  # the figures are broken between facts, never inside one
+        assert any(fact in line for line in lines), fact
+    assert f"state dir {reply.state_dir}".replace(" ", "") in text.replace("\n", "").replace(
+        " ", ""
+    )
+    if width == 120:
+        assert "restarts" in text and "0.4/12.5/123.4" in text
+
+
+def test_status_unbounded_keeps_each_line_whole() -> None:
+    """No width (piped, --wide): the supervisor's figures on one line, each path on its own,
+    every column of the table, nothing left out."""
+    reply = busy_status()
+    lines = printed(lambda c: render.status_table(reply, c, None), width=10_000).splitlines()
+    assert lines[0] == (
+        "supervisor pid 4194000  orchestra-sup 0.1.0  isolation bwrap  loop lag ms "
+        "p50/p99/max 0.2/4.5/9.0  refused frames stale/bad 0/0  internal errors 0  ctl refused 0"
+    )
+    assert lines[1:6] == [
+        "run dir /run/orchestra-sup",
+        f"state dir {reply.state_dir}",
+        f"workspace {reply.workspace}",
+        "interpreter /usr/bin/python3",
+        "metrics http://127.0.0.1:9464/metrics",
+    ]
+    assert [h.header for h in render.STATUS_FIELDS] == re.split(r"\s{2,}", lines[6].strip())
+    assert not any(line.startswith("not shown") for line in lines)
+
+
+def test_plan_shows_failed_output_tails_and_warnings_safely() -> None:
+    """Under the table: each warning on a line of its own, and the last `TAIL_LINES` lines of a
+    failed task's output, control characters (an escape sequence) made harmless."""
+    output = "".join(f"line {n}\n" for n in range(30)) + "\x1b]0;owned\x07cat: README.md: gone\n"
+    tasks = [
+        f.TaskReport(
+            id="readme", status="failed", exit_code=1, error="exited with status 1",
+            output_tail=output, warnings=["partial work: lane x was interrupted\nand re-run"],
+        ),
+        f.TaskReport(id="quiet", status="failed", error="timed out after 5 s"),
+        f.TaskReport(id="fine", status="succeeded", output_tail="all good\n"),
+    ]  # fmt: skip
+    report = f.PlanReport(plan="p", id="p1", done=True, ok=False, tasks=tasks)
+    lines = printed(lambda c: render.plan_table(report, c, 80), width=80).splitlines()
+    assert "readme warning: partial work: lane x was interrupted and re-run" in lines
+    at = lines.index(f"readme failed; the last {render.TAIL_LINES} lines of its output:")
+    shown = lines[at + 1 : at + 1 + render.TAIL_LINES]
+    assert shown[0] == "  line 21" and shown[-1] == "  \ufffd]0;owned\ufffdcat: README.md: gone"
+    assert "\x1b" not in "".join(lines)
+    assert "quiet failed with no output" in lines
+    assert not any(line.startswith("fine failed") or "all good" in line for line in lines)
+
+
+def test_answer_hints_offer_only_what_each_pause_takes() -> None:
+    """One kind of pause: one line, the lane id in it when one pause is meant; an approval has
+    no accept-partial; a review with no retry left offers accept-partial or approve with
+    --retries; kinds that differ get a line each naming their lanes; a coordinator that does
+    not say what a pause takes gets all four answers offered."""
+    command = "osup ctl --run-dir /r"
+    approval = ["approve", "reject", "redirect"]
+    assert render.answer_hints([("p-a-1", approval, False)], command) == [
+        "answer with: osup ctl --run-dir /r approve|reject|redirect p-a-1"
+    ]
+    assert render.answer_hints([("p-a-1", approval, False), ("p-b-1", approval, False)]) == [
+        "answer with: orchestra-sup ctl approve|reject|redirect LANE"
+    ]
+    mixed = [
+        ("p-a-1", approval, False),
+        ("p-b-1", ["approve", "accept_partial"], True),
+        ("p-c-1", approval, False),
+    ]
+    assert render.answer_hints(mixed, command) == [
+        "answer p-a-1, p-c-1 with: osup ctl --run-dir /r approve|reject|redirect LANE",
+        "answer with: osup ctl --run-dir /r accept-partial p-b-1, or approve p-b-1 --retries N",
+    ]
+    assert render.answer_hints([("p-a-1", [], False)]) == [
+        "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial p-a-1"
+    ]
+    assert render.answer_hints([]) == []

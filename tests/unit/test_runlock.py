@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup.errors import ConfigError
-from orchestra_sup.supervisor.runlock import RunLock, StateLock
+from orchestra_sup.errors import ConfigError, DirBusy
+from orchestra_sup.supervisor.runlock import RunLock, StateLock, refuse_owned
 
 
 def test_an_open_run_dir_of_ours_is_made_0700(tmp_path: Path) -> None:
@@ -47,3 +47,26 @@ def test_a_state_directory_it_creates_is_private(tmp_path: Path) -> None:
         assert state.stat().st_mode & 0o777 == 0o700
     finally:
         lock.release()
+
+
+def test_refusing_a_live_trees_directory_creates_nothing(tmp_path: Path) -> None:
+    """A held state or run directory is refused, naming it, and neither the other directory
+    nor a missing one is made; free directories pass, still untouched."""
+    state, run = tmp_path / "state", tmp_path / "run"
+    refuse_owned(state, run)
+    assert not state.exists() and not run.exists()
+    held = StateLock(state)
+    try:
+        with pytest.raises(DirBusy, match=f"state directory {state} is owned by a live tree"):
+            refuse_owned(state, run)
+        assert not run.exists()
+    finally:
+        held.release()
+    held = RunLock(run)
+    try:
+        with pytest.raises(DirBusy, match=f"run directory {run} is owned"):
+            refuse_owned(tmp_path / "other", run)
+        assert not (tmp_path / "other").exists()
+        refuse_owned(state)  # the run directory not asked about: a private one is made later
+    finally:
+        held.release()

@@ -9,6 +9,7 @@ under a deadline, never a bare sleep.
 from __future__ import annotations
 
 import asyncio
+import stat
 import subprocess
 import sys
 import threading
@@ -442,3 +443,20 @@ def test_lmdb_default_sync_is_on(tmp_path: Path) -> None:
     flags = store.env.flags()
     store.close()
     assert flags["sync"] and flags["metasync"]
+
+
+def test_an_environment_is_the_trees_alone(tmp_path: Path) -> None:
+    """Its directory 0700 and its files 0600 (a lane of another uid reads no plan, answer or
+    transcript), those an older release left 0755 and 0644 too."""
+    path = tmp_path / "env"
+    Store(path, ["d"]).env.close()
+    for name in ("data.mdb", "lock.mdb"):
+        (path / name).chmod(0o644)
+    path.chmod(0o755)
+    store = Store(path, ["d"])
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+        for name in ("data.mdb", "lock.mdb"):
+            assert stat.S_IMODE((path / name).stat().st_mode) == 0o600, name
+    finally:
+        store.env.close()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
+import msgspec
 from rich.console import Console
 
 from orchestra_sup import top
@@ -88,9 +90,10 @@ def shown(renderable: object, width: int = 220) -> str:
 
 
 def row(text: str, name: str) -> list[str]:
-    """The cells of the table row that starts with `name`."""
-    line = next(ln for ln in text.splitlines() if ln.startswith(f"│ {name} "))
-    return [cell.strip() for cell in line.strip("│").split("│")]
+    """The cells of the table row that starts with `name` (cells are two or more spaces
+    apart; none of these has two spaces inside)."""
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"{name} "))
+    return re.split(r"\s{2,}", line.strip())
 
 
 def test_every_reported_figure_is_shown() -> None:
@@ -233,3 +236,28 @@ def test_first_refresh_raises_what_the_tree_said() -> None:
         assert exc is refused
     else:
         raise AssertionError("poll_or_raise swallowed the error")
+
+
+def test_the_view_fits_80_columns_and_cuts_no_name_pid_or_state() -> None:
+    """At 80 columns (the live view gets the terminal's width): every line fits, each child's
+    row has its name, pid and state whole, a line names the columns left out, and the
+    supervisor's line is broken between its facts, never inside one."""
+    lanes = f.LaneList(
+        lanes=[
+            msgspec.structs.replace(
+                LANES.lanes[0], sandbox="/tmp/" + "/".join(["a-deep-directory"] * 6) + "/sb"
+            )
+        ]
+    )
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    console.print(top.view(top.Frame(status=FULL, lanes=lanes), NOW, "q quits", width=80))
+    lines = console.file.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for c in FULL.children:
+        cells = row(console.file.getvalue(), c.name)
+        assert cells[:2] == [c.name, str(c.pid)] and c.state in cells
+    assert any(line.startswith("not shown: ") and "persist q" in line for line in lines)
+    for fact in ("supervisor pid 100", "loop lag p50/p99 0.2/4.5 ms", "run dir /run/osup"):
+        assert any(fact in line for line in lines), fact
+    assert {"shard-0", "running"} <= set(row(console.file.getvalue(), "p1-build-1"))
+    assert any(line.startswith("not shown: ") and "sandbox" in line for line in lines)

@@ -304,6 +304,8 @@ def test_a_control_character_is_refused_not_written(field: str, bad: str) -> Non
         ("/srv/caf\udce9", "not UTF-8"),
         ("/srv/50%", "write a literal one as %%"),
         ("/srv/%", "starts no systemd specifier"),
+        ("/srv/a%zb", "starts no systemd specifier"),  # a letter systemd has no specifier for
+        ("/srv/%K", "starts no systemd specifier"),
     ],
 )
 def test_values_no_quoting_carries_are_refused(value: str, needle: str) -> None:
