@@ -756,9 +756,12 @@ class Coordinator:
             if plan.hold_for_approval(now):
                 self._persist(plan)
             for spec in plan.iter_ready(now):
-                if not any(view.open for view in self.shards.values()):
-                    break  # every shard is full: what is ready waits for the next pump
                 need = need_of(plan.spec, spec)
+                if not any(view.open for view in self.shards.values()):
+                    # Every shard is full or down: what is ready waits for the next pump, and
+                    # a down one that could take it is asked back from its restart backoff.
+                    self._ask_recovery(need)
+                    break
                 if need not in waits and not self._place(plan, spec, need, now):
                     waits.add(need)
             retry = plan.next_retry()
