@@ -77,9 +77,10 @@ SKIP_BATCH = 64
 """Tasks skipped between two looks at the clock (`Slicer`)."""
 FREEZE_TASKS = 1000
 """A plan of at least this many tasks is frozen out of the cyclic garbage collector's view once
-it is done (`gc.freeze`, with whatever else is alive then): plans are kept for ever, and a full
-collection walks every object it tracks, about 70 ms for 33,000 tasks here. (Frozen objects are
-still freed when their last reference goes; only a reference cycle among them would stay.)"""
+it is accepted and again once it is done (`gc.freeze`, with whatever else is alive then): plans
+are kept for ever, and a full collection walks every object it tracks, about 70 ms for 33,000
+tasks here. (Frozen objects are still freed when their last reference goes; only a reference
+cycle among them would stay.)"""
 
 
 class Coordinator:
@@ -91,7 +92,8 @@ class Coordinator:
         self.planstore: PlanStore | None = None
         self.plans: dict[str, PlanRecord] = {}
         self._active: dict[str, PlanRecord] = {}
-        """The plans not done, oldest submission first: all that a pump or a lost shard reads."""
+        """The plans not done, in the order they were accepted (loaded ones first, oldest first):
+        all that a pump or a lost shard reads."""
         self._keys: dict[str, str] = {}
         """Idempotency key -> the id of the plan submitted with it."""
         self._settling: set[str] = set()
@@ -434,6 +436,8 @@ class Coordinator:
             return f.PlanAccepted(id=self._keys[key])
         await self.planstore.write_durable(plan, new=True)
         self._add(plan)
+        if len(plan.tasks) >= FREEZE_TASKS:
+            gc.freeze()
         self.node.retitle()
         log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
         self._pump()
@@ -737,8 +741,9 @@ class Coordinator:
                 view.load = max(view.load, view.capacity)  # it said it is full: believe it
 
     def _pump(self) -> None:
-        """Start every ready task that has a place to go, oldest plan first (nothing once the
-        tree is stopping: what is not running then waits for the next start)."""
+        """Start every ready task that has a place to go, plans in the order they were accepted,
+        each in file order, until no shard has room (nothing once the tree is stopping: what is
+        not running then waits for the next start)."""
         assert self.node is not None
         if self.stopping or self.held:
             return

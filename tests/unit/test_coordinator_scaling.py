@@ -23,8 +23,8 @@ import pytest
 
 from orchestra_sup.coordinator.placement import ShardView
 from orchestra_sup.coordinator.report import plan_report, sliced_report
-from orchestra_sup.coordinator.role import Coordinator
-from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
+from orchestra_sup.coordinator.role import FREEZE_TASKS, Coordinator
+from orchestra_sup.coordinator.runner import Attempt, PlanRecord, TaskRecord, TaskStatus
 from orchestra_sup.coordinator.slices import Slicer
 from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.protocol import frames as f
@@ -152,7 +152,7 @@ def test_a_long_skip_cascade_is_sliced_and_the_loop_serves_meanwhile(fast_dir: P
     """The first task of a 10,000-task fan-out fails: the result's own step skips one slice,
     the rest is skipped in slices a task runs, a callback queued before the result runs while
     the cascade is under way, and the plan ends with every dependent skipped and its final
-    record written; then it is frozen out of the garbage collector's view (`gc.freeze`)."""
+    record written."""
     store = Counting(fast_dir / "c")
 
     async def main() -> None:
@@ -178,10 +178,44 @@ def test_a_long_skip_cascade_is_sliced_and_the_loop_serves_meanwhile(fast_dir: P
         assert plan.done and plan.progress.counts[TaskStatus.SKIPPED] == 9_999
         assert accepted.id in coordinator._final and not coordinator._settling
 
-    frozen = gc.get_freeze_count()
     try:
         asyncio.run(main())
-        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        store.close()
+
+
+def test_a_big_plan_is_frozen_out_of_full_collections_when_accepted_and_when_done(
+    fast_dir: Path,
+) -> None:
+    """A plan of FREEZE_TASKS tasks: once accepted, its records are in the GC's permanent
+    generation (`gc.freeze`); once it ran to success, so are the attempts its run added."""
+    store = Counting(fast_dir / "c")
+
+    def unfrozen(kind: type) -> int:
+        return sum(type(o) is kind for o in gc.get_objects())
+
+    async def main() -> None:
+        store.start()
+        node = Shards()
+        coordinator = Coordinator()
+        coordinator.attach(node, store)  # type: ignore[arg-type]
+        coordinator.shards["shard-0"] = ShardView(
+            name="shard-0", generation=1, up=True, capacity=LANES
+        )
+        spec = f.PlanSpec(name="big", tasks=SHAPES["fan_out"](FREEZE_TASKS))
+        accepted = await coordinator._submit(spec)
+        assert isinstance(accepted, f.PlanAccepted)
+        assert unfrozen(TaskRecord) == 0
+        plan = coordinator.plans[accepted.id]
+        await node.settle()
+        while not plan.done:
+            coordinator._apply(ended(node.started.pop(0), "succeeded"), pump=True)
+            await node.settle()
+        assert unfrozen(Attempt) == 0
+
+    try:
+        asyncio.run(main())
     finally:
         gc.unfreeze()
         store.close()
