@@ -1223,6 +1223,37 @@ def scale(
         typer.echo(format_table(result))
 
 
+@bench_app.command("plan")
+def plan_bench(
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="Comma-separated plan sizes (tasks), rising.")
+    ] = "100,1000,10000",
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Runs per shape and size.")] = 3,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit-to-done and the coordinator's loop-lag p99 for a chain, a fan-out and a fan-in of
+    each size, on one private tree (2 shards of 8 lanes), in one run.
+
+    Example: orchestra-sup bench plan --tasks 100,1000 --runs 2 --json
+    """
+    from orchestra_sup.bench.plans import format_table, run_plan_bench
+    from orchestra_sup.coordinator.plan import MAX_TASKS
+
+    try:
+        sizes = tuple(int(n) for n in tasks.split(","))
+    except ValueError:
+        raise fail(f"--tasks {tasks!r}: expected comma-separated integers", EXIT_USAGE) from None
+    if not sizes or any(n < 2 for n in sizes) or list(sizes) != sorted(set(sizes)):
+        raise fail(f"--tasks {tasks!r}: expected rising integers of at least 2", EXIT_USAGE)
+    if sizes[-1] > MAX_TASKS:
+        raise fail(f"--tasks {tasks!r}: a plan holds at most {MAX_TASKS:,} tasks", EXIT_USAGE)
+    result = guarded(lambda: run_plan_bench(sizes, runs))
+    if as_json:
+        print_json(result)
+    else:
+        typer.echo(format_table(result))
+
+
 @bench_app.command(name="all")
 def all_benches(
     quick: Annotated[
