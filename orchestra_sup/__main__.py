@@ -1,5 +1,5 @@
 """`python -m orchestra_sup` is `orchestra-sup`."""
 
-from orchestra_sup.cli import main
+from orchestra_sup.cli.app import main
 
 main()

@@ -54,7 +54,7 @@ wall_s = 3600.0           # wall seconds spent by lanes that ended within the wi
 cpu_s = 1800.0            # CPU seconds spent by lanes that ended within the window
 window_s = 3600.0         # the rolling window, seconds (default one hour)
 
-[isolation]               # how lanes' commands are confined (shards/isolation.py)
+[isolation]               # how lanes' commands are confined (system/isolation.py)
 mode = "auto"             # "auto": bubblewrap where it works here, else "none"; "bwrap": refuse
                           # to start without it; "none": process group, rlimits, cgroups only
 max_memory_bytes = 4294967296  # address space per process, resident memory per lane (cgroup v1)
@@ -77,14 +77,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from orchestra_sup.coordinator.placement import NAME_PATTERN
-from orchestra_sup.coordinator.quota import Quota
-from orchestra_sup.errors import ConfigError
-from orchestra_sup.laneuser import LANE_USERS
-from orchestra_sup.pathcheck import check_path
-from orchestra_sup.shards.isolation import MODES, IsolationSettings, resolve, resolve_lane_user
-from orchestra_sup.shards.program import PROGRAM_PATTERN
-from orchestra_sup.suggest import did_you_mean
+from orchestra_sup.errors import ConfigError, did_you_mean
+from orchestra_sup.protocol.childargs import Quota
+from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN
+from orchestra_sup.system.isolation import MODES, IsolationSettings, resolve, resolve_lane_user
+from orchestra_sup.system.laneuser import LANE_USERS
+from orchestra_sup.system.pathcheck import check_path
 
 ISOLATION_ENV = "ORCHESTRA_SUP_ISOLATION"
 """Environment variable that replaces `[isolation] mode` ("auto", "bwrap", "none"), as `--shards`
@@ -185,7 +183,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     quotas: dict[str, Quota] = {}
     """Tenant -> its ceilings (`[quotas.<tenant>]`, `coordinator.quota.Quota`)."""
     isolation: IsolationSettings = IsolationSettings()
-    """`[isolation]`: how lanes' commands are confined (`shards.isolation`)."""
+    """`[isolation]`: how lanes' commands are confined (`system.isolation`)."""
 
 
 _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
@@ -476,7 +474,7 @@ def load_settings(
     """Read `path` (None: defaults) and apply CLI overrides, `$ORCHESTRA_SUP_ISOLATION`
     (`ISOLATION_ENV`, replacing `[isolation] mode`) and `$ORCHESTRA_SUP_LANE_USER`
     (`LANE_USER_ENV`, replacing `lane_user`), then check that this machine can give the
-    isolation asked for (`shards.isolation.resolve`: `mode = "bwrap"` where bubblewrap does not
+    isolation asked for (`system.isolation.resolve`: `mode = "bwrap"` where bubblewrap does not
     work is refused here, before anything starts; so is `lane_user = "dynamic"` where lanes
     cannot run as uids of their own: `resolve_lane_user`). Raises `ConfigError`."""
     data = _read_toml(path) if path is not None else {}

@@ -10,7 +10,9 @@ plus the message, and `RemoteError.from_frame` turns it back into an exception o
 
 from __future__ import annotations
 
+import difflib
 import enum
+from collections.abc import Callable, Iterable
 
 
 class ErrorCode(enum.StrEnum):
@@ -196,3 +198,24 @@ class GitError(OrchestraError):
         cause = next((ln for ln in lines if ln.startswith(("fatal:", "error:"))), None)
         detail = cause or (lines[-1] if lines else f"exit {returncode}")
         super().__init__(f"git {' '.join(args[:2])} failed: {detail}")
+
+
+# --- the near name, for an error that refuses a mistyped one ------------------------------------
+
+SUGGEST_CUTOFF = 0.6
+"""How alike (difflib's ratio, 0 to 1) a name must be to be offered: 0.6 takes a dropped or
+added letter or two (`need`, `watchdog`, `timeout`) and leaves unrelated words alone."""
+
+
+def did_you_mean(name: object, names: Iterable[str], shown: Callable[[str], str] = repr) -> str:
+    """`: did you mean 'needs'?` for the one of `names` closest to `name` (difflib's
+    `get_close_matches`, at least `SUGGEST_CUTOFF` alike), else the first that `name` begins,
+    or begins with, as whole `_`-separated words (`lanes` -> `lanes_per_shard`), written with
+    `shown` (default `repr`); "" when none is near or `name` is not a string (a TOML key always
+    is; a value that should have been one may not be)."""
+    if not isinstance(name, str) or not name:
+        return ""
+    choices = list(names)
+    near = difflib.get_close_matches(name, choices, n=1, cutoff=SUGGEST_CUTOFF)
+    near = near or [c for c in choices if c.startswith(f"{name}_") or name.startswith(f"{c}_")]
+    return f": did you mean {shown(near[0])}?" if near else ""

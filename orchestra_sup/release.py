@@ -44,13 +44,13 @@ OUTPUT_MAX_BYTES = 64 * 1024
 """The most a probe may print on each of stdout and stderr; more, and it is killed and refused
 (a release must not make the supervisor buffer without bound)."""
 PROBE_MODULES = (
-    "orchestra_sup.node.runtime",
+    "orchestra_sup.runtime.node",
     "orchestra_sup.node.template",
     "orchestra_sup.coordinator.role",
     "orchestra_sup.custodian.role",
     "orchestra_sup.shards.role",
     "orchestra_sup.supervisor.root",
-    "orchestra_sup.cli",
+    "orchestra_sup.cli.app",
 )
 
 

@@ -39,11 +39,11 @@ from pathlib import Path
 import msgspec
 import psutil
 
-from orchestra_sup import linux
-from orchestra_sup.client import CtlClient
+from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.oneshot import private_tree
 from orchestra_sup.errors import OrchestraError
-from orchestra_sup.oneshot import private_tree
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.system import linux
 
 CHAINS = 10
 PLAN_TIMEOUT_S = 180.0

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestra_sup.bench.stats import summary
-from orchestra_sup.client import CtlClient
-from orchestra_sup.oneshot import private_tree, wait_plan
+from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.oneshot import private_tree, wait_plan
 from orchestra_sup.protocol import frames as f
 
 SHARDS = 2

@@ -15,7 +15,7 @@ coordinator's inbox commit), not a command's. Figures per shape and size:
 - `submit_to_done_s`: from sending `CtlSubmit` to `ctl plan --wait` answering done, per run,
   with its median, min and max;
 - `lag_p99_ms`, `lag_max_ms`: the coordinator's event-loop lag during each run (its sampler wakes
-  every 0.1 s, `node.looplag`), from the histogram its heartbeats carry to the supervisor
+  every 0.1 s, `runtime.looplag`), from the histogram its heartbeats carry to the supervisor
   (`orchestra_sup_loop_lag_seconds` on the metrics endpoint): the difference between a scrape
   before the plan is submitted and one after it is done holds the run's samples (give or take
   a heartbeat, 0.5 s, of idle ones at either end); each figure is the upper bound of the bucket
@@ -37,10 +37,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestra_sup.client import CtlClient
+from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.oneshot import private_tree
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.histogram import quantile
-from orchestra_sup.oneshot import private_tree
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.program import LaneContext, Outcome
 

@@ -35,9 +35,9 @@ from typing import Any
 import zmq
 
 from orchestra_sup.bench.stats import summary
-from orchestra_sup.client import CtlClient
+from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.oneshot import private_tree
 from orchestra_sup.errors import ErrorCode, RemoteError, SupervisionError
-from orchestra_sup.oneshot import private_tree
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.version import PROTOCOL_VERSION

@@ -43,10 +43,10 @@ import psutil
 import zmq
 
 from orchestra_sup.bench.stats import nearest_rank
-from orchestra_sup.client import CtlClient
+from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.oneshot import private_tree
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.node.template import PRELOADED
-from orchestra_sup.oneshot import private_tree
 from orchestra_sup.protocol import frames as f
 
 SHARD = "shard-0"

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from orchestra_sup.coordinator.placement import ShardView
 from orchestra_sup.coordinator.runner import LIVE, AnswerError, PlanRecord, TaskStatus
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError, StateError
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.runtime.node import Node
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,9 @@ Pure functions over `ShardView` values: no IO, no clock.
 
 from __future__ import annotations
 
-import re
-
 import msgspec
 
 from orchestra_sup.protocol import frames as f
-
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
-"""What a capability or tenant name must match, in full (config files and plans alike)."""
 
 
 class ShardView(msgspec.Struct, kw_only=True):

@@ -52,12 +52,10 @@ from typing import Any
 
 import msgspec
 
-from orchestra_sup.coordinator.placement import NAME_PATTERN
 from orchestra_sup.coordinator.strategy import MAX_BACKOFF_S, Action
-from orchestra_sup.errors import PlanError
+from orchestra_sup.errors import PlanError, did_you_mean
 from orchestra_sup.protocol.frames import Budget, FailureClass, PlanSpec, TaskSpec
-from orchestra_sup.shards.program import PROGRAM_PATTERN, SHELL
-from orchestra_sup.suggest import did_you_mean
+from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN, SHELL
 
 __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", "validate_plan"]
 

@@ -19,26 +19,10 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from orchestra_sup.coordinator.placement import tenant_of
+from orchestra_sup.protocol.childargs import Quota
 
 if TYPE_CHECKING:
     from orchestra_sup.coordinator.runner import PlanRecord
-
-
-class Quota(msgspec.Struct, frozen=True, kw_only=True):
-    """One tenant's ceilings (None: no ceiling there).
-
-    - `concurrency`: lanes of the tenant live at once (placed and not ended).
-    - `rate`: lanes started in the last `window_s` seconds.
-    - `wall_s`, `cpu_s`: wall and CPU seconds spent by its lanes that ended in the last
-      `window_s` seconds.
-    - `window_s`: the rolling window, seconds (default one hour).
-    """
-
-    concurrency: int | None = None
-    rate: int | None = None
-    wall_s: float | None = None
-    cpu_s: float | None = None
-    window_s: float = 3600.0
 
 
 class Usage(msgspec.Struct, kw_only=True):

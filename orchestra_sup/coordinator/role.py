@@ -60,11 +60,11 @@ from orchestra_sup.errors import (
     StateError,
 )
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.frames import FailureClass
-from orchestra_sup.shards.program import SHELL
+from orchestra_sup.protocol.patterns import SHELL
+from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)

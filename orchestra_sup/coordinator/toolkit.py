@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 
 from orchestra_sup.errors import CallTimeout, ErrorCode, RemoteError
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.runtime.node import Node
 
 READ_TOOLS = frozenset({"read_file", "list_dir", "stat", "search", "diff", "log"})
 LANE_TOOLS = frozenset(

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestra_sup.laneuser import FIRST_UID, LAST_UID, is_lane_uid
 from orchestra_sup.state.permissions import PRIVATE_DIR, PRIVATE_FILE
+from orchestra_sup.system.laneuser import FIRST_UID, LAST_UID, is_lane_uid
 
 __all__ = ["SandboxOwners"]
 

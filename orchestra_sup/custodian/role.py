@@ -3,7 +3,7 @@
 Ordered work (creating a sandbox, committing one) runs one at a time through a FIFO lock, because
 both read and move the workspace's HEAD. Reads are independent of it. The cheap ones
 (`INLINE_TOOLS`: `read_file`, `list_dir`, `stat`, a few syscalls each, `read_file` capped at
-8 MiB) are answered on the node's front thread the moment they arrive (`node/front.py`), one at a
+8 MiB) are answered on the node's front thread the moment they arrive (`runtime/front.py`), one at a
 time, concurrently with everything on the loop; that thread owns the custodian's ROUTER and is
 not the loop. The slow ones go to the loop and are started as soon as they arrive, at most
 `READ_CONCURRENCY` at once: `search` in a child process with a time budget (Python's `re` holds
@@ -28,11 +28,11 @@ from orchestra_sup.custodian import readtools, searchproc
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
-from orchestra_sup.laneuser import decide, lane_needs
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.permissions import PASSAGE, PRIVATE_DIR, private_dir
+from orchestra_sup.system.laneuser import decide, lane_needs
 
 log = logging.getLogger(__name__)
 

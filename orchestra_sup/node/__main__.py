@@ -12,9 +12,9 @@ import sys
 
 from orchestra_sup import logformat
 from orchestra_sup.errors import OrchestraError
-from orchestra_sup.node.args import ChildArgs, decode
 from orchestra_sup.node.roles import make_role
-from orchestra_sup.node.runtime import Node
+from orchestra_sup.protocol.childargs import ChildArgs, decode
+from orchestra_sup.runtime.node import Node
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestra_sup.node.runtime import Role
+from orchestra_sup.runtime.node import Role
 
 ROLES = ("coordinator", "custodian", "shard")
 

@@ -47,8 +47,8 @@ from typing import assert_never
 
 import msgspec
 
-from orchestra_sup import descriptors, linux
-from orchestra_sup.node.args import ChildArgs
+from orchestra_sup.protocol.childargs import ChildArgs
+from orchestra_sup.system import descriptors, linux
 
 
 class Fork(msgspec.Struct, frozen=True, kw_only=True, tag="fork"):

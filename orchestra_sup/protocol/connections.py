@@ -49,7 +49,7 @@ from pathlib import Path
 
 import zmq
 
-from orchestra_sup.descriptors import Usage, usage
+from orchestra_sup.system.descriptors import Usage, usage
 
 log = logging.getLogger(__name__)
 

@@ -148,7 +148,7 @@ def _property(frame: zmq.Frame, name: str) -> str | None:
 class Endpoint:
     """A ROUTER or DEALER socket on the running loop.
 
-    `routed=True` makes a DEALER (the node's behind a `node.front.Front`) carry
+    `routed=True` makes a DEALER (the node's behind a `runtime.front.Front`) carry
     `[peer routing id, frame]` like a ROUTER: the handler gets the peer, replies go back to it,
     and an undecodable frame is answered. Counters `bad_frames`, `stale_frames` (requests meant
     for another generation, `Envelope.dest_gen`) and `stale_replies` count what was refused or

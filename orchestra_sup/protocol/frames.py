@@ -228,7 +228,7 @@ class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
 class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     """One child as the supervisor's control record has it. `uptime_s` is seconds (0 if down);
     `loop_lag_ms` is (p50, p99, max) of its event-loop lag in milliseconds over its sliding
-    window (`node.looplag.LoopLag`), from its last heartbeat (None before the first)."""
+    window (`runtime.looplag.LoopLag`), from its last heartbeat (None before the first)."""
 
     name: str
     role: str
@@ -637,7 +637,7 @@ class StatusReply(Frame, tag="status_reply"):
     stale_frames: int = 0
     """Frames the supervisor refused as meant for another generation of it (`dest_gen`)."""
     isolation: str = ""
-    """The isolation mode the shards' lanes run under ("bwrap", "none"; `shards.isolation`)."""
+    """The isolation mode the shards' lanes run under ("bwrap", "none"; `system.isolation`)."""
     metrics_url: str = ""
     """Where the supervisor serves Prometheus metrics (`start --metrics-port`); "" when off."""
     descriptors: Descriptors | None = None

@@ -43,9 +43,9 @@ from typing import Any, Literal
 import msgspec
 
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.runtime.node import Node
 from orchestra_sup.shards.lane import Lane, LaneState, Request
 from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox
 from orchestra_sup.shards.program import MAILBOX_SIZE

@@ -4,7 +4,7 @@ output, count what it spends, record its questions and notes for the coordinator
 - Commands (`Host.exec`) run in the lane's sandbox through `shards.shell.run_shell`, each in the
   lane's cgroup (whatever is left in it when the command ends is killed) and its v1 limit
   cgroups (`shards.limits`), under the rlimits and, in mode "bwrap", the bubblewrap of
-  `shards.isolation`, as the sandbox's owner (`laneuser`: a uid of its own when the tree is
+  `system.isolation`, as the sandbox's owner (`laneuser`: a uid of its own when the tree is
   root), at the shard's `lane_nice`, with the scrubbed environment of `lane_env`.
   Their CPU is counted from the cgroup (`LaneCgroups.cpu_s`), else sampled by the shard's
   `BudgetWatch` (`shards.spend`).
@@ -29,20 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestra_sup.laneuser import is_lane_uid, object_stores, python_paths
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.shards.cgroup import LaneCgroups
-from orchestra_sup.shards.isolation import (
-    Mounts,
-    as_uid_fn,
-    bwrap_argv,
-    bwrap_binary,
-    rlimits,
-    set_rlimits_fn,
-    setpriv_binary,
-    with_veils,
-)
+from orchestra_sup.runtime.node import Node
 from orchestra_sup.shards.lane import TAIL_BYTES, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
 from orchestra_sup.shards.outbox import Outbox, note_id, pause_id
@@ -56,6 +44,18 @@ from orchestra_sup.state.permissions import (
     private_dir,
     private_file,
 )
+from orchestra_sup.system.cgroups import LaneCgroups
+from orchestra_sup.system.isolation import (
+    Mounts,
+    as_uid_fn,
+    bwrap_argv,
+    bwrap_binary,
+    rlimits,
+    set_rlimits_fn,
+    setpriv_binary,
+    with_veils,
+)
+from orchestra_sup.system.laneuser import is_lane_uid, object_stores, python_paths
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
 """Variables a lane command inherits from the shard; everything else is scrubbed."""
@@ -159,7 +159,7 @@ class Host:
             raise RuntimeError(f"lane {self._lane.id} has ended: its program can start no more")
 
     async def exec(self, command: str, timeout_s: float | None) -> ShellOutcome:
-        """One command of the lane (`LaneContext.exec`), confined as `shards.isolation` says
+        """One command of the lane (`LaneContext.exec`), confined as `system.isolation` says
         (`ChildArgs.isolation`). It joins the lane's cgroups before exec; whatever is left in
         them (setsid'ed or double-forked daemons) is killed the moment the command ends or is
         stopped (its exit, its timeout, a cancel, a budget stop), before its pipes drain: what

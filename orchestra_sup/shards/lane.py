@@ -18,8 +18,9 @@ import time
 
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.shards.hitl import Questions
-from orchestra_sup.shards.program import SHELL, Mailbox, QuietPoints
+from orchestra_sup.shards.program import Mailbox, QuietPoints
 from orchestra_sup.shards.spend import Meter
 
 TAIL_BYTES = 4096

@@ -1,6 +1,6 @@
 """Memory and process limits of a whole lane, through the cgroup v1 memory and pids controllers.
 
-On hybrid machines (these ones: notes/isolation.md) cgroup v2 only tracks (`shards.cgroup`): its
+On hybrid machines (these ones: notes/isolation.md) cgroup v2 only tracks (`system.cgroups`): its
 hierarchy has no memory or pids controller. The v1 hierarchies have them, so each lane gets, per
 controller that is mounted and writable, a directory nested under this process's own cgroup of
 that controller (read from `/proc/self/cgroup`: the memory one differs per machine)::
@@ -15,7 +15,7 @@ machine). The command joins them between fork and exec (`join_fn`), like its v2 
 v1 has no `cgroup.kill`: killing stays the job of the v2 cgroup and of the process group; these
 directories are removed once the command's processes are gone (`remove`), and a shard removes
 what a previous incarnation of it left (`remove_all`). Where a controller is missing (pure v2, no
-root, `ORCHESTRA_SUP_CGROUP=off`) it is skipped: the rlimits of `shards.isolation` remain.
+root, `ORCHESTRA_SUP_CGROUP=off`) it is skipped: the rlimits of `system.isolation` remain.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestra_sup.linux import cgroup_joiner
-from orchestra_sup.shards.cgroup import ENV_SWITCH, TOP
+from orchestra_sup.system.cgroups import ENV_SWITCH, TOP
+from orchestra_sup.system.linux import cgroup_joiner
 
 __all__ = ["CONTROLLERS", "LaneLimits", "v1_controller"]
 

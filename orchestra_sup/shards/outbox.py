@@ -25,8 +25,8 @@ import logging
 import msgspec
 
 from orchestra_sup.errors import RelayError, RemoteError, StateError
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)

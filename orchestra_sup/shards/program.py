@@ -94,12 +94,10 @@ from typing import Any, Protocol
 import msgspec
 
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.patterns import PROGRAM_PATTERN, SHELL
 from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.shell import ShellOutcome
 
-SHELL = "shell"
-PROGRAM_PATTERN = re.compile(r"shell|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-"""What a task's `program` must match: `shell`, or `module:Class`."""
 MAILBOX_SIZE = 1000
 """Messages a lane's mailbox holds before `message_lane` is refused (`busy`)."""
 CHECKPOINT_MAX_BYTES = 1024 * 1024

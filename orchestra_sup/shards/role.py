@@ -30,21 +30,19 @@ import time
 from pathlib import Path
 
 from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown
-from orchestra_sup.node.runtime import Node
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint
-from orchestra_sup.shards.cgroup import LaneCgroups, tree_id
+from orchestra_sup.protocol.patterns import SHELL
+from orchestra_sup.runtime.node import Node
 from orchestra_sup.shards.handover import Handover
 from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.host import Host, inbox_path, lane_uid
-from orchestra_sup.shards.isolation import describe
 from orchestra_sup.shards.lane import FINAL, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
 from orchestra_sup.shards.outbox import DB as OUTBOX_DB
 from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox, result_id
 from orchestra_sup.shards.program import (
     MAILBOX_SIZE,
-    SHELL,
     LaneContext,
     Mailbox,
     Outcome,
@@ -58,6 +56,8 @@ from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
 from orchestra_sup.shards.transcript import Transcript
 from orchestra_sup.state.permissions import PRIVATE_DIR, PRIVATE_FILE
 from orchestra_sup.state.store import Store
+from orchestra_sup.system.cgroups import LaneCgroups, tree_id
+from orchestra_sup.system.isolation import describe
 
 log = logging.getLogger(__name__)
 

@@ -259,12 +259,12 @@ async def run_shell(
       would otherwise run on through the grace. It must not block or raise.
     - `preexec`: called in the child between fork and exec (Popen's `preexec_fn`), after the
       pipes and the process group are set up, e.g. to join a cgroup
-      (`shards.cgroup.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
+      (`system.cgroups.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
       logging: other threads' locks may be held forever in the child). None: nothing is called.
     - `nice`: added to the command's niceness before exec (0..19, default 0), after `preexec`,
       so everything the command runs competes for the CPU at that lower priority.
     - `wrap`: an argv prefix that runs the shell, e.g. a bubblewrap invocation ending in "--"
-      (`shards.isolation.bwrap_argv`); it is the group's leader then, and must keep the shell
+      (`system.isolation.bwrap_argv`); it is the group's leader then, and must keep the shell
       in its process group (no `setsid`). Empty (default): the shell is the leader itself.
 
     The command is the leader of its own process group, with stdin from /dev/null. When the

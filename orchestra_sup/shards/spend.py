@@ -8,7 +8,7 @@ its grant in any dimension. The dimensions (`frames.Budget`):
 - `wall_s`: seconds since the lane was admitted, on the monotonic clock, counting the time earlier
   generations ran it and leaving out the time it waited for a human (`Meter.hold`).
 - `cpu_s`: user + system CPU seconds of every process its commands started. With cgroup tracking
-  (`shards.cgroup`), the kernel's figure for the command's cgroup (`cpu.stat` `usage_usec`: every
+  (`system.cgroups`), the kernel's figure for the command's cgroup (`cpu.stat` `usage_usec`: every
   process that was ever in it, whatever it did with sessions); without, sampled by `BudgetWatch`
   off the loop from the command's process tree (`tree_cpu_s`), which misses what a process used
   after the last sample, processes that escaped the tree, and every command of a lane with no

@@ -31,10 +31,10 @@ from collections.abc import Callable
 import zmq
 
 from orchestra_sup.errors import ChildStartError
-from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.node.roles import make_role
-from orchestra_sup.node.runtime import Node
+from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.frames import ExitInfo
+from orchestra_sup.runtime.node import Node
 from orchestra_sup.supervisor.core import Worker
 
 log = logging.getLogger("orchestra_sup.supervisor")

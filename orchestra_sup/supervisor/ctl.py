@@ -33,9 +33,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 import msgspec
 import zmq
 
-from orchestra_sup.descriptors import usage
 from orchestra_sup.errors import ErrorCode, RemoteError
-from orchestra_sup.node.runtime import debug_raise
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.connections import SHUT_BELOW, ConnectionGuard
 from orchestra_sup.protocol.endpoint import (
@@ -48,10 +46,12 @@ from orchestra_sup.protocol.endpoint import (
     routing_id,
 )
 from orchestra_sup.release import version
-from orchestra_sup.shards.isolation import effective
+from orchestra_sup.runtime.node import debug_raise
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.reload import Busy
 from orchestra_sup.supervisor.spec import ChildState
+from orchestra_sup.system.descriptors import usage
+from orchestra_sup.system.isolation import effective
 
 if TYPE_CHECKING:
     from orchestra_sup.supervisor.root import RootSupervisor

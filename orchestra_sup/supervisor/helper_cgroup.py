@@ -5,12 +5,12 @@ A helper runs in a process group of its own, but a descendant that calls `setsid
 double-forks leaves the group, and can hold the helper's output pipe for as long as it lives.
 `HelperCgroup` is a `release.Tracker`: the helper joins a cgroup v2 of its own between fork and
 exec (`linux.cgroup_joiner`), so everything it ever forks is born inside, and `kill` kills the
-cgroup's whole content and removes it (`shards.cgroup.kill_tree_sync` and `tree_path`: the two
+cgroup's whole content and removes it (`system.cgroups.kill_tree_sync` and `tree_path`: the two
 names the supervisor already takes from there, for what a dead shard's lanes leave).
 
 Where::
 
-    <tree's cgroups>/probe-<8 hex digits>     (the tree's: `shards.cgroup.tree_path(run_dir)`)
+    <tree's cgroups>/probe-<8 hex digits>     (the tree's: `system.cgroups.tree_path(run_dir)`)
 
 so a supervisor that dies while a helper runs leaves it to the next start's, or its own stop's,
 kill of the whole tree. Where cgroups are unavailable (`tree_path` is None, or the directory
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestra_sup import linux
-from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
 from orchestra_sup.supervisor.process import kill_orphans
+from orchestra_sup.system import linux
+from orchestra_sup.system.cgroups import kill_tree_sync, tree_path
 
 if TYPE_CHECKING:
     from orchestra_sup.supervisor.seam import ProcessSeam
@@ -71,7 +71,7 @@ class HelperCgroup:
         return linux.cgroup_joiner([path], "release probe not tracked by cgroup")
 
     async def kill(self) -> None:
-        """Kill everything in the cgroup, wait (at most `shards.cgroup.KILL_TIMEOUT_S`, off the
+        """Kill everything in the cgroup, wait (at most `system.cgroups.KILL_TIMEOUT_S`, off the
         loop) until it is empty, and remove it; without a cgroup, or when some of it could not
         be killed, kill the supervisor's orphans instead. Then reap the orphans: one that died
         while the helper itself was still unreaped had its SIGCHLD handled with the helper in

@@ -310,9 +310,9 @@ def resume(fd: int) -> int:
     """
     from orchestra_sup.config import SupervisorSettings
     from orchestra_sup.errors import OrchestraError
-    from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
     from orchestra_sup.supervisor.root import EXIT_FAILED_START, RootSupervisor
     from orchestra_sup.supervisor.shape import SHARD_STOP_MARGIN_S
+    from orchestra_sup.system.cgroups import kill_tree_sync, tree_path
 
     settings, run_dir = None, None
     try:

@@ -133,7 +133,7 @@ def _flat(settings: Settings) -> dict[str, Any]:
 def plan(old: Settings, new: Settings) -> ReloadPlan:
     """What reloading from `old` to `new` does to each child (pure; the isolation mode is
     resolved on this machine, as for a start). Raises `ConfigError` as
-    `shards.isolation.effective`."""
+    `system.isolation.effective`."""
     changed = changed_settings(old, new)
     refusal = next(
         (

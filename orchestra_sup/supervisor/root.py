@@ -37,22 +37,19 @@ from typing import Any
 
 import zmq
 
-from orchestra_sup import descriptors, linux
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ChildStartError, ConfigError, ErrorCode, PeerDown
 from orchestra_sup.histogram import figures_ms
 from orchestra_sup.logformat import LogFormat
-from orchestra_sup.node.args import ChildArgs
-from orchestra_sup.node.looplag import LoopLag
-from orchestra_sup.proctitle import ProcTitle, supervisor_title
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard, shut_path, watch
 from orchestra_sup.protocol.curve import Gate
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, routing_id
 from orchestra_sup.protocol.keys import ServerKeys, load_server_keys
 from orchestra_sup.release import describe, protocol_range
-from orchestra_sup.shards.cgroup import kill_tree_sync, tree_path
+from orchestra_sup.runtime.looplag import LoopLag
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import ExitCause, Seam, Supervisor, Worker
@@ -67,6 +64,9 @@ from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.shape import FIXED, child_spec, flags, settings_args, shard_names
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
+from orchestra_sup.system import descriptors, linux
+from orchestra_sup.system.cgroups import kill_tree_sync, tree_path
+from orchestra_sup.system.proctitle import ProcTitle, supervisor_title
 
 log = logging.getLogger("orchestra_sup.supervisor")
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from orchestra_sup.errors import ChildStartError
-from orchestra_sup.node.args import ChildArgs, encode
+from orchestra_sup.protocol.childargs import ChildArgs, encode
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.release import SPAWNING
 from orchestra_sup.supervisor.core import Worker

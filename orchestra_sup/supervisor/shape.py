@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from orchestra_sup.config import Settings
-from orchestra_sup.shards.isolation import IsolationSettings, effective
 from orchestra_sup.supervisor.core import Flags, Strategy
 from orchestra_sup.supervisor.spec import ChildSpec
+from orchestra_sup.system.isolation import IsolationSettings, effective
 
 SHARD_STOP_MARGIN_S = 3.0
 """Seconds a shard's grace adds to `shutdown_timeout_s`: its lanes get that long after SIGTERM,

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestra_sup import linux
+from orchestra_sup.system import linux
 from tests.integration.harness import Tree, leftovers, make_repo, reap_zombies
 
 

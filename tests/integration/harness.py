@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from orchestra_sup.client import CtlClient
+from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor import notify

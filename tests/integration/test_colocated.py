@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestra_sup.client import CtlClient
-from orchestra_sup.oneshot import private_tree, wait_plan
+from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.oneshot import private_tree, wait_plan
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import assert_no_leftovers, make_repo
 

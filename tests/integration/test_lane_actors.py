@@ -22,8 +22,8 @@ from orchestra_sup.config import load_settings
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.shards.cgroup import cgroup2_root
 from orchestra_sup.shards.program import NOTES_MAX
+from orchestra_sup.system.cgroups import cgroup2_root
 from tests.integration.harness import RawPeer, Tree, wait_until
 
 pytestmark = pytest.mark.integration

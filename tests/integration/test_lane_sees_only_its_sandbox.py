@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from orchestra_sup.config import ISOLATION_ENV, LANE_USER_ENV
-from orchestra_sup.shards.isolation import bwrap_problem, uid_problem
+from orchestra_sup.system.isolation import bwrap_problem, uid_problem
 from tests.integration.harness import Tree, git, make_repo, plan, task
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")

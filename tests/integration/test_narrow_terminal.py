@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup import render
+from orchestra_sup.cli import render
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import Tree, make_repo, plan, task, wait_until
 from tests.integration.terminal import at_terminal, row_of

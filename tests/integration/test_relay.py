@@ -83,7 +83,7 @@ def test_custodian_killed_mid_call_is_a_typed_error_at_once(tree: Tree) -> None:
     started = time.monotonic()
     os.kill(custodian, signal.SIGSTOP)  # type: ignore[arg-type]  # the call stays in flight
     try:
-        from orchestra_sup.client import CtlClient
+        from orchestra_sup.client.ctl import CtlClient
 
         with CtlClient(tree.run_dir) as client:
             client.sock.send(

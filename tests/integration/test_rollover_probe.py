@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestra_sup.shards.cgroup import tree_path
 from orchestra_sup.supervisor.helper_cgroup import PREFIX
+from orchestra_sup.system.cgroups import tree_path
 from tests.integration.harness import Tree, wait_until
 
 pytestmark = pytest.mark.integration

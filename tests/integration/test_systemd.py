@@ -31,9 +31,9 @@ import msgspec
 import psutil
 import pytest
 
-from orchestra_sup.shards.cgroup import LaneCgroups, cgroup2_root
-from orchestra_sup.shards.isolation import resolve
-from orchestra_sup.unit import render, unit_name
+from orchestra_sup.cli.unit import render, unit_name
+from orchestra_sup.system.cgroups import LaneCgroups, cgroup2_root
+from orchestra_sup.system.isolation import resolve
 from tests.integration.harness import make_repo, wait_until
 from tests.unit.test_unit import CONFIG as HOSTILE_CONFIG
 from tests.unit.test_unit import HOSTILE, hostile_spec

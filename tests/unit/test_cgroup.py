@@ -1,4 +1,4 @@
-"""Tests for `orchestra_sup.shards.cgroup`, against real cgroup v2 directories where available.
+"""Tests for `orchestra_sup.system.cgroups`, against real cgroup v2 directories where available.
 
 Tests that need a writable cgroup v2 hierarchy skip (with the reason) where `cgroup2_root()` is
 None; every cgroup a test makes is killed and removed by its fixture, also when the test fails.
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup.shards import cgroup as cg
-from orchestra_sup.shards.cgroup import (
+from orchestra_sup.shards.shell import run_shell
+from orchestra_sup.system import cgroups as cg
+from orchestra_sup.system.cgroups import (
     TOP,
     LaneCgroups,
     cgroup2_root,
@@ -26,7 +27,6 @@ from orchestra_sup.shards.cgroup import (
     tree_id,
     tree_path,
 )
-from orchestra_sup.shards.shell import run_shell
 from tests.procs import dead as _dead
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}

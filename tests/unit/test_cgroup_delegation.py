@@ -1,4 +1,4 @@
-"""Lane cgroups under systemd's delegation (`shards.cgroup.cgroups_base`): a process whose own
+"""Lane cgroups under systemd's delegation (`system.cgroups.cgroups_base`): a process whose own
 cgroup carries systemd's `trusted.delegate` mark makes its tree's cgroups below it, so the
 lanes belong to the unit; without the mark they go under the cgroup2 mount as before.
 
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup.shards.cgroup import TOP, LaneCgroups, cgroup2_root, kill_tree_sync
+from orchestra_sup.system.cgroups import TOP, LaneCgroups, cgroup2_root, kill_tree_sync
 
 PROBE = """
 import json, sys
 from pathlib import Path
-from orchestra_sup.shards.cgroup import LaneCgroups, cgroups_base, delegated_cgroup, tree_path
+from orchestra_sup.system.cgroups import LaneCgroups, cgroups_base, delegated_cgroup, tree_path
 lanes = LaneCgroups("t" + "0" * 11, "shard-0")
 made = lanes.create("lane-1")
 print(json.dumps({

@@ -11,7 +11,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from orchestra_sup.cli import app
+from orchestra_sup.cli.app import app
 
 NO_JSON = {
     "start": "prints nothing but the tree's log (stderr) while it runs",

@@ -8,7 +8,7 @@ import io
 import pytest
 from rich.console import Console
 
-from orchestra_sup.columns import Field, dropped_line, fit, pack
+from orchestra_sup.cli.columns import Field, dropped_line, fit, pack
 
 FIELDS = (
     Field("name"),

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from orchestra_sup import descriptors
-from orchestra_sup.descriptors import Usage
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import REFUSE_BELOW, ConnectionGuard, shut_path
 from orchestra_sup.protocol.endpoint import Endpoint, needs_caller
+from orchestra_sup.system import descriptors
+from orchestra_sup.system.descriptors import Usage
 
 DEADLINE_S = 5.0
 

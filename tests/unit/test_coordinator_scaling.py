@@ -26,8 +26,8 @@ from orchestra_sup.coordinator.report import plan_report, sliced_report
 from orchestra_sup.coordinator.role import FREEZE_TASKS, Coordinator
 from orchestra_sup.coordinator.runner import Attempt, PlanRecord, TaskRecord, TaskStatus
 from orchestra_sup.coordinator.slices import Slicer
-from orchestra_sup.node.args import ChildArgs
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.childargs import ChildArgs
 from tests.unit.test_plan_scaling import LINEAR, SHAPES, lines_run
 from tests.unit.test_planstore import Counting
 

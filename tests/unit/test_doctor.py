@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from orchestra_sup.config import default_state_dir
-from orchestra_sup.laneuser import Decision, decide, lane_needs
 from orchestra_sup.shards import doctor
-from orchestra_sup.shards.isolation import resolve_lane_user
+from orchestra_sup.system.isolation import resolve_lane_user
+from orchestra_sup.system.laneuser import Decision, decide, lane_needs
 
 
 def _layers(report: doctor.Report) -> dict[str, doctor.Layer]:

@@ -1,4 +1,4 @@
-"""`orchestra_sup.node.front.Front`: a thread owning a node's ROUTER, over real `ipc://` sockets.
+"""`orchestra_sup.runtime.front.Front`: a thread owning a node's ROUTER, over real `ipc://` sockets.
 
 A blocking DEALER plays the peer; the node's side is an `Endpoint(DEALER, routed=True)` on a
 loop of the test's own (`asyncio.run`), or no loop at all where the point is that none is needed.
@@ -15,11 +15,11 @@ import pytest
 import zmq
 
 from orchestra_sup.errors import ErrorCode, PathEscape
-from orchestra_sup.node.front import LOOP_ID, Front
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
+from orchestra_sup.runtime.front import LOOP_ID, Front
 
 INNER = "inproc://node.front"
 DEADLINE_MS = 5000

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup import laneuser
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.shards import isolation
-from orchestra_sup.shards.isolation import (
+from orchestra_sup.system import isolation, laneuser
+from orchestra_sup.system.isolation import (
     IsolationSettings,
     Mounts,
     bwrap_argv,

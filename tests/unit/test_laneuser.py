@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup import laneuser
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.laneuser import FIRST_UID, check, decide, impassable
+from orchestra_sup.system import laneuser
+from orchestra_sup.system.laneuser import FIRST_UID, check, decide, impassable
 
 
 @pytest.fixture

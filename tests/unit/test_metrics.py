@@ -17,7 +17,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from orchestra_sup import render
+from orchestra_sup.cli import render
 from orchestra_sup.config import settings_from_mapping
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.histogram import BATCH_BOUNDS_ROWS, LOOP_LAG_BOUNDS_S, RELAY_BOUNDS_S, Buckets

@@ -14,7 +14,7 @@ import pytest
 
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import open_workspace
-from orchestra_sup.laneuser import FIRST_UID
+from orchestra_sup.system.laneuser import FIRST_UID
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another uid needs root")
 

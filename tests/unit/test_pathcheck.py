@@ -1,5 +1,5 @@
-"""`orchestra_sup.pathcheck`: which characters a path may not hold, and the one line that says
-so."""
+"""`orchestra_sup.system.pathcheck`: which characters a path may not hold, and the one line
+that says so."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.pathcheck import SHOWN_MAX, check_path, check_paths, forbidden, shown_path
+from orchestra_sup.system.pathcheck import SHOWN_MAX, check_path, check_paths, forbidden, shown_path
 
 REFUSED = ["\n", "\r", "\t", "\x00", "\x1b", "\x7f", "\x85", "\x9f", "\u2028", "\u2029"]
 ALLOWED = [" ", '"', "'", "\\", "%", "$", "{", ";", "#", "=", "-", "ü", "€", "\u00a0", "😀"]

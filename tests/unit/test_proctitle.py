@@ -1,5 +1,5 @@
-"""Process titles (`orchestra_sup.proctitle`): their shape, a title written only when it changes,
-and a process that runs untitled when setproctitle cannot be imported."""
+"""Process titles (`orchestra_sup.system.proctitle`): their shape, a title written only when it
+changes, and a process that runs untitled when setproctitle cannot be imported."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from orchestra_sup import proctitle
-from orchestra_sup.proctitle import ProcTitle, child_title, supervisor_title
+from orchestra_sup.system import proctitle
+from orchestra_sup.system.proctitle import ProcTitle, child_title, supervisor_title
 
 
 def test_titles() -> None:
@@ -38,7 +38,7 @@ import logging, sys
 logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(message)s")
 if sys.argv[1] == "blocked":
     sys.modules["setproctitle"] = None  # import setproctitle raises ImportError
-from orchestra_sup.proctitle import ProcTitle
+from orchestra_sup.system.proctitle import ProcTitle
 title = ProcTitle()
 title.show("orchestra-sup: shard-0 gen=1 lanes=0/8")
 title.show("orchestra-sup: shard-0 gen=1 lanes=1/8")

@@ -19,7 +19,7 @@ import pytest
 from orchestra_sup.config import Settings, ShardSettings
 from orchestra_sup.errors import ConfigError, DirBusy, SupervisionError
 from orchestra_sup.logformat import LogFormat
-from orchestra_sup.node.args import ChildArgs
+from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor.core import Flags, Worker
 from orchestra_sup.supervisor.reexec import Handoff, HandoffChild, check, read_handoff

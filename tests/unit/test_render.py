@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 from rich.console import Console
 
-from orchestra_sup import render
+from orchestra_sup.cli import render
+from orchestra_sup.cli.render import plan_verdict
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.render import plan_verdict
 
 
 def report(done: bool, *statuses: str) -> f.PlanReport:

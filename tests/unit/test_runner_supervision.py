@@ -9,10 +9,11 @@ import pytest
 
 from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import AffinityTicket
-from orchestra_sup.coordinator.quota import Quota, breach
+from orchestra_sup.coordinator.quota import breach
 from orchestra_sup.coordinator.report import plan_report
 from orchestra_sup.coordinator.runner import AnswerError, PlanRecord, TaskStatus
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.childargs import Quota
 from orchestra_sup.protocol.frames import FailureClass as C
 
 S = TaskStatus

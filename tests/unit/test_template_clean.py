@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = """
 import json, os, sys, threading
-from orchestra_sup.node.args import ChildArgs
+from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.node.template import Fork, Template
 cmd_r, cmd_w = os.pipe()
 reply_r, reply_w = os.pipe()

@@ -10,7 +10,7 @@ import re
 import msgspec
 from rich.console import Console
 
-from orchestra_sup import top
+from orchestra_sup.cli import top
 from orchestra_sup.errors import ErrorCode, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 

@@ -1,4 +1,4 @@
-"""`orchestra-sup systemd-unit`: the unit's text (`orchestra_sup.unit`), its sizes, and that
+"""`orchestra-sup systemd-unit`: the unit's text (`orchestra_sup.cli.unit`), its sizes, and that
 `systemd-analyze verify` takes every variant without a word."""
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from orchestra_sup.config import Settings, ShardSettings, SupervisorSettings
-from orchestra_sup.errors import ConfigError
-from orchestra_sup.shards.cgroup import KILL_TIMEOUT_S
-from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S, build_tree
-from orchestra_sup.unit import (
+from orchestra_sup.cli.unit import (
     TEMPLATE_CONFIG,
     UnitSpec,
     exec_word,
@@ -28,6 +24,10 @@ from orchestra_sup.unit import (
     unit_name,
     watchdog_sec,
 )
+from orchestra_sup.config import Settings, ShardSettings, SupervisorSettings
+from orchestra_sup.errors import ConfigError
+from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S, build_tree
+from orchestra_sup.system.cgroups import KILL_TIMEOUT_S
 from tests.unit.test_supervision_matrix import FakeSeam
 
 OUTSIDE_TMP = ("/usr/bin/orchestra-sup",)

@@ -17,7 +17,7 @@ import json
 import time
 from typing import IO, Any
 
-from orchestra_sup.client import CtlClient
+from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.errors import ErrorCode, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 

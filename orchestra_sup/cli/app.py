@@ -22,9 +22,11 @@ import msgspec
 import typer
 from rich.console import Console
 
-from orchestra_sup import __version__, logformat, render
-from orchestra_sup.client import CtlClient
-from orchestra_sup.columns import WIDE
+from orchestra_sup import __version__, logformat
+from orchestra_sup.cli import render
+from orchestra_sup.cli.columns import WIDE
+from orchestra_sup.cli.invocation import ctl_command
+from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.config import (
     default_run_dir,
     default_state_dir,
@@ -42,8 +44,6 @@ from orchestra_sup.errors import (
     TreeUnreachable,
     WorkspaceError,
 )
-from orchestra_sup.invocation import ctl_command
-from orchestra_sup.pathcheck import check_paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import (
     DEFAULT_CLIENT,
@@ -54,6 +54,7 @@ from orchestra_sup.protocol.keys import (
     load_server_keys,
 )
 from orchestra_sup.protocol.names import is_text, request_param
+from orchestra_sup.system.pathcheck import check_paths
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -329,7 +330,7 @@ def run(
     Exits 0 when every task succeeded, 1 when any did not, 2 on bad input.
     Example: orchestra-sup run examples/selfcheck.toml --workspace .
     """
-    from orchestra_sup.oneshot import private_tree, wait_plan
+    from orchestra_sup.client.oneshot import private_tree, wait_plan
     from orchestra_sup.supervisor.runlock import refuse_owned
 
     def prepare() -> tuple[f.PlanSpec, Path, Path | None]:
@@ -635,7 +636,7 @@ def _show_plan(
     timeout: float,
     run_dir: Path | None,
 ) -> None:
-    from orchestra_sup.oneshot import wait_plan
+    from orchestra_sup.client.oneshot import wait_plan
 
     if wait:
 
@@ -758,7 +759,7 @@ def top(
     interval (in --json: a line with "error" set and "status" and "lanes" null).
     Example: orchestra-sup ctl top --interval 0.5
     """
-    from orchestra_sup.top import Keys, Watcher, frame_json, run_json, run_live, view
+    from orchestra_sup.cli.top import Keys, Watcher, frame_json, run_json, run_live, view
 
     def ask(body: f.Body, seconds: float) -> f.Body:
         with ctx.obj.client(run_dir) as client:
@@ -960,7 +961,7 @@ def logs(
     exits 2.
     Example: orchestra-sup ctl logs 3f2a9c1b7d44-build-1 --follow
     """
-    from orchestra_sup.follow import LogSink, show_logs
+    from orchestra_sup.cli.follow import LogSink, show_logs
 
     sink = LogSink(as_json, sys.stdout, sys.stderr)
 
@@ -1441,7 +1442,7 @@ def systemd_unit(
 
     Example: orchestra-sup systemd-unit --workspace /srv/project > orchestra-sup.service
     """
-    from orchestra_sup.unit import UnitSpec, installed_command, render
+    from orchestra_sup.cli.unit import UnitSpec, installed_command, render
 
     def spec() -> UnitSpec:
         check_paths({"--config": config, "--workspace": workspace})

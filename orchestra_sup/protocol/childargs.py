@@ -4,9 +4,25 @@ from __future__ import annotations
 
 import msgspec
 
-from orchestra_sup.coordinator.quota import Quota
 from orchestra_sup.logformat import LogFormat
-from orchestra_sup.shards.isolation import IsolationSettings
+from orchestra_sup.system.isolation import IsolationSettings
+
+
+class Quota(msgspec.Struct, frozen=True, kw_only=True):
+    """One tenant's ceilings (None: no ceiling there).
+
+    - `concurrency`: lanes of the tenant live at once (placed and not ended).
+    - `rate`: lanes started in the last `window_s` seconds.
+    - `wall_s`, `cpu_s`: wall and CPU seconds spent by its lanes that ended in the last
+      `window_s` seconds.
+    - `window_s`: the rolling window, seconds (default one hour).
+    """
+
+    concurrency: int | None = None
+    rate: int | None = None
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    window_s: float = 3600.0
 
 
 class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,7 +65,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """The supervisor's `start --log-format`: how this child writes its log (`logformat`)."""
     keys_dir: str | None = None
     """The CURVE keys directory of `start --keys` (None: none, or the default one inside the
-    state directory): one more directory no lane sees (`shards.isolation`)."""
+    state directory): one more directory no lane sees (`system.isolation`)."""
 
 
 def encode(args: ChildArgs) -> str:

@@ -12,7 +12,7 @@ A child (coordinator, custodian or shard) is a `Role` plugged into a `Node`. The
    request to the role;
 5. on SIGTERM or SIGINT, lets the role stop (`Role.close`) and exits 0.
 
-A role may put a `Front` (node/front.py) before its loop with `Node.serve_through`: a thread that
+A role may put a `Front` (runtime/front.py) before its loop with `Node.serve_through`: a thread that
 owns the public ROUTER, answers the requests the role's `serve` takes, and passes the rest to the
 loop.
 
@@ -37,18 +37,18 @@ from typing import Any, Protocol
 
 import zmq
 
-from orchestra_sup import descriptors, linux
 from orchestra_sup.config import Paths
 from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
-from orchestra_sup.node.args import ChildArgs
-from orchestra_sup.node.front import LOOP_ID, Front, Serve
-from orchestra_sup.node.looplag import LoopLag
-from orchestra_sup.proctitle import ProcTitle, child_title
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard, watch
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
 from orchestra_sup.release import protocol_range, version
+from orchestra_sup.runtime.front import LOOP_ID, Front, Serve
+from orchestra_sup.runtime.looplag import LoopLag
+from orchestra_sup.system import descriptors, linux
+from orchestra_sup.system.proctitle import ProcTitle, child_title
 
 if typing.TYPE_CHECKING:
     from orchestra_sup.histogram import Buckets

@@ -10,7 +10,7 @@ from rich.console import Console, Group, RenderableType
 from rich.text import Text
 from rich.tree import Tree
 
-from orchestra_sup.columns import Field, dropped_line, fit, pack
+from orchestra_sup.cli.columns import Field, dropped_line, fit, pack
 from orchestra_sup.protocol import frames as f
 
 

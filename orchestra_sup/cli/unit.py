@@ -38,10 +38,10 @@ import msgspec
 
 from orchestra_sup.config import Settings
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.pathcheck import check_text, shown
-from orchestra_sup.shards.cgroup import KILL_TIMEOUT_S
 from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S
 from orchestra_sup.supervisor.shape import SHARD_STOP_MARGIN_S
+from orchestra_sup.system.cgroups import KILL_TIMEOUT_S
+from orchestra_sup.system.pathcheck import check_text, shown
 
 NAME = "orchestra-sup"
 EXIT_BAD_CONFIG = 2
@@ -286,7 +286,7 @@ def render(spec: UnitSpec) -> str:
     )
     directive("ctl's socket is guarded by this directory's mode.", "RuntimeDirectoryMode=0700")
     directive(
-        "Per-lane cgroups are made below the unit's own cgroup (shards/cgroup.py), so lanes "
+        "Per-lane cgroups are made below the unit's own cgroup (system/cgroups.py), so lanes "
         "are accounted to the unit and killed with it.",
         "Delegate=yes",
     )

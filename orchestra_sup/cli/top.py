@@ -33,8 +33,8 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from orchestra_sup import render
-from orchestra_sup.columns import Field, Fitted, dropped_line, fit, pack
+from orchestra_sup.cli import render
+from orchestra_sup.cli.columns import Field, Fitted, dropped_line, fit, pack
 from orchestra_sup.errors import RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from orchestra_sup import linux
-from orchestra_sup.client import CtlClient
+from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.state.permissions import private_dir, private_file
 from orchestra_sup.supervisor import notify
+from orchestra_sup.system import linux
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from orchestra_sup.linux import cgroup_joiner
+from orchestra_sup.system.linux import cgroup_joiner
 
 __all__ = [
     "ENV_SWITCH",

@@ -94,7 +94,7 @@ def check(setting: str) -> None:
 
 def decide(setting: str, needs: Iterable[tuple[Path, bool]]) -> Decision:
     """Whether sandboxes get uids of their own, for the resolved `lane_user = setting`
-    (`shards.isolation.resolve_lane_user`: "auto" is left only in mode "none"), given what a
+    (`system.isolation.resolve_lane_user`: "auto" is left only in mode "none"), given what a
     lane must reach on the host (`lane_needs`: each path, and whether it must list it): under
     "auto", yes only when a uid of the range can reach each of them (`impassable`). Never
     raises (`check` refuses bad settings first)."""

@@ -23,7 +23,6 @@ import msgspec
 import zmq
 
 from orchestra_sup.errors import ConfigError, ProtocolError, RemoteError, TreeBusy, TreeUnreachable
-from orchestra_sup.pathcheck import shown_path
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
@@ -31,6 +30,7 @@ from orchestra_sup.protocol.connections import shut_path
 from orchestra_sup.protocol.keys import ClientKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor.runlock import is_owned
+from orchestra_sup.system.pathcheck import shown_path
 
 _ids = itertools.count(1)
 

@@ -2,7 +2,7 @@
 
 Every command of a lane runs as `[*wrap, "/bin/sh", "-c", command]` (`shards.shell.run_shell`),
 where `wrap` is empty in mode "none" and a bubblewrap (`bwrap`) invocation in mode "bwrap", with
-`preexec` between fork and exec: join the lane's cgroups (`shards.cgroup`, `shards.limits`), then
+`preexec` between fork and exec: join the lane's cgroups (`system.cgroups`, `shards.limits`), then
 the resource limits of `rlimits` (inherited by bwrap and everything inside it), then, in mode
 "none" for a lane of a uid of its own (`laneuser`), that uid (`as_uid_fn`); then `nice`.
 
@@ -42,9 +42,9 @@ from typing import Literal
 
 import msgspec
 
-from orchestra_sup import linux
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.laneuser import FIRST_UID, LaneUser, check, impassable
+from orchestra_sup.system import linux
+from orchestra_sup.system.laneuser import FIRST_UID, LaneUser, check, impassable
 
 __all__ = [
     "CPU_MARGIN_S",

@@ -1,0 +1,1 @@
+"""The `orchestra-sup` command: its command groups and how they show answers."""
