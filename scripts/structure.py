@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = "orchestra_sup"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
 MAX_LINES = 600
 """Lines a module may hold (issue 18)."""
 
@@ -198,8 +199,7 @@ def measure(root: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(__file__).resolve().parent.parent / PACKAGE
-    facts = measure(root)
+    facts = measure(PACKAGE_DIR)
     if "--json" in argv:
         print(json.dumps(facts, indent=2))
     else:
