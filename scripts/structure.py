@@ -4,13 +4,15 @@
 
 Prints, in order:
 - import cycles between modules, counting imports inside functions (only imports under
-  `if TYPE_CHECKING:` are left out: they never run);
+  `if TYPE_CHECKING:` are left out: they never run), and between parts (packages and
+  top-level modules);
 - modules over `MAX_LINES` lines;
 - imports that break the layer rule (`docs/architecture.md`, "What may import what");
 - lines per package.
 
-Exits 1 when there is a cycle, a module over the limit or a broken rule, else 0. The rule
-itself is `LAYERS` and `ROLES` below; `tests/test_layers.py` runs the same checks in CI.
+Exits 1 when there is a cycle of either kind, a module over the limit or a broken rule, else 0.
+The rule itself is `LAYERS` and `ROLES` below; `tests/unit/test_layers.py` runs the same checks
+in CI.
 Standard library only, so it runs before any setup.
 """
 
@@ -188,9 +190,15 @@ def measure(root: Path) -> dict:
     per_part: dict[str, int] = {}
     for module, count in lines.items():
         per_part[part_of(module)] = per_part.get(part_of(module), 0) + count
+    parts: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        parts.setdefault(part_of(module), set()).update(
+            part_of(target) for target in targets if part_of(target) != part_of(module)
+        )
     return {
         "modules": len(lines),
         "cycles": cycles(edges),
+        "part_cycles": cycles(parts),
         "over_limit": {m: n for m, n in by_size if n > MAX_LINES},
         "largest": dict(by_size[:8]),
         "broken_rules": broken_rules(edges),
@@ -207,6 +215,9 @@ def main(argv: list[str]) -> int:
         print(f"import cycles: {len(facts['cycles'])}")
         for component in facts["cycles"]:
             print(f"  {len(component)} modules: {', '.join(component)}")
+        print(f"cycles between parts (packages, top-level modules): {len(facts['part_cycles'])}")
+        for component in facts["part_cycles"]:
+            print(f"  {', '.join(component)}")
         print(f"modules over {MAX_LINES} lines: {len(facts['over_limit'])}")
         for module, count in facts["largest"].items():
             mark = "  over" if count > MAX_LINES else ""
@@ -217,7 +228,7 @@ def main(argv: list[str]) -> int:
         print("lines per part:")
         for part, count in facts["lines_per_part"].items():
             print(f"  {count:6d}  {part}")
-    bad = facts["cycles"] or facts["over_limit"] or facts["broken_rules"]
+    bad = facts["cycles"] or facts["part_cycles"] or facts["over_limit"] or facts["broken_rules"]
     return 1 if bad else 0
 
 
