@@ -12,7 +12,7 @@ import typer
 from orchestra_sup.cli import render
 from orchestra_sup.cli.exits import EXIT_USAGE, fail, guarded
 from orchestra_sup.cli.options import JsonOpt, LaneArg, RunDirOpt, TimeoutOpt
-from orchestra_sup.cli.output import out, print_json
+from orchestra_sup.cli.output import out
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol import frames as f
 
@@ -54,12 +54,15 @@ def _required_text(option: str, text: str) -> str:
 def _respond(
     ctx: typer.Context, ask: f.CtlRespond, as_json: bool, timeout: float, run_dir: Path | None
 ) -> None:
-    reply = ctx.obj.ask(ask, timeout, run_dir)
-    assert isinstance(reply, f.HitlRecorded)
-    if as_json:
-        print_json(render.recorded_json(reply))
-    else:
-        out.print(render.recorded_line(reply))
+    ctx.obj.show(
+        f.HitlRecorded,
+        ask,
+        as_json=as_json,
+        timeout=timeout,
+        run_dir=run_dir,
+        json=render.recorded_json,
+        table=lambda reply: out.print(render.recorded_line(reply)),
+    )
 
 
 def approve(

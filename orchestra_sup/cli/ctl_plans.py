@@ -30,8 +30,7 @@ def submit(
     Example: orchestra-sup ctl submit examples/selfcheck.toml --wait
     """
     spec = guarded(lambda: load_plan(plan))
-    accepted = ctx.obj.ask(f.CtlSubmit(plan=spec), timeout, run_dir)
-    assert isinstance(accepted, f.PlanAccepted)
+    accepted = ctx.obj.expect(f.PlanAccepted, f.CtlSubmit(plan=spec), timeout, run_dir)
     if not wait:
         done(as_json, {"id": accepted.id}, accepted.id)
         return
@@ -48,12 +47,15 @@ def plans_cmd(
 
     Example: orchestra-sup ctl plans --json
     """
-    reply = ctx.obj.ask(f.CtlPlans(), timeout, run_dir)
-    assert isinstance(reply, f.PlanList)
-    if as_json:
-        print_json({"plans": msgspec.to_builtins(reply.plans)})
-    else:
-        render.plans_table(reply, *screen())
+    ctx.obj.show(
+        f.PlanList,
+        f.CtlPlans(),
+        as_json=as_json,
+        timeout=timeout,
+        run_dir=run_dir,
+        json=lambda reply: {"plans": msgspec.to_builtins(reply.plans)},
+        table=lambda reply: render.plans_table(reply, *screen()),
+    )
 
 
 def plan_cmd(
@@ -89,9 +91,7 @@ def _show_plan(
 
         report = guarded(go)
     else:
-        reply = ctx.obj.ask(f.CtlPlan(id=plan_id), timeout, run_dir)
-        assert isinstance(reply, f.PlanReport)
-        report = reply
+        report = ctx.obj.expect(f.PlanReport, f.CtlPlan(id=plan_id), timeout, run_dir)
     if as_json:
         print_json(render.plan_json(report))
     else:

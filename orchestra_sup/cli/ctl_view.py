@@ -13,7 +13,7 @@ import typer
 from orchestra_sup.cli import interrupt, render
 from orchestra_sup.cli.exits import guarded
 from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt, WideOpt
-from orchestra_sup.cli.output import TTY, out, print_json, screen
+from orchestra_sup.cli.output import TTY, out, screen
 from orchestra_sup.protocol import frames as f
 
 
@@ -29,12 +29,15 @@ def status(
 
     Example: orchestra-sup ctl status --json
     """
-    reply = ctx.obj.ask(f.CtlStatus(), timeout, run_dir)
-    assert isinstance(reply, f.StatusReply)
-    if as_json:
-        print_json(render.status_json(reply))
-    else:
-        render.status_table(reply, *screen(wide))
+    ctx.obj.show(
+        f.StatusReply,
+        f.CtlStatus(),
+        as_json=as_json,
+        timeout=timeout,
+        run_dir=run_dir,
+        json=render.status_json,
+        table=lambda reply: render.status_table(reply, *screen(wide)),
+    )
 
 
 def tree(
@@ -47,12 +50,15 @@ def tree(
 
     Example: orchestra-sup ctl tree
     """
-    reply = ctx.obj.ask(f.CtlStatus(), timeout, run_dir)
-    assert isinstance(reply, f.StatusReply)
-    if as_json:
-        print_json(render.tree_json(reply))
-    else:
-        render.tree_text(reply, out)
+    ctx.obj.show(
+        f.StatusReply,
+        f.CtlStatus(),
+        as_json=as_json,
+        timeout=timeout,
+        run_dir=run_dir,
+        json=render.tree_json,
+        table=lambda reply: render.tree_text(reply, out),
+    )
 
 
 def lanes(
@@ -68,13 +74,20 @@ def lanes(
 
     Example: orchestra-sup ctl lanes --json
     """
-    reply = ctx.obj.ask(f.CtlLanes(), timeout, run_dir)
-    assert isinstance(reply, f.LaneList)
-    if as_json:
-        print_json(render.lanes_json(reply))
-    else:
+
+    def table(reply: f.LaneList) -> None:
         console, width = screen(wide)
         render.lanes_table(reply, console, width=width, command=ctx.obj.command(run_dir))
+
+    ctx.obj.show(
+        f.LaneList,
+        f.CtlLanes(),
+        as_json=as_json,
+        timeout=timeout,
+        run_dir=run_dir,
+        json=render.lanes_json,
+        table=table,
+    )
 
 
 def top(

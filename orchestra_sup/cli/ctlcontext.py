@@ -1,16 +1,21 @@
-"""What every ctl command shares: where the tree is and how it is reached (`CtlContext`, the
-`ctx.obj` of the `ctl` group)."""
+"""What every ctl command shares: where the tree is, how it is reached, and the routine of most
+of them, one request answered and printed (`CtlContext`, the `ctx.obj` of the `ctl` group)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
-from orchestra_sup.cli.exits import guarded
+from orchestra_sup.cli.exits import EXIT_FAILED, fail, guarded
 from orchestra_sup.cli.invocation import ctl_command
+from orchestra_sup.cli.output import print_json
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.config import default_run_dir
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import DEFAULT_CLIENT, ClientKeys
+
+A = TypeVar("A", bound=f.Frame)
 
 
 class CtlContext:
@@ -42,8 +47,44 @@ class CtlContext:
         return CtlClient(self.run_dir(run_dir), connect=self.connect, keys=self.keys)
 
     def ask(self, body: f.Body, timeout: float, run_dir: Path | None) -> f.Body:
+        """Send `body` to the tree, waiting up to `timeout` seconds, and return its answer. The
+        tree's errors end the command as `exits.guarded` says: one line on stderr, exit 2 for
+        bad input (a remote BAD_REQUEST, NOT_FOUND...), 3 for an unreachable tree, else 1."""
+
         def go() -> f.Body:
             with self.client(run_dir) as client:
                 return client.request(body, timeout_s=timeout)
 
         return guarded(go)
+
+    def expect(self, answer: type[A], body: f.Body, timeout: float, run_dir: Path | None) -> A:
+        """`ask`, and its answer checked to be an `answer`; any other ends the command with one
+        line naming both and exit 1."""
+        reply = self.ask(body, timeout, run_dir)
+        if not isinstance(reply, answer):
+            raise fail(
+                f"the tree answered {type(body).__name__} with {type(reply).__name__}, "
+                f"not {answer.__name__}",
+                EXIT_FAILED,
+            )
+        return reply
+
+    def show(
+        self,
+        answer: type[A],
+        body: f.Body,
+        *,
+        as_json: bool,
+        timeout: float,
+        run_dir: Path | None,
+        json: Callable[[A], Any],
+        table: Callable[[A], object],
+    ) -> None:
+        """The routine of a ctl command: `expect` an `answer` to `body`, then print it, with
+        --json (`as_json`) as `json(answer)` (JSON on stdout, `output.print_json`), else by
+        `table(answer)` (a table or lines, for a person)."""
+        reply = self.expect(answer, body, timeout, run_dir)
+        if as_json:
+            print_json(json(reply))
+        else:
+            table(reply)
