@@ -15,7 +15,7 @@ from orchestra_sup import __version__
 from orchestra_sup.cli.bench import bench_app
 from orchestra_sup.cli.ctl import ctl_app
 from orchestra_sup.cli.doctor import doctor
-from orchestra_sup.cli.exits import EXIT_USAGE
+from orchestra_sup.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
 from orchestra_sup.cli.keys import keys_app
 from orchestra_sup.cli.options import JsonOpt
 from orchestra_sup.cli.output import print_json
@@ -63,7 +63,7 @@ def main() -> None:
         sys.exit(EXIT_USAGE)
     except typer.Abort:
         typer.echo("orchestra-sup: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)
 
 

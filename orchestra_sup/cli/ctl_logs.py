@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from orchestra_sup.cli.exits import fail, guarded
+from orchestra_sup.cli.exits import EXIT_INTERRUPTED, fail, guarded
 from orchestra_sup.cli.options import RunDirOpt, TimeoutOpt
+from orchestra_sup.cli.output import discard_stdout
 
 
 def logs(
@@ -47,9 +48,7 @@ def logs(
     try:
         guarded(go)
     except KeyboardInterrupt:
-        raise fail("interrupted", 130) from None
+        raise fail("interrupted", EXIT_INTERRUPTED) from None
     except BrokenPipeError:  # `ctl logs LANE | head`: the reader has all it wanted
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_stdout()
         raise typer.Exit(0) from None

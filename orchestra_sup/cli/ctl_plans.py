@@ -11,7 +11,7 @@ import typer
 
 from orchestra_sup.cli import render
 from orchestra_sup.cli.exits import EXIT_FAILED, guarded
-from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt
+from orchestra_sup.cli.options import JsonOpt, LaneArg, RunDirOpt, TimeoutOpt
 from orchestra_sup.cli.output import done, print_json, screen
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.protocol import frames as f
@@ -102,7 +102,7 @@ def _show_plan(
 
 def cancel(
     ctx: typer.Context,
-    lane: Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`).")],
+    lane: LaneArg,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = 10.0,
     run_dir: RunDirOpt = None,

@@ -13,7 +13,7 @@ import typer
 from orchestra_sup.cli import interrupt, render
 from orchestra_sup.cli.exits import guarded
 from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt, WideOpt
-from orchestra_sup.cli.output import TTY, out, screen
+from orchestra_sup.cli.output import TTY, discard_stdout, out, screen
 from orchestra_sup.protocol import frames as f
 
 
@@ -155,6 +155,4 @@ def top(
     except KeyboardInterrupt:
         return
     except BrokenPipeError:  # `ctl top --json | head -3`: the reader has all it wanted
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_stdout()

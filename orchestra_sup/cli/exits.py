@@ -3,7 +3,8 @@ one line on stderr and the documented status.
 
 Exit statuses: 0 success; 1 a plan had a task that did not succeed, or a request failed;
 2 bad input (a plan, a config, a path); 3 the tree is unreachable (ctl) or restart intensity was
-exceeded (start). Bad input is one line on stderr, never a traceback.
+exceeded (start); 130 interrupted (Ctrl-C, or SIGTERM where a command unwinds on it). Bad input
+is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from orchestra_sup.errors import (
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, as a shell reports a command Ctrl-C ended."""
 
 T = TypeVar("T")
 

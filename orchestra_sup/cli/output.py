@@ -4,6 +4,7 @@ JSON for programs."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -31,6 +32,12 @@ def screen(wide: bool = False) -> tuple[Console, int | None]:
 def print_json(value: Any) -> None:
     """`value` as JSON on stdout, indented by 2, one newline after it."""
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null: its reader has gone (`... | head`), having all it wanted, and
+    what is left to flush on the way out must not raise `BrokenPipeError` again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def done(as_json: bool, value: dict[str, Any], text: str) -> None:

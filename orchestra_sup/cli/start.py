@@ -13,7 +13,7 @@ import typer
 
 from orchestra_sup import logformat
 from orchestra_sup.cli import interrupt, render
-from orchestra_sup.cli.exits import EXIT_FAILED, fail, guarded
+from orchestra_sup.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, fail, guarded
 from orchestra_sup.cli.options import (
     ConfigOpt,
     JsonOpt,
@@ -258,7 +258,7 @@ def run(
     try:
         report = guarded(go_unless_interrupted)
     except KeyboardInterrupt:
-        raise fail("interrupted; the tree was stopped", 130) from None
+        raise fail("interrupted; the tree was stopped", EXIT_INTERRUPTED) from None
     if as_json:
         print_json({**render.plan_json(report), "state_dir": str(state)})
     else:
