@@ -1,0 +1,251 @@
+"""`orchestra-sup bench`: the benchmarks, each one command that runs it and prints its result
+(`bench/README.md` says what each measures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import typer
+
+from orchestra_sup.cli.exits import EXIT_FAILED, EXIT_USAGE, fail, guarded
+from orchestra_sup.cli.options import JsonOpt
+from orchestra_sup.cli.output import out, print_json
+
+bench_app = typer.Typer(
+    help="Measure the tree (see bench/README.md).\n\nExample: orchestra-sup bench all --quick",
+    no_args_is_help=True,
+)
+
+
+@bench_app.command()
+def relay(
+    iterations: Annotated[
+        int, typer.Option("--iterations", min=10, help="Timed round trips per variant.")
+    ] = 5000,
+    as_json: JsonOpt = False,
+) -> None:
+    """The relay's round trip next to raw pyzmq between two processes, in one run.
+
+    Example: orchestra-sup bench relay --iterations 2000 --json
+    """
+    from orchestra_sup.bench.relay import run_relay_bench
+
+    result = guarded(lambda: run_relay_bench(iterations, max(10, iterations // 10)))
+    if as_json:
+        print_json(result)
+        return
+    base = result["baseline"]
+    out.print(
+        f"raw pyzmq floor: p50 {base['p50_us']} us, p99 {base['p99_us']} us "
+        f"({base['n']} round trips)"
+    )
+    for tool, stats in result["relays"].items():
+        out.print(
+            f"relay {tool}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "
+            f"p99 {stats['p99_us']} us ({stats['ratio_p99']}x)"
+        )
+
+
+@bench_app.command()
+def isolation(
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer probes, under a minute.")] = False,
+    probes: Annotated[
+        int | None, typer.Option("--probes", min=2, help="Turns timed per phase (overrides).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Coordinator turn latency idle and under lane load, separated and colocated, in one run.
+
+    Example: orchestra-sup bench isolation --quick --json
+    """
+    from orchestra_sup.bench.isolation import format_table, run_isolation_bench
+
+    result = guarded(lambda: run_isolation_bench(quick, probes))
+    if as_json:
+        print_json(result)
+    else:
+        typer.echo(format_table(result))
+
+
+@bench_app.command()
+def scale(
+    counts: Annotated[
+        str, typer.Option("--counts", help="Comma-separated numbers of parked lanes, rising.")
+    ] = "10,100,1000",
+    iterations: Annotated[
+        int, typer.Option("--iterations", min=10, help="Timed message_lane calls per count.")
+    ] = 2000,
+    as_json: JsonOpt = False,
+) -> None:
+    """Relay latency and shard memory per lane as parked lanes pile up (8 shards), in one run.
+
+    Example: orchestra-sup bench scale --counts 10,100,1000 --json
+    """
+    from orchestra_sup.bench.scale import MAX_PARKED, format_table, run_scale_bench
+
+    try:
+        steps = tuple(int(c) for c in counts.split(","))
+    except ValueError:
+        raise fail(f"--counts {counts!r}: expected comma-separated integers", EXIT_USAGE) from None
+    if not steps or any(c < 1 for c in steps) or list(steps) != sorted(set(steps)):
+        raise fail(f"--counts {counts!r}: expected rising positive integers", EXIT_USAGE)
+    if steps[-1] > MAX_PARKED:
+        raise fail(f"--counts {counts!r}: at most {MAX_PARKED} parked lanes", EXIT_USAGE)
+    result = guarded(lambda: run_scale_bench(steps, iterations, max(10, iterations // 10)))
+    if as_json:
+        print_json(result)
+    else:
+        typer.echo(format_table(result))
+
+
+@bench_app.command("plan")
+def plan_bench(
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="Comma-separated plan sizes (tasks), rising.")
+    ] = "100,1000,10000",
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Runs per shape and size.")] = 3,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit-to-done and the coordinator's loop-lag p99 for a chain, a fan-out and a fan-in of
+    each size, on one private tree (2 shards of 8 lanes), in one run.
+
+    Example: orchestra-sup bench plan --tasks 100,1000 --runs 2 --json
+    """
+    from orchestra_sup.bench.plans import format_table, run_plan_bench
+    from orchestra_sup.coordinator.plan import MAX_TASKS
+
+    try:
+        sizes = tuple(int(n) for n in tasks.split(","))
+    except ValueError:
+        raise fail(f"--tasks {tasks!r}: expected comma-separated integers", EXIT_USAGE) from None
+    if not sizes or any(n < 2 for n in sizes) or list(sizes) != sorted(set(sizes)):
+        raise fail(f"--tasks {tasks!r}: expected rising integers of at least 2", EXIT_USAGE)
+    if sizes[-1] > MAX_TASKS:
+        raise fail(f"--tasks {tasks!r}: a plan holds at most {MAX_TASKS:,} tasks", EXIT_USAGE)
+    result = guarded(lambda: run_plan_bench(sizes, runs))
+    if as_json:
+        print_json(result)
+    else:
+        typer.echo(format_table(result))
+
+
+@bench_app.command(name="all")
+def all_benches(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Short settings: about 70 s on 2 cores.")
+    ] = False,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Where the JSON files, summary.md and plots go.")
+    ] = Path("bench-results"),
+    only: Annotated[
+        str | None, typer.Option("--only", help="Comma-separated benchmark names to run.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every benchmark in one run: a JSON file each, summary.md, and plots with matplotlib.
+
+    Exits 1 when a benchmark failed (the others still ran and wrote their files).
+    Example: orchestra-sup bench all --quick --out /tmp/bench
+    """
+    from orchestra_sup.bench.suite import BENCHES, run_suite
+
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    for name in names or []:
+        if name not in BENCHES:
+            raise fail(
+                f"--only: unknown benchmark {name!r} (known: {', '.join(BENCHES)})", EXIT_USAGE
+            )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(f"--out {out_dir}: {exc.strerror}", EXIT_USAGE) from None
+    report = guarded(lambda: run_suite(quick, out_dir, names))
+    if as_json:
+        print_json(report)
+    else:
+        typer.echo(Path(report["summary"]).read_text())
+    failed = [n for n, b in report["benches"].items() if b["error"] is not None]
+    raise typer.Exit(EXIT_FAILED if failed else 0)
+
+
+@bench_app.command()
+def chaos(
+    duration: Annotated[
+        float, typer.Option("--duration", min=1.0, help="Seconds of random SIGKILLs.")
+    ] = 30.0,
+    tasks: Annotated[int, typer.Option("--tasks", min=50, help="Tasks per plan.")] = 60,
+    seed: Annotated[int | None, typer.Option("--seed", help="Random seed.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run plans while a random child is SIGKILLed every 1-3 s; count what was lost.
+
+    Exits 1 when nothing succeeded, a success left no ledger line, anything was lost or
+    duplicated, an orphan was left, or the supervisor died.
+    Example: orchestra-sup bench chaos --duration 20 --json
+    """
+    from orchestra_sup.bench.chaos import run_chaos
+
+    report = guarded(lambda: run_chaos(duration, tasks=tasks, seed=seed))
+    if as_json:
+        print_json(msgspec.to_builtins(report))
+    else:
+        for key, value in msgspec.to_builtins(report).items():
+            typer.echo(f"{key:>16}: {value}")
+    raise typer.Exit(0 if report.clean else EXIT_FAILED)
+
+
+@bench_app.command()
+def persist(
+    events: Annotated[
+        int, typer.Option("--events", min=100, help="Events in the write-behind passes.")
+    ] = 20_000,
+    as_json: JsonOpt = False,
+) -> None:
+    """One synced transaction per event next to write-behind, on one event stream, in one run.
+
+    Example: orchestra-sup bench persist --events 50000 --json
+    """
+    from orchestra_sup.bench.persist import format_table, run_persist
+
+    report = guarded(lambda: run_persist(events))
+    if as_json:
+        print_json(report)
+    else:
+        typer.echo(format_table(report))
+
+
+@bench_app.command("restart")
+def restart_bench(
+    kills: Annotated[
+        int,
+        typer.Option("--kills", min=1, help="SIGKILLs of shard-0 per spawn mode (20+ for p90)."),
+    ] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Restart after SIGKILL of a shard, forked from the template and exec'd, next to the cost
+    of a fresh interpreter, in one run.
+
+    Example: orchestra-sup bench restart --kills 30 --json
+    """
+    from orchestra_sup.bench.restart import run_restart_bench
+
+    result = guarded(lambda: run_restart_bench(kills))
+    if as_json:
+        print_json(result)
+        return
+    base = result["baseline"]
+    out.print(
+        f"fresh interpreter to READY: p50 {base['interpreter_p50_ms']} ms, "
+        f"p90 {base['interpreter_p90_ms']} ms ({base['n']} starts)"
+    )
+    for key, label in (("restart", "fork template"), ("restart_exec", "fresh interpreter")):
+        stats = result[key]
+        out.print(
+            f"restart, {label}: p50 {stats['p50_ms']} ms, p90 {stats['p90_ms']} ms "
+            f"({stats['n']} kills; spawned {stats['spawned']})"
+        )
+    target = result["target"]
+    met = "met" if target["met"] else "not met"
+    out.print(f"ratio p50 {result['ratio_p50']}; target p50 <= {target['p50_ms']} ms: {met}")

@@ -1,0 +1,143 @@
+"""`ctl approve`, `ctl reject`, `ctl redirect` and `ctl accept-partial`: a human's answer to a
+task that waits for one."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from orchestra_sup.cli import render
+from orchestra_sup.cli.exits import EXIT_USAGE, fail, guarded
+from orchestra_sup.cli.options import JsonOpt, LaneArg, RunDirOpt, TimeoutOpt
+from orchestra_sup.cli.output import out
+from orchestra_sup.errors import ConfigError
+from orchestra_sup.protocol import frames as f
+
+GRANT_KEYS = {"wall_s": float, "cpu_s": float, "output_bytes": int}
+"""What `--grant` may add to, in `frames.Budget`'s units: seconds, seconds, bytes."""
+
+
+def parse_grant(text: str) -> f.Budget:
+    """`wall_s=60,cpu_s=10,output_bytes=1000000` -> `Budget`: each key of `GRANT_KEYS` at most
+    once, each value a positive finite number (an integer for `output_bytes`).
+    Raises `ConfigError` naming the item and what is wrong with it."""
+    values: dict[str, float | int] = {}
+    for item in text.split(","):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise ConfigError(f"--grant {item.strip()!r}: expected KEY=VALUE")
+        kind = GRANT_KEYS.get(key)
+        if kind is None:
+            raise ConfigError(f"--grant: unknown key {key!r} (known: {', '.join(GRANT_KEYS)})")
+        if key in values:
+            raise ConfigError(f"--grant: {key} given twice")
+        unit = "an integer" if kind is int else "a number"
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ConfigError(f"--grant {key}={raw!r}: expected {unit}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--grant {key}={raw}: must be positive and finite")
+        values[key] = value
+    return f.Budget(**values)
+
+
+def _required_text(option: str, text: str) -> str:
+    if not text.strip():
+        raise fail(f"{option} must not be empty", EXIT_USAGE)
+    return text
+
+
+def _respond(
+    ctx: typer.Context, ask: f.CtlRespond, as_json: bool, timeout: float, run_dir: Path | None
+) -> None:
+    ctx.obj.show(
+        f.HitlRecorded,
+        ask,
+        as_json=as_json,
+        timeout=timeout,
+        run_dir=run_dir,
+        json=render.recorded_json,
+        table=lambda reply: out.print(render.recorded_line(reply)),
+    )
+
+
+def approve(
+    ctx: typer.Context,
+    lane: LaneArg,
+    grant: Annotated[
+        str | None,
+        typer.Option(
+            "--grant",
+            metavar="KEY=VALUE,...",
+            help="Add to the task's budget: wall_s and cpu_s (seconds), output_bytes (bytes).",
+        ),
+    ] = None,
+    retries: Annotated[
+        int,
+        typer.Option("--retries", min=0, max=100, help="Add to the task's retry cap (0 to 100)."),
+    ] = 0,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Let a task that waits for a human go on, optionally with more budget or retries.
+
+    Prints what was recorded. Exits 2 on a bad --grant (nothing is sent) or when no task waits
+    on LANE. Your identity is taken from your connection to the tree.
+    Example: orchestra-sup ctl approve 3f2a9c1b7d44-deploy-1 --grant wall_s=60,cpu_s=10
+    """
+    budget = None if grant is None else guarded(lambda: parse_grant(grant))
+    ask = f.CtlRespond(lane=lane, verdict="approve", grant=budget, retries=retries)
+    _respond(ctx, ask, as_json, timeout, run_dir)
+
+
+def reject(
+    ctx: typer.Context,
+    lane: LaneArg,
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why: the task's next attempt gets it as feedback.")
+    ],
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Reject what a task waits for a human about; the reason becomes revision feedback.
+
+    Example: orchestra-sup ctl reject 3f2a9c1b7d44-deploy-1 --reason "not on a Friday"
+    """
+    ask = f.CtlRespond(lane=lane, verdict="reject", text=_required_text("--reason", reason))
+    _respond(ctx, ask, as_json, timeout, run_dir)
+
+
+def redirect(
+    ctx: typer.Context,
+    lane: LaneArg,
+    to: Annotated[str, typer.Option("--to", help="What the task should do instead.")],
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Tell a task that waits for a human to do something else instead.
+
+    Example: orchestra-sup ctl redirect 3f2a9c1b7d44-deploy-1 --to "deploy to staging only"
+    """
+    ask = f.CtlRespond(lane=lane, verdict="redirect", text=_required_text("--to", to))
+    _respond(ctx, ask, as_json, timeout, run_dir)
+
+
+def accept_partial(
+    ctx: typer.Context,
+    lane: LaneArg,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 10.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Take what a task that waits for a human has done so far and end its step.
+
+    Example: orchestra-sup ctl accept-partial 3f2a9c1b7d44-deploy-1
+    """
+    _respond(ctx, f.CtlRespond(lane=lane, verdict="accept_partial"), as_json, timeout, run_dir)

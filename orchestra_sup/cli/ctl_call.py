@@ -1,0 +1,52 @@
+"""`ctl call`: one of the coordinator's tools called through the real relay."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from orchestra_sup.cli.exits import EXIT_USAGE, fail
+from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt
+from orchestra_sup.cli.output import print_json
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.names import is_text, request_param
+
+
+def call(
+    ctx: typer.Context,
+    tool: Annotated[str, typer.Argument(help="read_file, list_dir, stat, list_lanes, ...")],
+    params: Annotated[
+        list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="Tool parameters.")
+    ] = None,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = 60.0,
+    run_dir: RunDirOpt = None,
+) -> None:
+    """Call one of the coordinator's tools through the real relay.
+
+    Read tools (answered by the custodian) take `path` (and `pattern` for search, `rev` for diff
+    and log); lane tools take `lane`. A path whose bytes are not UTF-8 is sent as `path_b64`, as
+    are names in the answers. Example: orchestra-sup ctl call read_file path=README.md
+    """
+    pairs: dict[str, str] = {}
+    for item in params or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"parameter {item!r} is not KEY=VALUE", EXIT_USAGE)
+        if key == "path":
+            key, value = request_param(key, value)
+        elif not (is_text(key) and is_text(value)):
+            raise fail(
+                f"parameter {item!a} is not UTF-8 (only path= may name any bytes)",
+                EXIT_USAGE,
+            )
+        pairs[key] = value
+    reply = ctx.obj.ask(f.CtlCall(tool=tool, params=pairs), timeout, run_dir)
+    assert isinstance(reply, f.ToolResult)
+    value = reply.value
+    if not as_json and tool == "read_file" and isinstance(value, dict) and "text" in value:
+        sys.stdout.write(value["text"])
+    else:
+        print_json(value)
