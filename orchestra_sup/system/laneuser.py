@@ -33,6 +33,7 @@ from typing import Literal
 
 import msgspec
 
+import orchestra_sup
 from orchestra_sup.errors import ConfigError
 
 __all__ = [
@@ -149,9 +150,15 @@ def impassable(path: Path, uid: int, *, listed: bool = True) -> Path | None:
 
 def python_paths() -> list[Path]:
     """What this interpreter needs to run (it is the lanes' `$ORCHESTRA_PYTHON`): its prefixes
-    (a venv's and the base installation's), the directory of its real executable, and the
-    directories of its import path (editable installs included), resolved. Existing
-    directories only.
+    (a venv's and the base installation's), the directory of its real executable, the
+    directories of its import path, and this release's own package directory, resolved.
+    Existing directories only.
+
+    The package directory is named on its own because an editable install (`pip install -e`,
+    as `make` sets up) finds it through an import hook, not through the import path: a
+    checkout under `/tmp` or a home directory (private in a lane) left a lane's
+    `$ORCHESTRA_PYTHON -m orchestra_sup` unable to import it. Only `orchestra_sup/` itself
+    is named, not the checkout around it, which may hold the tree's state.
 
     Not the first entry of the import path when it is the directory the process was started
     from (`python -m`, `-c`: its working directory; not so under `-P`): a tree started from
@@ -165,6 +172,7 @@ def python_paths() -> list[Path]:
         sys.base_exec_prefix,
         os.path.dirname(os.path.realpath(sys.executable)),
         *(p for p in entries if p and os.path.isabs(p)),
+        os.path.dirname(orchestra_sup.__file__),
     ]
     real = dict.fromkeys(Path(os.path.realpath(p)) for p in found)
     return [p for p in real if p.is_dir()]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from pathlib import Path
 
 import pytest
 
+import orchestra_sup
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.system import isolation, laneuser
 from orchestra_sup.system.isolation import (
@@ -187,6 +189,18 @@ def test_python_paths_leave_out_the_directory_the_tree_was_started_from(
     monkeypatch.setattr(sys, "path", [str(started_in), str(site)])
     paths = laneuser.python_paths()
     assert site in paths and started_in not in paths
+
+
+def test_python_paths_name_this_release_s_package_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An editable install finds `orchestra_sup/` through an import hook, not the import path:
+    with nothing on the path, the package directory is still bound into a lane, and not the
+    checkout around it."""
+    monkeypatch.setattr(sys, "path", [])
+    package = Path(os.path.realpath(orchestra_sup.__file__)).parent
+    paths = laneuser.python_paths()
+    assert package in paths and package.parent not in paths
 
 
 def test_rlimits_map_settings_and_the_cpu_grant() -> None:
