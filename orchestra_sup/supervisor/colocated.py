@@ -9,8 +9,9 @@ burst of lane output or one crash reaches every role at once, which is the point
 
 Mapping of the seam's operations:
 
-- `spawn`: create the role and its `Node` (colocated: no death signal, no signal handlers, the
-  shared context) and run it as a task; ready once its `Hello` is welcomed, as a process is.
+- `spawn`: create the role and its `Node` (`runtime.hosting.InSupervisor`: no death signal, no
+  signal handlers, the shared context) and run it as a task; ready once its `Hello` is
+  welcomed, as a process is.
 - `signal`: SIGTERM and SIGINT ask the node to stop as the signal would; SIGKILL cancels its task
   (no cleanup runs, as with the real signal). Other signals cannot be delivered to a component
   (False).
@@ -32,6 +33,7 @@ from orchestra_sup.errors import ChildStartError
 from orchestra_sup.node.roles import make_role
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.frames import ExitInfo
+from orchestra_sup.runtime.hosting import InSupervisor
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.seam import LoopSeam
@@ -108,7 +110,7 @@ class ColocatedSeam(LoopSeam):
         loop = asyncio.get_running_loop()
         args = self._make_args(worker)
         try:
-            node = Node(args, make_role(args.role), ctx=self.ctx, colocated=True)
+            node = Node(args, make_role(args.role), hosting=InSupervisor(self.ctx))
         except Exception as exc:
             raise ChildStartError(worker.name, f"cannot create the component: {exc}") from exc
         welcomed: asyncio.Future[None] = loop.create_future()
