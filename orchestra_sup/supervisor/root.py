@@ -14,7 +14,8 @@ only the root has:
   endpoint for a remote operator (ADR 0012);
 - what a dead child leaves behind: orphans reparented here and, for a shard, its lanes' cgroups;
 - re-executing itself onto another release with its children left running (`supervisor.reexec`):
-  a `RootSupervisor` given a `Handoff` adopts the tree instead of starting it;
+  a `RootSupervisor` given a `Handoff` adopts the tree instead of starting it, and `resume` is
+  the new image's whole life;
 - SIGHUP: the config file read again and applied child by child (`supervisor.reload`).
 
 Its collaborators (the ctl service, the metrics, reloads, rollovers, the re-exec) each get a
