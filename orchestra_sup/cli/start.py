@@ -109,11 +109,10 @@ def start(
 
     Example: orchestra-sup start --workspace ~/src/project --shards 4 --metrics-port 9464
     """
-    from orchestra_sup.supervisor.ctl import RemoteCtl
-    from orchestra_sup.supervisor.reexec import resume
-    from orchestra_sup.supervisor.reload import ConfigSource
-    from orchestra_sup.supervisor.root import RootSupervisor
+    from orchestra_sup.supervisor.root import RootSupervisor, resume
     from orchestra_sup.supervisor.runlock import refuse_owned
+    from orchestra_sup.supervisor.sockets import RemoteCtl
+    from orchestra_sup.supervisor.source import ConfigSource
 
     if preflight:
         raise typer.Exit(0)

@@ -3,7 +3,8 @@
 A child (coordinator, custodian or shard) is a `Role` plugged into a `Node`. The node:
 
 1. sets `PR_SET_PDEATHSIG` and exits at once if its supervisor is already gone, and raises its
-   soft open-file limit to its hard limit (`descriptors.raise_limit`);
+   soft open-file limit to its hard limit (`descriptors.raise_limit`), unless it is a component
+   of the supervisor's own process (`runtime.hosting`);
 2. lets the role open what it owns (`Role.open`), then binds its ROUTER at
    `<run_dir>/<name>.ipc` (mode 0600), guarded against running out of descriptors
    (`protocol.connections`), and connects a DEALER to the supervisor;
@@ -46,9 +47,10 @@ from orchestra_sup.protocol.connections import ConnectionGuard, watch
 from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
 from orchestra_sup.release import protocol_range, version
 from orchestra_sup.runtime.front import LOOP_ID, Front, Serve
+from orchestra_sup.runtime.hosting import Hosting, OwnProcess
 from orchestra_sup.runtime.looplag import LoopLag
-from orchestra_sup.system import descriptors, linux
-from orchestra_sup.system.proctitle import ProcTitle, child_title
+from orchestra_sup.system import descriptors
+from orchestra_sup.system.proctitle import child_title
 
 if typing.TYPE_CHECKING:
     from orchestra_sup.histogram import Buckets
@@ -111,14 +113,12 @@ class Node:
         args: ChildArgs,
         role: Role,
         *,
-        ctx: zmq.Context | None = None,
-        colocated: bool = False,
+        hosting: Hosting | None = None,
     ):
-        """`colocated`: a component of the supervisor's own process (`supervisor/colocated.py`):
-        no death signal and no signal handlers of its own (the supervisor's are the process's),
-        `inproc://` endpoints on the shared `ctx`, which it leaves open when it stops."""
+        """`hosting`: the process the node runs in (`runtime.hosting`; default: a process of
+        its own, `OwnProcess`)."""
         self.args = args
-        self.colocated = colocated
+        self.hosting = hosting if hosting is not None else OwnProcess()
         self.role = role
         self.name = args.name
         self.generation = args.generation
@@ -128,7 +128,7 @@ class Node:
             workspace=Path(args.workspace) if args.workspace else None,
         )
         self.codec = Codec()
-        self.ctx = ctx if ctx is not None else zmq.Context()
+        self.ctx = self.hosting.ctx
         self.control = self._endpoint(
             zmq.DEALER, self._on_control, identity=routing_id(self.name, self.generation).decode()
         )
@@ -146,22 +146,16 @@ class Node:
         """Requests refused because their sender's generation was retired (ARCHITECTURE.md §11
         invariant 11), reported in heartbeats."""
         self._exit_code = 0
-        self.title = None if colocated else ProcTitle()
+        self.title = self.hosting.title
         """This process's title (`proctitle`); a component shares the supervisor's process."""
         self.guard: ConnectionGuard | None = None
-        """The guard of its public `ipc://` socket, while it is bound (not colocated)."""
+        """The guard of its public `ipc://` socket, while it is bound (none for `inproc://`)."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        if not self.colocated:
-            linux.set_parent_death_signal()
-            if os.getppid() != self.args.supervisor_pid:
-                return 1  # orphaned before the death signal was armed
-            descriptors.raise_limit()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stopping.set)
+        if not self.hosting.arm(self.stopping.set, self.args.supervisor_pid):
+            return 1  # orphaned before the death signal was armed
         self.retitle()
         await self.role.open(self)
         self.retitle()  # what the role opened with (the coordinator's plans not done)
@@ -177,12 +171,10 @@ class Node:
                 ep.close()
             if self.guard is not None:  # once its socket (the front's, the server's) is closed
                 self.guard.close()
-            if not self.colocated:
-                self.ctx.term()
+            self.hosting.end()
 
     async def _serve(self) -> int:
-        default = f"inproc://{self.name}" if self.colocated else self.paths.endpoint(self.name)
-        public = self.args.endpoint or default
+        public = self.args.endpoint or self.hosting.endpoint(self.paths, self.name)
         if public.startswith("ipc://"):
             sock = self.server.sock if self.front is None else self.front.router
             self.guard = ConnectionGuard(
@@ -197,9 +189,7 @@ class Node:
         if public.startswith("ipc://"):
             os.chmod(public.removeprefix("ipc://"), 0o600)
         self.server.start()
-        self.control.connect(
-            "inproc://supervisor" if self.colocated else self.paths.endpoint("supervisor")
-        )
+        self.control.connect(self.hosting.endpoint(self.paths, "supervisor"))
         self.control.start()
         proto_min, proto_max = protocol_range()
         hello = f.Hello(

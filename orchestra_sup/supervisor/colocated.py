@@ -9,8 +9,9 @@ burst of lane output or one crash reaches every role at once, which is the point
 
 Mapping of the seam's operations:
 
-- `spawn`: create the role and its `Node` (colocated: no death signal, no signal handlers, the
-  shared context) and run it as a task; ready once its `Hello` is welcomed, as a process is.
+- `spawn`: create the role and its `Node` (`runtime.hosting.InSupervisor`: no death signal, no
+  signal handlers, the shared context) and run it as a task; ready once its `Hello` is
+  welcomed, as a process is.
 - `signal`: SIGTERM and SIGINT ask the node to stop as the signal would; SIGKILL cancels its task
   (no cleanup runs, as with the real signal). Other signals cannot be delivered to a component
   (False).
@@ -24,8 +25,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
-import time
 from collections.abc import Callable
 
 import zmq
@@ -34,19 +33,25 @@ from orchestra_sup.errors import ChildStartError
 from orchestra_sup.node.roles import make_role
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.frames import ExitInfo
+from orchestra_sup.runtime.hosting import InSupervisor
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.supervisor.core import Worker
+from orchestra_sup.supervisor.seam import LoopSeam
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
 HANDSHAKE_TIMEOUT_S = 15.0
 
 
-class ColocatedSeam:
+class ColocatedSeam(LoopSeam):
     """Spawns workers as `Node` tasks on the running loop, sharing `ctx`.
 
-    `make_args`, `after_exit` and `changed` are as for `seam.ProcessSeam`.
+    `make_args`, `after_exit` and `changed` are as for `seam.ProcessSeam`. `release` is the
+    supervisor's own interpreter, which every component runs.
     """
+
+    unmovable: str | None = "a colocated tree runs every role in the supervisor's own process"
+    """Why the tree cannot move onto another release: a rollover is refused with it."""
 
     def __init__(
         self,
@@ -55,26 +60,40 @@ class ColocatedSeam:
         after_exit: Callable[[Worker, int], None],
         changed: Callable[[Worker], None],
     ):
+        super().__init__(make_args, after_exit, changed)
         self.ctx = ctx
-        self.release = sys.executable
-        """Every component runs the supervisor's own interpreter: it cannot be rolled over."""
-        self._make_args = make_args
-        self._after_exit = after_exit
-        self._changed = changed
         self.nodes: dict[str, tuple[Node, asyncio.Task[int]]] = {}
-        self._welcomed: dict[str, asyncio.Future[None]] = {}
 
-    def clock(self) -> float:
-        return time.monotonic()
+    def endpoint(self, name: str) -> str:
+        """Where component `name` (or, for "supervisor", the control socket) is reached:
+        `inproc://<name>` on the shared context."""
+        return f"inproc://{name}"
 
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-    def changed(self, worker: Worker) -> None:
-        self._changed(worker)
+    def child_endpoint(self, worker: Worker) -> str:
+        """Where `worker`'s component at `worker.generation` binds: `inproc://<name>.<generation>`
+        always, since libzmq unbinds a closed inproc socket later, on its reaper thread, and
+        the next generation binds at once."""
+        return self.endpoint(f"{worker.name}.{worker.generation}")
 
     def known_pids(self) -> set[int]:
         return set()
+
+    def spawning_helper(self) -> bool:
+        """No helper is ever spawned (a colocated tree is never rolled over)."""
+        return False
+
+    def watch_orphans(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Nothing to watch: the lanes' commands, this process's only children, are waited for
+        by asyncio's child watcher, and no orphan is reaped here."""
+
+    def kill_orphans(self) -> None:
+        """Nothing to kill: this process is no subreaper (`watch_orphans`), so nothing is
+        reparented to it."""
+
+    def close_context(self, ctx: zmq.Context) -> None:
+        """Destroy the shared context: a component SIGKILLed (its task cancelled) may still
+        hold sockets on it, which `term` would wait for."""
+        ctx.destroy(linger=0)
 
     async def open(self) -> None:
         """Nothing to prepare: no process is ever started (`seam.ProcessSeam.open` starts its
@@ -91,7 +110,7 @@ class ColocatedSeam:
         loop = asyncio.get_running_loop()
         args = self._make_args(worker)
         try:
-            node = Node(args, make_role(args.role), ctx=self.ctx, colocated=True)
+            node = Node(args, make_role(args.role), hosting=InSupervisor(self.ctx))
         except Exception as exc:
             raise ChildStartError(worker.name, f"cannot create the component: {exc}") from exc
         welcomed: asyncio.Future[None] = loop.create_future()

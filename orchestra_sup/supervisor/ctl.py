@@ -28,7 +28,7 @@ import os
 import pwd
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import Any, assert_never
 
 import msgspec
 import zmq
@@ -48,13 +48,10 @@ from orchestra_sup.protocol.endpoint import (
 from orchestra_sup.release import version
 from orchestra_sup.runtime.node import debug_raise
 from orchestra_sup.supervisor.core import Supervisor, Worker
-from orchestra_sup.supervisor.reload import Busy
+from orchestra_sup.supervisor.gate import Busy
 from orchestra_sup.supervisor.spec import ChildState
-from orchestra_sup.system.descriptors import usage
+from orchestra_sup.supervisor.views import CtlHost
 from orchestra_sup.system.isolation import effective
-
-if TYPE_CHECKING:
-    from orchestra_sup.supervisor.root import RootSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +64,6 @@ from memory at once; only a wedged or stopped one takes longer, and then the sha
 answered without them rather than held up for the caller's whole deadline."""
 
 
-class RemoteCtl(msgspec.Struct, frozen=True, kw_only=True):
-    """`start --ctl-tcp ENDPOINT --keys DIR`: ctl also served on `endpoint` (`tcp://host:port`)
-    with CURVE, admitting the client keys allowed in `keys_dir` (`protocol.keys`). Carried
-    across a re-exec (`reexec.Handoff`)."""
-
-    endpoint: str
-    keys_dir: str
-
-
 class CtlService:
     """Serves `Ctl*` frames on the supervisor's ctl ROUTER.
 
@@ -86,8 +74,8 @@ class CtlService:
     answered `forbidden` by `admit`.
     """
 
-    def __init__(self, sup: RootSupervisor, owner_uid: int | None = None):
-        self.sup = sup
+    def __init__(self, host: CtlHost, owner_uid: int | None = None):
+        self.host = host
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
         self.refused = 0
 
@@ -118,7 +106,7 @@ class CtlService:
             name="ctl",
             process="the supervisor",
             answers=True,
-            max_connections=lambda: self.sup.settings.supervisor.ctl_connections,
+            max_connections=lambda: self.host.settings.supervisor.ctl_connections,
             shut_below=SHUT_BELOW,
         )
 
@@ -127,7 +115,7 @@ class CtlService:
         `refusal`), or None: it is served, or it is no connection (`inproc://`)."""
         if ep.connection is None:
             return None
-        guard = self.sup.guards.get(ep)
+        guard = self.host.sockets.guards.get(ep)
         return guard.refusal(ep.connection) if guard is not None else None
 
     @needs_caller
@@ -140,27 +128,31 @@ class CtlService:
         if refusal is not None:
             ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=refusal))
             return
-        body = env.body
+        answer = self._answer(ep, env)
+        if isinstance(answer, Coroutine):  # answered once it is done, off the receive loop
+            self.host.spawn(reply_when_done(ep, peer, env, answer))
+        else:
+            ep.reply(env, peer, answer)
+
+    def _answer(self, ep: Endpoint, env: f.Envelope) -> f.Body | Coroutine[Any, Any, f.Body]:
+        """The answer to the admitted request `env` came with on `ep`: a frame at once, or the
+        work that answers it."""
+        host, body = self.host, env.body
         match body:
             case f.CtlStatus():
-                ep.reply(env, peer, self.status())
+                return self.status()
             case f.CtlStop():
-                ep.reply(env, peer, f.Ack())
-                asyncio.get_running_loop().call_soon(self.sup.request_stop)
+                asyncio.get_running_loop().call_soon(host.request_stop)
+                return f.Ack()
             case f.CtlRestart(name=name):
-                child = self.sup.by_name.get(name)
+                child = host.children.by_name.get(name)
                 if child is None:
-                    names = ", ".join(self.sup.by_name)
-                    ep.reply(
-                        env,
-                        peer,
-                        f.Error(
-                            code=ErrorCode.NOT_FOUND,
-                            message=f"no child named {name!r} (children: {names})",
-                        ),
+                    names = ", ".join(host.children.by_name)
+                    return f.Error(
+                        code=ErrorCode.NOT_FOUND,
+                        message=f"no child named {name!r} (children: {names})",
                     )
-                    return
-                self._answer(ep, peer, env, self._restart(child))
+                return self._restart(child)
             case (
                 f.CtlSubmit()
                 | f.CtlPlan()
@@ -169,117 +161,85 @@ class CtlService:
                 | f.CtlCall()
                 | f.CtlBenchRelay()
             ):
-                self._answer(ep, peer, env, self._forward("coordinator", body, env.ttl_s))
-            case f.CtlRollover() if self.sup.reloads.running():
+                return self._forward("coordinator", body, env.ttl_s)
+            case f.CtlRollover() if host.gate.reloading():
                 message = "a config reload is in progress; roll over once it is done"
-                ep.reply(env, peer, f.Error(code=ErrorCode.BUSY, message=message))
+                return f.Error(code=ErrorCode.BUSY, message=message)
             case f.CtlRollover():
-                self._answer(ep, peer, env, self.sup.rollovers.begin(body))
+                return host.rollovers.begin(body)
             case f.CtlReload():
-                self._answer(ep, peer, env, self._reload())
+                return self._reload()
             case f.CtlRolloverStatus():
-                self._answer(ep, peer, env, self.sup.rollovers.status(body))
+                return host.rollovers.status(body)
             case f.CtlRespond():
                 assert ep.caller is not None  # admitted
-                self._answer(ep, peer, env, self._respond(body, ep.caller, env.ttl_s))
+                return self._respond(body, ep.caller, env.ttl_s)
             case f.CtlLanes():
-                self._answer(ep, peer, env, self._lanes(env.ttl_s))
+                return self._lanes(env.ttl_s)
             case f.CtlLogs():
-                self._answer(ep, peer, env, self._logs(body, env.ttl_s))
-            case f.CtlDebug(name="supervisor", action="raise") if self.sup.debug_hooks:
+                return self._logs(body, env.ttl_s)
+            case f.CtlDebug(name="supervisor", action="raise") if host.debug_hooks:
                 raise RuntimeError("debug hook: the supervisor's ctl handler raises")
-            case f.CtlDebug(name="supervisor", action="raise_in_task") if self.sup.debug_hooks:
-                self._answer(ep, peer, env, debug_raise("supervisor"))
-            case f.CtlDebug(name="supervisor") if self.sup.debug_hooks:
+            case f.CtlDebug(name="supervisor", action="raise_in_task") if host.debug_hooks:
+                return debug_raise("supervisor")
+            case f.CtlDebug(name="supervisor") if host.debug_hooks:
                 message = f"debug action {body.action} is for children, not the supervisor"
-                ep.reply(env, peer, f.Error(code=ErrorCode.BAD_REQUEST, message=message))
-            case f.CtlDebug(name=name) if self.sup.debug_hooks and name in self.sup.by_name:
-                self._answer(
-                    ep,
-                    peer,
-                    env,
-                    self._forward(
-                        name, f.DebugHook(action=body.action, seconds=body.seconds), env.ttl_s
-                    ),
-                )
-            case f.CtlDebug() if not self.sup.debug_hooks:
+                return f.Error(code=ErrorCode.BAD_REQUEST, message=message)
+            case f.CtlDebug(name=name) if host.debug_hooks and name in host.children.by_name:
+                hook = f.DebugHook(action=body.action, seconds=body.seconds)
+                return self._forward(name, hook, env.ttl_s)
+            case f.CtlDebug() if not host.debug_hooks:
                 message = "debug hooks are off (start the tree with ORCHESTRA_SUP_DEBUG_HOOKS=1)"
-                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
+                return f.Error(code=ErrorCode.FORBIDDEN, message=message)
             case f.CtlDebug():
-                message = f"no child named {body.name!r}"
-                ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
+                return f.Error(code=ErrorCode.NOT_FOUND, message=f"no child named {body.name!r}")
             case _:
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.UNEXPECTED,
-                        message=f"{type(body).__name__} is not a ctl request",
-                    ),
+                return f.Error(
+                    code=ErrorCode.UNEXPECTED,
+                    message=f"{type(body).__name__} is not a ctl request",
                 )
 
     def status(self) -> f.StatusReply:
-        paths = self.sup.paths
+        host, sockets = self.host, self.host.sockets
+        paths = host.paths
         return f.StatusReply(
             supervisor_pid=os.getpid(),
             version=version(),
             run_dir=str(paths.run_dir),
             state_dir=str(paths.state_dir),
             workspace=str(paths.workspace or paths.state_dir / "workspace"),
-            children=[self.sup.child_info(w) for w in self.sup.workers],
-            supervisors=list(_supervisors(self.sup.tree)),
-            loop_lag_ms=tuple(round(ms, 3) for ms in self.sup.lag.figures()),
-            release=self.sup.seam.release,
-            rollover=self.sup.rollovers.summary(),
-            ctl_refused=self.sup.ctl_refused(),
-            bad_frames=sum(ep.bad_frames for ep in (self.sup.control, self.sup.ctl) if ep),
-            stale_frames=sum(ep.stale_frames for ep in (self.sup.control, self.sup.ctl) if ep),
-            internal_errors=sum(
-                ep.internal_errors for ep in (self.sup.control, self.sup.ctl, self.sup.remote) if ep
-            ),
-            isolation=effective(self.sup.settings.isolation).mode,
-            metrics_url=self.sup.metrics_url,
-            descriptors=self.descriptors(),
-            ctl_connections=sum(g.served for g in self.sup.guards.values() if g.answers),
-            ctl_connections_max=self.sup.settings.supervisor.ctl_connections,
+            children=[host.children.child_info(w) for w in host.children.workers],
+            supervisors=list(_supervisors(host.tree)),
+            loop_lag_ms=tuple(round(ms, 3) for ms in host.lag.figures()),
+            release=host.seam.release,
+            rollover=host.rollovers.summary(),
+            ctl_refused=host.ctl_refused(),
+            bad_frames=sockets.bad_frames(),
+            stale_frames=sockets.stale_frames(),
+            internal_errors=sockets.internal_errors(),
+            isolation=effective(host.settings.isolation).mode,
+            metrics_url=host.metrics_url,
+            descriptors=sockets.descriptors(),
+            ctl_connections=sockets.ctl_connections(),
+            ctl_connections_max=host.settings.supervisor.ctl_connections,
         )
-
-    def descriptors(self) -> f.Descriptors:
-        """The supervisor's descriptors now, with what its guards refused and shut."""
-        now = usage()
-        guards = list(self.sup.guards.values())
-        return f.Descriptors(
-            open=now.open,
-            limit=now.limit,
-            refused=sum(g.refused for g in guards),
-            closings=sum(g.closings for g in guards),
-            shut=[g.name for g in guards if g.shut],
-        )
-
-    def _answer(
-        self,
-        ep: Endpoint,
-        peer: bytes | None,
-        env: f.Envelope,
-        work: Coroutine[Any, Any, f.Body],
-    ) -> None:
-        self.sup.spawn(reply_when_done(ep, peer, env, work))
 
     async def _reload(self) -> f.Body:
-        """`ctl reload`: the `ReloadReport`, or `Error(busy)` (`reload.Busy`)."""
+        """`ctl reload`: the `ReloadReport`, or `Error(busy)` (`gate.Busy`)."""
         try:
-            task = self.sup.reloads.begin()
+            task = self.host.reloads.begin()
         except Busy as exc:
             raise RemoteError(ErrorCode.BUSY, str(exc)) from None
         return await asyncio.shield(task)  # the caller going away does not cut a reload short
 
     async def _restart(self, worker: Worker) -> f.Body:
-        if self.sup.reloads.running():  # it restarts, adds and retires children
+        gate = self.host.gate
+        if gate.reloading():  # it restarts, adds and retires children
             raise RemoteError(
                 ErrorCode.BUSY,
                 f"a config reload is in progress; restart {worker.name} once it is done",
             )
-        running = self.sup.rollovers.running()
+        running = gate.rollover()
         if running is not None:  # it holds the restart lock of what it moves for its whole run
             raise RemoteError(
                 ErrorCode.BUSY,
@@ -291,7 +251,7 @@ class CtlService:
                 ErrorCode.BAD_REQUEST,
                 f"{worker.name} is {worker.state}; try again when it is running",
             )
-        await self.sup.tree.restart_worker(worker)
+        await self.host.tree.restart_worker(worker)
         return f.Ack()
 
     async def _forward(
@@ -301,15 +261,16 @@ class CtlService:
         None: `DEFAULT_FORWARD_TIMEOUT_S`), or `wait_s` seconds when that is sooner. Returns
         its reply, its `Error` as a body; raises `RemoteError(peer_down)` when it is not
         running, `PeerDown`/`CallTimeout` when it cannot be reached or does not answer."""
-        child = self.sup.by_name[name]
-        assert self.sup.control is not None
+        child = self.host.children.by_name[name]
+        control = self.host.sockets.control
+        assert control is not None
         if child.state is not ChildState.RUNNING:
             raise RemoteError(ErrorCode.PEER_DOWN, f"{name} is {child.state}; try again shortly")
         timeout = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
         if wait_s is not None:
             timeout = min(timeout, wait_s)
         try:
-            return await self.sup.control.request(
+            return await control.request(
                 body,
                 to=routing_id(child.name, child.generation),
                 timeout_s=timeout,
@@ -336,7 +297,7 @@ class CtlService:
         (`merge_pending`). A shard or a coordinator that does not answer is left out (the
         coordinator after `PENDING_WAIT_S`) and named in `unanswered`: what the others said is
         still worth showing, and the caller learns what it does not show."""
-        shards = [w for w in self.sup.workers if w.spec.role == "shard"]
+        shards = [w for w in self.host.children.workers if w.spec.role == "shard"]
         pending, *replies = await asyncio.gather(
             self._forward("coordinator", f.ListPending(), ttl_s, wait_s=PENDING_WAIT_S),
             *(self._forward(c.name, f.ListLanes(), ttl_s) for c in shards),
@@ -361,7 +322,7 @@ class CtlService:
         The long poll is cut `LOGS_MARGIN_S` short of the caller's deadline, so the answer still
         reaches it. Raises `RemoteError`: `not_found` when every shard answered and none knows the
         lane, `peer_down` when none that answered does and some did not answer."""
-        shards = [w for w in self.sup.workers if w.spec.role == "shard"]
+        shards = [w for w in self.host.children.workers if w.spec.role == "shard"]
         budget = max(0.1, (ttl_s or DEFAULT_FORWARD_TIMEOUT_S) - 0.2)
         ask = f.LaneLogs(
             lane=req.lane,

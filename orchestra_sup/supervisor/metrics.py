@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -61,9 +61,7 @@ from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.supervisor.core import ExitCause
 from orchestra_sup.supervisor.spec import ChildState
-
-if TYPE_CHECKING:
-    from orchestra_sup.supervisor.root import RootSupervisor
+from orchestra_sup.supervisor.views import MetricsHost
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -105,8 +103,9 @@ class TreeSample:
     ctl_connections: int = 0
 
 
-def sample(sup: RootSupervisor) -> TreeSample:
+def sample(sup: MetricsHost) -> TreeSample:
     """What `families` needs from `sup`, copied. On the supervisor's loop only."""
+    children, sockets = sup.children, sup.sockets
     return TreeSample(
         children=tuple(
             ChildSample(
@@ -117,17 +116,17 @@ def sample(sup: RootSupervisor) -> TreeSample:
                 restarts=w.restarts,
                 operator_restarts=w.operator_restarts,
                 exits={str(cause): n for cause, n in w.exits.items()},
-                beat=sup.liveness[w.name].beat,
+                beat=children.liveness[w.name].beat,
             )
-            for w in sup.workers
+            for w in children.workers
         ),
         loop_lag=sup.lag.buckets.frame(),
         ctl_refused=sup.ctl_refused(),
-        bad_frames=sum(ep.bad_frames for ep in (sup.control, sup.ctl) if ep),
-        stale_frames=sum(ep.stale_frames for ep in (sup.control, sup.ctl) if ep),
-        internal_errors=sum(ep.internal_errors for ep in (sup.control, sup.ctl, sup.remote) if ep),
-        descriptors=sup.ctl_service.descriptors(),
-        ctl_connections=sum(g.served for g in sup.guards.values() if g.answers),
+        bad_frames=sockets.bad_frames(),
+        stale_frames=sockets.stale_frames(),
+        internal_errors=sockets.internal_errors(),
+        descriptors=sockets.descriptors(),
+        ctl_connections=sockets.ctl_connections(),
     )
 
 
@@ -433,7 +432,7 @@ def _netloc(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def start_server(sup: RootSupervisor, host: str, port: int) -> MetricsServer:
+def start_server(sup: MetricsHost, host: str, port: int) -> MetricsServer:
     """Bind and start the metrics of `sup` at `host`:`port`, on its running loop: a registry of
     its own (never prometheus-client's global one, which would add this process's Python
     collectors and outlive the tree) with one `TreeCollector`. Raises `ConfigError` as

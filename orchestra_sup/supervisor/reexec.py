@@ -26,25 +26,22 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 
 from orchestra_sup.config import Paths, Settings
 from orchestra_sup.errors import ConfigError, ReleaseError, SupervisionError
-from orchestra_sup.logformat import SUPERVISOR, LogFormat, configure
+from orchestra_sup.logformat import LogFormat
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.core import Worker
-from orchestra_sup.supervisor.ctl import RemoteCtl
 from orchestra_sup.supervisor.process import ChildProcess, child_pids
-from orchestra_sup.supervisor.reload import ConfigSource
+from orchestra_sup.supervisor.sockets import RemoteCtl
+from orchestra_sup.supervisor.source import ConfigSource
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
-
-if TYPE_CHECKING:
-    from orchestra_sup.supervisor.root import RootSupervisor
+from orchestra_sup.supervisor.views import ReexecHost
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -121,10 +118,10 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
 # --- the old image --------------------------------------------------------------------------------
 
 
-async def reexec(sup: RootSupervisor, release: str, carry: bytes = b"") -> None:
+async def reexec(sup: ReexecHost, release: str, carry: bytes = b"") -> None:
     """Re-execute the supervisor as `release` (an interpreter with orchestra-sup, as
     `release.probe` checked it), same pid, children left running; `carry` reaches the new
-    image as `RootSupervisor.carried`. Never returns when it worked.
+    image's rollovers (`Handoff.carry`). Never returns when it worked.
 
     Waits (at most `QUIET_TIMEOUT_S` s) for the tree's quiet point: every supervisor's restart
     lock held, so no start, stop or restart is in flight, and every child running or stopped
@@ -141,7 +138,7 @@ async def reexec(sup: RootSupervisor, release: str, carry: bytes = b"") -> None:
     would end the thread the children's parent-death signal is tied to), a child is not the
     main thread's, or the exec itself fails (`release` changed since it was checked: no
     longer a program, for example)."""
-    if sup.colocated:
+    if sup.seam.unmovable is not None:
         raise ReleaseError("a colocated tree cannot re-execute its supervisor")
     if not os.path.isfile(release) or not os.access(release, os.X_OK):
         raise ReleaseError(f"release {release}: not an executable file")
@@ -169,17 +166,17 @@ async def reexec(sup: RootSupervisor, release: str, carry: bytes = b"") -> None:
             raise
 
 
-def _check_settled(sup: RootSupervisor) -> None:
+def _check_settled(sup: ReexecHost) -> None:
     if sup.stopping or not sup.tree.running:
         raise ReleaseError("the tree is starting or stopping; try again when it runs")
-    for worker in sup.workers:
+    for worker in sup.children.workers:
         if worker.state not in (ChildState.RUNNING, ChildState.STOPPED):
             raise ReleaseError(f"child {worker.name} is {worker.state}; try again when it runs")
         if worker.retiring is not None:
             raise ReleaseError(f"child {worker.name} is being rolled over; try again after")
 
 
-def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
+def _exec(sup: ReexecHost, release: str, carry: bytes) -> None:
     """Hand over and exec; on its return (a failure) undo it all and raise `ReleaseError`.
     Runs without awaiting, so nothing on the loop changes the tree in between."""
     _check_parents(sup)
@@ -200,7 +197,7 @@ def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
     # was sent last (a ctl reply, a rollover's progress) leave first, and once the context is
     # terminated libzmq has unlinked both paths, so binding them again after a failed exec
     # cannot race its I/O thread.
-    sup.close_sockets(FLUSH_S)
+    sup.sockets.close(FLUSH_S)
     fd = os.memfd_create("orchestra-sup-handoff")
     try:
         os.write(fd, msgspec.msgpack.encode(_handoff(sup, release, carry)))
@@ -213,13 +210,13 @@ def _exec(sup: RootSupervisor, release: str, carry: bytes) -> None:
             os.set_inheritable(each, False)
         _reopen(sup)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        notify.ready(sup.summary())
+        notify.ready(sup.children.summary())
         raise ReleaseError(f"release {release}: cannot execute it: {exc.strerror}") from exc
     finally:
         os.close(fd)
 
 
-def _handoff(sup: RootSupervisor, release: str, carry: bytes) -> Handoff:
+def _handoff(sup: ReexecHost, release: str, carry: bytes) -> Handoff:
     assert sup.dir_locks is not None
     run_lock, state_lock = sup.dir_locks
     return Handoff(
@@ -231,17 +228,17 @@ def _handoff(sup: RootSupervisor, release: str, carry: bytes) -> Handoff:
         state_dir=str(sup.paths.state_dir),
         workspace=str(sup.paths.workspace) if sup.paths.workspace is not None else None,
         settings=sup.settings,
-        children=[_record(sup, worker) for worker in sup.workers],
+        children=[_record(sup, worker) for worker in sup.children.workers],
         exec_at=time.monotonic(),
         carry=carry,
-        remote_ctl=sup.remote_ctl,
+        remote_ctl=sup.sockets.remote_ctl,
         log_format=sup.log_format,
         generation=sup.generation + 1,
-        config=sup.reloads.source,
+        config=sup.config,
     )
 
 
-def _reopen(sup: RootSupervisor) -> None:
+def _reopen(sup: ReexecHost) -> None:
     """Bind the sockets again after a failed exec. A tree that cannot is stopped (its children
     could no longer be heard), which the one line `reexec` raises then says."""
     try:
@@ -251,7 +248,7 @@ def _reopen(sup: RootSupervisor) -> None:
         sup.request_stop(EXIT_FAILED)
 
 
-def _check_parents(sup: RootSupervisor) -> None:
+def _check_parents(sup: ReexecHost) -> None:
     """Refuse when a child's parent is a thread other than the main one: the exec ends every
     other thread, and a child's parent-death signal fires when its parent thread ends.
     Children are spawned from the loop (main) thread, and the kernel reparents a forked
@@ -262,7 +259,7 @@ def _check_parents(sup: RootSupervisor) -> None:
             main = {int(pid) for pid in fh.read().split()}
     except FileNotFoundError:
         return
-    for worker in sup.workers:
+    for worker in sup.children.workers:
         if worker.pid is not None and worker.pid not in main:
             raise ReleaseError(
                 f"child {worker.name} (pid {worker.pid}) is not the main thread's child; "
@@ -270,7 +267,7 @@ def _check_parents(sup: RootSupervisor) -> None:
             )
 
 
-def _record(sup: RootSupervisor, worker: Worker) -> HandoffChild:
+def _record(sup: ReexecHost, worker: Worker) -> HandoffChild:
     proc = sup.seam.procs.get(worker.name) if worker.state is ChildState.RUNNING else None
     return HandoffChild(
         name=worker.name,
@@ -284,51 +281,15 @@ def _record(sup: RootSupervisor, worker: Worker) -> HandoffChild:
         last_exit=worker.last_exit,
         release=worker.release or sup.seam.release,
         version=worker.version,
-        endpoint=sup.endpoints.get((worker.name, worker.generation), ""),
+        endpoint=sup.children.endpoints.get((worker.name, worker.generation), ""),
     )
 
 
-def _up(sup: RootSupervisor) -> int:
-    return sum(w.state is ChildState.RUNNING for w in sup.workers)
+def _up(sup: ReexecHost) -> int:
+    return sum(w.state is ChildState.RUNNING for w in sup.children.workers)
 
 
 # --- the new image --------------------------------------------------------------------------------
-
-
-def resume(fd: int) -> int:
-    """`orchestra-sup start --adopt FD`: the new image's whole life. Reads the `Handoff` at
-    descriptor `fd`, then runs the tree it describes, adopted (`RootSupervisor.run`), and
-    returns run's exit status. Logging is configured again from the hand-off (the old image's
-    `--log-format`, this image's generation); until it is read, lines are text, `gen=?`.
-
-    The old image is gone, so a new image that cannot adopt cannot roll back: it says why in
-    one line on stderr, stops every child it inherited (`stop_children`) and returns
-    `EXIT_FAILED_START`, so systemd restarts the tree afresh. What can fail here is what
-    `release.probe` could not see before the exec: the hand-off unreadable (this release reads
-    another schema), the locks not inherited, a socket that cannot be bound, or a tree of
-    another shape (this release builds other children from the same settings).
-    """
-    from orchestra_sup.config import SupervisorSettings
-    from orchestra_sup.errors import OrchestraError
-    from orchestra_sup.supervisor.root import EXIT_FAILED_START, RootSupervisor
-    from orchestra_sup.supervisor.shape import SHARD_STOP_MARGIN_S
-    from orchestra_sup.system.cgroups import kill_tree_sync, tree_path
-
-    settings, run_dir = None, None
-    try:
-        handoff = read_handoff(fd)
-        configure(SUPERVISOR, handoff.generation, handoff.log_format)
-        settings, run_dir = handoff.settings, Path(handoff.run_dir)
-        return asyncio.run(RootSupervisor(handoff.paths(), handoff.settings, handoff=handoff).run())
-    except (OrchestraError, OSError, zmq.ZMQError) as exc:
-        log.error("the re-executed supervisor cannot go on: %s; stopping its children", exc)
-        print(f"orchestra-sup: cannot adopt the tree: {exc}", file=sys.stderr)
-        sup_settings = settings.supervisor if settings is not None else SupervisorSettings()
-        stop_children(sup_settings.shutdown_timeout_s + SHARD_STOP_MARGIN_S)
-        cgroups = tree_path(run_dir) if run_dir is not None else None
-        if cgroups is not None:
-            kill_tree_sync(cgroups)
-        return EXIT_FAILED_START
 
 
 def read_handoff(fd: int) -> Handoff:
@@ -361,47 +322,49 @@ def check(handoff: Handoff, workers: list[Worker]) -> None:
             raise SupervisionError(f"child {child.name} was handed over {child.state}")
 
 
-def adopt(sup: RootSupervisor, handoff: Handoff) -> None:
+def adopt(sup: ReexecHost, handoff: Handoff) -> None:
     """Restore every worker's control record from `handoff` (`check`ed) and hold each running
     child's process again (`ProcessSeam.adopt`), generation unchanged; every supervisor of
     the tree counts as running. A child whose process is gone, or is not the one recorded,
     is an exit, handled on a later loop step like any.
 
     Call on the loop before anything awaits (no SIGCHLD handling may reap a child before it
-    is held). Adopted children's names are put in `sup.unheard`: the roster is sent to each
-    again when its first heartbeat says its DEALER has reconnected."""
+    is held). Adopted children's names are put in `sup.children.unheard`: the roster is sent to
+    each again when its first heartbeat says its DEALER has reconnected."""
+    children = sup.children
     for each in sup.tree.supervisors():
         each.running = True
-    sup.adopting = True  # no roster until every child is back: the others would look down
+    children.adopting = True  # no roster until every child is back: the others would look down
     try:
         _adopt_children(sup, handoff)
     finally:
-        sup.adopting = False
+        children.adopting = False
     log.info(
         "supervisor re-executed onto %s: %d of %d children adopted %.1f ms after the exec",
         handoff.release,
-        len(sup.unheard),
-        len(sup.workers),
+        len(children.unheard),
+        len(children.workers),
         (time.monotonic() - handoff.exec_at) * 1000,
     )
 
 
-def _adopt_children(sup: RootSupervisor, handoff: Handoff) -> None:
-    for worker, child in zip(sup.workers, handoff.children, strict=True):
+def _adopt_children(sup: ReexecHost, handoff: Handoff) -> None:
+    children = sup.children
+    for worker, child in zip(children.workers, handoff.children, strict=True):
         worker.restarts = child.restarts
         worker.operator_restarts = child.operator_restarts
         worker.last_exit = child.last_exit
         worker.release = "" if child.release == handoff.release else child.release
         worker.version = child.version
         if child.endpoint:
-            sup.endpoints[(worker.name, child.generation)] = child.endpoint
+            children.endpoints[(worker.name, child.generation)] = child.endpoint
         if child.state is ChildState.STOPPED:
             worker.generation = child.generation
             continue
         assert child.pid is not None
         worker.resume(child.generation, child.started_at)
         if sup.seam.adopt(worker, child.pid, child.create_time):
-            sup.unheard.add(worker.name)
+            children.unheard.add(worker.name)
 
 
 def stop_children(grace_s: float) -> int:

@@ -26,10 +26,11 @@ applies the difference, child by child:
 
 Refused, changing nothing (every pid, the settings in force): a file that cannot be read or
 parsed, a bad value (the `ConfigError` line), a key that cannot change while the tree runs
-(`IMMUTABLE`), and, as busy, a reload while another one, a rollover, or a stop is in progress.
-The state and run directories, the workspace and `--colocated` come from the command line, which
-a reload does not read again. A rollover or a `ctl restart` asked during a reload is refused
-busy (`supervisor.ctl`).
+(`IMMUTABLE`), and, as busy (`gate.Busy`), a reload while another one, a rollover, or a stop is
+in progress (a reload and a rollover exclude each other through `gate.ChangeGate`). The state and
+run directories, the workspace and `--colocated` come from the command line, which a reload does
+not read again. A rollover or a `ctl restart` asked during a reload is refused busy
+(`supervisor.ctl`).
 
 To systemd (sd_notify): `RELOADING=1` with `MONOTONIC_USEC` when a reload begins, `READY=1`
 with a `STATUS=` line when it ends, refused or not; a busy refusal says nothing (the reload in
@@ -42,22 +43,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from orchestra_sup.config import Settings, load_settings, with_metrics
+from orchestra_sup.config import Settings
 from orchestra_sup.errors import ChildStartError, ConfigError, RelayError, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.core import Supervisor, Worker
+from orchestra_sup.supervisor.gate import Busy, ChangeGate
 from orchestra_sup.supervisor.shape import child_spec, child_specs, flags, settings_args
+from orchestra_sup.supervisor.source import ConfigSource
 from orchestra_sup.supervisor.spec import ChildState
-
-if TYPE_CHECKING:
-    from orchestra_sup.supervisor.root import RootSupervisor
+from orchestra_sup.supervisor.views import TreeHost
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -67,29 +67,6 @@ IMMUTABLE = {
     "[supervisor] metrics_host": "the metrics endpoint is bound once, when the tree starts",
 }
 """Settings a running tree cannot take on, and why; a reload that changes one is refused."""
-
-
-class ConfigSource(msgspec.Struct, frozen=True, kw_only=True):
-    """Where `start` got its settings: `path` the config file (absolute; None: no `--config`,
-    defaults only, nothing to re-read), `shards`, `lanes_per_shard`, `metrics_port` and
-    `metrics_host` its command-line overrides (None: not given). Carried across a re-exec
-    (`reexec.Handoff`)."""
-
-    path: str | None = None
-    shards: int | None = None
-    lanes_per_shard: int | None = None
-    metrics_port: int | None = None
-    metrics_host: str | None = None
-
-    def load(self) -> Settings:
-        """The settings as `start` would read them now (`config.load_settings`). Raises
-        `ConfigError` (one line naming the file, and the key and value when it is one)."""
-        settings = load_settings(
-            Path(self.path) if self.path is not None else None,
-            shards=self.shards,
-            lanes_per_shard=self.lanes_per_shard,
-        )
-        return with_metrics(settings, self.metrics_port, self.metrics_host)
 
 
 class ReloadPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -165,15 +142,13 @@ def plan(old: Settings, new: Settings) -> ReloadPlan:
     )
 
 
-class Busy(Exception):
-    """A reload cannot begin now; `str()` says what is in progress."""
-
-
 class Reloads:
-    """The supervisor's config reloads: at most one at a time (`running`)."""
+    """The supervisor's config reloads of the tree `host`: at most one at a time, and none while
+    a rollover runs (both hold `gate`)."""
 
-    def __init__(self, sup: RootSupervisor, source: ConfigSource | None):
-        self.sup = sup
+    def __init__(self, host: TreeHost, gate: ChangeGate, source: ConfigSource | None):
+        self.host = host
+        self.gate = gate
         self.source = source
         """Where the settings in force came from; None: not from `start` (a tree built in
         process), nothing to re-read."""
@@ -183,28 +158,25 @@ class Reloads:
         """Retired shards' last generation: one added again later goes on from it, so no
         (name, generation) ever names two processes in one run of the tree."""
 
-    def running(self) -> bool:
-        """A reload is in progress."""
-        return self._task is not None and not self._task.done()
-
     def begin(self) -> asyncio.Task[f.ReloadReport]:
         """Start a reload; its task answers the `ReloadReport`. Raises `Busy` while the tree
         starts, or another reload, a rollover or a stop is in progress (then nothing is said to
         systemd)."""
-        sup = self.sup
-        if sup.stopping:
+        host = self.host
+        if host.stopping:
             raise Busy("the tree is stopping")
-        if not sup.tree.running:
+        if not host.tree.running:
             raise Busy("the tree is starting; reload once it is ready")
-        if self.running():
+        if self.gate.reloading():
             raise Busy("a config reload is already in progress")
-        rollover = sup.rollovers.running()
+        rollover = self.gate.rollover()
         if rollover is not None:
             raise Busy(
                 f"rollover {rollover.id} of {rollover.target} is running; "
                 "reload once it is done (ctl rollover prints when)"
             )
-        self._task = sup.spawn(self._reload())
+        self._task = host.spawn(self._reload())
+        self.gate.enter(self._task)
         return self._task
 
     def on_sighup(self) -> None:
@@ -216,8 +188,7 @@ class Reloads:
 
     async def cancel(self) -> None:
         """End the reload in progress, if any (the tree is stopping)."""
-        if self.running():
-            assert self._task is not None
+        if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -250,20 +221,20 @@ class Reloads:
                 error=f"internal error: {exc!r} (see the supervisor's log)",
             )
         finally:
-            status = self.sup.summary()
+            status = self.host.children.summary()
             if report.error is not None:
                 status += f"; config reload {'refused' if report.refused else 'failed'}"
             notify.ready(status)
         return report
 
     async def _apply(self) -> f.ReloadReport:
-        sup = self.sup
-        names = [w.name for w in sup.workers]
+        host, children = self.host, self.host.children
+        names = [w.name for w in children.workers]
         if self.source is None or self.source.path is None:
             log.info("config reload: the tree was started without --config; nothing to re-read")
             return f.ReloadReport(config="", unchanged=names)
         config = self.source.path
-        old = sup.settings
+        old = host.settings
         try:
             new = await asyncio.to_thread(self.source.load)
             step = await asyncio.to_thread(plan, old, new)
@@ -271,16 +242,16 @@ class Reloads:
             return _refused(config, names, str(exc))
         if step.refusal is not None:
             return _refused(config, names, f"config {config}: {step.refusal}")
-        if sup.stopping:
+        if host.stopping:
             return _refused(config, names, "the tree is stopping")
         log.info("config reload from %s: %s", config, ", ".join(step.changed) or "nothing changed")
-        sup.settings = new
-        for each in sup.tree.supervisors():
+        host.settings = new
+        for each in host.tree.supervisors():
             each.reconfigure(flags(new))
         for name in step.update:
-            sup.by_name[name].spec = child_spec(new, name)
+            children.by_name[name].spec = child_spec(new, name)
         if step.update:
-            sup.broadcast_roster()
+            children.broadcast_roster()
         errors: list[str] = []
         for name in step.add:
             await self._step(errors, self._add(name, new))
@@ -308,39 +279,39 @@ class Reloads:
             log.error("config reload: %s", errors[-1])
 
     async def _add(self, name: str, settings: Settings) -> None:
-        sup = self.sup
-        worker = Worker(child_spec(settings, name), flags(settings), sup.seam)
+        host = self.host
+        worker = Worker(child_spec(settings, name), flags(settings), host.seam)
         worker.generation = self._generations.pop(name, 0)
-        sup.index([*sup.workers, worker])
+        host.children.index([*host.children.workers, worker])
         log.info("config reload: adding %s", name)
-        await _shards(sup.tree).add_child(worker)
+        await _shards(host.tree).add_child(worker)
 
     async def _restart(self, name: str, settings: Settings) -> None:
         """`ctl restart`'s path: stop, start at the next generation with the new args."""
-        worker = self.sup.by_name[name]
+        worker = self.host.children.by_name[name]
         worker.spec = child_spec(settings, name)
         log.info("config reload: restarting %s for its new settings", name)
-        await self.sup.tree.restart_worker(worker)
+        await self.host.tree.restart_worker(worker)
 
     async def _retire(self, names: list[str], drain_s: float) -> None:
         """Mark every shard in `names` stopping at once, give them together up to `drain_s`
         seconds for their lanes to end, then stop and remove each, in the order given."""
-        sup = self.sup
+        host, children = self.host, self.host.children
         if not names:
             return
-        leaving = [sup.by_name[name] for name in names]
+        leaving = [children.by_name[name] for name in names]
         for worker in leaving:
             worker.leaving = True
-        sup.broadcast_roster()
+        children.broadcast_roster()
         log.info("config reload: draining %s (at most %g s)", ", ".join(names), drain_s)
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(drain_s):
                     for worker in leaving:
                         await self._quiet(worker, drain_s)
-            shards = _shards(sup.tree)
+            shards = _shards(host.tree)
             for worker in leaving:
-                beat = sup.liveness[worker.name].beat
+                beat = children.liveness[worker.name].beat
                 lanes = beat.load if beat is not None else 0
                 unsent = beat.outbox_depth if beat is not None else 0
                 log.log(
@@ -355,8 +326,8 @@ class Reloads:
                 )
                 await shards.remove_child(worker)
                 self._generations[worker.name] = worker.generation
-                sup.index(list(sup.tree.workers()))
-                sup.broadcast_roster()
+                children.index(list(host.tree.workers()))
+                children.broadcast_roster()
         finally:
             self._idle.clear()
 
@@ -365,7 +336,7 @@ class Reloads:
         `ListLanes` says so (heartbeats and replies share one connection, so a later one is
         newer, and nothing is placed on it since the roster marked it leaving); at once when
         it is not running or cannot say."""
-        control = self.sup.control
+        control = self.host.sockets.control
         if worker.state is not ChildState.RUNNING or control is None:
             return
         try:

@@ -27,8 +27,9 @@ Targets: a child's name, `supervisor`, `shards` (each shard in turn) or `all` (c
 coordinator, each shard, then the supervisor). A rollover stops at the first target that rolls
 back or fails, and reports it.
 Progress is a list of `RolloverEvent`s that `ctl rollover` long-polls (`CtlRolloverStatus`).
-Only one rollover runs at a time; restarts of the child being moved wait for it (the rollover
-holds its supervisor's restart lock), and stopping the tree cancels it.
+Only one rollover runs at a time, and none during a config reload (both hold `gate.ChangeGate`);
+restarts of the child being moved wait for it (the rollover holds its supervisor's restart
+lock), and stopping the tree cancels it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import os
 import signal
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -56,12 +56,11 @@ from orchestra_sup.errors import (
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
 from orchestra_sup.supervisor.core import Worker
+from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.helper_cgroup import HelperCgroup
 from orchestra_sup.supervisor.reexec import reexec
 from orchestra_sup.supervisor.spec import ChildState
-
-if TYPE_CHECKING:
-    from orchestra_sup.supervisor.root import RootSupervisor
+from orchestra_sup.supervisor.views import ReexecHost
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -181,16 +180,19 @@ class Rollover:
 
 
 class Rollovers:
-    """The supervisor's rollovers: at most one running, the last `HISTORY` kept."""
+    """The rollovers of the tree `host`: at most one running, and none during a config reload
+    (both hold `gate`); the last `HISTORY` kept. `carried` is what the image this one
+    re-executed from passed on (`Rollover.carry`), or None."""
 
-    def __init__(self, sup: RootSupervisor):
-        self.sup = sup
+    def __init__(self, host: ReexecHost, gate: ChangeGate, carried: bytes | None = None):
+        self.host = host
+        self.gate = gate
         self.history: dict[str, Rollover] = {}
         self._task: asyncio.Task[None] | None = None
         self._resumed: Rollover | None = None
-        if sup.carried:  # this image was re-executed by a rollover: it takes its record up
+        if carried:  # this image was re-executed by a rollover: it takes its record up
             try:
-                self._resumed = Rollover.carried(sup.carried)
+                self._resumed = Rollover.carried(carried)
             except msgspec.DecodeError as exc:
                 log.error("the rollover record passed across the re-exec is unreadable: %s", exc)
             else:
@@ -221,21 +223,20 @@ class Rollovers:
         `not_found` for an unknown target; `busy` while another rollover runs;
         `version_skew` for a release whose protocol range does not overlap the tree's.
         """
-        sup = self.sup
-        if sup.colocated:
+        host = self.host
+        if host.seam.unmovable is not None:
             raise RemoteError(
                 ErrorCode.BAD_REQUEST,
-                "a colocated tree runs every role in the supervisor's own process; "
-                "stop it and start it on the new release instead",
+                f"{host.seam.unmovable}; stop it and start it on the new release instead",
             )
-        if sup.stopping:
+        if host.stopping:
             raise RemoteError(ErrorCode.BAD_REQUEST, "the tree is stopping")
         running = self.running()
         if running is not None:
             raise RemoteError(
                 ErrorCode.BUSY, f"rollover {running.id} of {running.target} is still running"
             )
-        drain_s = sup.settings.supervisor.drain_timeout_s
+        drain_s = host.settings.supervisor.drain_timeout_s
         if req.drain_timeout_s is not None:
             if not 0 < req.drain_timeout_s <= 3600:
                 raise RemoteError(
@@ -250,22 +251,22 @@ class Rollovers:
                     ErrorCode.BAD_REQUEST,
                     f"{worker.name} is {worker.state}; try again when it is running",
                 )
-        python = req.release or sup.seam.release
+        python = req.release or host.seam.release
         try:
             info = await releases.probe(
                 python,
-                sup.settings.supervisor.probe_timeout_s,
-                hold=sup.seam.helpers,
-                tracker=HelperCgroup(sup.seam, sup.paths.run_dir),
+                host.settings.supervisor.probe_timeout_s,
+                hold=host.seam.helpers,
+                tracker=HelperCgroup(host.seam, host.paths.run_dir),
             )
         except ReleaseError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from None
         if not releases.compatible_with(info):
             raise RemoteError(ErrorCode.VERSION_SKEW, releases.refusal(info))
         # Again, now: the probe took time, and another rollover, a stop or a reload may have begun.
-        if sup.stopping:
+        if host.stopping:
             raise RemoteError(ErrorCode.BAD_REQUEST, "the tree is stopping")
-        if sup.reloads.running():
+        if self.gate.reloading():
             raise RemoteError(ErrorCode.BUSY, "a config reload is in progress; roll over after")
         running = self.running()
         if running is not None:
@@ -282,7 +283,8 @@ class Rollovers:
         self.history[rollover.id] = rollover
         while len(self.history) > HISTORY:
             del self.history[next(iter(self.history))]
-        self._task = sup.spawn(self._run(rollover, workers, drain_s, itself))
+        self._task = host.spawn(self._run(rollover, workers, drain_s, itself))
+        self.gate.enter(self._task, rollover)
         return rollover.report()
 
     async def status(self, req: f.CtlRolloverStatus) -> f.RolloverReport:
@@ -296,9 +298,8 @@ class Rollovers:
 
     def running(self) -> Rollover | None:
         """The rollover in progress, if any."""
-        if self._task is None or self._task.done():
-            return None
-        return next((r for r in self.history.values() if not r.done), None)
+        held = self.gate.rollover()
+        return held if isinstance(held, Rollover) and not held.done else None
 
     def summary(self) -> str | None:
         """The rollover in progress in one line, for `ctl status`; None when none runs."""
@@ -312,17 +313,18 @@ class Rollovers:
     def targets(self, name: str) -> list[Worker]:
         """The children `name` moves, in order (`supervisor`: none; `all`: every child, and then
         the supervisor moves too). Raises `RemoteError(not_found)`."""
-        by_role = {w.spec.role: w for w in self.sup.workers if w.spec.role != "shard"}
-        shards = [w for w in self.sup.workers if w.spec.role == "shard"]
+        children = self.host.children
+        by_role = {w.spec.role: w for w in children.workers if w.spec.role != "shard"}
+        shards = [w for w in children.workers if w.spec.role == "shard"]
         if name == SUPERVISOR:
             return []
         if name == "shards":
             return shards
         if name == "all":
             return [by_role["custodian"], by_role["coordinator"], *shards]
-        worker = self.sup.by_name.get(name)
+        worker = children.by_name.get(name)
         if worker is None:
-            known = ", ".join([*self.sup.by_name, SUPERVISOR, "shards", "all"])
+            known = ", ".join([*children.by_name, SUPERVISOR, "shards", "all"])
             raise RemoteError(ErrorCode.NOT_FOUND, f"no rollover target {_shown(name)} ({known})")
         return [worker]
 
@@ -409,13 +411,14 @@ class Rollovers:
                         f"{name}: the new release never became ready ({exc.reason}) and neither "
                         f"did the old one ({again.reason}); it is restarted as any failed child"
                     ) from None
-                rollover.event(
+                raise _rolled_back(
+                    rollover,
                     name,
                     f"rolled back: generation {worker.generation} runs the old release "
                     f"(pid {worker.pid})",
-                    time.monotonic() - began,
-                )
-                raise _rolled_back(name, exc) from None
+                    began,
+                    exc,
+                ) from None
             _ready(rollover, worker, began)
 
     async def _surge(self, rollover: Rollover, worker: Worker, drain_s: float) -> None:
@@ -442,13 +445,14 @@ class Rollovers:
                 await worker.start_beside()
             except ChildStartError as exc:
                 worker.release = old_release
-                rollover.event(
+                raise _rolled_back(
+                    rollover,
                     name,
                     f"generation {old_generation + 1} never became ready ({exc.reason}); rolled "
                     f"back: generation {old_generation} goes on",
-                    time.monotonic() - began,
-                )
-                raise _rolled_back(name, exc) from None
+                    began,
+                    exc,
+                ) from None
             _ready(rollover, worker, began, "; new lanes go there")
         try:
             failure = await self._drain(rollover, worker, old_generation, drain_s)
@@ -495,7 +499,7 @@ class Rollovers:
         """Stop the set-aside generation: SIGTERM, SIGKILL after the child's shutdown grace;
         then the roster no longer lists it as draining. Runs even when the rollover is
         cancelled (the tree is stopping), so no retiring process outlives it."""
-        seam = self.sup.seam
+        seam = self.host.seam
         began = time.monotonic()
         seam.signal_retiring(worker.name, generation, signal.SIGTERM)
         grace = worker.spec.shutdown_s
@@ -513,15 +517,15 @@ class Rollovers:
         """The supervisor itself: re-execute in place on the release (`supervisor.reexec`).
         The event saying so reaches the pollers before the exec; the new image finishes the
         rollover (`adopted`). Raises `RolloverFailed` when the re-exec was refused."""
-        sup = self.sup
+        host = self.host
         began = time.monotonic()
         python = rollover.release.python
         try:  # no old image to roll back to once exec'd: its start must work first
             await releases.check_start(
                 python,
-                sup.settings.supervisor.probe_timeout_s,
-                hold=sup.seam.helpers,
-                tracker=HelperCgroup(sup.seam, sup.paths.run_dir),
+                host.settings.supervisor.probe_timeout_s,
+                hold=host.seam.helpers,
+                tracker=HelperCgroup(host.seam, host.paths.run_dir),
             )
         except ReleaseError as exc:
             rollover.event(SUPERVISOR, f"not re-executed: {exc}", time.monotonic() - began)
@@ -530,7 +534,7 @@ class Rollovers:
         rollover.event(SUPERVISOR, f"re-executing pid {os.getpid()} on {python}")
         await rollover.answered(FLUSH_S)
         try:
-            await reexec(self.sup, python, rollover.carry())
+            await reexec(host, python, rollover.carry())
         except ReleaseError as exc:
             rollover.reexecuting = False
             rollover.event(SUPERVISOR, f"not re-executed: {exc}", time.monotonic() - began)
@@ -539,7 +543,7 @@ class Rollovers:
     async def _request(
         self, worker: Worker, generation: int, body: f.Body, timeout_s: float
     ) -> f.Body:
-        control = self.sup.control
+        control = self.host.sockets.control
         assert control is not None
         return await control.request(
             body,
@@ -565,7 +569,12 @@ def _ready(rollover: Rollover, worker: Worker, began: float, more: str = "") -> 
     )
 
 
-def _rolled_back(name: str, exc: ChildStartError) -> RolloverFailed:
+def _rolled_back(
+    rollover: Rollover, name: str, text: str, began: float, exc: ChildStartError
+) -> RolloverFailed:
+    """`name` rolled back after its new release never became ready (`exc`): the event `text`,
+    `began` (monotonic) being when the step it ends began, and the failure to raise."""
+    rollover.event(name, text, time.monotonic() - began)
     return RolloverFailed(f"{name}: the new release never became ready ({exc.reason}); rolled back")
 
 

@@ -18,56 +18,39 @@ import sys
 import time
 from collections.abc import Callable
 
+import zmq
+
+from orchestra_sup.config import Paths
 from orchestra_sup.errors import ChildStartError
 from orchestra_sup.protocol.childargs import ChildArgs, encode
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.release import SPAWNING
 from orchestra_sup.supervisor.core import Worker
-from orchestra_sup.supervisor.process import ChildProcess, describe, reap_orphans
+from orchestra_sup.supervisor.process import ChildProcess, describe, kill_orphans, reap_orphans
 from orchestra_sup.supervisor.template import ForkTemplate
+from orchestra_sup.system import linux
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
 HANDSHAKE_TIMEOUT_S = 15.0
 
 
-class ProcessSeam:
-    """Spawns workers as OS processes.
-
-    `make_args(worker)` builds the child's `ChildArgs`; `after_exit(worker, generation)` runs
-    after the process of `worker` at `generation` was reaped, before the worker is told (kill its
-    leftovers);
-    `changed(worker)` is called on every state change; `template` is the fork template children
-    are forked from (None: every child is a fresh interpreter). `open` starts it, `close` stops it.
-    `release` is the interpreter the supervisor itself runs: the template is of that release, so
-    only a worker of that release (or of none named) is forked from it; any other is exec'd as
-    `worker.release -m orchestra_sup.node`.
-    """
+class LoopSeam:
+    """What every seam of the root supervisor shares: the loop's monotonic clock and sleep, the
+    root's callbacks (`make_args`, `after_exit`, `changed`: see `ProcessSeam`), and `release`,
+    the interpreter the supervisor itself runs."""
 
     def __init__(
         self,
         make_args: Callable[[Worker], ChildArgs],
         after_exit: Callable[[Worker, int], None],
         changed: Callable[[Worker], None],
-        template: ForkTemplate | None = None,
     ):
         self._make_args = make_args
         self._after_exit = after_exit
         self._changed = changed
-        self.template = template
         self.release = sys.executable
-        self.procs: dict[str, ChildProcess] = {}
-        self.retiring: dict[tuple[str, int], ChildProcess] = {}
-        """Processes set aside by a surge, by (name, generation), until they exit."""
-        self._retired: dict[tuple[str, int], asyncio.Future[ExitInfo]] = {}
-        self._workers: dict[str, Worker] = {}
-        self.helpers: set[int] = set()
-        """Pids of short-lived helpers the supervisor runs and waits for itself (a release's
-        probe): known, so the orphan reaper and killer leave them alone."""
         self._welcomed: dict[str, asyncio.Future[None]] = {}
-        self._forked: dict[str, int] = {}
-        """The pid of a child forked from the template, from before it is released (when it may
-        already say hello) until it is held in `procs`."""
 
     def clock(self) -> float:
         return time.monotonic()
@@ -77,6 +60,76 @@ class ProcessSeam:
 
     def changed(self, worker: Worker) -> None:
         self._changed(worker)
+
+
+class ProcessSeam(LoopSeam):
+    """Spawns workers as OS processes.
+
+    `make_args(worker)` builds the child's `ChildArgs`; `after_exit(worker, generation)` runs
+    after the process of `worker` at `generation` was reaped, before the worker is told (kill its
+    leftovers);
+    `changed(worker)` is called on every state change; `template` is the fork template children
+    are forked from (None: every child is a fresh interpreter). `open` starts it, `close` stops it.
+    `release` is the interpreter the supervisor itself runs: the template is of that release, so
+    only a worker of that release (or of none named) is forked from it; any other is exec'd as
+    `worker.release -m orchestra_sup.node`. `paths` says where the children's `ipc://` sockets
+    are (`endpoint`; None: not to be asked).
+    """
+
+    unmovable: str | None = None
+    """Why the tree's processes cannot move onto another release (None: they can)."""
+
+    def __init__(
+        self,
+        make_args: Callable[[Worker], ChildArgs],
+        after_exit: Callable[[Worker, int], None],
+        changed: Callable[[Worker], None],
+        template: ForkTemplate | None = None,
+        *,
+        paths: Paths | None = None,
+    ):
+        super().__init__(make_args, after_exit, changed)
+        self.template = template
+        self.paths = paths
+        self.procs: dict[str, ChildProcess] = {}
+        self.retiring: dict[tuple[str, int], ChildProcess] = {}
+        """Processes set aside by a surge, by (name, generation), until they exit."""
+        self._retired: dict[tuple[str, int], asyncio.Future[ExitInfo]] = {}
+        self._workers: dict[str, Worker] = {}
+        self.helpers: set[int] = set()
+        """Pids of short-lived helpers the supervisor runs and waits for itself (a release's
+        probe): known, so the orphan reaper and killer leave them alone."""
+        self._forked: dict[str, int] = {}
+        """The pid of a child forked from the template, from before it is released (when it may
+        already say hello) until it is held in `procs`."""
+
+    def endpoint(self, name: str) -> str:
+        """Where child `name` (or, for "supervisor", the control socket) is reached by the
+        children: `ipc://` in the run directory."""
+        assert self.paths is not None
+        return self.paths.endpoint(name)
+
+    def child_endpoint(self, worker: Worker) -> str:
+        """Where `worker`'s process at `worker.generation` binds: its name's `endpoint`, or,
+        for a surge generation (it binds beside the running one, which still holds
+        `<name>.ipc`), `<name>.<generation>`'s."""
+        beside = worker.retiring is not None
+        return self.endpoint(f"{worker.name}.{worker.generation}" if beside else worker.name)
+
+    def watch_orphans(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Become the children's subreaper (kept across a re-exec's execve; said again anyway)
+        and reap on every SIGCHLD (`on_sigchld`)."""
+        linux.set_child_subreaper()
+        loop.add_signal_handler(signal.SIGCHLD, self.on_sigchld)
+
+    def kill_orphans(self) -> None:
+        """SIGKILL what was reparented to this supervisor and is not known (`known_pids`):
+        what dead children left behind (`process.kill_orphans`)."""
+        kill_orphans(self.known_pids())
+
+    def close_context(self, ctx: zmq.Context) -> None:
+        """Terminate the supervisor's context, its sockets closed (no child shares it)."""
+        ctx.term()
 
     async def open(self) -> None:
         """Start the fork template, if there is one (bounded; a template that does not come up

@@ -10,7 +10,8 @@ import pytest
 from orchestra_sup.config import Settings, settings_from_mapping
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.supervisor.reload import ConfigSource, changed_settings, plan, quiet
+from orchestra_sup.supervisor.reload import changed_settings, plan, quiet
+from orchestra_sup.supervisor.source import ConfigSource
 
 SHARDS3 = ["shard-0", "shard-1", "shard-2"]
 

@@ -1,0 +1,119 @@
+"""What the root supervisor offers each of its collaborators: one narrow, typed view apiece.
+
+The root supervisor (`supervisor.root`) owns the tree, its seam, its sockets and its children
+table, and hands each collaborator only the view it needs, as a `Protocol` the root satisfies:
+`TreeHost` to a config reload (`supervisor.reload`), `ReexecHost` to the re-exec and to a
+rollover, whose last step may be one (`supervisor.reexec`, `supervisor.rollover`),
+`MetricsHost` to the metrics (`supervisor.metrics`) and `CtlHost` to the ctl service
+(`supervisor.ctl`).
+No collaborator imports the root, and none reaches another through it: a reload and a rollover
+exclude each other through the `gate.ChangeGate` both hold, and the ctl service is given the two
+as `ReloadDesk` and `RolloverDesk`, what it asks of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from orchestra_sup.config import Paths, Settings
+from orchestra_sup.logformat import LogFormat
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.runtime.looplag import LoopLag
+from orchestra_sup.supervisor.children import Children
+from orchestra_sup.supervisor.colocated import ColocatedSeam
+from orchestra_sup.supervisor.core import Supervisor
+from orchestra_sup.supervisor.gate import ChangeGate
+from orchestra_sup.supervisor.runlock import DirLock
+from orchestra_sup.supervisor.seam import ProcessSeam
+from orchestra_sup.supervisor.sockets import RootSockets
+from orchestra_sup.supervisor.source import ConfigSource
+
+RootSeam = ProcessSeam | ColocatedSeam
+"""The seam of a root supervisor: processes, or components of its own (`--colocated`)."""
+
+
+class TreeHost(Protocol):
+    """What every collaborator sees: the settings in force (a config reload replaces them),
+    the tree, its children table, its seam and sockets, whether the tree is stopping, and
+    `spawn`, which runs a task of the tree's (cancelled when the tree stops)."""
+
+    settings: Settings
+    tree: Supervisor
+    children: Children
+    seam: RootSeam
+    sockets: RootSockets
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+
+class ReexecHost(TreeHost, Protocol):
+    """What re-executing the supervisor needs besides: what the `Handoff` records (the
+    directories and their `dir_locks`, this run's `boot`, `log_format`, this image's
+    `generation`, the `config` source), the sockets bound again after a failed exec
+    (`open_sockets`), and a stop with an exit status when they cannot be (`request_stop`)."""
+
+    paths: Paths
+    dir_locks: tuple[DirLock, DirLock] | None
+    boot: str
+    log_format: LogFormat
+    generation: int
+
+    @property
+    def config(self) -> ConfigSource | None: ...
+
+    def open_sockets(self) -> None: ...
+
+    def request_stop(self, exit_code: int = ...) -> None: ...
+
+
+class MetricsHost(Protocol):
+    """What the metrics sample: the children table, the supervisor's own loop lag, its
+    sockets' figures and the ctl requests and peers it refused (`ctl_refused`)."""
+
+    children: Children
+    lag: LoopLag
+    sockets: RootSockets
+
+    def ctl_refused(self) -> int: ...
+
+
+class ReloadDesk(Protocol):
+    """What `ctl reload` asks of the config reloads (`reload.Reloads`)."""
+
+    def begin(self) -> asyncio.Task[f.ReloadReport]: ...
+
+
+class RolloverDesk(Protocol):
+    """What `ctl rollover` and `ctl status` ask of the rollovers (`rollover.Rollovers`)."""
+
+    async def begin(self, req: f.CtlRollover) -> f.RolloverReport: ...
+
+    async def status(self, req: f.CtlRolloverStatus) -> f.RolloverReport: ...
+
+    def summary(self) -> str | None: ...
+
+
+class CtlHost(TreeHost, MetricsHost, Protocol):
+    """What the ctl service needs besides: the directories, whether debug hooks are on, the
+    metrics' URL, a stop, the change `gate` (`ctl restart` is refused while a change is in
+    progress), and the `reloads` and `rollovers` it hands `ctl reload` and `ctl rollover` to."""
+
+    paths: Paths
+    debug_hooks: bool
+    gate: ChangeGate
+
+    @property
+    def metrics_url(self) -> str: ...
+
+    @property
+    def reloads(self) -> ReloadDesk: ...
+
+    @property
+    def rollovers(self) -> RolloverDesk: ...
+
+    def request_stop(self, exit_code: int = ...) -> None: ...
