@@ -46,7 +46,6 @@ from orchestra_sup.shards.program import (
     LaneContext,
     Mailbox,
     Outcome,
-    ProgramError,
     QuietPoints,
     checked,
     load_program,
@@ -503,7 +502,7 @@ class Shard:
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
             else:
                 status, error = "cancelled", "cancelled by request"
-        except (OrchestraError, ProgramError) as exc:
+        except OrchestraError as exc:  # a `ProgramError` too: refused, or no valid Outcome
             status, error = "failed", str(exc)
         except OSError as exc:  # the command could not be spawned (its sandbox is gone, ...)
             status, error = "failed", f"cannot run the command: {exc}"

@@ -48,7 +48,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from orchestra_sup.config import Settings, load_settings, with_metrics
-from orchestra_sup.errors import ChildStartError, ConfigError, RelayError, RemoteError
+from orchestra_sup.errors import (
+    ChildStartError,
+    ConfigError,
+    OrchestraError,
+    RelayError,
+    RemoteError,
+)
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
 from orchestra_sup.supervisor import notify
@@ -165,7 +171,7 @@ def plan(old: Settings, new: Settings) -> ReloadPlan:
     )
 
 
-class Busy(Exception):
+class Busy(OrchestraError):
     """A reload cannot begin now; `str()` says what is in progress."""
 
 
