@@ -2,8 +2,8 @@
 
 `read_file`, `list_dir`, `stat` and `search` are plain synchronous functions; the custodian runs
 the first three on its front thread (`custodian/role.py`) and `search` in a child process. `diff`
-and `log` are coroutines that run git as an async subprocess (with the hardening of
-`workspace._git`); the custodian awaits them. Every `path` argument is relative to the workspace
+and `log` are coroutines that run git as an async subprocess (through `custodian.git`); the
+custodian awaits them. Every `path` argument is relative to the workspace
 root, slash-separated, a str as `os.fsdecode` makes it (any name the file system allows;
 `path_param` reads it from a request), and goes through `resolve`, which refuses anything that
 would leave the root or enter a `.git` directory by raising `PathEscape`. Every name in an
@@ -26,7 +26,7 @@ import stat as statmod
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from orchestra_sup.custodian.workspace import _CappedResult, _git, _git_capped
+from orchestra_sup.custodian import git
 from orchestra_sup.errors import ErrorCode, GitError, PathEscape, RemoteError
 from orchestra_sup.protocol.names import from_wire, wire
 
@@ -482,7 +482,7 @@ def _rev_sides(rev: str) -> list[str]:
 async def _verify_rev(root: Path, rev: str) -> None:
     """Check `rev` (see `_rev_sides`) and that each revision it names is a commit."""
     for side in _rev_sides(rev):
-        res = await _git(
+        res = await git.run(
             root,
             "rev-parse",
             "--verify",
@@ -521,10 +521,10 @@ def _decode(data: bytes, *, cut: bool) -> str:
     return decoder.decode(data, final=not cut)
 
 
-async def _read_git(root: Path, args: list[str], max_bytes: int) -> _CappedResult:
+async def _read_git(root: Path, args: list[str], max_bytes: int) -> git.CappedResult:
     """A read-only git command with the read tools' config, its output capped at `max_bytes`.
     Raises `GitError` when git fails (a cut-off output is not a failure)."""
-    res = await _git_capped(root, *_READ_CONFIG, *args, max_bytes=max_bytes, env=_READ_ENV)
+    res = await git.run_capped(root, *_READ_CONFIG, *args, max_bytes=max_bytes, env=_READ_ENV)
     if not res.truncated and res.returncode != 0:
         raise GitError(args, res.returncode, res.stderr)
     return res
