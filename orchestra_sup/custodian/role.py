@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestra_sup.custodian import readtools, searchproc
+from orchestra_sup.custodian import history, readtools, searchproc
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
@@ -214,12 +214,12 @@ class Custodian:
                     params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
                 ),
             ),
-            "diff": lambda: readtools.diff(root, path, params.get("rev") or "HEAD"),
-            "log": lambda: readtools.log(
+            "diff": lambda: history.diff(root, path, params.get("rev") or "HEAD"),
+            "log": lambda: history.log(
                 root,
                 path,
                 params.get("rev") or "HEAD",
-                readtools.limit_param(params, readtools.LOG_DEFAULT_LIMIT, readtools.LOG_MAX_LIMIT),
+                readtools.limit_param(params, history.LOG_DEFAULT_LIMIT, history.LOG_MAX_LIMIT),
             ),
         }
         if call.tool not in awaited:
