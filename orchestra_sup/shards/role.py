@@ -55,8 +55,9 @@ from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
 from orchestra_sup.shards.transcript import Transcript
 from orchestra_sup.state.permissions import PRIVATE_DIR, PRIVATE_FILE
 from orchestra_sup.state.store import Store
-from orchestra_sup.system.cgroups import LaneCgroups, tree_id
+from orchestra_sup.system.cgroups import tree_id
 from orchestra_sup.system.isolation import describe
+from orchestra_sup.system.lanecgroups import LaneCgroups
 
 log = logging.getLogger(__name__)
 
