@@ -2,7 +2,11 @@
 
 A shallow hierarchy: every error the product raises on purpose is an `OrchestraError`, and each
 family below it draws one line (see the class docstrings). Messages are built by the classes from
-structured arguments, so the CLI can print `str(exc)` as the one line a user sees.
+structured arguments, so the CLI can print `str(exc)` as the one line a user sees. An exception
+that is one module's own concept stays in that module (`gate.Busy`, `rollover.RolloverFailed`,
+`program.ProgramError`, ...) but derives from one of these too, so `except OrchestraError` and
+`protocol.endpoint.unexpected` tell an error raised on purpose from a bug by its class alone
+(`tests/unit/test_error_taxonomy.py` holds every exception class to that).
 
 On the wire an error is never free text alone: `protocol.frames.Error` carries an `ErrorCode`
 plus the message, and `RemoteError.from_frame` turns it back into an exception on the caller's side.
@@ -76,7 +80,8 @@ class ProtocolError(OrchestraError):
 
 
 class SupervisionError(OrchestraError):
-    """The supervisor could not start, identify or stop a child, or its run directory is taken."""
+    """The supervisor could not start, identify, stop or move a child (its fork template gone,
+    a rollover step failed), or its run directory is taken."""
 
 
 class DirBusy(SupervisionError):

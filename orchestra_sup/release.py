@@ -29,7 +29,7 @@ from typing import Protocol
 import msgspec
 
 from orchestra_sup import __version__
-from orchestra_sup.errors import ReleaseError
+from orchestra_sup.errors import OrchestraError, ReleaseError
 from orchestra_sup.protocol.frames import ReleaseInfo
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
 
@@ -288,7 +288,7 @@ async def _answer(
     return out
 
 
-class _TooMuch(Exception):
+class _TooMuch(OrchestraError):
     """A probe printed more than `OUTPUT_MAX_BYTES` on one stream."""
 
 

@@ -28,17 +28,15 @@ Target (issue 24): 10,000-task plans settle with the coordinator's loop-lag p99 
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestra_sup.bench.scratch import scratch_tree
 from orchestra_sup.client.ctl import CtlClient
-from orchestra_sup.client.oneshot import private_tree
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.histogram import quantile
 from orchestra_sup.protocol import frames as f
@@ -176,23 +174,14 @@ def run_plan_bench(sizes: tuple[int, ...] = SIZES, runs: int = RUNS) -> dict[str
     `SupervisionError` when the tree does not start, a plan does not succeed, or one is not
     done within a minute plus a quarter of a second per task."""
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp:
-        work = Path(tmp)
-        config = work / "tree.toml"
-        config.write_text(f'[supervisor]\nmetrics_port = 0\n[lanes]\nprograms = ["{DONE}"]\n')
-        with private_tree(
-            workspace=None,
-            state_dir=work / "state",
-            shards=SHARDS,
-            lanes_per_shard=LANES_PER_SHARD,
-            config=config,
-        ) as client:
-            url = _metrics_url(client)
-            for size in sizes:
-                for shape, build in SHAPES.items():
-                    spec = f.PlanSpec(name=f"{shape}-{size}", tasks=build(size))
-                    each = [run_once(client, url, spec, 60.0 + 0.25 * size) for _ in range(runs)]
-                    results.setdefault(shape, {})[str(size)] = _summary(size, each)
+    config = f'[supervisor]\nmetrics_port = 0\n[lanes]\nprograms = ["{DONE}"]\n'
+    with scratch_tree(config, shards=SHARDS, lanes_per_shard=LANES_PER_SHARD) as client:
+        url = _metrics_url(client)
+        for size in sizes:
+            for shape, build in SHAPES.items():
+                spec = f.PlanSpec(name=f"{shape}-{size}", tasks=build(size))
+                each = [run_once(client, url, spec, 60.0 + 0.25 * size) for _ in range(runs)]
+                results.setdefault(shape, {})[str(size)] = _summary(size, each)
     return {
         "results": results,
         "target": _target(results),

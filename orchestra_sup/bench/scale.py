@@ -19,16 +19,14 @@ relay p50 at 1,000 lanes <= 1.1x at 10; <= 16 KiB of shard memory per parked lan
 from __future__ import annotations
 
 import math
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
 
+from orchestra_sup.bench.scratch import scratch_tree
 from orchestra_sup.bench.stats import summary
 from orchestra_sup.client.ctl import CtlClient
-from orchestra_sup.client.oneshot import private_tree
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.program import LaneContext, Outcome
@@ -100,43 +98,34 @@ def run_scale_bench(
     run within a minute per hundred."""
     capacity = math.ceil(max(counts) / SHARDS) + 1
     steps: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp:
-        work = Path(tmp)
-        config = work / "tree.toml"
-        config.write_text(f'[lanes]\nprograms = ["{PARKED}"]\n')
-        with private_tree(
-            workspace=None,
-            state_dir=work / "state",
-            shards=SHARDS,
-            lanes_per_shard=capacity,
-            config=config,
-        ) as client:
-            empty = before = _shard_uss(client)
-            parked = 0
-            for count in counts:
-                lanes = _park(client, count - parked, timeout_s=60.0 + count * 0.6)
-                uss = _shard_uss(client)
-                per_lane = (uss - before) / (count - parked)
-                average = (uss - empty) / count
-                before, parked = uss, count
-                reply = client.request(
-                    f.CtlBenchRelay(
-                        tool="message_lane",
-                        params={"lane": lanes[-1], "text": "ping"},
-                        iterations=iterations,
-                        warmup=warmup,
-                    ),
-                    timeout_s=600.0,
-                )
-                assert isinstance(reply, f.BenchSamples)
-                relay = summary(reply.samples_us, "us", digits=1)
-                steps[str(count)] = {
-                    "lanes": count,
-                    "relay": relay,
-                    "shard_bytes_per_lane": round(per_lane),
-                    "shard_bytes_per_lane_average": round(average),
-                    "samples_us": reply.samples_us,
-                }
+    config = f'[lanes]\nprograms = ["{PARKED}"]\n'
+    with scratch_tree(config, shards=SHARDS, lanes_per_shard=capacity) as client:
+        empty = before = _shard_uss(client)
+        parked = 0
+        for count in counts:
+            lanes = _park(client, count - parked, timeout_s=60.0 + count * 0.6)
+            uss = _shard_uss(client)
+            per_lane = (uss - before) / (count - parked)
+            average = (uss - empty) / count
+            before, parked = uss, count
+            reply = client.request(
+                f.CtlBenchRelay(
+                    tool="message_lane",
+                    params={"lane": lanes[-1], "text": "ping"},
+                    iterations=iterations,
+                    warmup=warmup,
+                ),
+                timeout_s=600.0,
+            )
+            assert isinstance(reply, f.BenchSamples)
+            relay = summary(reply.samples_us, "us", digits=1)
+            steps[str(count)] = {
+                "lanes": count,
+                "relay": relay,
+                "shard_bytes_per_lane": round(per_lane),
+                "shard_bytes_per_lane_average": round(average),
+                "samples_us": reply.samples_us,
+            }
     first = steps[str(counts[0])]["relay"]
     for step in steps.values():
         step["relay"]["ratio_p50"] = round(step["relay"]["p50_us"] / first["p50_us"], 3)

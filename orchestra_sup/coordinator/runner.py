@@ -64,6 +64,7 @@ from orchestra_sup.coordinator.strategy import (
     decide,
     task_strategy,
 )
+from orchestra_sup.errors import OrchestraError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 
@@ -119,7 +120,7 @@ class Attempt(msgspec.Struct, kw_only=True):
     spent: f.Spend = f.Spend()
 
 
-class AnswerError(Exception):
+class AnswerError(OrchestraError):
     """An answer that cannot be taken: `code` is "not_found" (no task waits on that lane) or
     "bad_request" (the answer does not fit the pause); the message says why in one line."""
 

@@ -1,15 +1,14 @@
 """Read-only tools the custodian serves to the coordinator over the workspace's working tree.
 
 `read_file`, `list_dir`, `stat` and `search` are plain synchronous functions; the custodian runs
-the first three on its front thread (`custodian/role.py`) and `search` in a child process. `diff`
-and `log` are coroutines that run git as an async subprocess (with the hardening of
-`workspace._git`); the custodian awaits them. Every `path` argument is relative to the workspace
-root, slash-separated, a str as `os.fsdecode` makes it (any name the file system allows;
-`path_param` reads it from a request), and goes through `resolve`, which refuses anything that
-would leave the root or enter a `.git` directory by raising `PathEscape`. Every name in an
-answer is in the wire form of `protocol.names`. Bad parameters (a bad regex, a refused rev, a
-limit out of range) raise `RemoteError(BAD_REQUEST, ...)`, an
-unknown rev `RemoteError(NOT_FOUND, ...)`. None of the tools writes anything.
+the first three on its front thread (`custodian/role.py`) and `search` in a child process (the
+history tools, `diff` and `log`, are in `custodian.history`). Every `path` argument is relative
+to the workspace root, slash-separated, a str as `os.fsdecode` makes it (any name the file system
+allows; `path_param` reads it from a request), and goes through `resolve`, which refuses anything
+that would leave the root or enter a `.git` directory by raising `PathEscape`. Every name in an
+answer is in the wire form of `protocol.names` (`display_path` names the path). Bad parameters
+(a bad regex, a limit out of range) raise `RemoteError(BAD_REQUEST, ...)` (`bad_request`). None
+of the tools writes anything.
 
 The check and the later open are two steps, so a symlink swapped in between could still be
 followed; the workspace's working tree is written only by the custodian itself (lanes work in
@@ -26,8 +25,7 @@ import stat as statmod
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from orchestra_sup.custodian.workspace import _CappedResult, _git, _git_capped
-from orchestra_sup.errors import ErrorCode, GitError, PathEscape, RemoteError
+from orchestra_sup.errors import ErrorCode, PathEscape, RemoteError
 from orchestra_sup.protocol.names import from_wire, wire
 
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
@@ -50,12 +48,13 @@ def _parts(path: str) -> tuple[str, ...]:
     return parts
 
 
-def _normalize(path: str) -> PurePosixPath:
+def normalize(path: str) -> PurePosixPath:
     """`path` as a relative PurePosixPath; raises `PathEscape` for the shapes `resolve` refuses."""
     return PurePosixPath(*_parts(path))
 
 
-def _display(parts: tuple[str, ...]) -> str:
+def display_path(parts: tuple[str, ...]) -> str:
+    """How an answer names the path made of `parts`: slash-joined, `"."` for the root."""
     return "/".join(parts) or "."
 
 
@@ -157,9 +156,9 @@ def read_file(root: Path, path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> dict
         truncated = len(data) == max_bytes and os.read(fd, 1) != b""
     finally:
         os.close(fd)
-    text = _decode(data, cut=truncated)
+    text = decode(data, cut=truncated)
     return {
-        **wire("path", _display(parts)),
+        **wire("path", display_path(parts)),
         "size": st.st_size,
         "truncated": truncated,
         "text": text,
@@ -193,7 +192,7 @@ def list_dir(root: Path, path: str = "") -> dict:
             entries.append((os.fsencode(entry.name), entry.name, st))
     entries.sort(key=lambda e: e[0])
     return {
-        **wire("path", _display(parts)),
+        **wire("path", display_path(parts)),
         "entries": [
             {
                 **wire("name", name),
@@ -218,23 +217,45 @@ def stat(root: Path, path: str) -> dict:
     parts = _parts(path)
     st = os.lstat(_resolve(root, path, parts))
     return {
-        **wire("path", _display(parts)),
+        **wire("path", display_path(parts)),
         "type": _kind(st.st_mode),
         "size": _size(st.st_mode, st.st_size),
         "mtime": st.st_mtime,
     }
 
 
+def _read_upto(fd: int, size: int) -> bytes:
+    """At most `size` bytes from `fd`, fewer only at end of file."""
+    data = os.read(fd, size)
+    if len(data) == size or not data:
+        return data
+    buf = bytearray(data)
+    while len(buf) < size and (chunk := os.read(fd, size - len(buf))):
+        buf += chunk
+    return bytes(buf)
+
+
+def decode(data: bytes, *, cut: bool) -> str:
+    """`data` as UTF-8 text, invalid bytes replaced; `cut` (the data was cut off at a size
+    cap) leaves a sequence cut in half at its end out instead of replacing it."""
+    if not cut:
+        return data.decode("utf-8", errors="replace")
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return decoder.decode(data, final=not cut)
+
+
 # --- parameters ----------------------------------------------------------------------------------
 
 
-def _bad_request(message: str) -> RemoteError:
+def bad_request(message: str) -> RemoteError:
+    """The `RemoteError(BAD_REQUEST)` refusing a parameter, `message` its one line."""
     return RemoteError(ErrorCode.BAD_REQUEST, message)
 
 
-def _check_limit(limit: int, maximum: int) -> None:
+def check_limit(limit: int, maximum: int) -> None:
+    """Raise `bad_request` unless 1 <= `limit` <= `maximum`."""
     if not 1 <= limit <= maximum:
-        raise _bad_request(f"limit must be between 1 and {maximum}, got {limit}")
+        raise bad_request(f"limit must be between 1 and {maximum}, got {limit}")
 
 
 def path_param(params: Mapping[str, str], *, required: bool = False) -> str:
@@ -247,7 +268,7 @@ def path_param(params: Mapping[str, str], *, required: bool = False) -> str:
     path = from_wire(params, "path")
     if path is None:
         if required:
-            raise _bad_request("missing parameter 'path' (or 'path_b64')")
+            raise bad_request("missing parameter 'path' (or 'path_b64')")
         return ""
     return path
 
@@ -256,7 +277,7 @@ def required_param(params: Mapping[str, str], name: str) -> str:
     """`params[name]`; raises `RemoteError(BAD_REQUEST)` when it is missing."""
     value = params.get(name)
     if value is None:
-        raise _bad_request(f"missing parameter {name!r}")
+        raise bad_request(f"missing parameter {name!r}")
     return value
 
 
@@ -271,8 +292,8 @@ def limit_param(params: Mapping[str, str], default: int, maximum: int) -> int:
     try:
         limit = int(raw, 10)
     except ValueError:
-        raise _bad_request(f"limit must be an integer, got {raw!r}") from None
-    _check_limit(limit, maximum)
+        raise bad_request(f"limit must be an integer, got {raw!r}") from None
+    check_limit(limit, maximum)
     return limit
 
 
@@ -401,12 +422,12 @@ def search(
     Raises `PathEscape` for a path `resolve` refuses, `FileNotFoundError` if nothing is there,
     `RemoteError(BAD_REQUEST)` for an invalid `pattern` or a `limit` outside 1..10_000.
     """
-    _check_limit(limit, SEARCH_MAX_LIMIT)
+    check_limit(limit, SEARCH_MAX_LIMIT)
     try:
         rx = re.compile(pattern)
     except (re.error, OverflowError, RecursionError) as exc:
-        raise _bad_request(f"bad pattern {pattern!r}: {exc}") from None
-    pure = _normalize(path)
+        raise bad_request(f"bad pattern {pattern!r}: {exc}") from None
+    pure = normalize(path)
     target = resolve(root, path)
     st = os.stat(target)
     scan = _Scan(rx, limit, max_total_bytes)
@@ -418,204 +439,8 @@ def search(
     elif statmod.S_ISREG(st.st_mode):
         scan.file(str(target), pure, follow=True)
     return {
-        **wire("path", _display(pure.parts)),
+        **wire("path", display_path(pure.parts)),
         "pattern": pattern,
         "matches": scan.matches,
         "truncated": scan.truncated,
-    }
-
-
-# --- git: diff and log ---------------------------------------------------------------------------
-
-DIFF_MAX_BYTES = 8 * 1024 * 1024
-"""`diff` output past this (8 MiB) is cut and reported `truncated`."""
-LOG_DEFAULT_LIMIT = 50
-"""Commits `log` returns by default."""
-LOG_MAX_LIMIT = 1000
-"""The largest `limit` `log` accepts."""
-LOG_MAX_BYTES = 8 * 1024 * 1024
-"""`log` output past this (8 MiB) is cut to whole commits and reported `truncated`."""
-MAX_REV_LENGTH = 256
-
-# One side of a rev: a ref name, a sha, with `~N`, `^N`, `^{...}` or `@{...}` suffixes. It cannot
-# start with `-` (an option), and holds no whitespace, `:` (blob or message-search syntax), `*`,
-# `?`, `[`, `\` or control characters.
-_REV_SIDE = re.compile(r"[A-Za-z0-9_@][A-Za-z0-9_@./+^~{}-]*")
-
-# Readers only: no optional index refresh (`git diff` would otherwise rewrite .git/index when
-# file stat data changed, racing the custodian's own commits for index.lock), literal pathspecs
-# (no `:(glob)`, `:/` or `*` magic: a name is only ever itself, and it always comes after `--`,
-# so it is never an option either), and names in diff headers C-quoted whatever the user's
-# config says (`core.quotePath`: a name that is not UTF-8 stays exact in the text).
-_READ_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_LITERAL_PATHSPECS": "1"}
-_READ_CONFIG = (
-    "-c",
-    "diff.autoRefreshIndex=false",
-    "-c",
-    "core.quotePath=true",
-    "--literal-pathspecs",
-)
-
-
-def _rev_sides(rev: str) -> list[str]:
-    """The revisions named by `rev` (one, or the non-empty sides of `A..B`).
-
-    Raises `RemoteError(BAD_REQUEST)` unless `rev` is one revision or `A..B` (either side may be
-    empty, meaning HEAD, not both) whose sides match `_REV_SIDE`.
-    """
-    refused = _bad_request(
-        f"rev {rev!r} is refused: give a revision (HEAD, HEAD~3, a sha, a branch name) or A..B"
-    )
-    if not rev or len(rev) > MAX_REV_LENGTH or "..." in rev:
-        raise refused
-    sides = rev.split("..")
-    if len(sides) > 2 or not any(sides):
-        raise refused
-    if len(sides) == 1 and not sides[0]:
-        raise refused
-    for side in sides:
-        if side and _REV_SIDE.fullmatch(side) is None:
-            raise refused
-    return [side for side in sides if side]
-
-
-async def _verify_rev(root: Path, rev: str) -> None:
-    """Check `rev` (see `_rev_sides`) and that each revision it names is a commit."""
-    for side in _rev_sides(rev):
-        res = await _git(
-            root,
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            "--end-of-options",
-            side + "^{commit}",
-            check=False,
-            env=_READ_ENV,
-        )
-        if res.returncode != 0:
-            what = f"rev {rev!r}" if side == rev else f"rev {side!r} (in {rev!r})"
-            raise RemoteError(ErrorCode.NOT_FOUND, f"unknown {what}: no such commit")
-
-
-def _pathspec(root: Path, path: str) -> tuple[PurePosixPath, list[str]]:
-    pure = _normalize(path)
-    resolve(root, path)
-    return pure, ([pure.as_posix()] if pure.parts else [])
-
-
-def _read_upto(fd: int, size: int) -> bytes:
-    """At most `size` bytes from `fd`, fewer only at end of file."""
-    data = os.read(fd, size)
-    if len(data) == size or not data:
-        return data
-    buf = bytearray(data)
-    while len(buf) < size and (chunk := os.read(fd, size - len(buf))):
-        buf += chunk
-    return bytes(buf)
-
-
-def _decode(data: bytes, *, cut: bool) -> str:
-    if not cut:
-        return data.decode("utf-8", errors="replace")
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    return decoder.decode(data, final=not cut)
-
-
-async def _read_git(root: Path, args: list[str], max_bytes: int) -> _CappedResult:
-    """A read-only git command with the read tools' config, its output capped at `max_bytes`.
-    Raises `GitError` when git fails (a cut-off output is not a failure)."""
-    res = await _git_capped(root, *_READ_CONFIG, *args, max_bytes=max_bytes, env=_READ_ENV)
-    if not res.truncated and res.returncode != 0:
-        raise GitError(args, res.returncode, res.stderr)
-    return res
-
-
-async def diff(root: Path, path: str = "", rev: str = "HEAD") -> dict:
-    """`git diff` of the workspace as unified diff text.
-
-    With one revision, the working tree (tracked files; untracked ones never show) against it;
-    with `A..B`, commit A against commit B. Restricted to workspace-relative `path` (a file or a
-    directory, which need not exist any more; `""` is the whole tree), taken literally. External
-    diff drivers, textconv filters and colour are off; the index is never refreshed or written.
-
-    Returns `{"path": str, "rev": str, "diff": str, "truncated": bool}`: `diff` is the output
-    decoded as UTF-8 (invalid bytes replaced), cut to its first 8 MiB when `truncated`; names in
-    its headers are git's C-quoted form for anything but printable ASCII (`"caf\\351.txt"`),
-    so they are exact. A `path` that is not UTF-8 comes with `path_b64`.
-
-    Raises `PathEscape` for a path `resolve` refuses, `RemoteError(BAD_REQUEST)` for a refused
-    `rev` (see `_rev_sides`), `RemoteError(NOT_FOUND)` when it names no commit, `GitError` if git
-    fails otherwise.
-    """
-    pure, spec = _pathspec(root, path)
-    await _verify_rev(root, rev)
-    args = [
-        "diff",
-        "--no-color",
-        "--no-ext-diff",
-        "--no-textconv",
-        "--end-of-options",
-        rev,
-        "--",
-        *spec,
-    ]
-    res = await _read_git(root, args, DIFF_MAX_BYTES)
-    return {
-        **wire("path", _display(pure.parts)),
-        "rev": rev,
-        "diff": _decode(res.stdout, cut=res.truncated),
-        "truncated": res.truncated,
-    }
-
-
-async def log(
-    root: Path, path: str = "", rev: str = "HEAD", limit: int = LOG_DEFAULT_LIMIT
-) -> dict:
-    """`git log` from `rev` (one revision, or `A..B`: commits reachable from B and not from A),
-    newest first, restricted to workspace-relative `path` (`""` is the whole tree), taken
-    literally, at most `limit` commits (1..1000).
-
-    Returns `{"path": str, "rev": str, "commits": [{"sha": str, "author": str, "date": str,
-    "subject": str}], "truncated": bool}`: `sha` is the full sha, `author` the author's name,
-    `date` the author date in strict ISO 8601, `subject` the first line of the message (UTF-8,
-    invalid bytes replaced). `truncated` is true only when git's output ran past 8 MiB (huge
-    subjects); the commits returned are then the whole ones read before the cut.
-
-    Raises as `diff` does, and `RemoteError(BAD_REQUEST)` for a `limit` out of range.
-    """
-    _check_limit(limit, LOG_MAX_LIMIT)
-    pure, spec = _pathspec(root, path)
-    await _verify_rev(root, rev)
-    args = [
-        "log",
-        "--no-color",
-        "--no-show-signature",
-        "--encoding=UTF-8",
-        "-z",
-        "--format=%H%x00%an%x00%aI%x00%s",
-        f"--max-count={limit}",
-        "--end-of-options",
-        rev,
-        "--",
-        *spec,
-    ]
-    res = await _read_git(root, args, LOG_MAX_BYTES)
-    fields = res.stdout.split(b"\0")
-    # Every commit is four NUL-terminated fields; whatever follows the last complete one is an
-    # empty string, or a partial commit when the output was cut.
-    whole = (len(fields) - 1) // 4
-    commits = [
-        {
-            "sha": fields[i].decode("ascii", errors="replace"),
-            "author": fields[i + 1].decode("utf-8", errors="replace"),
-            "date": fields[i + 2].decode("ascii", errors="replace"),
-            "subject": fields[i + 3].decode("utf-8", errors="replace"),
-        }
-        for i in range(0, whole * 4, 4)
-    ]
-    return {
-        **wire("path", _display(pure.parts)),
-        "rev": rev,
-        "commits": commits,
-        "truncated": res.truncated,
     }

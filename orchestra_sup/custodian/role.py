@@ -20,11 +20,11 @@ import asyncio
 import contextlib
 import errno
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestra_sup.custodian import readtools, searchproc
+from orchestra_sup.custodian import history, readtools, searchproc
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
@@ -171,6 +171,17 @@ class Custodian:
             self._held = True
         return f.Quiesced(held="workspace writes held; reads go on")
 
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """One workspace write (a sandbox made, a commit): in order, behind the ordered lock a
+        quiet point holds, and counted in `load` while it runs."""
+        async with self._ordered:
+            self._busy += 1
+            try:
+                yield
+            finally:
+                self._busy -= 1
+
     def _sandbox_path(self, lane: str) -> Path:
         if not lane or "/" in lane or "\0" in lane or lane.startswith(".") or len(lane) > 200:
             raise RemoteError(ErrorCode.BAD_REQUEST, f"bad lane id {lane!r}")
@@ -179,24 +190,16 @@ class Custodian:
     async def _create(self, req: f.SandboxCreate) -> f.Body:
         assert self.workspace is not None
         dest = self._sandbox_path(req.lane)
-        async with self._ordered:
-            self._busy += 1
-            try:
-                path, rev = await self.workspace.create_sandbox(req.lane, dest)
-                await asyncio.to_thread(self.owners.claim, Path(path))
-            finally:
-                self._busy -= 1
+        async with self._writing():
+            path, rev = await self.workspace.create_sandbox(req.lane, dest)
+            await asyncio.to_thread(self.owners.claim, Path(path))
         return f.SandboxReady(lane=req.lane, path=path, rev=rev)
 
     async def _commit(self, req: f.SandboxCommit) -> f.Body:
         assert self.workspace is not None
         sandbox = self._sandbox_path(req.lane)
-        async with self._ordered:
-            self._busy += 1
-            try:
-                commit = await self.workspace.commit_sandbox(req.lane, sandbox, req.message)
-            finally:
-                self._busy -= 1
+        async with self._writing():
+            commit = await self.workspace.commit_sandbox(req.lane, sandbox, req.message)
         return f.CommitDone(lane=req.lane, commit=commit)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:
@@ -214,12 +217,12 @@ class Custodian:
                     params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
                 ),
             ),
-            "diff": lambda: readtools.diff(root, path, params.get("rev") or "HEAD"),
-            "log": lambda: readtools.log(
+            "diff": lambda: history.diff(root, path, params.get("rev") or "HEAD"),
+            "log": lambda: history.log(
                 root,
                 path,
                 params.get("rev") or "HEAD",
-                readtools.limit_param(params, readtools.LOG_DEFAULT_LIMIT, readtools.LOG_MAX_LIMIT),
+                readtools.limit_param(params, history.LOG_DEFAULT_LIMIT, history.LOG_MAX_LIMIT),
             ),
         }
         if call.tool not in awaited:

@@ -1,16 +1,8 @@
 """The custodian's git workspace and the per-lane sandboxes cloned from it.
 
-Everything goes through the `git` CLI started with `asyncio.create_subprocess_exec` (no shell), so
-no call blocks the event loop. Every git command runs with
-
-* `-c core.hooksPath=/dev/null`: no repository hook (of the workspace or of a sandbox) ever runs
-  inside the custodian;
-* `-c core.fsmonitor=false`: a sandbox's config cannot name an fsmonitor program for us to run;
-* `-c commit.gpgSign=false`: commits never wait on a signing agent;
-* an environment without the variables that would point git at another repository (`GIT_DIR`,
-  `GIT_WORK_TREE`, `GIT_INDEX_FILE`, ...), without a terminal prompt and with the fixed identity
-  `orchestra-sup <orchestra-sup@localhost>` wherever a commit is written, so a machine with no git
-  identity configured works.
+Every git command runs through `custodian.git` (no shell, never blocking the event loop, with
+its hardened config and environment); a commit is written with the fixed identity
+`orchestra-sup <orchestra-sup@localhost>`, so a machine with no git identity configured works.
 
 Trust boundary: a lane owns its whole sandbox, its `.git` directory included (its commands may
 run git there, or rewrite `.git/config`, `.git/HEAD` or the `.git` entry itself). So the custodian
@@ -29,177 +21,17 @@ import contextlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from orchestra_sup.custodian import git
 from orchestra_sup.errors import CommitConflict, GitError, WorkspaceError
 from orchestra_sup.state.permissions import private_file
 
 IDENTITY_NAME = "orchestra-sup"
 IDENTITY_EMAIL = "orchestra-sup@localhost"
 
-_GIT_CONFIG = (
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "commit.gpgSign=false",
-)
-
-# Variables that would make git act on another repository or inject config; never inherited.
-_ENV_DROP = frozenset(
-    {
-        "GIT_DIR",
-        "GIT_WORK_TREE",
-        "GIT_INDEX_FILE",
-        "GIT_OBJECT_DIRECTORY",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-        "GIT_COMMON_DIR",
-        "GIT_NAMESPACE",
-        "GIT_PREFIX",
-        "GIT_CONFIG",
-        "GIT_CONFIG_PARAMETERS",
-        "GIT_CONFIG_COUNT",
-        "GIT_AUTHOR_NAME",
-        "GIT_AUTHOR_EMAIL",
-        "GIT_AUTHOR_DATE",
-        "GIT_COMMITTER_NAME",
-        "GIT_COMMITTER_EMAIL",
-        "GIT_COMMITTER_DATE",
-    }
-)
-
 _AUTHOR_ENV = {"GIT_AUTHOR_NAME": IDENTITY_NAME, "GIT_AUTHOR_EMAIL": IDENTITY_EMAIL}
 _COMMITTER_ENV = {"GIT_COMMITTER_NAME": IDENTITY_NAME, "GIT_COMMITTER_EMAIL": IDENTITY_EMAIL}
-
-
-@dataclass(frozen=True)
-class _Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _git_env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _ENV_DROP and not k.startswith(("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"))
-    }
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env["GIT_EDITOR"] = ":"
-    if extra:
-        env.update(extra)
-    return env
-
-
-async def _start_git(
-    cwd: Path, args: tuple[str, ...], env: dict[str, str] | None
-) -> asyncio.subprocess.Process:
-    """`git -C cwd <hardening config> args...` started with piped output and no stdin."""
-    return await asyncio.create_subprocess_exec(
-        "git",
-        "-C",
-        str(cwd),
-        *_GIT_CONFIG,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_git_env(env),
-    )
-
-
-async def _git(
-    cwd: Path,
-    *args: str,
-    check: bool = True,
-    env: dict[str, str] | None = None,
-) -> _Result:
-    """Run `git -C cwd <hardening config> args...` and return its exit code and output.
-
-    Raises `GitError(list(args), returncode, stderr)` when `check` is true and git exits non-zero.
-    Cancelling the caller lets the running git command finish (its output is still drained) before
-    the cancellation propagates, so no single git command is ever killed half-way.
-    """
-    proc = await _start_git(cwd, args, env)
-    communicate = asyncio.ensure_future(proc.communicate())
-    try:
-        out, err = await asyncio.shield(communicate)
-    except asyncio.CancelledError:
-        await communicate
-        raise
-    assert proc.returncode is not None
-    result = _Result(proc.returncode, os.fsdecode(out), err.decode("utf-8", errors="replace"))
-    if check and result.returncode != 0:
-        raise GitError(list(args), result.returncode, result.stderr)
-    return result
-
-
-_CHUNK = 64 * 1024
-_STDERR_KEEP = 64 * 1024
-
-
-@dataclass(frozen=True)
-class _CappedResult:
-    returncode: int
-    stdout: bytes
-    stderr: str
-    truncated: bool
-
-
-def _kill(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-
-
-async def _read_head(stream: asyncio.StreamReader, keep: int) -> bytes:
-    """Read `stream` to its end, keeping only its first `keep` bytes."""
-    buf = bytearray()
-    while chunk := await stream.read(_CHUNK):
-        if len(buf) < keep:
-            buf += chunk[: keep - len(buf)]
-    return bytes(buf)
-
-
-async def _git_capped(
-    cwd: Path,
-    *args: str,
-    max_bytes: int,
-    env: dict[str, str] | None = None,
-) -> _CappedResult:
-    """Run a READ-ONLY git command like `_git` (same config and environment), keeping at most
-    `max_bytes` of its standard output as bytes.
-
-    When the output runs past `max_bytes`, git is killed and the result has `truncated=True` (its
-    `returncode` is then meaningless). Standard error keeps its first 64 KiB. Cancelling the caller
-    kills git and reaps it before the cancellation propagates, which is why this is for commands
-    that write nothing. Never raises `GitError`: the caller judges `returncode`.
-    """
-    proc = await _start_git(cwd, args, env)
-    assert proc.stdout is not None and proc.stderr is not None
-    errors = asyncio.ensure_future(_read_head(proc.stderr, _STDERR_KEEP))
-    out = bytearray()
-    truncated = False
-    try:
-        while chunk := await proc.stdout.read(_CHUNK):
-            out += chunk
-            if len(out) > max_bytes:
-                truncated = True
-                del out[max_bytes:]
-                _kill(proc)
-                break
-    except BaseException:
-        _kill(proc)
-        raise
-    finally:
-        # Drain what is left so the pipes close and the process can be reaped.
-        while await proc.stdout.read(_CHUNK):
-            pass
-        err = await errors
-        returncode = await proc.wait()
-    return _CappedResult(returncode, bytes(out), err.decode("utf-8", errors="replace"), truncated)
 
 
 def _trusting(path: Path) -> tuple[str, str]:
@@ -211,7 +43,7 @@ def _trusting(path: Path) -> tuple[str, str]:
 
 async def _toplevel(path: Path) -> str | None:
     """The realpath of the working tree `path` belongs to, or None if it is in none."""
-    res = await _git(path, *_trusting(path), "rev-parse", "--show-toplevel", check=False)
+    res = await git.run(path, *_trusting(path), "rev-parse", "--show-toplevel", check=False)
     if res.returncode != 0 or not res.stdout.strip():
         return None
     return os.path.realpath(res.stdout.rstrip("\n"))
@@ -233,7 +65,9 @@ async def _validate_repo(path: Path) -> Path:
         raise WorkspaceError(f"workspace {path} does not exist")
     if not path.is_dir():
         raise WorkspaceError(f"workspace {path} is not a directory")
-    kind = await _git(path, "rev-parse", "--is-bare-repository", "--is-inside-git-dir", check=False)
+    kind = await git.run(
+        path, "rev-parse", "--is-bare-repository", "--is-inside-git-dir", check=False
+    )
     if kind.returncode != 0:
         raise WorkspaceError(f"workspace {path} is not a git repository")
     is_bare, inside_git_dir = [*kind.stdout.split(), "", ""][:2]
@@ -248,7 +82,7 @@ async def _validate_repo(path: Path) -> Path:
         raise WorkspaceError(
             f"workspace {path} is a subdirectory of the git repository {top}; give its top level"
         )
-    head = await _git(path, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
+    head = await git.run(path, "rev-parse", "--verify", "--quiet", "HEAD^{commit}", check=False)
     if head.returncode != 0:
         raise WorkspaceError(f"workspace {path} has no commit yet; commit something first")
     return Path(top)
@@ -283,8 +117,8 @@ async def open_workspace(path: Path | None, state_dir: Path) -> Workspace:
         partial = default.with_name(".workspace.partial")
         await _remove_tree(partial)
         partial.mkdir()
-        await _git(partial, "init", "-q", "-b", "main")
-        await _git(
+        await git.run(partial, "init", "-q", "-b", "main")
+        await git.run(
             partial,
             "commit",
             "--quiet",
@@ -364,7 +198,7 @@ class Workspace:
 
         Raises `GitError` if HEAD does not name a commit.
         """
-        res = await _git(self.root, "rev-parse", "--verify", "HEAD^{commit}")
+        res = await git.run(self.root, "rev-parse", "--verify", "HEAD^{commit}")
         return res.stdout.strip()
 
     async def create_sandbox(self, lane: str, dest: Path) -> tuple[str, str]:
@@ -400,7 +234,7 @@ class Workspace:
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(f".{dest.name}.partial")
         await _remove_tree(partial)
-        await _git(
+        await git.run(
             dest.parent,
             "clone",
             "--quiet",
@@ -410,7 +244,7 @@ class Workspace:
             str(self.root),
             str(partial.absolute()),
         )
-        await _git(partial, "checkout", "--quiet", "--detach", rev)
+        await git.run(partial, "checkout", "--quiet", "--detach", rev)
         private_file(_base_record(dest)).write_text(rev + "\n")  # 0600: the custodian's
         os.rename(partial, dest)
         return str(dest), rev
@@ -462,21 +296,21 @@ class Workspace:
         with tempfile.TemporaryDirectory(prefix="orchestra-sup-index-") as private:
             env = {"GIT_INDEX_FILE": os.path.join(private, "index")}
             tree = ("--work-tree", str(sandbox))
-            await _git(self.root, *tree, "read-tree", base, env=env)
-            status = await _git(
+            await git.run(self.root, *tree, "read-tree", base, env=env)
+            status = await git.run(
                 self.root, *tree, "status", "--porcelain=v1", "-z", "--untracked-files=all", env=env
             )
             self._refuse_git_paths(lane, sandbox, _parse_status_z(status.stdout))
-            await _git(self.root, *tree, "add", "-A", env=env)
-            raw = await _git(
+            await git.run(self.root, *tree, "add", "-A", env=env)
+            raw = await git.run(
                 self.root, "diff", "--cached", "--raw", "-z", "--no-renames", base, env=env
             )
             if not raw.stdout:
                 return None
             self._refuse_new_gitlinks(lane, sandbox, raw.stdout)
-            tree_sha = (await _git(self.root, "write-tree", env=env)).stdout.strip()
+            tree_sha = (await git.run(self.root, "write-tree", env=env)).stdout.strip()
         text = message if message.strip() else f"lane {lane}"
-        commit = await _git(
+        commit = await git.run(
             self.root,
             "commit-tree",
             tree_sha,
@@ -495,11 +329,13 @@ class Workspace:
         with contextlib.suppress(FileNotFoundError):
             return _base_record(sandbox).read_text().strip()
         if await _is_checkout_root(sandbox):
-            head = await _git(
+            head = await git.run(
                 sandbox, *_trusting(sandbox), "rev-parse", "--verify", "HEAD^{commit}", check=False
             )
             sha = head.stdout.strip()
-            known = await _git(self.root, "merge-base", "--is-ancestor", sha, "HEAD", check=False)
+            known = await git.run(
+                self.root, "merge-base", "--is-ancestor", sha, "HEAD", check=False
+            )
             if head.returncode == 0 and known.returncode == 0:
                 return sha
             raise WorkspaceError(
@@ -509,7 +345,7 @@ class Workspace:
 
     async def _landed(self, lane: str) -> str | None:
         """The workspace commit that carries `lane`'s trailer, if one has landed."""
-        out = await _git(
+        out = await git.run(
             self.root,
             "log",
             "--fixed-strings",
@@ -554,16 +390,16 @@ class Workspace:
     async def _land(self, lane: str, fetched: str) -> str:
         """Bring commit `fetched` (in the workspace's object store) onto the workspace's branch;
         return the new HEAD."""
-        ancestor = await _git(
+        ancestor = await git.run(
             self.root, "merge-base", "--is-ancestor", "HEAD", fetched, check=False
         )
         if ancestor.returncode == 0:
-            await _git(self.root, "merge", "--quiet", "--ff-only", fetched)
+            await git.run(self.root, "merge", "--quiet", "--ff-only", fetched)
             return await self.head()
         if ancestor.returncode != 1:
             raise GitError(["merge-base", "--is-ancestor"], ancestor.returncode, ancestor.stderr)
 
-        pick = await _git(
+        pick = await git.run(
             self.root,
             "cherry-pick",
             "--keep-redundant-commits",
@@ -573,15 +409,15 @@ class Workspace:
         )
         if pick.returncode == 0:
             return await self.head()
-        in_progress = await _git(
+        in_progress = await git.run(
             self.root, "rev-parse", "--quiet", "--verify", "CHERRY_PICK_HEAD", check=False
         )
         if in_progress.returncode != 0:
             # git refused before starting (e.g. local changes would be overwritten).
             raise GitError(["cherry-pick", fetched], pick.returncode, pick.stderr)
-        unmerged = await _git(self.root, "diff", "--name-only", "--diff-filter=U", "-z")
+        unmerged = await git.run(self.root, "diff", "--name-only", "--diff-filter=U", "-z")
         files = sorted({f for f in unmerged.stdout.split("\0") if f})
-        await _git(self.root, "cherry-pick", "--abort")
+        await git.run(self.root, "cherry-pick", "--abort")
         if not files:
             raise GitError(["cherry-pick", fetched], pick.returncode, pick.stderr)
         raise CommitConflict(lane, "conflicting files: " + ", ".join(files))

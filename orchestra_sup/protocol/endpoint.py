@@ -429,7 +429,7 @@ class Endpoint:
             self.failed(env, peer, exc, "in its handler")
 
 
-class _Expired(Exception):
+class _Expired(OrchestraError):
     """A request's deadline passed (set on its future by its timer)."""
 
 

@@ -44,7 +44,6 @@ from orchestra_sup.state.permissions import (
     private_dir,
     private_file,
 )
-from orchestra_sup.system.cgroups import LaneCgroups
 from orchestra_sup.system.isolation import (
     Mounts,
     as_uid_fn,
@@ -55,6 +54,7 @@ from orchestra_sup.system.isolation import (
     setpriv_binary,
     with_veils,
 )
+from orchestra_sup.system.lanecgroups import LaneCgroups
 from orchestra_sup.system.laneuser import is_lane_uid, object_stores, python_paths
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")

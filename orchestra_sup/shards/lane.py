@@ -74,7 +74,7 @@ class Lane:
         self.pgid: int | None = None
         self.interrupted = False
         self.message_keys: dict[str, None] | None = None
-        """The idempotency keys of its last `shards.role.MESSAGE_KEYS` messages, oldest first
+        """The idempotency keys of its last `shards.messages.MESSAGE_KEYS` messages, oldest first
         (made by the first message: parked lanes are many)."""
         self.inbox_lock: asyncio.Lock | None = None  # made by the first inbox-file append
         self.tail = bytearray()

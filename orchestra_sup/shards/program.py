@@ -93,6 +93,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from orchestra_sup.errors import OrchestraError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.patterns import PROGRAM_PATTERN, SHELL
 from orchestra_sup.shards.hitl import Questions
@@ -410,7 +411,7 @@ def judge(outcome: ShellOutcome, timeout_s: float | None) -> Outcome:
     )
 
 
-class ProgramError(Exception):
+class ProgramError(OrchestraError):
     """A program that may not or cannot be loaded, or that returned something other than a
     valid `Outcome`; the message names it and why."""
 

@@ -10,7 +10,8 @@ acknowledged.
 In a rollover this process is one of two generations of its shard: the old one drains and hands
 its lanes over, the new one resumes them (`LaneResume`, admitted like a start) and holds requests
 for lanes still on their way. `shards.handover` does both sides, and says where a message, a
-cancel or a human's answer for a lane goes (`Handover.route`) before this module delivers it.
+cancel or a human's answer for a lane goes (`Handover.route`) before it is delivered (a
+message or an answer by `shards.messages`).
 
 Every failed result says why as a `FailureClass` (`LaneResult.failure`): `timeout` (the task's
 `timeout_s`), `budget_exhaustion` (the lane spent more than its grant, `LaneStart.budget`: the
@@ -36,17 +37,16 @@ from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.shards.handover import Handover
 from orchestra_sup.shards.hitl import Questions
-from orchestra_sup.shards.host import Host, inbox_path, lane_uid
+from orchestra_sup.shards.host import Host, lane_uid
 from orchestra_sup.shards.lane import FINAL, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
+from orchestra_sup.shards.messages import deliver_answer, deliver_message
 from orchestra_sup.shards.outbox import DB as OUTBOX_DB
 from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox, result_id
 from orchestra_sup.shards.program import (
-    MAILBOX_SIZE,
     LaneContext,
     Mailbox,
     Outcome,
-    ProgramError,
     QuietPoints,
     checked,
     load_program,
@@ -54,10 +54,10 @@ from orchestra_sup.shards.program import (
 from orchestra_sup.shards.spend import BudgetWatch
 from orchestra_sup.shards.transcript import DBS as TRANSCRIPT_DBS
 from orchestra_sup.shards.transcript import Transcript
-from orchestra_sup.state.permissions import PRIVATE_DIR, PRIVATE_FILE
 from orchestra_sup.state.store import Store
-from orchestra_sup.system.cgroups import LaneCgroups, tree_id
+from orchestra_sup.system.cgroups import tree_id
 from orchestra_sup.system.isolation import describe
+from orchestra_sup.system.lanecgroups import LaneCgroups
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,8 @@ CALL_TIMEOUT_S = 55.0
 """How long one call to the custodian (a sandbox, a commit) waits for its answer."""
 RETRY_S = 0.05
 """Pause before re-sending to a custodian the roster says is up again."""
-MESSAGE_MAX_BYTES = 64 * 1024
-"""The largest `message_lane` text (UTF-8 bytes): a lane's mailbox then holds at most 64 MiB."""
 LIVE_STATES = tuple(str(state) for state in LaneState if state not in FINAL)
 """The states a live lane can be in (starting, running, awaiting_approval, moving)."""
-MESSAGE_KEYS = 4096
-"""Idempotency keys remembered per lane: a re-send of any of its last 4,096 messages is caught."""
 
 
 class Shard:
@@ -221,13 +217,15 @@ class Shard:
                 assert self.node is not None
                 self.node.answer(ep, peer, env, self.handover.lanes_and_results())
             case f.LaneMessage():
-                if self.handover.route(ep, peer, env, body.lane) is not None:
-                    self._message(ep, peer, env, body)
+                lane = self.handover.route(ep, peer, env, body.lane)
+                if lane is not None:
+                    assert self.node is not None
+                    deliver_message(self.node, self.transcript, lane, ep, peer, env, body)
             case f.HitlAnswer():
                 lane = self.handover.route(ep, peer, env, body.lane)
                 if lane is None:
                     return
-                self._answer(lane, body)
+                deliver_answer(self.transcript, lane, body)
                 ep.reply(env, peer, f.Ack())
             case f.LaneLogs():  # transcripts: answered off the receive loop (memory, then LMDB)
                 assert self.node is not None and self.transcript is not None
@@ -327,72 +325,6 @@ class Shard:
         self.node.retitle()
         self.handover.arrived(lane_id)
         return f.Ack()
-
-    def _message(
-        self, ep: Endpoint, peer: bytes | None, env: f.Envelope, msg: f.LaneMessage
-    ) -> None:
-        """Deliver a message to a live lane: one line appended to its inbox file
-        (`$ORCHESTRA_INBOX`) and an event row in its transcript. The idempotency key is claimed
-        here, on the loop, before anything is awaited, so a re-sent message can never be
-        delivered twice; messages to one lane are written in order, off the loop."""
-        assert self.node is not None
-        lane = self.lanes[msg.lane]  # `_route` found it
-        if len(msg.text.encode()) > MESSAGE_MAX_BYTES:
-            ep.reply(
-                env,
-                peer,
-                f.Error(
-                    code=ErrorCode.BAD_REQUEST,
-                    message=f"a message is at most {MESSAGE_MAX_BYTES} bytes",
-                ),
-            )
-            return
-        if lane.message_keys is not None and msg.key in lane.message_keys:
-            ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=True))
-            return
-        if lane.mailbox is not None and lane.mailbox.full():
-            ep.reply(
-                env,
-                peer,
-                f.Error(
-                    code=ErrorCode.BUSY,
-                    message=f"lane {lane.id}'s mailbox is full ({MAILBOX_SIZE} unread messages)",
-                ),
-            )
-            return
-        if lane.message_keys is None:
-            lane.message_keys = {}
-        lane.message_keys[msg.key] = None
-        if len(lane.message_keys) > MESSAGE_KEYS:  # a re-send comes soon after its timeout
-            del lane.message_keys[next(iter(lane.message_keys))]
-        if self.transcript is not None:
-            self.transcript.event(lane.id, f"message ({msg.key}): {msg.text}")
-        if lane.mailbox is not None:
-            lane.mailbox.put_nowait(msg.text)
-            ep.reply(env, peer, f.MessageAck(lane=lane.id, key=msg.key, duplicate=False))
-            return
-        inbox = inbox_path(self.node.paths.state_dir, lane.id)
-
-        async def deliver() -> f.Body:
-            if lane.inbox_lock is None:
-                lane.inbox_lock = asyncio.Lock()
-            async with lane.inbox_lock:
-                await asyncio.to_thread(_append_line, inbox, msg.text)
-            return f.MessageAck(lane=lane.id, key=msg.key, duplicate=False)
-
-        self.node.answer(ep, peer, env, deliver())
-
-    def _answer(self, lane: Lane, answer: f.HitlAnswer) -> None:
-        """Keep a human's answer (`HitlAnswer`, recorded by the coordinator before it was sent)
-        with the lane and resume its program if it waits on that key. A second answer to a key,
-        or one to a shell lane (which never asks), changes nothing."""
-        if lane.questions is None or not lane.questions.answer(answer.key, answer.answer):
-            return
-        if self.transcript is not None:
-            who = answer.answer.responder or f"uid {answer.answer.uid}"
-            self.transcript.event(
-                lane.id, f"answered ({answer.key}): {answer.answer.verdict} by {who}"
-            )
 
     def _info(self, lane: Lane) -> f.LaneInfo:
         assert self.node is not None
@@ -503,7 +435,7 @@ class Shard:
                 status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
             else:
                 status, error = "cancelled", "cancelled by request"
-        except (OrchestraError, ProgramError) as exc:
+        except OrchestraError as exc:  # a `ProgramError` too: refused, or no valid Outcome
             status, error = "failed", str(exc)
         except OSError as exc:  # the command could not be spawned (its sandbox is gone, ...)
             status, error = "failed", f"cannot run the command: {exc}"
@@ -592,11 +524,3 @@ def _end_event(result: f.LaneResult) -> str:
         return f"{text}; committed {result.commit}" if result.commit else text
     error = result.error or "no error recorded"
     return error if error.startswith(f"{result.status}:") else f"{result.status}: {error}"
-
-
-def _append_line(path: Path, text: str) -> None:
-    """Append to inbox `path`, made 0600 in a 0700 directory when missing (`Host._inbox`)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    with open(os.open(path, flags, PRIVATE_FILE), "a", encoding="utf-8") as fh:
-        fh.write(text.replace("\n", " ") + "\n")

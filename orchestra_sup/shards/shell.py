@@ -259,7 +259,7 @@ async def run_shell(
       would otherwise run on through the grace. It must not block or raise.
     - `preexec`: called in the child between fork and exec (Popen's `preexec_fn`), after the
       pipes and the process group are set up, e.g. to join a cgroup
-      (`system.cgroups.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
+      (`system.lanecgroups.LaneCgroups.join_fn`). It must only make plain `os` calls (no locks, no
       logging: other threads' locks may be held forever in the child). None: nothing is called.
     - `nice`: added to the command's niceness before exec (0..19, default 0), after `preexec`,
       so everything the command runs competes for the CPU at that lower priority.

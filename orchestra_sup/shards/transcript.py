@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import time
@@ -101,6 +102,30 @@ _Mem = tuple[int, float, str, bytes]
 """A row in memory: (seq, ts, stream, data)."""
 
 
+class _Wakeup:
+    """Wakes whoever waits, once: `wait` returns at the next `set()` or after its timeout. No
+    event exists while nobody waits, so setting one nobody waits on costs nothing."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event: asyncio.Event | None = None
+
+    def set(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` seconds for the next `set()`."""
+        if self._event is None:
+            self._event = asyncio.Event()
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+
+
 class _Live:
     """A running lane: its next seq, its bounded tail, and who waits for its next row."""
 
@@ -112,30 +137,14 @@ class _Live:
         self.rows: deque[_Mem] = deque()
         self.size = 0
         self.ended = False
-        self.wake: asyncio.Event | None = None
+        self.wake = _Wakeup()  # set on each new row and at the lane's end
 
     def keep(self, row: _Mem, max_rows: int, max_bytes: int) -> None:
         self.rows.append(row)
         self.size += len(row[3])
         while len(self.rows) > max_rows or (self.size > max_bytes and len(self.rows) > 1):
             self.size -= len(self.rows.popleft()[3])
-        self.notify()
-
-    def notify(self) -> None:
-        if self.wake is not None:
-            self.wake.set()
-            self.wake = None
-
-    async def wait(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` seconds for a new row or the lane's end."""
-        if self.wake is None:
-            self.wake = asyncio.Event()
-        wake = self.wake
-        try:
-            async with asyncio.timeout(timeout_s):
-                await wake.wait()
-        except TimeoutError:
-            pass
+        self.wake.set()
 
 
 class Transcript:
@@ -164,7 +173,7 @@ class Transcript:
         self.settled = False
         """True once `close_lost` ran: an unfinished lane not live here is then known to be
         lost; before, it may still run in a predecessor generation, or be on its way here."""
-        self._arrival: asyncio.Event | None = None  # set on `resume` and `close_lost`
+        self._arrival = _Wakeup()  # set on `resume` and `close_lost`
         self._encoder = msgspec.msgpack.Encoder()
         self._rows = msgspec.msgpack.Decoder(StoredRow)
         self._entries = msgspec.msgpack.Decoder(LaneEntry)
@@ -198,13 +207,8 @@ class Transcript:
             self._queue(INDEX_DB, lane.encode(), self._encoder.encode(done))
             closed.append(lane)
         self.settled = True
-        self._arrived()
+        self._arrival.set()
         return closed
-
-    def _arrived(self) -> None:
-        if self._arrival is not None:
-            self._arrival.set()
-            self._arrival = None
 
     async def close(self) -> None:
         """Let reads in flight finish (they hold LMDB transactions) and refuse new ones. Call
@@ -264,7 +268,7 @@ class Transcript:
         live = self._live[lane] = _Live(started_at)
         live.next_seq = next_seq
         live.entry = LaneEntry(started_at=started_at, last_seq=next_seq - 1)
-        self._arrived()
+        self._arrival.set()
 
     def detach(self, lane: str) -> tuple[int, asyncio.Future[None]]:
         """`lane` moves to another generation: it leaves memory here without an end, and rows
@@ -275,7 +279,7 @@ class Transcript:
         live = self._live.pop(lane)
         self._detached.add(lane)
         live.ended = True
-        live.notify()  # a follower re-reads: from LMDB, or from the next generation
+        live.wake.set()  # a follower re-reads: from LMDB, or from the next generation
         entry = LaneEntry(started_at=live.entry.started_at, last_seq=live.next_seq - 1)
         landed = self.store.put_durable(INDEX_DB, lane.encode(), self._encoder.encode(entry))
         return live.next_seq, landed
@@ -316,7 +320,7 @@ class Transcript:
             del self._live[lane]
         else:
             landed.add_done_callback(functools.partial(self._landed, lane, live))
-        live.notify()
+        live.wake.set()
 
     def _landed(self, lane: str, live: _Live, landed: asyncio.Future[None]) -> None:
         if not landed.cancelled() and landed.exception() is not None:
@@ -369,7 +373,7 @@ class Transcript:
             return f.LogChunk(lane=lane, rows=[], done=False, found=False)
         live = self._live.get(lane)
         if live is not None and wait_s > 0 and not live.ended and live.next_seq - 1 <= after_seq:
-            await live.wait(wait_s)
+            await live.wake.wait(wait_s)
             live = self._live.get(lane)  # its end may have landed meanwhile
         if live is not None:
             return await self._read_live(lane, live, after_seq, limit)
@@ -379,14 +383,7 @@ class Transcript:
             return chunk
         # Unfinished, not live, and a predecessor may still run it (or be sending it here): its
         # rows come from that process, so wait for the lane to arrive or the shard to settle.
-        if self._arrival is None:
-            self._arrival = asyncio.Event()
-        arrival = self._arrival
-        try:
-            async with asyncio.timeout(wait_s):
-                await arrival.wait()
-        except TimeoutError:
-            pass
+        await self._arrival.wait(wait_s)
         return await self.read(lane, after_seq=after_seq, limit=limit)
 
     async def _read_live(self, lane: str, live: _Live, after_seq: int, limit: int) -> f.LogChunk:

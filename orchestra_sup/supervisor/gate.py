@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from orchestra_sup.errors import OrchestraError
 
-class Busy(Exception):
+
+class Busy(OrchestraError):
     """A change of the tree cannot begin now; `str()` says what is in progress."""
 
 

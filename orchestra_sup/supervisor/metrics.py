@@ -57,7 +57,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from orchestra_sup.errors import ConfigError
+from orchestra_sup.errors import ConfigError, OrchestraError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.supervisor.core import ExitCause
 from orchestra_sup.supervisor.spec import ChildState
@@ -287,7 +287,7 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], hist: f.Histogr
     family.add_metric(labels, buckets, sum_value=hist.total)
 
 
-class LoopUnresponsive(Exception):
+class LoopUnresponsive(OrchestraError):
     """The supervisor's loop did not hand over a sample in time (or has stopped); the scrape is
     answered 503. Never leaves this module."""
 

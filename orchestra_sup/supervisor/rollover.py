@@ -52,6 +52,7 @@ from orchestra_sup.errors import (
     RelayError,
     ReleaseError,
     RemoteError,
+    SupervisionError,
 )
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
@@ -84,7 +85,7 @@ class Carried(msgspec.Struct, frozen=True, kw_only=True):
     began: float
 
 
-class RolloverFailed(Exception):
+class RolloverFailed(SupervisionError):
     """A step did not complete; `str()` is the one line the report's `error` carries."""
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import msgspec
 
 from orchestra_sup.config import SupervisorSettings
+from orchestra_sup.errors import SupervisionError
 from orchestra_sup.node.template import Fork, Forked, Ready, Refused, Release, Reply, Request
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.supervisor.intensity import Backoff
@@ -44,7 +45,7 @@ STOP_TIMEOUT_S = 2.0
 """Seconds `close` waits for the template to exit on end-of-file before SIGKILL."""
 
 
-class TemplateGone(Exception):
+class TemplateGone(SupervisionError):
     """The template exited, or was given up, with a request of ours unanswered."""
 
 

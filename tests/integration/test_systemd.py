@@ -32,8 +32,9 @@ import psutil
 import pytest
 
 from orchestra_sup.cli.unit import render, unit_name
-from orchestra_sup.system.cgroups import LaneCgroups, cgroup2_root
+from orchestra_sup.system.cgroups import cgroup2_root
 from orchestra_sup.system.isolation import resolve
+from orchestra_sup.system.lanecgroups import LaneCgroups
 from tests.integration.harness import make_repo, wait_until
 from tests.unit.test_unit import CONFIG as HOSTILE_CONFIG
 from tests.unit.test_unit import HOSTILE, hostile_spec

@@ -21,12 +21,12 @@ from orchestra_sup.shards.shell import run_shell
 from orchestra_sup.system import cgroups as cg
 from orchestra_sup.system.cgroups import (
     TOP,
-    LaneCgroups,
     cgroup2_root,
     kill_tree_sync,
     tree_id,
     tree_path,
 )
+from orchestra_sup.system.lanecgroups import LaneCgroups
 from tests.procs import dead as _dead
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}

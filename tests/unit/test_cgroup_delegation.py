@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup.system.cgroups import TOP, LaneCgroups, cgroup2_root, kill_tree_sync
+from orchestra_sup.system.cgroups import TOP, cgroup2_root, kill_tree_sync
+from orchestra_sup.system.lanecgroups import LaneCgroups
 
 PROBE = """
 import json, sys
 from pathlib import Path
-from orchestra_sup.system.cgroups import LaneCgroups, cgroups_base, delegated_cgroup, tree_path
+from orchestra_sup.system.cgroups import cgroups_base, delegated_cgroup, tree_path
+from orchestra_sup.system.lanecgroups import LaneCgroups
 lanes = LaneCgroups("t" + "0" * 11, "shard-0")
 made = lanes.create("lane-1")
 print(json.dumps({

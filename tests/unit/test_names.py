@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from orchestra_sup.custodian import readtools, searchproc
+from orchestra_sup.custodian import history, readtools, searchproc
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import names
@@ -148,11 +148,11 @@ def test_diff_and_log_take_a_name_literally_never_as_an_option(
     glob and a leading `-` are the name itself, never `x` as well, never an option (an
     `--output=` would have written a file)."""
     name = _name(raw)
-    diff = asyncio.run(readtools.diff(hostile_ws, name, "HEAD~1"))
+    diff = asyncio.run(history.diff(hostile_ws, name, "HEAD~1"))
     assert _exact(diff, "path") == raw
     key = next(k for k, v in HOSTILE.items() if v == raw)
     assert diff["diff"].count("diff --git") == 1 and f"+needle {key}" in diff["diff"]
-    log = asyncio.run(readtools.log(hostile_ws, name))
+    log = asyncio.run(history.log(hostile_ws, name))
     assert [c["subject"] for c in log["commits"]] == ["hostile names"]
     assert not (hostile_ws / "pwned").exists() and not Path("pwned").exists()
 
@@ -164,7 +164,7 @@ def test_diff_names_a_file_that_is_not_utf8_exactly_whatever_the_config(
     which UTF-8 decoding turns into U+FFFD; the read tools force git's C-quoting instead."""
     _git(hostile_ws, "config", "core.quotePath", "false")
     try:
-        diff = asyncio.run(readtools.diff(hostile_ws, _name(HOSTILE["not-utf8"]), "HEAD~1"))
+        diff = asyncio.run(history.diff(hostile_ws, _name(HOSTILE["not-utf8"]), "HEAD~1"))
     finally:
         _git(hostile_ws, "config", "--unset", "core.quotePath")
     assert '"b/caf\\351.txt"' in diff["diff"] and "\ufffd" not in diff["diff"]

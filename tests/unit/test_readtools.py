@@ -88,7 +88,7 @@ def test_symlink_inside_root_is_followed(root: Path) -> None:
 
 def _reference_resolve(root: Path, path: str) -> Path:
     """The definition `resolve` must agree with: realpath everything, then check."""
-    pure = readtools._normalize(path)
+    pure = readtools.normalize(path)
     real_root = Path(os.path.realpath(root))
     candidate = real_root.joinpath(*pure.parts)
     target = Path(os.path.realpath(candidate))

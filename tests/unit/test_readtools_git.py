@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup.custodian import readtools, searchproc
+from orchestra_sup.custodian import history, readtools, searchproc
 from orchestra_sup.custodian.role import READ_CONCURRENCY, Custodian
 from orchestra_sup.custodian.workspace import Workspace
 from orchestra_sup.errors import ErrorCode, PathEscape, RemoteError
@@ -71,43 +71,43 @@ def _code(exc: pytest.ExceptionInfo[RemoteError]) -> ErrorCode:
 
 def test_diff_shows_a_working_tree_change(repo: Path) -> None:
     """The default rev HEAD compares the working tree against it."""
-    assert asyncio.run(readtools.diff(repo)) == {
+    assert asyncio.run(history.diff(repo)) == {
         "path": ".",
         "rev": "HEAD",
         "diff": "",
         "truncated": False,
     }
     (repo / "a.txt").write_text("one\ntwo\nthree\n")
-    out = asyncio.run(readtools.diff(repo))
+    out = asyncio.run(history.diff(repo))
     assert out["truncated"] is False
     assert "diff --git a/a.txt b/a.txt" in out["diff"]
     assert "\n+three\n" in out["diff"]
-    older = asyncio.run(readtools.diff(repo, "", "HEAD~2"))["diff"]
+    older = asyncio.run(history.diff(repo, "", "HEAD~2"))["diff"]
     assert "+two\n+three\n" in older and "+sea\n" in older
 
 
 def test_diff_between_two_revs(repo: Path) -> None:
     """`A..B` compares commit A against commit B (the working tree plays no part)."""
     (repo / "a.txt").write_text("changed\n")
-    both = asyncio.run(readtools.diff(repo, "", "HEAD~2..HEAD"))["diff"]
+    both = asyncio.run(history.diff(repo, "", "HEAD~2..HEAD"))["diff"]
     assert "+two\n" in both and "+sea\n" in both and "changed" not in both
-    last = asyncio.run(readtools.diff(repo, "", "HEAD~1..HEAD"))["diff"]
+    last = asyncio.run(history.diff(repo, "", "HEAD~1..HEAD"))["diff"]
     assert "+sea\n" in last and "a.txt" not in last
     sha = _sha(repo, "HEAD~1")
-    assert asyncio.run(readtools.diff(repo, "", f"{sha}..main"))["diff"] == last
-    assert asyncio.run(readtools.diff(repo, "", f"{sha}.."))["diff"] == last
+    assert asyncio.run(history.diff(repo, "", f"{sha}..main"))["diff"] == last
+    assert asyncio.run(history.diff(repo, "", f"{sha}.."))["diff"] == last
 
 
 def test_diff_is_restricted_to_path(repo: Path) -> None:
     """Only changes under `path` show; a file path, a directory path, literally."""
     (repo / "a.txt").write_text("changed\n")
-    assert asyncio.run(readtools.diff(repo, "docs"))["diff"] == ""
-    docs = asyncio.run(readtools.diff(repo, "docs", "HEAD~2..HEAD"))
+    assert asyncio.run(history.diff(repo, "docs"))["diff"] == ""
+    docs = asyncio.run(history.diff(repo, "docs", "HEAD~2..HEAD"))
     assert docs["path"] == "docs" and "+sea\n" in docs["diff"] and "a.txt" not in docs["diff"]
-    only_a = asyncio.run(readtools.diff(repo, "a.txt", "HEAD~2"))["diff"]
+    only_a = asyncio.run(history.diff(repo, "a.txt", "HEAD~2"))["diff"]
     assert "+changed\n" in only_a and "b.md" not in only_a
     # pathspec magic is not honoured: ":(glob)*" is a (missing) file name, not a pattern
-    assert asyncio.run(readtools.diff(repo, ":(glob)*"))["diff"] == ""
+    assert asyncio.run(history.diff(repo, ":(glob)*"))["diff"] == ""
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_diff_refuses_option_looking_revs(repo: Path, tmp_path: Path, rev: str) 
     out = tmp_path / "x"
     rev = rev.format(out=out)
     with pytest.raises(RemoteError) as info:
-        asyncio.run(readtools.diff(repo, "", rev))
+        asyncio.run(history.diff(repo, "", rev))
     assert _code(info) is ErrorCode.BAD_REQUEST
     assert repr(rev) in info.value.message
     assert not out.exists()
@@ -143,7 +143,7 @@ def test_diff_refuses_option_looking_revs(repo: Path, tmp_path: Path, rev: str) 
 def test_diff_unknown_rev_is_not_found(repo: Path, rev: str) -> None:
     """A well-formed rev that names no commit is not_found, naming it."""
     with pytest.raises(RemoteError) as info:
-        asyncio.run(readtools.diff(repo, "", rev))
+        asyncio.run(history.diff(repo, "", rev))
     assert _code(info) is ErrorCode.NOT_FOUND
     assert repr(rev) in info.value.message
 
@@ -153,9 +153,9 @@ def test_diff_unknown_rev_is_not_found(repo: Path, rev: str) -> None:
 )
 def test_diff_accepts_typical_revs(repo: Path, rev: str) -> None:
     """Ref names, shas and the usual suffixes pass validation."""
-    assert asyncio.run(readtools.diff(repo, "", rev))["rev"] == rev
+    assert asyncio.run(history.diff(repo, "", rev))["rev"] == rev
     sha = _sha(repo, "HEAD~1")
-    assert asyncio.run(readtools.diff(repo, "", sha[:10]))["rev"] == sha[:10]
+    assert asyncio.run(history.diff(repo, "", sha[:10]))["rev"] == sha[:10]
 
 
 @pytest.mark.parametrize("path", ["..", "../x", "/etc", ".git", ".git/config", "escape"])
@@ -163,18 +163,18 @@ def test_git_tools_refuse_escaping_paths(repo: Path, tmp_path: Path, path: str) 
     """diff and log apply read_file's path rules."""
     (repo / "escape").symlink_to(tmp_path)
     with pytest.raises(PathEscape):
-        asyncio.run(readtools.diff(repo, path))
+        asyncio.run(history.diff(repo, path))
     with pytest.raises(PathEscape):
-        asyncio.run(readtools.log(repo, path))
+        asyncio.run(history.log(repo, path))
 
 
 def test_diff_truncates_at_the_cap(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Output past DIFF_MAX_BYTES is cut and reported truncated."""
     (repo / "a.txt").write_text("".join(f"line {i}\n" for i in range(20_000)))
-    full = asyncio.run(readtools.diff(repo))
+    full = asyncio.run(history.diff(repo))
     assert full["truncated"] is False
-    monkeypatch.setattr(readtools, "DIFF_MAX_BYTES", 1000)
-    cut = asyncio.run(readtools.diff(repo))
+    monkeypatch.setattr(history, "DIFF_MAX_BYTES", 1000)
+    cut = asyncio.run(history.diff(repo))
     assert cut["truncated"] is True
     assert cut["diff"] == full["diff"][:1000]
 
@@ -191,7 +191,7 @@ def test_diff_writes_nothing_and_runs_no_external_driver(repo: Path, tmp_path: P
     (repo / "docs" / "b.md").write_text("changed\n")
     index = repo / ".git" / "index"
     before = (index.read_bytes(), os.stat(index).st_mtime_ns)
-    out = asyncio.run(readtools.diff(repo))
+    out = asyncio.run(history.diff(repo))
     assert "+changed\n" in out["diff"] and "a.txt" not in out["diff"]
     assert (index.read_bytes(), os.stat(index).st_mtime_ns) == before
     assert not (repo / ".git" / "index.lock").exists()
@@ -203,7 +203,7 @@ def test_diff_writes_nothing_and_runs_no_external_driver(repo: Path, tmp_path: P
 
 def test_log_lists_commits_newest_first(repo: Path) -> None:
     """Full shas, author names, ISO 8601 author dates and subjects, newest first."""
-    out = asyncio.run(readtools.log(repo))
+    out = asyncio.run(history.log(repo))
     assert out["path"] == "." and out["rev"] == "HEAD" and out["truncated"] is False
     assert [c["subject"] for c in out["commits"]] == ["c3: sea", "c2: two", "c1: start"]
     assert [c["sha"] for c in out["commits"]] == [_sha(repo, f"HEAD~{i}") for i in range(3)]
@@ -214,44 +214,44 @@ def test_log_lists_commits_newest_first(repo: Path) -> None:
 
 def test_log_limit_path_and_range(repo: Path) -> None:
     """limit keeps the newest; path keeps the commits touching it; A..B keeps B's side."""
-    assert [c["subject"] for c in asyncio.run(readtools.log(repo, limit=2))["commits"]] == [
+    assert [c["subject"] for c in asyncio.run(history.log(repo, limit=2))["commits"]] == [
         "c3: sea",
         "c2: two",
     ]
-    docs = asyncio.run(readtools.log(repo, "docs"))
+    docs = asyncio.run(history.log(repo, "docs"))
     assert docs["path"] == "docs"
     assert [c["subject"] for c in docs["commits"]] == ["c3: sea", "c1: start"]
-    assert [c["subject"] for c in asyncio.run(readtools.log(repo, "a.txt"))["commits"]] == [
+    assert [c["subject"] for c in asyncio.run(history.log(repo, "a.txt"))["commits"]] == [
         "c2: two",
         "c1: start",
     ]
-    assert [c["subject"] for c in asyncio.run(readtools.log(repo, "", "HEAD~1"))["commits"]] == [
+    assert [c["subject"] for c in asyncio.run(history.log(repo, "", "HEAD~1"))["commits"]] == [
         "c2: two",
         "c1: start",
     ]
-    ranged = asyncio.run(readtools.log(repo, "", "HEAD~2..HEAD"))["commits"]
+    ranged = asyncio.run(history.log(repo, "", "HEAD~2..HEAD"))["commits"]
     assert [c["subject"] for c in ranged] == ["c3: sea", "c2: two"]
-    assert asyncio.run(readtools.log(repo, "missing"))["commits"] == []
+    assert asyncio.run(history.log(repo, "missing"))["commits"] == []
 
 
 def test_log_refusals(repo: Path) -> None:
     """A limit out of range or an option-looking rev is bad_request; an unknown rev not_found."""
     for limit in (0, 1001):
         with pytest.raises(RemoteError) as info:
-            asyncio.run(readtools.log(repo, limit=limit))
+            asyncio.run(history.log(repo, limit=limit))
         assert _code(info) is ErrorCode.BAD_REQUEST
     with pytest.raises(RemoteError) as info:
-        asyncio.run(readtools.log(repo, "", "--all"))
+        asyncio.run(history.log(repo, "", "--all"))
     assert _code(info) is ErrorCode.BAD_REQUEST
     with pytest.raises(RemoteError) as info:
-        asyncio.run(readtools.log(repo, "", "nope"))
+        asyncio.run(history.log(repo, "", "nope"))
     assert _code(info) is ErrorCode.NOT_FOUND and "'nope'" in info.value.message
 
 
 def test_log_cut_output_keeps_whole_commits(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past LOG_MAX_BYTES only the commits read whole are returned, with truncated=True."""
-    monkeypatch.setattr(readtools, "LOG_MAX_BYTES", 100)  # one record is about 80 bytes
-    out = asyncio.run(readtools.log(repo))
+    monkeypatch.setattr(history, "LOG_MAX_BYTES", 100)  # one record is about 80 bytes
+    out = asyncio.run(history.log(repo))
     assert out["truncated"] is True
     assert [c["subject"] for c in out["commits"]] == ["c3: sea"]
 
@@ -359,11 +359,11 @@ def test_custodian_runs_every_read_under_the_semaphore(
         return {"rev": rev, "limit": limit}
 
     monkeypatch.setattr(searchproc, "search", fake_search)
-    monkeypatch.setattr(readtools, "diff", fake_diff)
-    monkeypatch.setattr(readtools, "log", fake_log)
+    monkeypatch.setattr(history, "diff", fake_diff)
+    monkeypatch.setattr(history, "log", fake_log)
     assert _call(c, "search", pattern="x") == {"limit": readtools.SEARCH_DEFAULT_LIMIT}
     assert _call(c, "diff", rev="") == {"rev": "HEAD"}
-    assert _call(c, "log") == {"rev": "HEAD", "limit": readtools.LOG_DEFAULT_LIMIT}
+    assert _call(c, "log") == {"rev": "HEAD", "limit": history.LOG_DEFAULT_LIMIT}
     held = READ_CONCURRENCY - 1
     assert seen == {"search": (held, False), "diff": (held, False), "log": (held, False)}
 
