@@ -24,7 +24,7 @@ import gc
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, assert_never
 
 import msgspec
 
@@ -61,6 +61,7 @@ from orchestra_sup.errors import (
 )
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.protocol.patterns import SHELL
@@ -68,6 +69,25 @@ from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
+
+Serves = (
+    f.InboxPut
+    | f.TreeStopping
+    | f.Quiesce
+    | f.Resume
+    | f.CtlSubmit
+    | f.CtlPlan
+    | f.CtlPlans
+    | f.CtlCall
+    | f.CtlBenchRelay
+    | f.CtlCancel
+    | f.HitlRespond
+    | f.ListPending
+    | f.SandboxCreate
+)
+"""What the coordinator's `handle` takes, from shards (`InboxPut`), the supervisor (control and
+forwarded ctl requests) and peers (a `SandboxCreate`, refused)."""
+SERVES = Channel[Serves](Serves, "the coordinator does not serve {}")
 
 MSG_ID_MAX_BYTES = 256
 """The longest inbox message id (UTF-8 bytes): it is an LMDB key (`state.store.check_key`)."""
@@ -85,6 +105,8 @@ cycle among them would stay.)"""
 
 class Coordinator:
     """The `coordinator` role. See the module docstring."""
+
+    serves = SERVES
 
     def __init__(self) -> None:
         self.node: Node | None = None
@@ -329,7 +351,7 @@ class Coordinator:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Serves]) -> None:
         assert self.node is not None
         body = env.body
         match body:
@@ -379,15 +401,10 @@ class Coordinator:
                         code=ErrorCode.FORBIDDEN, message="the coordinator never holds a sandbox"
                     ),
                 )
+            case f.HitlRespond() | f.ListPending():  # no answers store: not served here
+                ep.reply(env, peer, SERVES.unsupported(body))
             case _:
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.UNEXPECTED,
-                        message=f"the coordinator does not serve {type(body).__name__}",
-                    ),
-                )
+                assert_never(body)
 
     async def _commit_inbox(self, put: f.InboxPut) -> f.Body:
         """Commit, then acknowledge, then act (never acknowledge what could still be lost)."""

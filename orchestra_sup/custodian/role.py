@@ -22,13 +22,14 @@ import errno
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from orchestra_sup.custodian import readtools, searchproc
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.permissions import PASSAGE, PRIVATE_DIR, private_dir
@@ -48,9 +49,16 @@ INLINE_TOOLS: dict[str, Callable[[Path, str], Any]] = {
 """Read tools answered on the front thread: bounded filesystem work, no subprocess. Each takes
 the workspace root and the request's path (`readtools.path_param`; `list_dir`'s may be empty)."""
 
+Serves = f.SandboxCreate | f.SandboxCommit | f.ToolCall | f.Quiesce | f.Resume
+"""What the custodian's `handle` takes: sandbox requests from shards, the coordinator's read
+tools, and a rollover's quiet point from the supervisor."""
+SERVES = Channel[Serves](Serves, "the custodian does not serve {}")
+
 
 class Custodian:
     """The `custodian` role. See the module docstring."""
+
+    serves = SERVES
 
     def __init__(self) -> None:
         self.node: Node | None = None
@@ -118,7 +126,7 @@ class Custodian:
         async with self._ordered:  # let a commit in flight land before the process goes
             pass
 
-    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Serves]) -> None:
         assert self.node is not None
         body = env.body
         match body:
@@ -145,14 +153,7 @@ class Custodian:
                     self._ordered.release()
                 ep.reply(env, peer, f.Ack())
             case _:
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.UNEXPECTED,
-                        message=f"the custodian does not serve {type(body).__name__}",
-                    ),
-                )
+                assert_never(body)
 
     async def _quiesce(self, timeout_s: float) -> f.Body:
         """The single-writer hand-off's quiet point (ARCHITECTURE.md §9): take the ordered lock,

@@ -35,6 +35,7 @@ import zmq
 
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.connections import SHUT_BELOW, ConnectionGuard
 from orchestra_sup.protocol.endpoint import (
     Caller,
@@ -65,6 +66,27 @@ PENDING_WAIT_S = 1.0
 """Seconds `ctl lanes` waits for the coordinator's pending approvals (`ListPending`). It answers
 from memory at once; only a wedged or stopped one takes longer, and then the shards' lanes are
 answered without them rather than held up for the caller's whole deadline."""
+
+Serves = (
+    f.CtlStatus
+    | f.CtlStop
+    | f.CtlRestart
+    | f.CtlSubmit
+    | f.CtlPlan
+    | f.CtlPlans
+    | f.CtlCancel
+    | f.CtlCall
+    | f.CtlBenchRelay
+    | f.CtlRollover
+    | f.CtlReload
+    | f.CtlRolloverStatus
+    | f.CtlRespond
+    | f.CtlLanes
+    | f.CtlLogs
+    | f.CtlDebug
+)
+"""The requests `orchestra-sup ctl` sends, what `CtlService.handle` takes."""
+SERVES = Channel[Serves](Serves, "{} is not a ctl request")
 
 
 class RemoteCtl(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,7 +162,10 @@ class CtlService:
         if refusal is not None:
             ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=refusal))
             return
-        body = env.body
+        served = SERVES.admit(ep, peer, env)
+        if served is None:
+            return
+        body = served.body
         match body:
             case f.CtlStatus():
                 ep.reply(env, peer, self.status())
@@ -209,14 +234,7 @@ class CtlService:
                 message = f"no child named {body.name!r}"
                 ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
             case _:
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.UNEXPECTED,
-                        message=f"{type(body).__name__} is not a ctl request",
-                    ),
-                )
+                assert_never(body)
 
     def status(self) -> f.StatusReply:
         paths = self.sup.paths

@@ -12,7 +12,7 @@ coordinator -> custodian), `LanePlane` (`lanes`: coordinator -> shard), `Inbox` 
 outbox -> coordinator inbox), `Ctl` (`ctl`: operator -> supervisor), `Rollover` (`rollover`);
 `frame` holds the base `Frame` and the answers every channel shares (`Ack`, `Error`), `values`
 the Structs carried by more than one. A receiver that gets a body it does not serve answers
-`Error(code="unexpected")`.
+`Error(code="unexpected")` (`protocol.channel`).
 
 This package re-exports every name of those modules, so `from orchestra_sup.protocol import
 frames as f; f.LaneStart` reads as it did when they were one module; new code may import from
@@ -88,6 +88,7 @@ from orchestra_sup.protocol.frames.lanes import (
     LaneLogs,
     LaneMessage,
     LanePlane,
+    LaneRequest,
     LaneResume,
     LaneSnapshot,
     LaneStart,
@@ -190,6 +191,7 @@ __all__ = [
     "LaneMove",
     "LaneNote",
     "LanePlane",
+    "LaneRequest",
     "LaneResult",
     "LaneResume",
     "LaneSnapshot",

@@ -153,3 +153,5 @@ LanePlane = (
     | LaneResume
     | HitlAnswer
 )
+LaneRequest = LaneStart | LaneCancel | ListLanes | LaneLogs | LaneMessage | LaneResume | HitlAnswer
+"""The lane plane's requests: what a shard serves of it (the rest are their answers)."""
