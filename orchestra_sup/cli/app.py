@@ -53,7 +53,7 @@ from orchestra_sup.protocol.keys import (
     load_client_keys,
     load_server_keys,
 )
-from orchestra_sup.protocol.names import is_text, request_param
+from orchestra_sup.protocol.tools import call_params
 from orchestra_sup.system.pathcheck import check_paths
 
 EXIT_FAILED = 1
@@ -674,19 +674,10 @@ def call(
     and log); lane tools take `lane`. A path whose bytes are not UTF-8 is sent as `path_b64`, as
     are names in the answers. Example: orchestra-sup ctl call read_file path=README.md
     """
-    pairs: dict[str, str] = {}
-    for item in params or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise fail(f"parameter {item!r} is not KEY=VALUE", EXIT_USAGE)
-        if key == "path":
-            key, value = request_param(key, value)
-        elif not (is_text(key) and is_text(value)):
-            raise fail(
-                f"parameter {item!a} is not UTF-8 (only path= may name any bytes)",
-                EXIT_USAGE,
-            )
-        pairs[key] = value
+    try:
+        pairs = call_params(params or [])
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
     reply = ctx.obj.ask(f.CtlCall(tool=tool, params=pairs), timeout, run_dir)
     assert isinstance(reply, f.ToolResult)
     value = reply.value

@@ -61,6 +61,7 @@ from orchestra_sup.errors import (
 )
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import tools
 from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.frames import FailureClass
@@ -478,7 +479,7 @@ class Coordinator:
                     waiters.remove(waiter)
         return await sliced_report(plan)
 
-    async def _start_lane(self, params: dict[str, str]) -> Any:
+    async def _start_lane(self, params: tools.StartLane) -> Any:
         """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
         [program=] [key=]`: a one-task plan, placed like any. The key makes a re-sent start
         harmless (the same plan and lane are answered); a `ticket` from an earlier answer sends
@@ -487,20 +488,20 @@ class Coordinator:
         Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
         ticket are null while the lane waits for a shard. Raises `RemoteError(bad_request)` for
         a bad parameter or a need no shard could meet."""
-        run = params.get("run", "")
-        program = params.get("program") or SHELL
+        run = params.run
+        program = params.program or SHELL
         if not run and program == SHELL:
             raise RemoteError(ErrorCode.BAD_REQUEST, "missing parameter 'run'")
         try:
-            timeout = float(params["timeout_s"]) if "timeout_s" in params else None
+            timeout = float(params.timeout_s) if params.timeout_s is not None else None
         except ValueError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, f"timeout_s: {exc}") from exc
-        if params.get("ticket"):
+        if params.ticket:
             try:
-                AffinityTicket.parse(params["ticket"])
+                AffinityTicket.parse(params.ticket)
             except ValueError as exc:
                 raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
-        requires = [c for c in params.get("requires", "").split(",") if c]
+        requires = [c for c in params.requires.split(",") if c]
         task = f.TaskSpec(
             id="lane",
             run=run,
@@ -508,12 +509,10 @@ class Coordinator:
             requires=requires,
             program=program,
         )
-        spec = f.PlanSpec(
-            name=params.get("name", "start_lane"), tasks=[task], tenant=params.get("tenant")
-        )
-        key = params.get("key")
+        spec = f.PlanSpec(name=params.name, tasks=[task], tenant=params.tenant)
+        key = params.key
         known = {p.id for p in self.plans.values()}
-        accepted = await self._submit(spec, key=key, ticket=params.get("ticket") or None)
+        accepted = await self._submit(spec, key=key, ticket=params.ticket or None)
         assert isinstance(accepted, f.PlanAccepted)
         rec = self.plans[accepted.id].tasks["lane"]
         return {

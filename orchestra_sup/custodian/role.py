@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import errno
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -29,6 +30,7 @@ from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import tools
 from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.runtime.node import Node
@@ -46,8 +48,9 @@ INLINE_TOOLS: dict[str, Callable[[Path, str], Any]] = {
     "list_dir": readtools.list_dir,
     "stat": readtools.stat,
 }
-"""Read tools answered on the front thread: bounded filesystem work, no subprocess. Each takes
-the workspace root and the request's path (`readtools.path_param`; `list_dir`'s may be empty)."""
+"""Read tools answered on the front thread (`protocol.tools.INLINE_TOOLS`): bounded filesystem
+work, no subprocess. Each takes the workspace root and the request's path
+(`readtools.path_param`; `list_dir`'s may be empty)."""
 
 Serves = f.SandboxCreate | f.SandboxCommit | f.ToolCall | f.Quiesce | f.Resume
 """What the custodian's `handle` takes: sandbox requests from shards, the coordinator's read
@@ -201,37 +204,47 @@ class Custodian:
         return f.CommitDone(lane=req.lane, commit=commit)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:
+        """A read tool not answered on the front thread (`search`, `diff`, `log`). Raises
+        `RemoteError(bad_request)` for a bad path or parameter, or a tool that is not one of
+        them, and what `_typed_errors` says of the path."""
         assert self.workspace is not None
-        root = self.workspace.root
-        params = call.params
-        path = readtools.path_param(params)
-        awaited: dict[str, Callable[[], Awaitable[Any]]] = {
-            # a child process: a catastrophic regex must not freeze this loop (searchproc.py)
-            "search": lambda: searchproc.search(
-                root,
-                path,
-                readtools.required_param(params, "pattern"),
-                readtools.limit_param(
-                    params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
-                ),
-            ),
-            "diff": lambda: readtools.diff(root, path, params.get("rev") or "HEAD"),
-            "log": lambda: readtools.log(
-                root,
-                path,
-                params.get("rev") or "HEAD",
-                readtools.limit_param(params, readtools.LOG_DEFAULT_LIMIT, readtools.LOG_MAX_LIMIT),
-            ),
-        }
-        if call.tool not in awaited:
-            known = ", ".join(sorted(INLINE_TOOLS.keys() | awaited.keys()))
+        path = readtools.path_param(call.params)
+        spec = tools.TOOLS.get(call.tool)
+        if spec is None or spec.answered_by != "custodian" or spec.inline:
+            known = ", ".join(sorted(tools.READ_TOOLS))
             raise RemoteError(
                 ErrorCode.BAD_REQUEST, f"unknown read tool {call.tool!r} (known: {known})"
             )
+        read = typing.cast(tools.ReadCall, spec.parse(call.params))
         async with self._reads:
             with _typed_errors(path):
-                value = await awaited[call.tool]()
+                value = await self._read(read, path, call.params)
         return f.ToolResult(value=value)
+
+    async def _read(self, read: tools.ReadCall, path: str, params: dict[str, str]) -> Any:
+        assert self.workspace is not None
+        root = self.workspace.root
+        match read:
+            case tools.Search():  # a child process: a catastrophic regex must not freeze this loop
+                return await searchproc.search(
+                    root,
+                    path,
+                    readtools.required_param(params, "pattern"),
+                    readtools.limit_param(
+                        params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
+                    ),
+                )
+            case tools.Diff(rev=rev):
+                return await readtools.diff(root, path, rev or "HEAD")
+            case tools.Log(rev=rev):
+                limit = readtools.limit_param(
+                    params, readtools.LOG_DEFAULT_LIMIT, readtools.LOG_MAX_LIMIT
+                )
+                return await readtools.log(root, path, rev or "HEAD", limit)
+            case tools.ReadFile() | tools.ListDir() | tools.Stat():  # the front's (`INLINE_TOOLS`)
+                raise AssertionError(f"{type(read).__name__} is answered on the front thread")
+            case _:
+                assert_never(read)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,11 @@
-"""Each receiver's handler covers its channel, and answers nothing else (`protocol.channel`).
+"""Each receiver's handler covers its channel, and answers nothing else (`protocol.channel`);
+each tool dispatch covers its tools (`protocol.tools`).
 
 No type checker is installed, so the exhaustiveness a checker would prove from `assert_never` is
-checked here from the source: every member of a receiver's `Serves` union has a case in its
-handler's `match` that always matches it (no guard, no sub-pattern that can fail), the match
-covers no type outside the union, and it ends in `case _: assert_never(...)`.
+checked here from the source: every member of a handler's union (a receiver's `Serves`, a tool
+dispatch's `LaneCall` or `ReadCall`) has a case in its `match` that always matches it (no guard,
+no sub-pattern that can fail), the match covers no type outside the union, and it ends in
+`case _: assert_never(...)`.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ import ast
 import inspect
 import textwrap
 import typing
-from types import ModuleType
 
 import pytest
 
 from orchestra_sup.coordinator import role as coordinator
+from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.custodian import role as custodian
 from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import tools
 from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.shards import role as shards
@@ -30,6 +33,11 @@ HANDLERS = [
     (custodian, custodian.Custodian.handle),
     (shards, shards.Shard.handle),
     (ctl, ctl.CtlService.handle),
+]
+MATCHES = [
+    *((module.Serves, handler) for module, handler in HANDLERS),
+    (tools.LaneCall, Toolkit.call),
+    (tools.ReadCall, custodian.Custodian._read),
 ]
 
 
@@ -47,6 +55,8 @@ def _irrefutable(pattern: ast.MatchClass) -> bool:
 
 
 def _classes(pattern: ast.pattern) -> list[ast.MatchClass]:
+    if isinstance(pattern, ast.MatchAs) and pattern.pattern is not None:  # case X() as x
+        return _classes(pattern.pattern)
     if isinstance(pattern, ast.MatchOr):
         return [c for alt in pattern.patterns for c in _classes(alt)]
     if isinstance(pattern, ast.MatchClass):
@@ -59,9 +69,11 @@ def _name(cls: ast.MatchClass) -> str:
     return cls.cls.attr
 
 
-@pytest.mark.parametrize(("module", "handler"), HANDLERS, ids=lambda x: getattr(x, "__name__", ""))
-def test_every_member_of_a_channel_has_a_case(module: ModuleType, handler: typing.Any) -> None:
-    members = {t.__name__ for t in typing.get_args(module.Serves)}
+@pytest.mark.parametrize(
+    ("union", "handler"), MATCHES, ids=lambda x: getattr(x, "__qualname__", "")
+)
+def test_every_member_of_a_union_has_a_case(union: typing.Any, handler: typing.Any) -> None:
+    members = {t.__name__ for t in typing.get_args(union)}
     match = _match(handler)
     covered: set[str] = set()
     named: set[str] = set()

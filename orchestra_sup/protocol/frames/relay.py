@@ -1,5 +1,5 @@
 """The relay: coordinator -> custodian (`Relay`): one tool call and its answer. Which tools
-there are is `coordinator.toolkit`'s."""
+there are, and their parameters, is `protocol.tools`."""
 
 from __future__ import annotations
 
