@@ -395,13 +395,8 @@ class Coordinator:
             case f.ListPending() if self.answers is not None:
                 ep.reply(env, peer, self.answers.pending())
             case f.SandboxCreate():
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.FORBIDDEN, message="the coordinator never holds a sandbox"
-                    ),
-                )
+                message = "the coordinator never holds a sandbox"
+                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
             case f.HitlRespond() | f.ListPending():  # no answers store: not served here
                 ep.reply(env, peer, SERVES.unsupported(body))
             case _:

@@ -20,6 +20,7 @@ import asyncio
 import typing
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 import msgspec
@@ -34,27 +35,21 @@ SNAPSHOT_MAX_CHUNKS = 64
 DEADLINE_S = 55.0
 
 
+@dataclass
 class Toolkit:
     """Relayed tools for the coordinator.
 
     `start_lane(params)` is the coordinator's own placement of a one-task plan; `shards()` lists
     the shard names that are up; `lane_shard(lane)` says which shard runs a lane, once its shard
-    has taken it (None when no live lane has that id).
+    has taken it (None when no live lane has that id); `deadline_s` bounds each relayed call,
+    seconds.
     """
 
-    def __init__(
-        self,
-        node: Node,
-        start_lane: Callable[[tools.StartLane], Awaitable[Any]],
-        shards: Callable[[], list[str]],
-        lane_shard: Callable[[str], Awaitable[str | None]],
-        deadline_s: float = DEADLINE_S,
-    ):
-        self.node = node
-        self.start_lane = start_lane
-        self.shards = shards
-        self.lane_shard = lane_shard
-        self.deadline_s = deadline_s
+    node: Node
+    start_lane: Callable[[tools.StartLane], Awaitable[Any]]
+    shards: Callable[[], list[str]]
+    lane_shard: Callable[[str], Awaitable[str | None]]
+    deadline_s: float = DEADLINE_S
 
     async def call(self, tool: str, params: dict[str, str]) -> Any:
         """Run `tool` with `params`; returns its JSON-shaped value.

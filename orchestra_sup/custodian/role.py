@@ -21,7 +21,7 @@ import contextlib
 import errno
 import logging
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, assert_never
 
@@ -134,14 +134,8 @@ class Custodian:
         body = env.body
         match body:
             case f.SandboxCreate() if peer is not None and peer.startswith(b"coordinator."):
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.FORBIDDEN,
-                        message="the coordinator never holds a sandbox",
-                    ),
-                )
+                message = "the coordinator never holds a sandbox"
+                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
             case f.SandboxCreate():
                 self.node.answer(ep, peer, env, self._create(body))
             case f.SandboxCommit():
@@ -183,25 +177,28 @@ class Custodian:
     async def _create(self, req: f.SandboxCreate) -> f.Body:
         assert self.workspace is not None
         dest = self._sandbox_path(req.lane)
-        async with self._ordered:
-            self._busy += 1
-            try:
-                path, rev = await self.workspace.create_sandbox(req.lane, dest)
-                await asyncio.to_thread(self.owners.claim, Path(path))
-            finally:
-                self._busy -= 1
+        async with self._write():
+            path, rev = await self.workspace.create_sandbox(req.lane, dest)
+            await asyncio.to_thread(self.owners.claim, Path(path))
         return f.SandboxReady(lane=req.lane, path=path, rev=rev)
 
     async def _commit(self, req: f.SandboxCommit) -> f.Body:
         assert self.workspace is not None
         sandbox = self._sandbox_path(req.lane)
+        async with self._write():
+            commit = await self.workspace.commit_sandbox(req.lane, sandbox, req.message)
+        return f.CommitDone(lane=req.lane, commit=commit)
+
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[None]:
+        """One ordered workspace write: run under the FIFO lock (behind the write before it, and
+        a quiet point's hold), counted in `load` while it runs."""
         async with self._ordered:
             self._busy += 1
             try:
-                commit = await self.workspace.commit_sandbox(req.lane, sandbox, req.message)
+                yield
             finally:
                 self._busy -= 1
-        return f.CommitDone(lane=req.lane, commit=commit)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:
         """A read tool not answered on the front thread (`search`, `diff`, `log`). Raises

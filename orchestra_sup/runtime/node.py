@@ -465,17 +465,11 @@ class Node:
         known = self.peers.get(env.sender)
         if known is not None and env.gen < known.generation and env.gen not in known.draining:
             self.stale_frames += 1
-            ep.reply(
-                env,
-                peer,
-                f.Error(
-                    code=ErrorCode.STALE_GENERATION,
-                    message=(
-                        f"{env.sender} generation {env.gen} is retired "
-                        f"(generation {known.generation} is current)"
-                    ),
-                ),
+            message = (
+                f"{env.sender} generation {env.gen} is retired "
+                f"(generation {known.generation} is current)"
             )
+            ep.reply(env, peer, f.Error(code=ErrorCode.STALE_GENERATION, message=message))
             return
         self._serve_request(ep, peer, env)
 
