@@ -212,13 +212,14 @@ class Custodian:
             raise RemoteError(
                 ErrorCode.BAD_REQUEST, f"unknown read tool {call.tool!r} (known: {known})"
             )
-        read = typing.cast(tools.ReadCall, spec.parse(call.params))
+        read = typing.cast(tools.AwaitedRead, spec.parse(call.params))
         async with self._reads:
             with _typed_errors(path):
                 value = await self._read(read, path, call.params)
         return f.ToolResult(value=value)
 
-    async def _read(self, read: tools.ReadCall, path: str, params: dict[str, str]) -> Any:
+    async def _read(self, read: tools.AwaitedRead, path: str, params: dict[str, str]) -> Any:
+        """The value of read tool `read` at `path` (`params` as the request had them)."""
         assert self.workspace is not None
         root = self.workspace.root
         match read:
@@ -238,8 +239,6 @@ class Custodian:
                     params, readtools.LOG_DEFAULT_LIMIT, readtools.LOG_MAX_LIMIT
                 )
                 return await readtools.log(root, path, rev or "HEAD", limit)
-            case tools.ReadFile() | tools.ListDir() | tools.Stat():  # the front's (`INLINE_TOOLS`)
-                raise AssertionError(f"{type(read).__name__} is answered on the front thread")
             case _:
                 assert_never(read)
 

@@ -113,7 +113,11 @@ class SnapshotLane(LaneParams):
     """`snapshot_lane lane=`: its status and its transcript's newest rows."""
 
 
-ReadCall = ReadFile | ListDir | Stat | Search | Diff | Log
+InlineRead = ReadFile | ListDir | Stat
+"""An `inline` read tool's parameters: what the custodian answers on its front thread."""
+AwaitedRead = Search | Diff | Log
+"""Any other read tool's parameters: what the custodian answers from its loop."""
+ReadCall = InlineRead | AwaitedRead
 """A read tool's parameters: what the custodian is asked."""
 LaneCall = StartLane | ListLanes | LaneStatus | CancelLane | MessageLane | SnapshotLane
 """A lane tool's parameters: what the coordinator's toolkit serves through the shards."""

@@ -3,7 +3,7 @@ each tool dispatch covers its tools (`protocol.tools`).
 
 No type checker is installed, so the exhaustiveness a checker would prove from `assert_never` is
 checked here from the source: every member of a handler's union (a receiver's `Serves`, a tool
-dispatch's `LaneCall` or `ReadCall`) has a case in its `match` that always matches it (no guard,
+dispatch's `LaneCall` or `AwaitedRead`) has a case in its `match` that always matches it (no guard,
 no sub-pattern that can fail), the match covers no type outside the union, and it ends in
 `case _: assert_never(...)`.
 """
@@ -37,7 +37,7 @@ HANDLERS = [
 MATCHES = [
     *((module.Serves, handler) for module, handler in HANDLERS),
     (tools.LaneCall, Toolkit.call),
-    (tools.ReadCall, custodian.Custodian._read),
+    (tools.AwaitedRead, custodian.Custodian._read),
 ]
 
 

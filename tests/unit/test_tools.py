@@ -21,6 +21,10 @@ def test_each_tool_parses_as_the_union_its_answerer_dispatches() -> None:
 
 def test_the_custodian_answers_the_inline_tools_on_its_front() -> None:
     assert set(custodian.INLINE_TOOLS) == tools.INLINE_TOOLS
+    for tool in tools.TOOLS.values():
+        if tool.answered_by == "custodian":
+            union = tools.InlineRead if tool.inline else tools.AwaitedRead
+            assert tool.params in typing.get_args(union), tool.name
     assert tools.INLINE_TOOLS < tools.READ_TOOLS
     assert set(tools.TOOLS) == tools.READ_TOOLS | tools.LANE_TOOLS
 
