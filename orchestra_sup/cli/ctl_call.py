@@ -11,7 +11,7 @@ from orchestra_sup.cli.exits import EXIT_USAGE, fail
 from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt
 from orchestra_sup.cli.output import print_json
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.names import is_text, request_param
+from orchestra_sup.protocol.tools import call_params
 
 
 def call(
@@ -30,19 +30,10 @@ def call(
     and log); lane tools take `lane`. A path whose bytes are not UTF-8 is sent as `path_b64`, as
     are names in the answers. Example: orchestra-sup ctl call read_file path=README.md
     """
-    pairs: dict[str, str] = {}
-    for item in params or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise fail(f"parameter {item!r} is not KEY=VALUE", EXIT_USAGE)
-        if key == "path":
-            key, value = request_param(key, value)
-        elif not (is_text(key) and is_text(value)):
-            raise fail(
-                f"parameter {item!a} is not UTF-8 (only path= may name any bytes)",
-                EXIT_USAGE,
-            )
-        pairs[key] = value
+    try:
+        pairs = call_params(params or [])
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
     reply = ctx.obj.ask(f.CtlCall(tool=tool, params=pairs), timeout, run_dir)
     assert isinstance(reply, f.ToolResult)
     value = reply.value

@@ -24,7 +24,7 @@ import gc
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, assert_never
 
 import msgspec
 
@@ -61,6 +61,8 @@ from orchestra_sup.errors import (
 )
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import tools
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.protocol.patterns import SHELL
@@ -68,6 +70,25 @@ from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
+
+Serves = (
+    f.InboxPut
+    | f.TreeStopping
+    | f.Quiesce
+    | f.Resume
+    | f.CtlSubmit
+    | f.CtlPlan
+    | f.CtlPlans
+    | f.CtlCall
+    | f.CtlBenchRelay
+    | f.CtlCancel
+    | f.HitlRespond
+    | f.ListPending
+    | f.SandboxCreate
+)
+"""What the coordinator's `handle` takes, from shards (`InboxPut`), the supervisor (control and
+forwarded ctl requests) and peers (a `SandboxCreate`, refused)."""
+SERVES = Channel[Serves](Serves, "the coordinator does not serve {}")
 
 MSG_ID_MAX_BYTES = 256
 """The longest inbox message id (UTF-8 bytes): it is an LMDB key (`state.store.check_key`)."""
@@ -85,6 +106,8 @@ cycle among them would stay.)"""
 
 class Coordinator:
     """The `coordinator` role. See the module docstring."""
+
+    serves = SERVES
 
     def __init__(self) -> None:
         self.node: Node | None = None
@@ -329,7 +352,7 @@ class Coordinator:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Serves]) -> None:
         assert self.node is not None
         body = env.body
         match body:
@@ -372,22 +395,12 @@ class Coordinator:
             case f.ListPending() if self.answers is not None:
                 ep.reply(env, peer, self.answers.pending())
             case f.SandboxCreate():
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.FORBIDDEN, message="the coordinator never holds a sandbox"
-                    ),
-                )
+                message = "the coordinator never holds a sandbox"
+                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
+            case f.HitlRespond() | f.ListPending():  # no answers store: not served here
+                ep.reply(env, peer, SERVES.unsupported(body))
             case _:
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.UNEXPECTED,
-                        message=f"the coordinator does not serve {type(body).__name__}",
-                    ),
-                )
+                assert_never(body)
 
     async def _commit_inbox(self, put: f.InboxPut) -> f.Body:
         """Commit, then acknowledge, then act (never acknowledge what could still be lost)."""
@@ -461,7 +474,7 @@ class Coordinator:
                     waiters.remove(waiter)
         return await sliced_report(plan)
 
-    async def _start_lane(self, params: dict[str, str]) -> Any:
+    async def _start_lane(self, params: tools.StartLane) -> Any:
         """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
         [program=] [key=]`: a one-task plan, placed like any. The key makes a re-sent start
         harmless (the same plan and lane are answered); a `ticket` from an earlier answer sends
@@ -470,20 +483,20 @@ class Coordinator:
         Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
         ticket are null while the lane waits for a shard. Raises `RemoteError(bad_request)` for
         a bad parameter or a need no shard could meet."""
-        run = params.get("run", "")
-        program = params.get("program") or SHELL
+        run = params.run
+        program = params.program or SHELL
         if not run and program == SHELL:
             raise RemoteError(ErrorCode.BAD_REQUEST, "missing parameter 'run'")
         try:
-            timeout = float(params["timeout_s"]) if "timeout_s" in params else None
+            timeout = float(params.timeout_s) if params.timeout_s is not None else None
         except ValueError as exc:
             raise RemoteError(ErrorCode.BAD_REQUEST, f"timeout_s: {exc}") from exc
-        if params.get("ticket"):
+        if params.ticket:
             try:
-                AffinityTicket.parse(params["ticket"])
+                AffinityTicket.parse(params.ticket)
             except ValueError as exc:
                 raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
-        requires = [c for c in params.get("requires", "").split(",") if c]
+        requires = [c for c in params.requires.split(",") if c]
         task = f.TaskSpec(
             id="lane",
             run=run,
@@ -491,12 +504,10 @@ class Coordinator:
             requires=requires,
             program=program,
         )
-        spec = f.PlanSpec(
-            name=params.get("name", "start_lane"), tasks=[task], tenant=params.get("tenant")
-        )
-        key = params.get("key")
+        spec = f.PlanSpec(name=params.name, tasks=[task], tenant=params.tenant)
+        key = params.key
         known = {p.id for p in self.plans.values()}
-        accepted = await self._submit(spec, key=key, ticket=params.get("ticket") or None)
+        accepted = await self._submit(spec, key=key, ticket=params.ticket or None)
         assert isinstance(accepted, f.PlanAccepted)
         rec = self.plans[accepted.id].tasks["lane"]
         return {

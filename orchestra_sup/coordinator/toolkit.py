@@ -1,8 +1,9 @@
 """The coordinator's relayed tools, as `ctl call` reaches them.
 
 Every tool keeps its name and parameters whether the other side is local or not (ARCHITECTURE.md
-§6): read tools on the tree are answered by the custodian (`READ_TOOLS`), lane tools by the shards
-(`LANE_TOOLS`). Each call has a deadline (`deadline_s`, default 55 s, the seed's relay bound).
+§6): read tools on the tree are answered by the custodian, lane tools by the shards (which is
+which, and each tool's parameters: `protocol.tools`). Each call has a deadline (`deadline_s`,
+default 55 s, the seed's relay bound).
 
 Failure semantics (the relay section of seeds/000):
 - A peer that is down is reported at once (`PeerDown`: the call was not delivered, retry when it
@@ -16,46 +17,39 @@ Failure semantics (the relay section of seeds/000):
 from __future__ import annotations
 
 import asyncio
+import typing
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, assert_never
 
 import msgspec
 
 from orchestra_sup.errors import CallTimeout, ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import tools
 from orchestra_sup.runtime.node import Node
 
-READ_TOOLS = frozenset({"read_file", "list_dir", "stat", "search", "diff", "log"})
-LANE_TOOLS = frozenset(
-    {"start_lane", "list_lanes", "lane_status", "cancel_lane", "message_lane", "snapshot_lane"}
-)
 SNAPSHOT_ROWS = 50
 SNAPSHOT_MAX_CHUNKS = 64
 DEADLINE_S = 55.0
 
 
+@dataclass
 class Toolkit:
     """Relayed tools for the coordinator.
 
     `start_lane(params)` is the coordinator's own placement of a one-task plan; `shards()` lists
     the shard names that are up; `lane_shard(lane)` says which shard runs a lane, once its shard
-    has taken it (None when no live lane has that id).
+    has taken it (None when no live lane has that id); `deadline_s` bounds each relayed call,
+    seconds.
     """
 
-    def __init__(
-        self,
-        node: Node,
-        start_lane: Callable[[dict[str, str]], Awaitable[Any]],
-        shards: Callable[[], list[str]],
-        lane_shard: Callable[[str], Awaitable[str | None]],
-        deadline_s: float = DEADLINE_S,
-    ):
-        self.node = node
-        self.start_lane = start_lane
-        self.shards = shards
-        self.lane_shard = lane_shard
-        self.deadline_s = deadline_s
+    node: Node
+    start_lane: Callable[[tools.StartLane], Awaitable[Any]]
+    shards: Callable[[], list[str]]
+    lane_shard: Callable[[str], Awaitable[str | None]]
+    deadline_s: float = DEADLINE_S
 
     async def call(self, tool: str, params: dict[str, str]) -> Any:
         """Run `tool` with `params`; returns its JSON-shaped value.
@@ -63,28 +57,34 @@ class Toolkit:
         Raises `RemoteError(bad_request)` for an unknown tool or a missing parameter, and the
         relay errors described in the module docstring.
         """
-        if tool in READ_TOOLS:
+        spec = tools.TOOLS.get(tool)
+        if spec is None:
+            known = ", ".join(sorted(tools.TOOLS))
+            raise RemoteError(ErrorCode.BAD_REQUEST, f"unknown tool {tool!r} (known: {known})")
+        if spec.answered_by == "custodian":  # its parameters are the custodian's to read
             reply = await self.node.call(
                 "custodian", f.ToolCall(tool=tool, params=params), timeout_s=self.deadline_s
             )
             assert isinstance(reply, f.ToolResult)
             return reply.value
-        if tool == "start_lane":
-            return await self.start_lane(params)
-        if tool == "list_lanes":
-            return {"lanes": [msgspec.to_builtins(lane) for lane in await self._all_lanes()]}
-        if tool == "lane_status":
-            return await self._lane_status(_param(params, "lane"))
-        if tool == "cancel_lane":
-            return await self._cancel(_param(params, "lane"))
-        if tool == "message_lane":
-            return await self._message(
-                _param(params, "lane"), _param(params, "text"), params.get("key")
-            )
-        if tool == "snapshot_lane":
-            return await self._snapshot(_param(params, "lane"))
-        known = ", ".join(sorted(READ_TOOLS | LANE_TOOLS))
-        raise RemoteError(ErrorCode.BAD_REQUEST, f"unknown tool {tool!r} (known: {known})")
+        call = typing.cast(tools.LaneCall, spec.parse(params))
+        match call:
+            case tools.StartLane() as start:
+                return await self.start_lane(start)
+            case tools.ListLanes():
+                return {"lanes": [msgspec.to_builtins(lane) for lane in await self._all_lanes()]}
+            case tools.LaneStatus(lane=lane):
+                return await self._lane_status(_required(lane, "lane"))
+            case tools.CancelLane(lane=lane):
+                return await self._cancel(_required(lane, "lane"))
+            case tools.MessageLane(lane=lane, text=text, key=key):
+                return await self._message(
+                    _required(lane, "lane"), _required(text, "text"), key or None
+                )
+            case tools.SnapshotLane(lane=lane):
+                return await self._snapshot(_required(lane, "lane"))
+            case _:
+                assert_never(call)
 
     async def _all_lanes(self) -> list[f.LaneInfo]:
         replies = await asyncio.gather(
@@ -176,8 +176,9 @@ class Toolkit:
         return {**status, "transcript_tail": rows}
 
 
-def _param(params: dict[str, str], name: str) -> str:
-    value = params.get(name)
+def _required(value: str, name: str) -> str:
+    """`value`, a tool's parameter `name`; raises `RemoteError(bad_request)` when it is empty
+    (missing)."""
     if not value:
         raise RemoteError(ErrorCode.BAD_REQUEST, f"missing parameter {name!r}")
     return value

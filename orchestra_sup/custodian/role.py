@@ -20,15 +20,18 @@ import asyncio
 import contextlib
 import errno
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import typing
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from orchestra_sup.custodian import history, readtools, searchproc
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import tools
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.permissions import PASSAGE, PRIVATE_DIR, private_dir
@@ -45,12 +48,20 @@ INLINE_TOOLS: dict[str, Callable[[Path, str], Any]] = {
     "list_dir": readtools.list_dir,
     "stat": readtools.stat,
 }
-"""Read tools answered on the front thread: bounded filesystem work, no subprocess. Each takes
-the workspace root and the request's path (`readtools.path_param`; `list_dir`'s may be empty)."""
+"""Read tools answered on the front thread (`protocol.tools.INLINE_TOOLS`): bounded filesystem
+work, no subprocess. Each takes the workspace root and the request's path
+(`readtools.path_param`; `list_dir`'s may be empty)."""
+
+Serves = f.SandboxCreate | f.SandboxCommit | f.ToolCall | f.Quiesce | f.Resume
+"""What the custodian's `handle` takes: sandbox requests from shards, the coordinator's read
+tools, and a rollover's quiet point from the supervisor."""
+SERVES = Channel[Serves](Serves, "the custodian does not serve {}")
 
 
 class Custodian:
     """The `custodian` role. See the module docstring."""
+
+    serves = SERVES
 
     def __init__(self) -> None:
         self.node: Node | None = None
@@ -118,19 +129,13 @@ class Custodian:
         async with self._ordered:  # let a commit in flight land before the process goes
             pass
 
-    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Serves]) -> None:
         assert self.node is not None
         body = env.body
         match body:
             case f.SandboxCreate() if peer is not None and peer.startswith(b"coordinator."):
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.FORBIDDEN,
-                        message="the coordinator never holds a sandbox",
-                    ),
-                )
+                message = "the coordinator never holds a sandbox"
+                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
             case f.SandboxCreate():
                 self.node.answer(ep, peer, env, self._create(body))
             case f.SandboxCommit():
@@ -145,14 +150,7 @@ class Custodian:
                     self._ordered.release()
                 ep.reply(env, peer, f.Ack())
             case _:
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.UNEXPECTED,
-                        message=f"the custodian does not serve {type(body).__name__}",
-                    ),
-                )
+                assert_never(body)
 
     async def _quiesce(self, timeout_s: float) -> f.Body:
         """The single-writer hand-off's quiet point (ARCHITECTURE.md §9): take the ordered lock,
@@ -203,37 +201,46 @@ class Custodian:
         return f.CommitDone(lane=req.lane, commit=commit)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:
+        """A read tool not answered on the front thread (`search`, `diff`, `log`). Raises
+        `RemoteError(bad_request)` for a bad path or parameter, or a tool that is not one of
+        them, and what `_typed_errors` says of the path."""
         assert self.workspace is not None
-        root = self.workspace.root
-        params = call.params
-        path = readtools.path_param(params)
-        awaited: dict[str, Callable[[], Awaitable[Any]]] = {
-            # a child process: a catastrophic regex must not freeze this loop (searchproc.py)
-            "search": lambda: searchproc.search(
-                root,
-                path,
-                readtools.required_param(params, "pattern"),
-                readtools.limit_param(
-                    params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
-                ),
-            ),
-            "diff": lambda: history.diff(root, path, params.get("rev") or "HEAD"),
-            "log": lambda: history.log(
-                root,
-                path,
-                params.get("rev") or "HEAD",
-                readtools.limit_param(params, history.LOG_DEFAULT_LIMIT, history.LOG_MAX_LIMIT),
-            ),
-        }
-        if call.tool not in awaited:
-            known = ", ".join(sorted(INLINE_TOOLS.keys() | awaited.keys()))
+        path = readtools.path_param(call.params)
+        spec = tools.TOOLS.get(call.tool)
+        if spec is None or spec.answered_by != "custodian" or spec.inline:
+            known = ", ".join(sorted(tools.READ_TOOLS))
             raise RemoteError(
                 ErrorCode.BAD_REQUEST, f"unknown read tool {call.tool!r} (known: {known})"
             )
+        read = typing.cast(tools.AwaitedRead, spec.parse(call.params))
         async with self._reads:
             with _typed_errors(path):
-                value = await awaited[call.tool]()
+                value = await self._read(read, path, call.params)
         return f.ToolResult(value=value)
+
+    async def _read(self, read: tools.AwaitedRead, path: str, params: dict[str, str]) -> Any:
+        """The value of read tool `read` at `path` (`params` as the request had them)."""
+        assert self.workspace is not None
+        root = self.workspace.root
+        match read:
+            case tools.Search():  # a child process: a catastrophic regex must not freeze this loop
+                return await searchproc.search(
+                    root,
+                    path,
+                    readtools.required_param(params, "pattern"),
+                    readtools.limit_param(
+                        params, readtools.SEARCH_DEFAULT_LIMIT, readtools.SEARCH_MAX_LIMIT
+                    ),
+                )
+            case tools.Diff(rev=rev):
+                return await history.diff(root, path, rev or "HEAD")
+            case tools.Log(rev=rev):
+                limit = readtools.limit_param(
+                    params, history.LOG_DEFAULT_LIMIT, history.LOG_MAX_LIMIT
+                )
+                return await history.log(root, path, rev or "HEAD", limit)
+            case _:
+                assert_never(read)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ The supervisor (`supervisor.template.ForkTemplate`) starts it as
 `python -m orchestra_sup.node.template CMD_FD REPLY_FD SUPERVISOR_PID`. It imports what a child
 needs (pyzmq, msgspec, lmdb, psutil, the node runtime and every role), checks that it is clean,
 answers `Ready`, then serves the supervisor's requests from the pipe CMD_FD, one JSON line each
-(`Request`), answering each on REPLY_FD, in order (`Reply`):
+(`Request`), answering each on REPLY_FD, in order (`Reply`; `protocol.forkpipe`):
 
 - `Fork(args)`: if this process is not clean (`problems`), answer `Refused(reason)`. Else fork an
   intermediate process, which forks the child and then holds it: it never reaps it and waits to
@@ -48,47 +48,17 @@ from typing import assert_never
 import msgspec
 
 from orchestra_sup.protocol.childargs import ChildArgs
+from orchestra_sup.protocol.forkpipe import (
+    Fork,
+    Forked,
+    Ready,
+    Refused,
+    Release,
+    Released,
+    Reply,
+    Request,
+)
 from orchestra_sup.system import descriptors, linux
-
-
-class Fork(msgspec.Struct, frozen=True, kw_only=True, tag="fork"):
-    """Fork a child that will run `args`."""
-
-    args: ChildArgs
-
-
-class Release(msgspec.Struct, frozen=True, kw_only=True, tag="release"):
-    """Let the forked child `pid` become the supervisor's child and start."""
-
-    pid: int
-
-
-class Ready(msgspec.Struct, frozen=True, kw_only=True, tag="ready"):
-    """The template has imported everything and is clean; `pid` is its own."""
-
-    pid: int
-
-
-class Forked(msgspec.Struct, frozen=True, kw_only=True, tag="forked"):
-    """A child was forked and is held until `Release`; `pid` is the child's."""
-
-    pid: int
-
-
-class Released(msgspec.Struct, frozen=True, kw_only=True, tag="released"):
-    """The child `pid` is now the supervisor's child and has been told to start."""
-
-    pid: int
-
-
-class Refused(msgspec.Struct, frozen=True, kw_only=True, tag="refused"):
-    """The request was not carried out; `reason` says why (for a `Fork`: what is unclean)."""
-
-    reason: str
-
-
-Request = Fork | Release
-Reply = Ready | Forked | Released | Refused
 
 PRELOADED = (
     "zmq",

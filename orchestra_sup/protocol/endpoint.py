@@ -409,17 +409,11 @@ class Endpoint:
             return
         if env.dest_gen is not None and env.dest_gen != self.generation:
             self.stale_frames += 1
-            self.reply(
-                env,
-                peer,
-                f.Error(
-                    code=ErrorCode.STALE_GENERATION,
-                    message=(
-                        f"frame for {self.name} generation {env.dest_gen}, "
-                        f"this is generation {self.generation}"
-                    ),
-                ),
+            message = (
+                f"frame for {self.name} generation {env.dest_gen}, "
+                f"this is generation {self.generation}"
             )
+            self.reply(env, peer, f.Error(code=ErrorCode.STALE_GENERATION, message=message))
             return
         if self.handler is None:
             return

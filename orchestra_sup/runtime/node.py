@@ -41,6 +41,7 @@ import zmq
 from orchestra_sup.config import Paths
 from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard, watch
@@ -67,12 +68,17 @@ HANDSHAKE_TIMEOUT_S = 10.0
 class Role(Protocol):
     """What a child process does. All methods run on the node's loop thread."""
 
+    serves: Channel[Any]
+    """The frames its `handle` takes: the node answers any other request with the channel's
+    `unsupported` error, and hands `handle` only envelopes of that union."""
+
     async def open(self, node: Node) -> None:
         """Open what the role owns (state, workspace) before the handshake. Raising here makes
         the child exit non-zero before it ever counts as running."""
 
-    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
-        """Serve one request or one-way frame. Must not block: use `Node.answer` for slow work."""
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Any]) -> None:
+        """Serve one request or one-way frame of `serves`. Must not block: use `Node.answer`
+        for slow work."""
 
     def on_roster(self, changed: list[f.PeerState]) -> None:
         """Peers in `changed` went up, went down or changed generation, or a peer left the
@@ -407,7 +413,7 @@ class Node:
         if isinstance(env.body, f.DebugHook):
             self._debug_hook(ep, peer, env, env.body)
             return
-        self.role.handle(ep, peer, env)
+        self._serve_request(ep, peer, env)
 
     def _debug_hook(
         self, ep: Endpoint, peer: bytes | None, env: f.Envelope, hook: f.DebugHook
@@ -449,19 +455,20 @@ class Node:
         known = self.peers.get(env.sender)
         if known is not None and env.gen < known.generation and env.gen not in known.draining:
             self.stale_frames += 1
-            ep.reply(
-                env,
-                peer,
-                f.Error(
-                    code=ErrorCode.STALE_GENERATION,
-                    message=(
-                        f"{env.sender} generation {env.gen} is retired "
-                        f"(generation {known.generation} is current)"
-                    ),
-                ),
+            message = (
+                f"{env.sender} generation {env.gen} is retired "
+                f"(generation {known.generation} is current)"
             )
+            ep.reply(env, peer, f.Error(code=ErrorCode.STALE_GENERATION, message=message))
             return
-        self.role.handle(ep, peer, env)
+        self._serve_request(ep, peer, env)
+
+    def _serve_request(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[f.Body]) -> None:
+        """Hand `env` to the role when its channel admits it (`Role.serves`), else answer it as
+        the channel says."""
+        admitted = self.role.serves.admit(ep, peer, env)
+        if admitted is not None:
+            self.role.handle(ep, peer, admitted)
 
     def _apply_roster(self, roster: f.Roster) -> None:
         """Take `roster` (always the whole tree) as the peers: a peer it no longer lists (a

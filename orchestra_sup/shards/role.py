@@ -29,9 +29,11 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import assert_never
 
 from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.runtime.node import Node
@@ -69,10 +71,15 @@ RETRY_S = 0.05
 """Pause before re-sending to a custodian the roster says is up again."""
 LIVE_STATES = tuple(str(state) for state in LaneState if state not in FINAL)
 """The states a live lane can be in (starting, running, awaiting_approval, moving)."""
+Serves = f.LaneRequest | f.Drain
+"""What a shard's `handle` takes: the lane plane's requests, and a drain from the supervisor."""
+SERVES = Channel[Serves](Serves, "a shard does not serve {}")
 
 
 class Shard:
     """The `shard` role. See the module docstring."""
+
+    serves = SERVES
 
     def __init__(self) -> None:
         self.node: Node | None = None
@@ -193,7 +200,7 @@ class Shard:
             ):
                 self.handover.settle()
 
-    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+    def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Serves]) -> None:
         assert self.handover is not None
         body = env.body
         match body:
@@ -234,14 +241,7 @@ class Shard:
                 )
                 self.node.answer(ep, peer, env, work)
             case _:
-                ep.reply(
-                    env,
-                    peer,
-                    f.Error(
-                        code=ErrorCode.UNEXPECTED,
-                        message=f"a shard does not serve {type(body).__name__}",
-                    ),
-                )
+                assert_never(body)
 
     # --- lanes -----------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ import zmq
 
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.connections import SHUT_BELOW, ConnectionGuard
 from orchestra_sup.protocol.endpoint import (
     Caller,
@@ -62,6 +63,27 @@ PENDING_WAIT_S = 1.0
 """Seconds `ctl lanes` waits for the coordinator's pending approvals (`ListPending`). It answers
 from memory at once; only a wedged or stopped one takes longer, and then the shards' lanes are
 answered without them rather than held up for the caller's whole deadline."""
+
+Serves = (
+    f.CtlStatus
+    | f.CtlStop
+    | f.CtlRestart
+    | f.CtlSubmit
+    | f.CtlPlan
+    | f.CtlPlans
+    | f.CtlCancel
+    | f.CtlCall
+    | f.CtlBenchRelay
+    | f.CtlRollover
+    | f.CtlReload
+    | f.CtlRolloverStatus
+    | f.CtlRespond
+    | f.CtlLanes
+    | f.CtlLogs
+    | f.CtlDebug
+)
+"""The requests `orchestra-sup ctl` sends, what `CtlService.handle` takes."""
+SERVES = Channel[Serves](Serves, "{} is not a ctl request")
 
 
 class CtlService:
@@ -128,13 +150,18 @@ class CtlService:
         if refusal is not None:
             ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=refusal))
             return
-        answer = self._answer(ep, env)
+        served = SERVES.admit(ep, peer, env)
+        if served is None:
+            return
+        answer = self._answer(ep, served)
         if isinstance(answer, Coroutine):  # answered once it is done, off the receive loop
             self.host.spawn(reply_when_done(ep, peer, env, answer))
         else:
             ep.reply(env, peer, answer)
 
-    def _answer(self, ep: Endpoint, env: f.Envelope) -> f.Body | Coroutine[Any, Any, f.Body]:
+    def _answer(
+        self, ep: Endpoint, env: f.Envelope[Serves]
+    ) -> f.Body | Coroutine[Any, Any, f.Body]:
         """The answer to the admitted request `env` came with on `ep`: a frame at once, or the
         work that answers it."""
         host, body = self.host, env.body
@@ -194,10 +221,7 @@ class CtlService:
             case f.CtlDebug():
                 return f.Error(code=ErrorCode.NOT_FOUND, message=f"no child named {body.name!r}")
             case _:
-                return f.Error(
-                    code=ErrorCode.UNEXPECTED,
-                    message=f"{type(body).__name__} is not a ctl request",
-                )
+                assert_never(body)
 
     def status(self) -> f.StatusReply:
         host, sockets = self.host, self.host.sockets

@@ -30,8 +30,8 @@ import msgspec
 
 from orchestra_sup.config import SupervisorSettings
 from orchestra_sup.errors import SupervisionError
-from orchestra_sup.node.template import Fork, Forked, Ready, Refused, Release, Reply, Request
 from orchestra_sup.protocol.childargs import ChildArgs
+from orchestra_sup.protocol.forkpipe import Fork, Forked, Ready, Refused, Release, Reply, Request
 from orchestra_sup.supervisor.intensity import Backoff
 from orchestra_sup.supervisor.process import ChildProcess, describe
 

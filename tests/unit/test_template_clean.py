@@ -13,7 +13,8 @@ import pytest
 SCRIPT = """
 import json, os, sys, threading
 from orchestra_sup.protocol.childargs import ChildArgs
-from orchestra_sup.node.template import Fork, Template
+from orchestra_sup.node.template import Template
+from orchestra_sup.protocol.forkpipe import Fork
 cmd_r, cmd_w = os.pipe()
 reply_r, reply_w = os.pipe()
 template = Template(cmd_r, reply_w)

@@ -1,0 +1,356 @@
+"""Values carried inside frames by more than one channel: budgets and spend, tasks and
+plans, lanes and their results, children and peers, histograms, transcript rows.
+
+They are plain Structs, not frame bodies (no tag); new fields are appended with defaults, as for
+frames.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+import msgspec
+
+
+class FailureClass(enum.StrEnum):
+    """Why a lane or a task failed, as a typed class (ARCHITECTURE.md §7; seeds/003
+    "Supervision: typed failures, named strategies"): a `LaneResult`'s and a task report's
+    `failure`. A shard says the first five; the coordinator the last two.
+
+    - `quality_miss`: a program judged its own result not good enough (`Outcome.failure`).
+    - `tool_failure`: a command failed (non-zero exit, killed, could not be spawned), or a
+      program raised or failed without a class.
+    - `budget_exhaustion`: the lane spent its grant in some dimension (`Budget`), or its task or
+      plan had nothing left to carve a lane from.
+    - `timeout`: the task's `timeout_s` passed; the command's whole process group was killed.
+    - `preflight_escalation`: a program refused to go on without a human (`Outcome.failure`),
+      or a human rejected the task before it ran.
+    - `worker_process_loss`: the shard running the lane exited.
+    - `quota_breach`: the plan's tenant was over a quota when the lane was to start; nothing
+      started and nothing was spent.
+    """
+
+    QUALITY_MISS = "quality_miss"
+    TOOL_FAILURE = "tool_failure"
+    BUDGET_EXHAUSTION = "budget_exhaustion"
+    TIMEOUT = "timeout"
+    PREFLIGHT_ESCALATION = "preflight_escalation"
+    WORKER_PROCESS_LOSS = "worker_process_loss"
+    QUOTA_BREACH = "quota_breach"
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True):
+    """Spend limits; None in a dimension is no limit there (ARCHITECTURE.md §7, seeds/003
+    "Cost and budget enforcement").
+
+    - `wall_s`: wall-clock seconds (float) the lane runs; time it waits for a human is not
+      counted.
+    - `cpu_s`: CPU seconds (float, user + system) of every process the lane's commands start.
+    - `output_bytes`: bytes (int) its commands write on stdout and stderr, plus what it `emit`s.
+
+    A plan's and a task's `budget` are declared in the plan; a lane's (`LaneStart.budget`) is the
+    grant carved from them when it is spawned (`coordinator.budget`).
+    """
+
+    wall_s: float | None = None
+    cpu_s: float | None = None
+    output_bytes: int | None = None
+
+
+class Spend(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lane (or a task, or a plan: the sum of its lanes) spent, in `Budget`'s units."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    output_bytes: int = 0
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """A human's answer to a HITL pause (ARCHITECTURE.md §11 invariant 9).
+
+    - `verdict`: "approve" (go on; `grant` and `retries` add to the task's budget and retry cap),
+      "reject" (`text` is the reason: revision feedback), "redirect" (`text` says what to do
+      instead), "accept_partial" (take what there is and end the step).
+    - `responder`, `uid`: who answered, stamped by the supervisor from the ctl connection's peer
+      credentials, never taken from the request; `at`: when it was recorded (Unix seconds).
+    """
+
+    verdict: Literal["approve", "reject", "redirect", "accept_partial"]
+    text: str = ""
+    grant: Budget | None = None
+    retries: int = 0
+    responder: str = ""
+    uid: int = -1
+    at: float = 0.0
+
+
+class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One task of a plan, as validated by `coordinator.plan.parse_plan`.
+
+    `timeout_s` is wall-clock seconds for the command (None: no limit); `requires` are the
+    capabilities its shard must offer (`coordinator.placement`).
+    """
+
+    id: str
+    run: str
+    needs: list[str] = []
+    timeout_s: float | None = None
+    commit: bool = False
+    requires: list[str] = []
+    program: str = "shell"
+    """What the lane runs (`shards.program`): `shell` runs `run`; `module:Class` is a lane
+    program listed in `[lanes] programs`, and `run` is its argument string."""
+    retries: int = 0
+    """Retries after the first attempt (0..100): the retry cap of `coordinator.strategy`."""
+    backoff_s: float = 1.0
+    """Seconds before the first retry; each next one waits twice as long (at most
+    `coordinator.strategy.MAX_BACKOFF_S`)."""
+    on_failure: Literal["escalate", "retry", "pause"] | None = None
+    """What a failure of this task does (`coordinator.strategy.task_strategy`); None: "retry"
+    when `retries` > 0, else "escalate"."""
+    approve: bool = False
+    """Pause for a human before the task's first attempt runs."""
+    budget: Budget | None = None
+    """The task's budget over all its attempts (None: only the plan's)."""
+    tenant: str | None = None
+    """Whom this task runs for, instead of its plan's tenant (None: the plan's): the shards
+    that may take it and the quota it counts against (`coordinator.placement.tenant_of`)."""
+
+
+class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A whole plan: a name, its tasks in file order, and the tenant it runs for (None: none
+    named; only shards that serve every tenant take its lanes)."""
+
+    name: str
+    tasks: list[TaskSpec]
+    tenant: str | None = None
+    budget: Budget | None = None
+    """The plan's budget: every lane's grant is carved from what is left of it."""
+    strategy: Literal["one_for_one", "one_for_all", "rest_for_one"] = "one_for_one"
+    """Which tasks a retry re-runs (`coordinator.strategy`): the failed one, every task of the
+    plan, or the failed one and every task after it in file order."""
+    replan: dict[str, str] = {}
+    """Failure class -> action (`coordinator.strategy.SelectiveReplan`); empty: none."""
+
+
+class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One task's outcome, as `ctl plan --json` prints it. `duration_s` is seconds.
+
+    `attempts` counts the task's placements (1 + re-placements after lost worker processes);
+    `failure` is the failure class of a failed task when one applies (`worker_process_loss`: its
+    worker process was lost `[lanes] max_worker_loss` times; see `coordinator.runner.FailureClass`),
+    else None; `warnings` are things to know about the result, oldest first (a partial-work
+    warning for each lost worker process).
+    """
+
+    id: str
+    status: str
+    exit_code: int | None = None
+    attempts: int = 0
+    shard: str | None = None
+    lane: str | None = None
+    """Its latest lane; while it waits for a human with none (an approval before its first
+    attempt), the lane id that answers the pause, and that will run it."""
+    sandbox: str | None = None
+    duration_s: float = 0.0
+    output_tail: str = ""
+    commit: str | None = None
+    error: str | None = None
+    failure: str | None = None
+    warnings: list[str] = []
+    ticket: str | None = None
+    """The affinity ticket of its latest placement (`coordinator.placement.AffinityTicket`)."""
+    spent: Spend = Spend()
+    """What all its attempts spent."""
+    question: str | None = None
+    """What it waits for a human about (`status` "awaiting_approval"), else None."""
+    answers: list[Answer] = []
+    """Every answer a human gave it, oldest first."""
+    retry_at: float | None = None
+    """When its next attempt may start (Unix seconds) while it backs off, else None."""
+    notes: list[str] = []
+    """What its lanes' programs told the coordinator ("<lane>: <text>"), oldest first."""
+    accepts: list[str] = []
+    """The answers its pause takes (`CtlRespond.verdict`s), [] when it waits on nothing (or
+    the coordinator is older than this field)."""
+    needs_retries: bool = False
+    """Its pause takes an approval only with retries granted (`ctl approve LANE --retries N`):
+    a failed attempt with no retry left."""
+
+
+class Descriptors(msgspec.Struct, frozen=True, kw_only=True):
+    """A process's file descriptors (`descriptors.usage`, `protocol.connections`): `open`
+    against its soft open-file `limit`; `refused`: connections its answering listeners (ctl)
+    refused beyond their bound or near the limit; `closings`: times a listener of it stopped
+    taking new connections near the limit; `shut`: the sockets ("ctl", "supervisor", a child's
+    name) that take none now."""
+
+    open: int
+    limit: int
+    refused: int = 0
+    closings: int = 0
+    shut: list[str] = []
+
+
+class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """How a child last exited: exactly one of `signal` and `status` is set."""
+
+    signal: int | None = None
+    status: int | None = None
+
+
+class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One child as the supervisor's control record has it. `uptime_s` is seconds (0 if down);
+    `loop_lag_ms` is (p50, p99, max) of its event-loop lag in milliseconds over its sliding
+    window (`runtime.looplag.LoopLag`), from its last heartbeat (None before the first)."""
+
+    name: str
+    role: str
+    pid: int | None
+    generation: int
+    state: str
+    restarts: int
+    operator_restarts: int
+    uptime_s: float
+    last_exit: ExitInfo | None = None
+    endpoint: str = ""
+    capacity: int = 0
+    loop_lag_ms: tuple[float, float, float] | None = None
+    capabilities: list[str] = []
+    tenants: list[str] = []
+    release: str = ""
+    """The interpreter its process runs (`orchestra_sup.release`); "" when it has none."""
+    version: str = ""
+    """The orchestra-sup version its process said in its handshake ("" before one)."""
+    stale_frames: int = 0
+    """Frames it refused as coming from a retired generation, from its last heartbeat."""
+    bad_frames: int = 0
+    """Frames it refused as undecodable (garbage, oversized, unknown tag, wrong type or
+    protocol version) on any of its sockets, from its last heartbeat."""
+    internal_errors: int = 0
+    """Requests it answered `internal` (an unexpected exception serving them), from its last
+    heartbeat."""
+    relay_ms: tuple[float, float, float] | None = None
+    """(p50, p99, max) of the coordinator's relay round trips in milliseconds, from its last
+    heartbeat's histogram (bucket upper bounds, so an upper estimate); None elsewhere."""
+    lanes: dict[str, int] = {}
+    """A shard's live lanes by state, from its last heartbeat."""
+    inbox_depth: int | None = None
+    """The coordinator's unhandled durable inbox entries, from its last heartbeat."""
+    persist_depth: int = 0
+    """Rows its write-behind queue held at its last heartbeat."""
+    descriptors: Descriptors | None = None
+    """Its file descriptors, from its last heartbeat (None before the first)."""
+
+
+class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One live lane as its shard reports it."""
+
+    lane: str
+    task: str | None
+    plan: str | None
+    shard: str
+    state: str
+    sandbox: str | None
+    question: str | None = None
+    """What it waits for a human about (state "awaiting_approval"), else None."""
+    since: float | None = None
+    """When it started waiting for that answer (Unix seconds)."""
+    accepts: list[str] = []
+    """The answers that pause takes, as `TaskReport.accepts`."""
+    needs_retries: bool = False
+    """As `TaskReport.needs_retries`."""
+
+
+class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lane reports to the coordinator when it ends.
+
+    `status` is "succeeded", "failed", "cancelled" (`ctl cancel`) or "interrupted" (its shard was
+    stopped: not a verdict on the work, which runs again); `error` says why when it is not
+    "succeeded"; `warnings` are things to know about the result, oldest first (a partial-work
+    warning when a rollover stopped its step and the next generation re-ran it).
+    """
+
+    lane: str
+    plan: str
+    task: str
+    shard: str
+    status: Literal["succeeded", "failed", "cancelled", "interrupted"]
+    exit_code: int | None
+    duration_s: float
+    output_tail: str
+    sandbox: str | None
+    commit: str | None
+    error: str | None
+    warnings: list[str] = []
+    failure: FailureClass | None = None
+    """The failure class when `status` is "failed"."""
+    spent: Spend = Spend()
+    """What the lane spent (this attempt, across the generations that ran it)."""
+
+
+class HitlPause(msgspec.Struct, frozen=True, kw_only=True):
+    """A lane's program asked a human (`LaneContext.ask_human`): question `key` (unique within
+    the task's attempts), its `question` text, when (`asked_at`, Unix seconds)."""
+
+    lane: str
+    plan: str
+    task: str
+    shard: str
+    key: str
+    question: str
+    asked_at: float
+
+
+class LaneNote(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lane's program tells the coordinator (`LaneContext.tell_coordinator`)."""
+
+    lane: str
+    plan: str
+    task: str
+    text: str
+    at: float
+
+
+class Histogram(msgspec.Struct, frozen=True, kw_only=True):
+    """Observations of one quantity since its process started, bucketed Prometheus-style:
+    `counts[i]` is how many were <= `bounds[i]` (cumulative, so non-decreasing), and the last
+    of `counts`, one longer than `bounds`, is the total (the +Inf bucket). `total` is the sum of
+    every observation, in the quantity's unit (seconds, rows). Never decreases while its process
+    lives; a new generation starts again from zero (a counter reset to Prometheus)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float = 0.0
+
+
+class PeerState(msgspec.Struct, frozen=True, kw_only=True):
+    """One peer in a `Roster`: where it listens, which generation, whether it is up; for a shard,
+    its lane capacity, the capabilities it offers and the tenants it serves (empty: all)."""
+
+    name: str
+    role: str
+    generation: int
+    up: bool
+    endpoint: str
+    capacity: int = 0
+    capabilities: list[str] = []
+    tenants: list[str] = []
+    stopping: bool = False
+    """Up, but being stopped (an operator restart, a rollover): it takes no new work."""
+    draining: list[int] = []
+    """Older generations of this peer still alive while a rollover drains them (a shard's surge):
+    their frames are not stale, and work placed on them is moving here, not lost."""
+
+
+class LogRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One transcript row of a lane. `seq` counts the lane's rows from 0 without a gap; `ts` is
+    when it was recorded (wall clock, seconds since the epoch); `stream` is "stdout" or "stderr"
+    (one chunk of the command's output, as it was read) or "event" (a lane event, one line);
+    `data` is the text (UTF-8, invalid bytes as U+FFFD)."""
+
+    seq: int
+    ts: float
+    stream: Literal["stdout", "stderr", "event"]
+    data: str
