@@ -55,7 +55,15 @@ import msgspec
 from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.coordinator.progress import Progress
-from orchestra_sup.coordinator.status import FINAL, HELD, LIVE, UNSUCCESSFUL, WAITING, TaskStatus
+from orchestra_sup.coordinator.status import (
+    FINAL,
+    HELD,
+    LIVE,
+    TRANSITIONS,
+    UNSUCCESSFUL,
+    WAITING,
+    TaskStatus,
+)
 from orchestra_sup.coordinator.strategy import (
     Action,
     Decision,
@@ -264,7 +272,9 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
 
     def set_status(self, task_id: str, status: TaskStatus) -> TaskRecord:
         """The one writer of a task's status (it keeps `progress` in step); returns the task's
-        record, touched."""
+        record, touched. Raises `ForbiddenTransition` for a move `status.TRANSITIONS` does not
+        allow (a bug in the runner), before anything changes."""
+        TRANSITIONS.move(self.tasks[task_id].status, status, what=f"plan {self.id}: task {task_id}")
         rec = self.touch(task_id)
         rec.status = status
         self.progress.move(self.progress.position[task_id], status)
