@@ -490,7 +490,7 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
             return Applied(False, [], False)
         rec = self.touch(result.task)
         failure = None
-        if result.status == "failed":
+        if result.status == f.ResultStatus.FAILED:
             failure = result.failure or FailureClass.TOOL_FAILURE
         charged = self._charge(rec, result.lane, result.spent, now, result.status, failure)
         if rec.lane != result.lane or rec.status in FINAL:
@@ -498,7 +498,7 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
         # What the lane's own run warns of (a re-run after a rollover's drain) is kept whatever
         # the end, so an interruption after it does not hide it.
         rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)
-        if result.status == "interrupted":
+        if result.status == f.ResultStatus.INTERRUPTED:
             rec.output_tail = result.output_tail
             if rec.pending is not None and rec.pending.kind == "question":
                 self._hold_question(result.task, f"{result.shard} was stopped")
