@@ -66,11 +66,11 @@ class PlanAnswers:
         rec = self.tasks.get(pause.task)
         if rec is None or rec.lane != pause.lane or rec.status not in LIVE:
             return False
-        rec = self.touch(pause.task)
         if pause.key in rec.carried:
             return False
         if rec.pending is not None and rec.pending.asked != pause.key:
             return False  # a lane asks one question at a time: the first one stands
+        rec = self.touch(pause.task)
         rec.pending = Pending(
             kind="question",
             key=f"{pause.lane}:{pause.key}",

@@ -135,6 +135,13 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         """Ids of the tasks whose records changed since the plan was last written."""
         return set()
 
+    @functools.cached_property
+    def moved(self) -> set[str]:
+        """Ids of the tasks that moved to a status other than starting or running since the
+        coordinator last committed the plan (`coordinator.book`): a lane ended or was lost, or
+        a task became ready, waits for a human or ended, so something else may run now."""
+        return set()
+
     def touch(self, task_id: str) -> TaskRecord:
         """Task `task_id`'s record, to change: it is named in `dirty`."""
         self.dirty.add(task_id)
@@ -148,6 +155,8 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         rec = self.touch(task_id)
         rec.status = status
         self.progress.move(self.progress.position[task_id], status)
+        if status not in LIVE:
+            self.moved.add(task_id)
         return rec
 
     @property
@@ -200,16 +209,18 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
                 continue
             yield spec
 
-    def next_retry(self) -> float | None:
-        """The earliest `retry_at` of a task that waits for it (Unix seconds), or None."""
-        times: list[float] = []
+    def backoffs(self) -> list[tuple[str, float]]:
+        """(task id, `retry_at`) of every task that waits for its retry backoff to end, as
+        stored (Unix seconds)."""
+        out: list[tuple[str, float]] = []
         for i in list(self.progress.backoff):
-            rec = self.tasks[self.spec.tasks[i].id]
+            task_id = self.spec.tasks[i].id
+            rec = self.tasks[task_id]
             if rec.retry_at is None or rec.status not in WAITING:
                 self.progress.backoff.discard(i)
             else:
-                times.append(rec.retry_at)
-        return min(times, default=None)
+                out.append((task_id, rec.retry_at))
+        return out
 
     def hold_for_approval(self, now: float) -> list[str]:
         """Pause for a human every task that says `approve = true`, would be ready now and has
@@ -358,13 +369,16 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         ended."""
         if result.task not in self.tasks:
             return Applied(False, [], False)
-        rec = self.touch(result.task)
+        rec = self.tasks[result.task]  # touched only once something changes (`dirty`)
         failure = None
         if result.status == f.ResultStatus.FAILED:
             failure = result.failure or FailureClass.TOOL_FAILURE
         charged = self._charge(rec, result.lane, result.spent, now, result.status, failure)
         if rec.lane != result.lane or rec.status in FINAL:
+            if charged:
+                self.touch(result.task)
             return Applied(False, [], charged)
+        self.touch(result.task)
         # What the lane's own run warns of (a re-run after a rollover's drain) is kept whatever
         # the end, so an interruption after it does not hide it.
         rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)

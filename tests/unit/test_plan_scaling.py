@@ -97,7 +97,7 @@ def run_plan(rec: PlanRecord, *, fail: str | None = None, lanes: int = 16) -> No
                 break
             live.append(rec.place(spec, TICKET, 0.0))
             rec.set_status(spec.id, S.RUNNING)
-        rec.next_retry()
+        rec.backoffs()
         if not live:
             assert rec.done, "nothing runs and the plan is not done"
             break
