@@ -31,6 +31,7 @@ MAX_LINES = 600
 LAYERS: dict[str, int] = {
     "__init__": 0,  # the package's face: its version
     "errors": 0,  # every exception and error code
+    "transitions": 1,  # a state machine's allowed-transitions table (tasks, lanes, children)
     "system": 1,  # OS seams: Linux calls, descriptors, titles, cgroups, isolation, lane uids
     "logformat": 1,  # how every process writes its log
     "protocol": 2,  # the wire: frames, codec, endpoints, keys, names, a child's arguments

@@ -16,7 +16,7 @@ would cost more than the work.
 from __future__ import annotations
 
 import asyncio
-import functools
+from typing import NamedTuple
 
 from orchestra_sup.coordinator.placement import Need, ShardView, need_of, unplaceable
 from orchestra_sup.coordinator.plan import validate_plan
@@ -28,24 +28,30 @@ ON_LOOP_TASKS = 100
 """Plans of at most this many tasks are accepted on the loop (well under a millisecond)."""
 
 
-def accept(
-    spec: f.PlanSpec,
-    *,
-    plan_id: str,
-    submitted_at: float,
-    shards: list[ShardView],
-    programs: frozenset[str],
-    key: str | None = None,
-    ticket: str | None = None,
-) -> PlanRecord:
-    """The new record of plan `spec` (id `plan_id`, `submitted_at` Unix seconds, idempotency
-    `key`; `ticket`: every task's first affinity ticket), its progress derived.
+class Submission(NamedTuple):
+    """A plan as submitted: its `spec`, the id `plan_id` it gets, when (`submitted_at`, Unix
+    seconds), a snapshot of the tree's `shards`, the lane `programs` allowed, its idempotency
+    `key` and `ticket`, every task's first affinity ticket (None: none)."""
+
+    spec: f.PlanSpec
+    plan_id: str
+    submitted_at: float
+    shards: list[ShardView]
+    programs: frozenset[str]
+    key: str | None = None
+    ticket: str | None = None
+
+
+def accept(sub: Submission) -> PlanRecord:
+    """The new record of the plan submitted as `sub`, its progress derived.
 
     Raises:
         RemoteError: `bad_request` naming the problem in one line: the plan is invalid or over
-            the task limit (`plan.validate_plan`), no shard of `shards` could ever take a task
-            ("task ID: no shard offers ..."), or a task's program is not in `programs`.
+            the task limit (`plan.validate_plan`), no shard of `sub.shards` could ever take a
+            task ("task ID: no shard offers ..."), or a task's program is not in
+            `sub.programs`.
     """
+    spec, shards, programs = sub.spec, sub.shards, sub.programs
     try:
         spec = validate_plan(spec)
     except PlanError as exc:
@@ -60,36 +66,17 @@ def accept(
             why = f"program {task.program!r} is not in [lanes] programs"
         if why is not None:
             raise RemoteError(ErrorCode.BAD_REQUEST, f"task {task.id}: {why}")
-    plan = PlanRecord.new(plan_id, spec, submitted_at, key)
-    if ticket is not None:
+    plan = PlanRecord.new(sub.plan_id, spec, sub.submitted_at, sub.key)
+    if sub.ticket is not None:
         for task_id in plan.tasks:
-            plan.touch(task_id).ticket = ticket
+            plan.touch(task_id).ticket = sub.ticket
     plan.progress  # noqa: B018 (derived here, off the loop, not at the first pump)
     return plan
 
 
-async def accept_off_loop(
-    spec: f.PlanSpec,
-    *,
-    plan_id: str,
-    submitted_at: float,
-    shards: list[ShardView],
-    programs: frozenset[str],
-    key: str | None = None,
-    ticket: str | None = None,
-) -> PlanRecord:
-    """`accept`, in a worker thread when `spec` has more than `ON_LOOP_TASKS` tasks. Raises as
-    `accept` does."""
-    job = functools.partial(
-        accept,
-        spec,
-        plan_id=plan_id,
-        submitted_at=submitted_at,
-        shards=shards,
-        programs=programs,
-        key=key,
-        ticket=ticket,
-    )
-    if len(spec.tasks) <= ON_LOOP_TASKS:
-        return job()
-    return await asyncio.to_thread(job)
+async def accept_off_loop(sub: Submission) -> PlanRecord:
+    """`accept`, in a worker thread when the plan has more than `ON_LOOP_TASKS` tasks. Raises
+    as `accept` does."""
+    if len(sub.spec.tasks) <= ON_LOOP_TASKS:
+        return accept(sub)
+    return await asyncio.to_thread(accept, sub)

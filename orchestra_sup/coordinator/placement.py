@@ -26,7 +26,9 @@ class ShardView(msgspec.Struct, kw_only=True):
     """What the coordinator knows of one shard: from the roster, plus its own count of lanes.
 
     `capabilities` are what the shard offers; `tenants` whom it serves (empty: every tenant);
-    `stopping`: up but being stopped, so it takes no new lane.
+    `stopping`: up but being stopped, so it takes no new lane; `refused`: it refused a lane as
+    full (its own count is ahead of ours) since the roster last told of it or a lane ended
+    there, so it counts as full.
     """
 
     name: str
@@ -37,6 +39,7 @@ class ShardView(msgspec.Struct, kw_only=True):
     capabilities: frozenset[str] = frozenset()
     tenants: frozenset[str] = frozenset()
     stopping: bool = False
+    refused: bool = False
 
     @property
     def open(self) -> bool:

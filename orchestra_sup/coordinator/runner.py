@@ -8,14 +8,6 @@ Task states: pending -> starting -> running -> succeeded | failed | cancelled, a
 pending -> skipped when a task it needs ended in anything but succeeded. `starting` means a
 `LaneStart` is in flight; reports show it as running.
 
-Losing the worker process (the shard a lane ran on exits) is an infrastructure failure, not a
-verdict on the work (ARCHITECTURE.md §7, §11 invariant 5): starting | running -> paused, and a
-paused task is ready again, so it is re-placed on a live shard (the restarted one included) and
-its step re-runs with a partial-work warning, since whatever the dead attempt did outside its
-sandbox may still be there. Every placement counts in `attempts`. The `max_worker_loss`-th loss
-of the same task fails it with the failure class `worker_process_loss` instead, so a command that
-kills its own shard cannot loop.
-
 Failures (ARCHITECTURE.md §7): a failed lane's result carries its class (`FailureClass`); so do a
 budget that cannot carve a lane and a tenant over its quota, which the coordinator raises itself
 before anything starts. `fail` resolves each under the task's strategy (`coordinator.strategy`)
@@ -24,38 +16,40 @@ feedback for the next attempt, `LaneStart.feedback`), re-acquire (paused: re-pla
 from the shard that failed) or pause for a human (awaiting_approval). Every retry passes the
 retry-cap and budget gates first.
 
-HITL (ARCHITECTURE.md §11 invariant 9): a task waits for a human (`awaiting_approval`, its
-`pending` says why and which lane id answers it) before its first attempt when it says `approve =
-true` (`hold_for_approval`), after a failure under `on_failure = "pause"`, or while its lane's
-program waits in `ask_human` (then its lane is live: the status stays running and only `pending`
-is set). An answer is first recorded (`record_answer`: kept in `answers` under the pause's key)
-and only then acted on (`act_on_answer`), which the coordinator does once the record is durable;
-a record with an answer it has not acted on yet is acted on at the next start (`unsettled`).
+Losses and moves of live tasks (a lost worker process, a stop, a rollover) are
+`coordinator.losses`; a task's HITL pauses and their answers are `coordinator.hitl`; both are
+parts of `PlanRecord`, as is this module's logic.
 
 Budgets (`coordinator.budget`): every placement carves the lane's grant from what its task and its
 plan have left (`grant_for`); each attempt is kept in `history` with its grant until its result
 says what it spent (a lane lost with its shard is charged its whole grant but wall time, which is
 charged as it passed).
-
-A rollover moves lanes between generations of one shard (ARCHITECTURE.md §9): a task whose lane
-runs on a generation the roster lists as draining is not lost (`lose_shard`'s `keep`); once that
-generation has retired, the lanes the shard's current generation has (live, or with a result in
-its outbox) move on to it, and only the others are lost (`settle_moved`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Collection, Iterator
-from typing import Literal, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import msgspec
 
 from orchestra_sup.coordinator import budget
+from orchestra_sup.coordinator.hitl import AnswerError, Effect, PlanAnswers
+from orchestra_sup.coordinator.losses import PlanLosses
 from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.coordinator.progress import Progress
-from orchestra_sup.coordinator.status import FINAL, HELD, LIVE, UNSUCCESSFUL, WAITING, TaskStatus
+from orchestra_sup.coordinator.records import Attempt, Pending, TaskRecord
+from orchestra_sup.coordinator.status import (
+    FINAL,
+    HELD,
+    LIVE,
+    TRANSITIONS,
+    UNSUCCESSFUL,
+    WAITING,
+    TaskStatus,
+)
 from orchestra_sup.coordinator.strategy import (
     Action,
     Decision,
@@ -64,69 +58,21 @@ from orchestra_sup.coordinator.strategy import (
     decide,
     task_strategy,
 )
-from orchestra_sup.errors import OrchestraError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 
-__all__ = ["FINAL", "HELD", "LIVE", "WAITING", "PlanRecord", "TaskRecord", "TaskStatus"]
-
-MAX_NOTES = 20
-"""Notes (`tell_coordinator`) kept per task in its record: the newest. The record is written
-again on every change and travels whole in a plan report: what it keeps must stay small (a
-plan of 45 program tasks sending 100 notes of 4 KiB each made an 18 MB record, over the frame
-limit, and its writes stalled the coordinator past its watchdog)."""
-NOTE_CHARS = 500
-"""A kept note's text is cut to this many characters (the transcript has it whole)."""
-MAX_GRANTED_RETRIES = 100
-"""The most retries one answer may grant (as many as a plan may declare)."""
-MAX_ANSWER_BYTES = 64 * 1024
-"""The longest text of an answer (a reason, a redirect), UTF-8 bytes."""
-
-
-class Pending(msgspec.Struct, kw_only=True):
-    """A HITL pause a task waits on.
-
-    - `kind`: "approval" (before its first attempt, `approve = true`), "review" (after a failed
-      attempt, `on_failure = "pause"`), "question" (its lane's program asked, `ask_human`).
-    - `key`: where its answer is kept in `TaskRecord.answers`; `lane`: the lane id an operator
-      answers by (`ctl approve LANE`); `question`: what the human is asked; `since`: when the
-      pause was recorded (Unix seconds).
-    - `failure`, `error`: the failure a review is about.
-    - `asked`: a question's key in its program (`ask_human(key=)`), which the answer is sent
-      under; `key` is "<lane>:<asked>", so each lane's question has its own audit entry.
-    """
-
-    kind: Literal["approval", "review", "question"]
-    key: str
-    lane: str
-    question: str
-    since: float
-    failure: FailureClass | None = None
-    error: str | None = None
-    asked: str | None = None
-
-
-class Attempt(msgspec.Struct, kw_only=True):
-    """One placement of a task: its lane, shard, when it was placed and its grant; once it
-    ended, when (Unix seconds), how, and what it spent."""
-
-    lane: str
-    shard: str
-    placed_at: float
-    grant: f.Budget | None = None
-    ended_at: float | None = None
-    status: str = "running"
-    failure: FailureClass | None = None
-    spent: f.Spend = f.Spend()
-
-
-class AnswerError(OrchestraError):
-    """An answer that cannot be taken: `code` is "not_found" (no task waits on that lane) or
-    "bad_request" (the answer does not fit the pause); the message says why in one line."""
-
-    def __init__(self, code: Literal["not_found", "bad_request"], message: str):
-        super().__init__(message)
-        self.code = code
+__all__ = [
+    "FINAL",
+    "HELD",
+    "LIVE",
+    "WAITING",
+    "AnswerError",
+    "Attempt",
+    "Effect",
+    "PlanRecord",
+    "TaskRecord",
+    "TaskStatus",
+]
 
 
 class Applied(NamedTuple):
@@ -139,76 +85,7 @@ class Applied(NamedTuple):
     changed: bool
 
 
-class Effect(msgspec.Struct, frozen=True, kw_only=True):
-    """What acting on an answer did, for the coordinator to finish: `outcome` in one line; a
-    `HitlAnswer` to send to `shard` (the lane that asked is live there), or None; `cancel`: the
-    lanes (shard, lane id) a sibling-group retry took over, to cancel."""
-
-    outcome: str
-    shard: str | None = None
-    answer: f.HitlAnswer | None = None
-    cancel: list[tuple[str, str]] = []
-
-
-class TaskRecord(msgspec.Struct, kw_only=True):
-    """One task's durable record. `shard_gen` is the generation of the shard its lane runs on.
-
-    `attempts` counts placements (1 + re-placements after losses); `worker_losses` counts the
-    worker processes lost under it; `failure` is its `FailureClass` when one applies; `warnings`
-    are said once each, in order (a partial-work warning per loss). Fields added after the first
-    release are appended with defaults, so records written before them still decode.
-    """
-
-    status: TaskStatus = TaskStatus.PENDING
-    attempts: int = 0
-    lane: str | None = None
-    shard: str | None = None
-    shard_gen: int | None = None
-    sandbox: str | None = None
-    exit_code: int | None = None
-    duration_s: float = 0.0
-    output_tail: str = ""
-    commit: str | None = None
-    error: str | None = None
-    worker_losses: int = 0
-    failure: FailureClass | None = None
-    warnings: list[str] = msgspec.field(default_factory=list)
-    ticket: str | None = None
-    """The affinity ticket of the lane's shard (`placement.AffinityTicket`), minted when the task
-    is placed and kept after its lane ends, so its next placement can go back while that shard
-    generation lives; cleared when a placement is taken back before the lane existed."""
-    retries_used: int = 0
-    """Retries taken (attempts that were not a re-placement after a lost worker)."""
-    retries_granted: int = 0
-    """Retries humans added to the task's `retries` (`ctl approve --retries`)."""
-    granted: f.Budget | None = None
-    """Budget humans added to the task's and its plan's (`ctl approve --grant`)."""
-    spent: f.Spend = f.Spend()
-    """What its ended attempts spent."""
-    retry_at: float | None = None
-    """While it backs off before a retry: when it may be placed again (Unix seconds)."""
-    feedback: str | None = None
-    """Revision feedback for its next attempt."""
-    avoid: str | None = None
-    """A shard its next placement avoids when another can take it (a re-acquire)."""
-    pending: Pending | None = None
-    """The HITL pause it waits on, or None."""
-    answers: dict[str, f.Answer] = msgspec.field(default_factory=dict)
-    """Every answer recorded, by the key of the pause it answered (the audit record)."""
-    carried: dict[str, f.Answer] = msgspec.field(default_factory=dict)
-    """Answers to its program's questions, by the program's key, handed to its next lane
-    (`LaneStart.answers`) when a lane that asked is gone before it could go on; a failure that
-    retries the task clears them: a new attempt asks afresh."""
-    history: list[Attempt] = msgspec.field(default_factory=list)
-    """Its placements, oldest first."""
-    notes: list[str] = msgspec.field(default_factory=list)
-    """What its lanes' programs told the coordinator (`tell_coordinator`), oldest first, at
-    most `MAX_NOTES` (the newest)."""
-    noted: list[str] = msgspec.field(default_factory=list)
-    """The inbox message ids of every note kept (a shard bounds a lane's notes)."""
-
-
-class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
+class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=True):
     """One plan's durable record: its spec and one `TaskRecord` per task id.
 
     Every status change goes through `set_status`, which keeps `progress` (what is ready, what
@@ -258,6 +135,13 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
         """Ids of the tasks whose records changed since the plan was last written."""
         return set()
 
+    @functools.cached_property
+    def moved(self) -> set[str]:
+        """Ids of the tasks that moved to a status other than starting or running since the
+        coordinator last committed the plan (`coordinator.book`): a lane ended or was lost, or
+        a task became ready, waits for a human or ended, so something else may run now."""
+        return set()
+
     def touch(self, task_id: str) -> TaskRecord:
         """Task `task_id`'s record, to change: it is named in `dirty`."""
         self.dirty.add(task_id)
@@ -265,10 +149,14 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
 
     def set_status(self, task_id: str, status: TaskStatus) -> TaskRecord:
         """The one writer of a task's status (it keeps `progress` in step); returns the task's
-        record, touched."""
+        record, touched. Raises `ForbiddenTransition` for a move `status.TRANSITIONS` does not
+        allow (a bug in the runner), before anything changes."""
+        TRANSITIONS.move(self.tasks[task_id].status, status, what=f"plan {self.id}: task {task_id}")
         rec = self.touch(task_id)
         rec.status = status
         self.progress.move(self.progress.position[task_id], status)
+        if status not in LIVE:
+            self.moved.add(task_id)
         return rec
 
     @property
@@ -321,16 +209,18 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
                 continue
             yield spec
 
-    def next_retry(self) -> float | None:
-        """The earliest `retry_at` of a task that waits for it (Unix seconds), or None."""
-        times: list[float] = []
+    def backoffs(self) -> list[tuple[str, float]]:
+        """(task id, `retry_at`) of every task that waits for its retry backoff to end, as
+        stored (Unix seconds)."""
+        out: list[tuple[str, float]] = []
         for i in list(self.progress.backoff):
-            rec = self.tasks[self.spec.tasks[i].id]
+            task_id = self.spec.tasks[i].id
+            rec = self.tasks[task_id]
             if rec.retry_at is None or rec.status not in WAITING:
                 self.progress.backoff.discard(i)
             else:
-                times.append(rec.retry_at)
-        return min(times, default=None)
+                out.append((task_id, rec.retry_at))
+        return out
 
     def hold_for_approval(self, now: float) -> list[str]:
         """Pause for a human every task that says `approve = true`, would be ready now and has
@@ -479,17 +369,20 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
         ended."""
         if result.task not in self.tasks:
             return Applied(False, [], False)
-        rec = self.touch(result.task)
+        rec = self.tasks[result.task]  # touched only once something changes (`dirty`)
         failure = None
-        if result.status == "failed":
+        if result.status == f.ResultStatus.FAILED:
             failure = result.failure or FailureClass.TOOL_FAILURE
         charged = self._charge(rec, result.lane, result.spent, now, result.status, failure)
         if rec.lane != result.lane or rec.status in FINAL:
+            if charged:
+                self.touch(result.task)
             return Applied(False, [], charged)
+        self.touch(result.task)
         # What the lane's own run warns of (a re-run after a rollover's drain) is kept whatever
         # the end, so an interruption after it does not hide it.
         rec.warnings.extend(w for w in result.warnings if w not in rec.warnings)
-        if result.status == "interrupted":
+        if result.status == f.ResultStatus.INTERRUPTED:
             rec.output_tail = result.output_tail
             if rec.pending is not None and rec.pending.kind == "question":
                 self._hold_question(result.task, f"{result.shard} was stopped")
@@ -658,221 +551,6 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
     def _spec(self, task_id: str) -> f.TaskSpec:
         return self.spec.tasks[self.progress.position[task_id]]
 
-    # --- HITL ------------------------------------------------------------------------------------
-
-    def pause_for_question(self, pause: f.HitlPause) -> bool:
-        """Lane `pause.lane`'s program waits for a human (`ask_human`): record the question;
-        False (no change) when the lane is not the task's live lane or the key was answered."""
-        rec = self.tasks.get(pause.task)
-        if rec is None or rec.lane != pause.lane or rec.status not in LIVE:
-            return False
-        rec = self.touch(pause.task)
-        if pause.key in rec.carried:
-            return False
-        if rec.pending is not None and rec.pending.asked != pause.key:
-            return False  # a lane asks one question at a time: the first one stands
-        rec.pending = Pending(
-            kind="question",
-            key=f"{pause.lane}:{pause.key}",
-            lane=pause.lane,
-            question=pause.question,
-            since=pause.asked_at,
-            asked=pause.key,
-        )
-        return True
-
-    def _hold_question(self, task_id: str, why: str) -> None:
-        """The lane asking a human is gone (`why`): the question still waits, with no lane;
-        once answered the task re-runs with the answer (not a loss, not a retry)."""
-        rec = self.touch(task_id)
-        rec.warnings.append(
-            f"partial work: lane {rec.lane} was interrupted when {why} while it waited for "
-            "a human; it re-runs once answered"
-        )
-        self.set_status(task_id, TaskStatus.AWAITING_APPROVAL)
-        rec.lane = rec.shard = rec.shard_gen = None
-
-    def note(self, note: f.LaneNote, msg_id: str) -> bool:
-        """Keep what a lane's program told the coordinator, once per inbox message id
-        (`msg_id`: every start applies the whole inbox again); False when its task is unknown
-        or it was kept before."""
-        rec = self.tasks.get(note.task)
-        if rec is None or msg_id in rec.noted:
-            return False
-        rec = self.touch(note.task)
-        rec.noted.append(msg_id)
-        text = note.text if len(note.text) <= NOTE_CHARS else note.text[: NOTE_CHARS - 3] + "..."
-        rec.notes.append(f"{note.lane}: {text}")
-        del rec.notes[:-MAX_NOTES]
-        return True
-
-    def waiting_on(self, lane: str) -> str | None:
-        """The id of the task whose pause lane id `lane` answers, or None."""
-        for task_id, rec in self.tasks.items():
-            if rec.pending is not None and rec.pending.lane == lane:
-                return task_id
-        return None
-
-    def answers_taken(self, task_id: str) -> tuple[list[str], bool]:
-        """What task `task_id`'s pause takes as `record_answer` judges it now: the verdicts (in
-        `ctl` order: approve, reject, redirect, accept_partial) and whether an approval needs
-        retries granted with it (`approve --retries N`: a review with no retry left, where
-        reject and redirect, which retry too, are refused). ([], False) when it waits on
-        nothing. Answers its text or grant would make bad are not told apart here."""
-        rec = self.tasks[task_id]
-        pending = rec.pending
-        if pending is None:
-            return [], False
-        if pending.kind == "approval":  # nothing ran yet: nothing to accept part of
-            return ["approve", "reject", "redirect"], False
-        if pending.kind == "review":
-            spec = self._spec(task_id)
-            if rec.retries_used >= spec.retries + rec.retries_granted:
-                return ["approve", "accept_partial"], True
-        return ["approve", "reject", "redirect", "accept_partial"], False
-
-    def record_answer(self, task_id: str, answer: f.Answer) -> None:
-        """Keep `answer` to task `task_id`'s pause (the audit record, ARCHITECTURE.md §11
-        invariant 9); `act_on_answer` acts on it once this is durable. Raises `AnswerError`
-        ("bad_request") when the answer does not fit the pause: the pause already has an answer
-        (two operators at once: the first stands); a grant or retries with anything but
-        approve; retries outside 0..`MAX_GRANTED_RETRIES`; a grant `budget.grant_problem`
-        refuses; reject or redirect without text; a text over `MAX_ANSWER_BYTES`; an approval
-        of a review whose retry the cap forbids (grant retries); accept-partial of an
-        approval."""
-        rec = self.touch(task_id)
-        pending = rec.pending
-        assert pending is not None
-        earlier = rec.answers.get(pending.key)
-        if earlier is not None:  # recorded, and being made durable: the first answer stands
-            raise AnswerError(
-                "bad_request",
-                f"already answered ({earlier.verdict} by {earlier.responder or earlier.uid})",
-            )
-        if answer.verdict != "approve" and (answer.grant is not None or answer.retries):
-            raise AnswerError("bad_request", "only an approval grants budget or retries")
-        if not 0 <= answer.retries <= MAX_GRANTED_RETRIES:
-            raise AnswerError(
-                "bad_request",
-                f"retries must be from 0 to {MAX_GRANTED_RETRIES}, got {answer.retries}",
-            )
-        problem = None if answer.grant is None else budget.grant_problem(answer.grant)
-        if problem is not None:
-            raise AnswerError("bad_request", problem)
-        if answer.verdict in ("reject", "redirect") and not answer.text.strip():
-            raise AnswerError("bad_request", f"a {answer.verdict} needs a text saying why")
-        if len(answer.text.encode()) > MAX_ANSWER_BYTES:
-            raise AnswerError(
-                "bad_request", f"an answer's text is at most {MAX_ANSWER_BYTES} bytes"
-            )
-        if pending.kind == "approval" and answer.verdict == "accept_partial":
-            raise AnswerError("bad_request", "nothing ran yet: approve, reject or redirect it")
-        if pending.kind == "review" and answer.verdict != "accept_partial":
-            spec = self._spec(task_id)
-            cap = spec.retries + rec.retries_granted + answer.retries
-            if rec.retries_used >= cap:
-                raise AnswerError(
-                    "bad_request",
-                    f"task {task_id} used {rec.retries_used} of {cap} retries: approve with "
-                    "--retries N to grant more, or accept-partial",
-                )
-        rec.answers[pending.key] = answer
-
-    def answers_to_deliver(self) -> list[tuple[str, f.HitlAnswer]]:
-        """Every answer to a question of a live lane, as (shard, `HitlAnswer`) to send it: the
-        record keeps them (`carried`) once acted on, and sending one again is harmless (the
-        lane keeps the first answer to a key). What a coordinator had acted on but not yet
-        sent when it stopped (held for a rollover, killed) is sent by the next one."""
-        out: list[tuple[str, f.HitlAnswer]] = []
-        for rec in self._live():
-            if rec.lane is None or rec.shard is None:
-                continue
-            for key, answer in rec.carried.items():
-                out.append((rec.shard, f.HitlAnswer(lane=rec.lane, key=key, answer=answer)))
-        return out
-
-    def drop_answer(self, task_id: str) -> None:
-        """Forget the answer recorded for task `task_id`'s pause and not acted on (acting on it
-        failed): the pause waits for an answer again."""
-        rec = self.touch(task_id)
-        if rec.pending is not None:
-            rec.answers.pop(rec.pending.key, None)
-
-    def unsettled(self) -> list[str]:
-        """Tasks whose pause has a recorded answer not acted on yet (the coordinator stopped
-        in between): `act_on_answer` each."""
-        return [
-            task_id
-            for task_id, rec in self.tasks.items()
-            if rec.pending is not None and rec.pending.key in rec.answers
-        ]
-
-    def act_on_answer(self, task_id: str, now: float) -> Effect:
-        """Act on the recorded answer to task `task_id`'s pause (`record_answer`):
-
-        - approval: approve -> it runs; redirect -> it runs with the text as feedback; reject ->
-          it fails (`preflight_escalation`, the reason in its error); (accept-partial is refused
-          by `record_answer`: nothing ran).
-        - review (a failed attempt): approve -> retried; reject or redirect -> retried with the
-          text as revision feedback; accept-partial -> it succeeds as it is, with a warning.
-        - question: the answer goes to the lane that asked (`Effect.answer`), or, when that lane
-          is gone, the task re-runs and its program finds the answer recorded.
-
-        A grant adds to the task's and the plan's budgets, `retries` to its retry cap."""
-        rec = self.touch(task_id)
-        pending = rec.pending
-        assert pending is not None
-        answer = rec.answers[pending.key]
-        who = answer.responder or f"uid {answer.uid}"
-        if answer.grant is not None:
-            rec.granted = budget.plus(rec.granted, answer.grant)
-            self.granted = budget.plus(self.granted, answer.grant)
-        rec.retries_granted += answer.retries
-        rec.pending = None
-        verdict = answer.verdict
-        if pending.kind == "question":
-            asked = pending.asked or pending.key
-            rec.carried[asked] = answer
-            if rec.status in LIVE and rec.shard is not None and rec.lane is not None:
-                hitl = f.HitlAnswer(lane=rec.lane, key=asked, answer=answer)
-                return Effect(
-                    outcome=f"{verdict} sent to lane {rec.lane}", shard=rec.shard, answer=hitl
-                )
-            self.set_status(task_id, TaskStatus.PAUSED)
-            return Effect(outcome=f"{verdict} recorded; task {task_id} re-runs with it")
-        if pending.kind == "approval":
-            if verdict == "reject":
-                self.set_status(task_id, TaskStatus.FAILED)
-                rec.failure = FailureClass.PREFLIGHT_ESCALATION
-                rec.error = f"rejected by {who}: {answer.text}"
-                return Effect(outcome=f"task {task_id} rejected: it does not run")
-            self.set_status(task_id, TaskStatus.PENDING)
-            if verdict == "redirect":
-                rec.feedback = answer.text
-                return Effect(outcome=f"task {task_id} redirected: it runs with the feedback")
-            return Effect(outcome=f"task {task_id} approved: it runs")
-        # a review of a failed attempt
-        if verdict == "accept_partial":
-            self.set_status(task_id, TaskStatus.SUCCEEDED)
-            rec.failure = None
-            rec.warnings.append(
-                f"partial: accepted by {who} after attempt {rec.attempts} failed: {rec.error}"
-            )
-            return Effect(outcome=f"task {task_id} accepted as it is")
-        if verdict in ("reject", "redirect"):
-            rec.feedback = answer.text
-        if not self.covers(self._spec(task_id)):
-            self.set_status(task_id, TaskStatus.FAILED)
-            rec.error = f"{rec.error} ({verdict} by {who}: the budget cannot cover another attempt)"
-            return Effect(outcome=f"task {task_id} failed: its budget cannot cover a retry")
-        rec.retries_used += 1
-        rec.carried.clear()
-        self.set_status(task_id, TaskStatus.PENDING)
-        rec.warnings.append(f"attempt {rec.attempts} failed: {verdict} by {who}: retrying")
-        spec = self._spec(task_id)
-        cancel = self._restart_siblings(task_id, task_strategy(self.spec, spec).scope, now)
-        return Effect(outcome=f"task {task_id} retried", cancel=cancel)
-
     def _live(self) -> list[TaskRecord]:
         """The records of the starting and running tasks, in file order."""
         return [self.tasks[self.spec.tasks[i].id] for i in sorted(self.progress.live)]
@@ -880,117 +558,3 @@ class PlanRecord(msgspec.Struct, kw_only=True, dict=True):
     def live_ids(self) -> list[str]:
         """The ids of the starting and running tasks, in file order."""
         return [self.spec.tasks[i].id for i in sorted(self.progress.live)]
-
-    def _interrupt(self, task_id: str, why: str) -> None:
-        """A stop interrupted the task's lane: not a verdict and not a loss; it runs again."""
-        rec = self.set_status(task_id, TaskStatus.INTERRUPTED)
-        rec.warnings.append(
-            f"partial work: lane {rec.lane} was interrupted when {why}; re-running the step"
-        )
-        rec.lane = rec.shard = rec.shard_gen = None
-
-    def interrupt_shard(self, shard: str) -> list[str]:
-        """The tree is stopping and `shard` went down: its live tasks are interrupted, not lost
-        (no `worker_losses` counted); returns their ids."""
-        hit = [t for t in self.live_ids() if self.tasks[t].shard == shard]
-        for task_id in hit:
-            rec = self.tasks[task_id]
-            if rec.pending is not None and rec.pending.kind == "question":
-                self._hold_question(task_id, f"{shard} was stopped with the tree")
-            else:
-                self._interrupt(task_id, f"{shard} was stopped with the tree")
-        return hit
-
-    def lose_shard(
-        self,
-        shard: str,
-        generation: int | None,
-        max_worker_loss: int,
-        keep: Collection[int] = (),
-        now: float = 0.0,
-    ) -> list[str]:
-        """Pause every live task on `shard` whose lane ran on a generation other than
-        `generation` (None: the shard is down, so every generation) and not in `keep` (generations
-        still draining, or retired and not yet settled: their lanes are moving, not lost);
-        returns their ids.
-
-        A worker-process loss is not a verdict on the work (ARCHITECTURE.md §11 invariant 5): the
-        task is paused, so `ready` offers it again, with a partial-work warning for its re-run.
-        Its `max_worker_loss`-th loss (>= 1) fails it instead, with the failure class
-        `worker_process_loss`, so a command that kills its own shard cannot loop.
-        """
-        lost: list[str] = []
-        for task_id in self.live_ids():
-            rec = self.tasks[task_id]
-            if rec.shard != shard or rec.shard_gen == generation or rec.shard_gen in keep:
-                continue
-            self._lose(task_id, shard, max_worker_loss, now)
-            lost.append(task_id)
-        return lost
-
-    def settle_moved(
-        self,
-        shard: str,
-        retired: Collection[int],
-        generation: int,
-        there: Collection[str],
-        max_worker_loss: int,
-        now: float = 0.0,
-    ) -> tuple[list[str], list[str]]:
-        """Generations `retired` of `shard` drained and are gone: each live task whose lane ran
-        on one of them now runs on `generation` if its lane is in `there` (the lanes that
-        generation has, live or with a result in its outbox), else it is lost as in
-        `lose_shard`. Returns (moved task ids, lost task ids)."""
-        moved: list[str] = []
-        lost: list[str] = []
-        for task_id in self.live_ids():
-            rec = self.tasks[task_id]
-            if rec.shard != shard or rec.shard_gen not in retired:
-                continue
-            if rec.lane in there:
-                self.touch(task_id).shard_gen = generation
-                moved.append(task_id)
-            else:
-                self._lose(task_id, shard, max_worker_loss, now)
-                lost.append(task_id)
-        return moved, lost
-
-    def _lose(self, task_id: str, shard: str, max_worker_loss: int, now: float) -> None:
-        """The worker process of task `task_id`'s lane is gone: an infrastructure failure,
-        resolved by its strategy (re-acquire by default, capped by `max_worker_loss`); a lane
-        that waited for a human keeps waiting, and that is not a loss."""
-        rec = self.touch(task_id)
-        self.close_attempt(task_id, rec.lane, now, "lost", FailureClass.WORKER_PROCESS_LOSS)
-        interrupted = (
-            f"partial work: lane {rec.lane} was interrupted when {shard} "
-            f"(generation {rec.shard_gen}) was lost"
-        )
-        if rec.pending is not None and rec.pending.kind == "question":
-            self._hold_question(task_id, f"{shard} (generation {rec.shard_gen}) was lost")
-            return
-        rec.worker_losses += 1
-        loss = FailureClass.WORKER_PROCESS_LOSS
-        decision = self._decide(task_id, loss, max_worker_loss)
-        if decision.action is Action.REACQUIRE:
-            self.set_status(task_id, TaskStatus.PAUSED)
-            rec.warnings.append(f"{interrupted}; re-running the step")
-            rec.lane = rec.shard = rec.shard_gen = None
-            return
-        if decision.action is Action.ESCALATE and rec.worker_losses >= max_worker_loss:
-            self.set_status(task_id, TaskStatus.FAILED)
-            rec.failure = loss
-            rec.warnings.append(f"{interrupted}; not re-run")
-            rec.error = (
-                f"worker process lost {rec.worker_losses} times (max_worker_loss = "
-                f"{max_worker_loss}); last: {shard} (generation {rec.shard_gen}) exited "
-                f"while lane {rec.lane} was running"
-            )
-            return
-        rec.warnings.append(interrupted)
-        self.fail(
-            task_id,
-            loss,
-            f"{shard} (generation {rec.shard_gen}) exited while lane {rec.lane} was running",
-            now,
-            max_worker_loss,
-        )

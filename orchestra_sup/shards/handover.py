@@ -89,7 +89,7 @@ class Handover:
         outbox: Outbox,
         *,
         serve: Callable[[Endpoint, bytes | None, f.Envelope], None],
-        end: Callable[[Lane, str, str | None], Awaitable[None]],
+        end: Callable[[Lane, f.ResultStatus, str | None], Awaitable[None]],
         info: Callable[[Lane], f.LaneInfo],
     ) -> None:
         self._node = node
@@ -276,7 +276,7 @@ class Handover:
                 how, detail = "lost", f"refused by the next generation: {exc}"
                 self._transcript.resume(lane.id, next_seq, time.time() - snapshot.elapsed_s)
                 lane.moving = False
-                await self._end(lane, "interrupted", f"interrupted: it was {detail}")
+                await self._end(lane, f.ResultStatus.INTERRUPTED, f"interrupted: it was {detail}")
                 break
         if lane.moving:  # there (or, unanswered, maybe there: the next generation says)
             self._moved.add(lane.id)

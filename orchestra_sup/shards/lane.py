@@ -22,6 +22,7 @@ from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.program import Mailbox, QuietPoints
 from orchestra_sup.shards.spend import Meter
+from orchestra_sup.transitions import Transitions
 
 TAIL_BYTES = 4096
 """The newest bytes of a lane's output kept for its result (`LaneResult.output_tail`)."""
@@ -47,13 +48,16 @@ class LaneState(enum.StrEnum):
 FINAL = frozenset(
     {LaneState.SUCCEEDED, LaneState.FAILED, LaneState.CANCELLED, LaneState.INTERRUPTED}
 )
-TRANSITIONS: dict[LaneState, frozenset[LaneState]] = {
-    LaneState.STARTING: frozenset({LaneState.RUNNING, LaneState.MOVING}) | FINAL,
-    LaneState.RUNNING: frozenset({LaneState.AWAITING_APPROVAL, LaneState.MOVING}) | FINAL,
-    LaneState.AWAITING_APPROVAL: frozenset({LaneState.RUNNING, LaneState.MOVING}) | FINAL,
-    LaneState.MOVING: FINAL,  # a hand-over the next generation refused ends it here
-    **{state: frozenset() for state in FINAL},
-}
+TRANSITIONS: Transitions[LaneState] = Transitions(
+    "lane",
+    {
+        LaneState.STARTING: {LaneState.RUNNING, LaneState.MOVING} | FINAL,
+        LaneState.RUNNING: {LaneState.AWAITING_APPROVAL, LaneState.MOVING} | FINAL,
+        LaneState.AWAITING_APPROVAL: {LaneState.RUNNING, LaneState.MOVING} | FINAL,
+        LaneState.MOVING: FINAL,  # a hand-over the next generation refused ends it here
+        **{state: frozenset() for state in FINAL},
+    },
+)
 """The states a lane may go to from each state."""
 
 
@@ -105,11 +109,9 @@ class Lane:
         """When it started (monotonic seconds), counting the time other generations ran it."""
 
     def enter(self, state: LaneState) -> None:
-        """Change its state (the only writer). Raises `ValueError` for a change `TRANSITIONS`
-        does not allow: a bug in the shard."""
-        if state not in TRANSITIONS[self.state]:
-            raise ValueError(f"lane {self.id}: no transition from {self.state} to {state}")
-        self.state = state
+        """Change its state (the only writer). Raises `ForbiddenTransition` (a `ValueError`) for
+        a change `TRANSITIONS` does not allow: a bug in the shard."""
+        self.state = TRANSITIONS.move(self.state, state, what=f"lane {self.id}")
 
     def parked_now(self) -> bool:
         """At a quiet point: still waiting for its sandbox, or a program suspended in `recv`,

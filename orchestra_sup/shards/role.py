@@ -74,6 +74,8 @@ LIVE_STATES = tuple(str(state) for state in LaneState if state not in FINAL)
 Serves = f.LaneRequest | f.Drain
 """What a shard's `handle` takes: the lane plane's requests, and a drain from the supervisor."""
 SERVES = Channel[Serves](Serves, "a shard does not serve {}")
+STOPPED = "interrupted: the tree (or this shard) was stopped"
+"""The error of a lane its shard's stop interrupted."""
 
 
 class Shard:
@@ -348,7 +350,7 @@ class Shard:
         assert self.budgets is not None and self.limits is not None
         spec = lane.start.task
         verdict: Outcome | None = None
-        status, error, commit = "failed", None, None
+        status, error, commit = f.ResultStatus.FAILED, None, None
         failure: f.FailureClass | None = f.FailureClass.TOOL_FAILURE
         host: Host | None = None
         lane.started = True
@@ -408,11 +410,11 @@ class Shard:
                 verdict = Outcome(
                     status="failed", error=lane.exhausted, failure=f.FailureClass.BUDGET_EXHAUSTION
                 )
-            status, error, failure = verdict.status, verdict.error, verdict.failure
+            status, error, failure = f.ResultStatus(verdict.status), verdict.error, verdict.failure
             if lane.interrupted:  # told to stop: even an exit 0 is not a finished step
-                status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
+                status, error = f.ResultStatus.INTERRUPTED, STOPPED
                 failure = None
-            if status == "succeeded" and spec.commit:
+            if status is f.ResultStatus.SUCCEEDED and spec.commit:
                 done = await self._custodian(
                     f.SandboxCommit(
                         lane=lane.id,
@@ -429,31 +431,31 @@ class Shard:
                 return
             failure = None
             if lane.exhausted is not None:
-                status, error = "failed", lane.exhausted
+                status, error = f.ResultStatus.FAILED, lane.exhausted
                 failure = f.FailureClass.BUDGET_EXHAUSTION
             elif lane.interrupted:
-                status, error = "interrupted", "interrupted: the tree (or this shard) was stopped"
+                status, error = f.ResultStatus.INTERRUPTED, STOPPED
             else:
-                status, error = "cancelled", "cancelled by request"
+                status, error = f.ResultStatus.CANCELLED, "cancelled by request"
         except OrchestraError as exc:  # a `ProgramError` too: refused, or no valid Outcome
-            status, error = "failed", str(exc)
+            status, error = f.ResultStatus.FAILED, str(exc)
         except OSError as exc:  # the command could not be spawned (its sandbox is gone, ...)
-            status, error = "failed", f"cannot run the command: {exc}"
+            status, error = f.ResultStatus.FAILED, f"cannot run the command: {exc}"
         except Exception as exc:  # a lane program's bug fails its lane, never the shard
             log.exception("lane %s: program %s raised", lane.id, spec.program)
-            status, error = "failed", f"program {spec.program} raised {exc!r}"
+            status, error = f.ResultStatus.FAILED, f"program {spec.program} raised {exc!r}"
         finally:
             if host is not None:
                 host.close()
         exit_code = verdict.exit_code if verdict is not None else None
-        if status != "failed":
+        if status is not f.ResultStatus.FAILED:
             failure = None
         await self._end(lane, status, error, exit_code=exit_code, commit=commit, failure=failure)
 
     async def _end(
         self,
         lane: Lane,
-        status: str,
+        status: f.ResultStatus,
         error: str | None,
         *,
         exit_code: int | None = None,
@@ -464,14 +466,14 @@ class Shard:
         `failure` when it failed (None: `tool_failure`) and what it spent."""
         assert self.node is not None and self.outbox is not None and self.budgets is not None
         self.budgets.unwatch(lane.id)
-        if status == "failed" and failure is None:
+        if status is f.ResultStatus.FAILED and failure is None:
             failure = f.FailureClass.TOOL_FAILURE
         result = f.LaneResult(
             lane=lane.id,
             plan=lane.start.plan,
             task=lane.start.task.id,
             shard=self.node.name,
-            status=status,  # type: ignore[arg-type]
+            status=status,
             exit_code=exit_code,
             duration_s=round(time.monotonic() - lane.began, 3),
             output_tail=lane.tail.decode(errors="replace"),
@@ -517,7 +519,7 @@ class Shard:
 def _end_event(result: f.LaneResult) -> str:
     """A lane's last transcript row: "<status>: <how it ended>", e.g. "succeeded: exited with
     status 0", "failed: exited with status 3", "cancelled: cancelled by request"."""
-    if result.status == "succeeded":
+    if result.status == f.ResultStatus.SUCCEEDED:
         text = "succeeded"
         if result.exit_code is not None:
             text = f"succeeded: exited with status {result.exit_code}"

@@ -231,9 +231,9 @@ class Worker:
         return False
 
     def transition(self, new: ChildState) -> None:
-        """The only writer of `state`; refuses what the lifecycle does not allow."""
-        if new not in ALLOWED[self.state]:
-            raise AssertionError(f"{self.name}: {self.state} -> {new} is not a transition")
+        """The only writer of `state`. Raises `ForbiddenTransition` for a change `ALLOWED`
+        does not allow: a bug in the supervisor."""
+        ALLOWED.move(self.state, new, what=f"child {self.name}")
         log.info("child %s gen=%d %s -> %s", self.name, self.generation, self.state, new)
         self.state = new
         self.seam.changed(self)

@@ -6,6 +6,8 @@ import enum
 
 import msgspec
 
+from orchestra_sup.transitions import Transitions
+
 
 class Restart(enum.StrEnum):
     """When a child is restarted (OTP restart types).
@@ -55,12 +57,15 @@ class ChildState(enum.StrEnum):
     STOPPED = "stopped"
 
 
-ALLOWED = {
-    ChildState.STOPPED: {ChildState.STARTING},
-    ChildState.STARTING: {ChildState.RUNNING, ChildState.STOPPING, ChildState.EXITED},
-    ChildState.RUNNING: {ChildState.STOPPING, ChildState.EXITED, ChildState.STARTING},
-    ChildState.STOPPING: {ChildState.EXITED},
-    ChildState.EXITED: {ChildState.STARTING, ChildState.BACKOFF, ChildState.STOPPED},
-    ChildState.BACKOFF: {ChildState.STARTING, ChildState.STOPPED},
-}
+ALLOWED: Transitions[ChildState] = Transitions(
+    "child",
+    {
+        ChildState.STOPPED: {ChildState.STARTING},
+        ChildState.STARTING: {ChildState.RUNNING, ChildState.STOPPING, ChildState.EXITED},
+        ChildState.RUNNING: {ChildState.STOPPING, ChildState.EXITED, ChildState.STARTING},
+        ChildState.STOPPING: {ChildState.EXITED},
+        ChildState.EXITED: {ChildState.STARTING, ChildState.BACKOFF, ChildState.STOPPED},
+        ChildState.BACKOFF: {ChildState.STARTING, ChildState.STOPPED},
+    },
+)
 """The only transitions `Child.transition` accepts."""

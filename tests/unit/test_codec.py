@@ -159,6 +159,28 @@ def test_error_code_decodes_as_enum() -> None:
     assert env.body.code is ErrorCode.SHARD_FULL
 
 
+@pytest.mark.parametrize("status", list(f.ResultStatus), ids=str)
+def test_a_lane_results_status_is_its_string_on_the_wire(status: f.ResultStatus) -> None:
+    """`LaneResult.status` is a `ResultStatus` in memory and its value on the wire, so a result
+    from an older release (a plain string) decodes as the member."""
+    result = f.LaneResult(
+        lane="l",
+        plan="p",
+        task="t",
+        shard="shard-0",
+        status=status,
+        exit_code=None,
+        duration_s=0.0,
+        output_tail="",
+        sandbox=None,
+        commit=None,
+        error=None,
+    )
+    wire = msgspec.msgpack.encode(result)
+    assert msgspec.msgpack.decode(wire)["status"] == str(status)
+    assert msgspec.msgpack.decode(wire, type=f.LaneResult).status is status
+
+
 # --- malformed input -----------------------------------------------------------------------------
 
 BAD_INPUTS: dict[str, bytes] = {

@@ -82,7 +82,7 @@ def test_an_answer_is_committed_before_it_is_sent_to_the_lane(tmp_path: Path) ->
             coordinator = Coordinator()
             node = Recorder(store, plan.id)
             coordinator.attach(node, store)  # type: ignore[arg-type]
-            coordinator._add(plan)
+            coordinator.book.add(plan)
             coordinator.shards["shard-0"] = ShardView(
                 name="shard-0", generation=1, up=True, capacity=8
             )

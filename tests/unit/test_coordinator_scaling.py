@@ -103,14 +103,12 @@ def run(path: Path, shape: str, n: int, fail: str | None) -> tuple[int, int]:
         spec = f.PlanSpec(name=shape, tasks=SHAPES[shape](n))
         accepted = await coordinator._submit(spec)
         assert isinstance(accepted, f.PlanAccepted)
-        plan = coordinator.plans[accepted.id]
+        plan = coordinator.book.plans[accepted.id]
         await node.settle()
         while not plan.done:
             assert node.started, "nothing runs and the plan is not done"
             start = node.started.pop(0)
-            coordinator._apply(
-                ended(start, "failed" if start.task.id == fail else "succeeded"), pump=True
-            )
+            coordinator._apply(ended(start, "failed" if start.task.id == fail else "succeeded"))
             await node.settle()
         statuses = {t.status for t in plan.tasks.values()}
         assert TaskStatus.SKIPPED in statuses if fail else statuses == {TaskStatus.SUCCEEDED}
@@ -165,18 +163,18 @@ def test_a_long_skip_cascade_is_sliced_and_the_loop_serves_meanwhile(fast_dir: P
         )
         accepted = await coordinator._submit(f.PlanSpec(name="w", tasks=SHAPES["fan_out"](10_000)))
         assert isinstance(accepted, f.PlanAccepted)
-        plan = coordinator.plans[accepted.id]
+        plan = coordinator.book.plans[accepted.id]
         await node.settle()
         (start,) = node.started
         seen: list[int] = []
         loop = asyncio.get_running_loop()
         loop.call_soon(lambda: seen.append(plan.progress.counts[TaskStatus.SKIPPED]))
-        coordinator._apply(ended(start, "failed"), pump=True)
-        assert accepted.id in coordinator._settling and not plan.done
+        coordinator._apply(ended(start, "failed"))
+        assert accepted.id in coordinator.book.settling and not plan.done
         await node.settle()
         assert 0 < seen[0] < 9_999, seen  # the callback ran between two slices
         assert plan.done and plan.progress.counts[TaskStatus.SKIPPED] == 9_999
-        assert accepted.id in coordinator._final and not coordinator._settling
+        assert accepted.id in coordinator.book.final and not coordinator.book.settling
 
     try:
         asyncio.run(main())
@@ -207,10 +205,10 @@ def test_a_big_plan_is_frozen_out_of_full_collections_when_accepted_and_when_don
         accepted = await coordinator._submit(spec)
         assert isinstance(accepted, f.PlanAccepted)
         assert unfrozen(TaskRecord) == 0
-        plan = coordinator.plans[accepted.id]
+        plan = coordinator.book.plans[accepted.id]
         await node.settle()
         while not plan.done:
-            coordinator._apply(ended(node.started.pop(0), "succeeded"), pump=True)
+            coordinator._apply(ended(node.started.pop(0), "succeeded"))
             await node.settle()
         assert unfrozen(Attempt) == 0
 

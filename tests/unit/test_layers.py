@@ -34,6 +34,17 @@ def test_the_package_keeps_the_layer_rule():
     assert structure.broken_rules(edges) == []
 
 
+def test_the_package_has_no_import_cycle():
+    edges, _lines = structure.graph(PACKAGE)
+    assert structure.cycles(edges) == []
+
+
+def test_no_module_is_over_the_line_limit():
+    _edges, lines = structure.graph(PACKAGE)
+    over = {module: n for module, n in lines.items() if n > structure.MAX_LINES}
+    assert over == {}
+
+
 def test_every_part_of_the_package_has_a_layer():
     edges, _lines = structure.graph(PACKAGE)
     parts = {structure.part_of(module) for module in edges}

@@ -14,7 +14,7 @@ import pytest
 from orchestra_sup.coordinator.placement import AffinityTicket
 from orchestra_sup.coordinator.plan import plan_from_mapping, validate_plan
 from orchestra_sup.coordinator.progress import Progress
-from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
+from orchestra_sup.coordinator.runner import FINAL, PlanRecord, TaskStatus
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 
@@ -97,7 +97,7 @@ def run_plan(rec: PlanRecord, *, fail: str | None = None, lanes: int = 16) -> No
                 break
             live.append(rec.place(spec, TICKET, 0.0))
             rec.set_status(spec.id, S.RUNNING)
-        rec.next_retry()
+        rec.backoffs()
         if not live:
             assert rec.done, "nothing runs and the plan is not done"
             break
@@ -228,7 +228,9 @@ def test_progress_stays_in_step_with_the_records() -> None:
             elif move < 0.95:
                 rec.skip_blocked(rng.randint(1, 3))
             else:
-                rec.fail(rng.choice(specs).id, FailureClass.TOOL_FAILURE, "boom", now)
+                # what the coordinator fails: a task that has not ended
+                unended = [s.id for s in specs if rec.tasks[s.id].status not in FINAL]
+                rec.fail(rng.choice(unended), FailureClass.TOOL_FAILURE, "boom", now)
             live = {t: s for t, s in live.items() if rec.tasks[t].lane == s.lane}
             assert_in_step(rec)
         rec.skip_blocked()

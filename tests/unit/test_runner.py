@@ -34,8 +34,17 @@ def _plan(*tasks: str | tuple[str, list[str]], statuses: dict[str, TaskStatus] |
     ]
     rec = PlanRecord.new("plan-1", f.PlanSpec(name="demo", tasks=specs), submitted_at=100.0)
     for task_id, status in (statuses or {}).items():
-        rec.set_status(task_id, status)
+        _set(rec, task_id, status)
     return rec
+
+
+def _set(rec: PlanRecord, task_id: str, status: TaskStatus) -> TaskRecord:
+    """Give task `task_id` `status` as a record loaded from disk has it: any status (the
+    transitions table guards the runner's moves, not where a record starts), its progress
+    derived again."""
+    rec.tasks[task_id].status = status
+    rec.__dict__.pop("progress", None)
+    return rec.tasks[task_id]
 
 
 def _live(
@@ -48,7 +57,7 @@ def _live(
     status: TaskStatus = S.RUNNING,
 ) -> TaskRecord:
     """Put `task_id` on `lane` of `shard` generation `gen`, as the coordinator does at start."""
-    t = rec.set_status(task_id, status)
+    t = _set(rec, task_id, status)
     t.lane, t.shard, t.shard_gen, t.attempts = lane, shard, gen, 1
     return t
 

@@ -263,6 +263,15 @@ class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):
     """As `TaskReport.needs_retries`."""
 
 
+class ResultStatus(enum.StrEnum):
+    """How a lane ended (`LaneResult.status`); on the wire, its value."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # `ctl cancel`
+    INTERRUPTED = "interrupted"  # its shard was stopped: not a verdict on the work
+
+
 class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     """What a lane reports to the coordinator when it ends.
 
@@ -276,7 +285,7 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     plan: str
     task: str
     shard: str
-    status: Literal["succeeded", "failed", "cancelled", "interrupted"]
+    status: ResultStatus
     exit_code: int | None
     duration_s: float
     output_tail: str

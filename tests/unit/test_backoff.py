@@ -1,0 +1,139 @@
+"""A retry backoff is waited out on the monotonic clock (`coordinator.backoff`): a wall-clock
+step neither fires a retry early nor holds it back; wall time is only what the record stores."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from orchestra_sup.coordinator.backoff import Backoffs
+from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
+from orchestra_sup.coordinator.planstore import DBS
+from orchestra_sup.coordinator.role import Coordinator
+from orchestra_sup.coordinator.runner import PlanRecord
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.frames import FailureClass
+from orchestra_sup.state.store import Store
+from tests.unit.test_coordinator_scaling import Shards, ended
+
+T0 = 1_700_000_000.0
+TICKET = AffinityTicket(shard="shard-0", generation=1, boot="b")
+
+
+class Clocks:
+    """A wall clock and a monotonic clock that tests move by hand."""
+
+    def __init__(self) -> None:
+        self.wall_s = T0
+        self.mono_s = 500.0
+
+    def wall(self) -> float:
+        return self.wall_s
+
+    def monotonic(self) -> float:
+        return self.mono_s
+
+    def sleep(self, seconds: float) -> None:
+        self.wall_s += seconds
+        self.mono_s += seconds
+
+
+def backing_off(backoff_s: float = 10.0) -> PlanRecord:
+    """A plan whose task failed its first attempt at T0 and backs off `backoff_s` seconds."""
+    spec = f.PlanSpec(
+        name="p", tasks=[f.TaskSpec(id="a", run="false", retries=2, backoff_s=backoff_s)]
+    )
+    plan = PlanRecord.new("p1", spec, submitted_at=T0)
+    plan.place(spec.tasks[0], TICKET, T0)
+    plan.fail("a", FailureClass.TOOL_FAILURE, "exited with status 1", T0)
+    assert plan.tasks["a"].retry_at == T0 + backoff_s  # stored as wall time
+    return plan
+
+
+def test_a_backoff_ends_when_the_monotonic_clock_says_so() -> None:
+    clocks = Clocks()
+    backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
+    plan = backing_off(10.0)
+    assert backoffs.holds("p1", "a", T0 + 10.0)
+    assert backoffs.wake_in([plan]) == 10.0
+    clocks.sleep(9.0)
+    assert backoffs.holds("p1", "a", T0 + 10.0)
+    assert backoffs.wake_in([plan]) == 1.0
+    clocks.sleep(1.0)
+    assert not backoffs.holds("p1", "a", T0 + 10.0)
+    assert backoffs.wake_in([plan]) is None
+
+
+def test_a_wall_clock_step_forward_does_not_fire_a_retry() -> None:
+    clocks = Clocks()
+    backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
+    plan = backing_off(10.0)
+    assert backoffs.wake_in([plan]) == 10.0
+    clocks.wall_s += 3600.0  # an operator's `date`, an NTP step
+    clocks.mono_s += 1.0
+    assert backoffs.holds("p1", "a", T0 + 10.0)
+    assert backoffs.wake_in([plan]) == 9.0
+
+
+def test_a_wall_clock_step_back_does_not_delay_a_retry() -> None:
+    clocks = Clocks()
+    backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
+    plan = backing_off(10.0)
+    assert backoffs.holds("p1", "a", T0 + 10.0)
+    clocks.wall_s -= 3600.0
+    clocks.mono_s += 10.0
+    assert not backoffs.holds("p1", "a", T0 + 10.0)
+    assert backoffs.wake_in([plan]) is None
+
+
+def test_a_new_backoff_of_the_same_task_is_read_again() -> None:
+    """A later failure sets a new `retry_at`: it is read onto the monotonic clock afresh; one
+    no longer waited on is forgotten."""
+    clocks = Clocks()
+    backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
+    plan = backing_off(10.0)
+    assert backoffs.wake_in([plan]) == 10.0
+    clocks.sleep(30.0)
+    assert backoffs.holds("p1", "a", T0 + 60.0)  # a second failure's, 30 s ahead
+    assert backoffs.wake_in([]) is None
+
+
+def test_the_coordinator_retries_on_the_monotonic_clock(tmp_path: Path) -> None:
+    """Through the coordinator: a failed lane's retry is not placed when the wall clock jumps an
+    hour ahead, and is once the monotonic clock has passed its backoff."""
+
+    async def main() -> list[int]:
+        store = Store(tmp_path / "coordinator", ["inbox", *DBS])
+        store.start()
+        try:
+            node = Shards()
+            coordinator = Coordinator()
+            coordinator.attach(node, store)  # type: ignore[arg-type]
+            assert coordinator.placer is not None
+            clocks = Clocks()
+            clocks.wall_s = time.time()  # the runner stores what the system's clock says
+            coordinator.placer.backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
+            coordinator.shards["shard-0"] = ShardView(
+                name="shard-0", generation=1, up=True, capacity=8
+            )
+            task = f.TaskSpec(id="a", run="false", retries=1, backoff_s=30.0)
+            accepted = await coordinator._submit(f.PlanSpec(name="p", tasks=[task]))
+            assert isinstance(accepted, f.PlanAccepted)
+            await node.settle()
+            coordinator._apply(ended(node.started.pop(0), "failed"))  # pumps: it backs off
+            await node.settle()
+            attempts = [len(node.started)]
+            clocks.wall_s += 3600.0
+            coordinator._pump()
+            await node.settle()
+            attempts.append(len(node.started))
+            clocks.mono_s += 31.0  # the backoff, and the time the test took since its start
+            coordinator._pump()
+            await node.settle()
+            attempts.append(len(node.started))
+            return attempts
+        finally:
+            store.close()
+
+    assert asyncio.run(main()) == [0, 0, 1]
