@@ -234,7 +234,7 @@ class CtlService:
             workspace=str(paths.workspace or paths.state_dir / "workspace"),
             children=[host.children.child_info(w) for w in host.children.workers],
             supervisors=list(_supervisors(host.tree)),
-            loop_lag_ms=tuple(round(ms, 3) for ms in host.lag.figures()),
+            loop_lag_ms=_rounded(host.lag.figures()),
             release=host.seam.release,
             rollover=host.rollovers.summary(),
             ctl_refused=host.ctl_refused(),
@@ -440,3 +440,9 @@ def _supervisors(sup: Supervisor, parent: str | None = None) -> Iterator[f.Super
     for child in sup.children:
         if isinstance(child, Supervisor):
             yield from _supervisors(child, sup.name)
+
+
+def _rounded(figures: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Loop-lag figures (p50, p99, max, ms) to the microsecond, for `StatusReply.loop_lag_ms`."""
+    p50, p99, worst = figures
+    return round(p50, 3), round(p99, 3), round(worst, 3)
