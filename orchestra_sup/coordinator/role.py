@@ -44,7 +44,7 @@ from orchestra_sup.errors import ErrorCode, RemoteError, StateError
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import tools
-from orchestra_sup.protocol.channel import Channel
+from orchestra_sup.protocol.channel import NO_SANDBOX, Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.runtime.node import Node
@@ -251,8 +251,7 @@ class Coordinator:
             case f.ListPending() if self.answers is not None:
                 ep.reply(env, peer, self.answers.pending())
             case f.SandboxCreate():
-                message = "the coordinator never holds a sandbox"
-                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
+                ep.reply(env, peer, NO_SANDBOX)
             case f.HitlRespond() | f.ListPending():  # no answers store: not served here
                 ep.reply(env, peer, SERVES.unsupported(body))
             case _:
