@@ -38,7 +38,7 @@ from orchestra_sup.coordinator.placer import Placer
 from orchestra_sup.coordinator.planstore import DBS, PlanStore
 from orchestra_sup.coordinator.report import plan_summary, sliced_report
 from orchestra_sup.coordinator.roster import Roster
-from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
+from orchestra_sup.coordinator.runner import TaskStatus
 from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import ErrorCode, RemoteError, StateError
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
@@ -141,14 +141,7 @@ class Coordinator:
         planstore = PlanStore(store)
         self.book = book = PlanBook(node, planstore, pump=self._pump)
         self.roster = roster = Roster(node, book, stopping=lambda: self.stopping)
-        self.answers = answers = Answers(
-            node,
-            plans=book.active.values,
-            shards=roster.shards,
-            check_writable=store.check_writable,
-            write_durable=planstore.write_durable,
-            settle=self._answered,
-        )
+        self.answers = answers = Answers(node, book, shards=roster.shards)
         self.placer = Placer(
             node,
             book,
@@ -442,15 +435,6 @@ class Coordinator:
                 return f.Ack()
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
-
-    def _answered(self, plan: PlanRecord, cancel: list[tuple[str, str]]) -> None:
-        """An answer changed `plan` (`Answers.settle`): commit it, and place what became ready
-        and send the answer (a pump does) once the roster has peers."""
-        assert self.book is not None and self.node is not None
-        with self.book.batch():
-            self.book.commit(plan, cancel)
-            if self.node.peers:
-                self.book.schedule()
 
     # --- rollover --------------------------------------------------------------------------------
 
