@@ -142,15 +142,7 @@ class Coordinator:
         self.book = book = PlanBook(node, planstore, pump=self._pump)
         self.roster = roster = Roster(node, book, stopping=lambda: self.stopping)
         self.answers = answers = Answers(node, book, shards=roster.shards)
-        self.placer = Placer(
-            node,
-            book,
-            answers,
-            shards=roster.shards,
-            moving=roster.moving,
-            stopping=lambda: self.stopping,
-            held=lambda: self.held,
-        )
+        self.placer = Placer(node, book, answers, roster, held=lambda: self.held)
 
     @property
     def shards(self) -> dict[str, ShardView]:
