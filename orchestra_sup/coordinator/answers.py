@@ -7,18 +7,19 @@ lane's question is kept to deliver to that lane (`unsent`) and sent while its sh
 keeps the first answer to a key, so a second send is harmless). The plan runner's pure side is
 `runner.PlanRecord` (`record_answer`, `act_on_answer`).
 
-`Answers` reaches the rest of the coordinator only through what it is given (as `Toolkit`
-does): the plans not done, the node, the state to refuse on and to write to, and `settle`, which
-the coordinator runs after an answer changed a plan (cancel the lanes a sibling-group retry took
-over, write the plan, skip and finish what follows, place what became ready).
+`Answers` reaches the rest of the coordinator only through what it is given: the node, the
+shards' views, and the plan book (`coordinator.book`, as `Placer` does), which holds the plans not
+done and the state to refuse on and to write to, and commits a plan an answer changed (cancel the
+lanes a sibling-group retry took over, write the plan, skip and finish what follows, place what
+became ready).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
 
+from orchestra_sup.coordinator.book import PlanBook
 from orchestra_sup.coordinator.placement import ShardView
 from orchestra_sup.coordinator.runner import LIVE, AnswerError, PlanRecord, TaskStatus
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError, StateError
@@ -31,26 +32,13 @@ SEND_TIMEOUT_S = 10.0
 
 
 class Answers:
-    """See the module docstring. `plans()` gives the plans not done; `check_writable()` raises
-    `StateError` while the state is degraded; `write_durable(plan)` resolves once what changed of
-    `plan` is committed; `settle(plan, cancel)` finishes a change an answer made."""
+    """See the module docstring. `shards` is the coordinator's view of its shards, by name (kept
+    by `coordinator.roster`)."""
 
-    def __init__(
-        self,
-        node: Node,
-        *,
-        plans: Callable[[], Iterable[PlanRecord]],
-        shards: dict[str, ShardView],
-        check_writable: Callable[[], None],
-        write_durable: Callable[[PlanRecord], Awaitable[None]],
-        settle: Callable[[PlanRecord, list[tuple[str, str]]], None],
-    ) -> None:
+    def __init__(self, node: Node, book: PlanBook, *, shards: dict[str, ShardView]) -> None:
         self.node = node
-        self._plans = plans
+        self.book = book
         self._shards = shards
-        self._check_writable = check_writable
-        self._write_durable = write_durable
-        self._settle = settle
         self.unsent: dict[tuple[str, str], tuple[str, f.HitlAnswer]] = {}
         """Recorded answers still to deliver to the lane that asked: (lane, key) -> (shard,
         frame)."""
@@ -73,7 +61,7 @@ class Answers:
     def pending(self) -> f.LaneList:
         """Every task that waits for a human, oldest pause first (`ListPending`)."""
         lanes: list[f.LaneInfo] = []
-        for plan in self._plans():
+        for plan in self.book.active.values():
             for task_id, rec in plan.tasks.items():
                 if rec.pending is None:
                     continue
@@ -100,7 +88,7 @@ class Answers:
         then acted on. Answers `HitlRecorded`. Raises `RemoteError`: `not_found` when nothing
         waits on that lane, `bad_request` when the answer does not fit the pause
         (`PlanRecord.record_answer`), `state_degraded` when it cannot be recorded."""
-        for plan in self._plans():
+        for plan in self.book.active.values():
             task_id = plan.waiting_on(req.lane)
             if task_id is not None:
                 break
@@ -117,8 +105,8 @@ class Answers:
             uid=req.uid,
             at=round(time.time(), 3),
         )
-        try:
-            self._check_writable()  # before anything is recorded: a refusal changes nothing
+        try:  # before anything is recorded: a refusal changes nothing
+            self.book.planstore.store.check_writable()
         except StateError as exc:
             raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
         try:
@@ -126,7 +114,7 @@ class Answers:
         except AnswerError as exc:
             raise RemoteError(ErrorCode(exc.code), str(exc)) from None
         # The audit moment: durable before anything acts on it.
-        await self._write_durable(plan)
+        await self.book.planstore.write_durable(plan)
         if plan.tasks[task_id].pending is None:  # another answer acted first, meanwhile
             raise RemoteError(
                 ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
@@ -149,6 +137,14 @@ class Answers:
             self.unsent[(effect.answer.lane, effect.answer.key)] = (effect.shard, effect.answer)
         self._settle(plan, effect.cancel)
         return effect.outcome
+
+    def _settle(self, plan: PlanRecord, cancel: list[tuple[str, str]]) -> None:
+        """An answer changed `plan`: commit it (cancelling the lanes in `cancel`), and place
+        what became ready and send the answer (a pump does) once the roster has peers."""
+        with self.book.batch():
+            self.book.commit(plan, cancel)
+            if self.node.peers:
+                self.book.schedule()
 
     def send(self) -> None:
         """Deliver each recorded answer whose lane's shard is up (`unsent`)."""

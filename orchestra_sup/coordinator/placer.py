@@ -27,7 +27,6 @@ from orchestra_sup.coordinator.book import PlanBook
 from orchestra_sup.coordinator.placement import (
     AffinityTicket,
     Need,
-    ShardView,
     need_of,
     place,
     serves,
@@ -35,6 +34,7 @@ from orchestra_sup.coordinator.placement import (
     unplaceable,
 )
 from orchestra_sup.coordinator.quota import breach
+from orchestra_sup.coordinator.roster import Roster
 from orchestra_sup.coordinator.runner import LIVE, PlanRecord, TaskStatus
 from orchestra_sup.errors import CallTimeout, ErrorCode, OrchestraError, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
@@ -52,31 +52,26 @@ DEGRADED_PAUSE_S = 1.0
 
 
 class Placer:
-    """See the module docstring. `shards` is the coordinator's view of its shards, `moving` the
-    generations of each shard whose lanes move to its current one (both kept by
-    `coordinator.roster`); `stopping()` says the tree stops, `held()` that a rollover holds the
-    coordinator at a quiet point: then nothing is placed."""
+    """See the module docstring. `roster` keeps the coordinator's view of its shards (`shards`,
+    and `moving`: the generations of each shard whose lanes move to its current one) and says
+    whether the tree stops (`stopping()`); `held()` says a rollover holds the coordinator at a
+    quiet point. While either holds, nothing is placed."""
 
     def __init__(
         self,
         node: Node,
         book: PlanBook,
         answers: Answers,
+        roster: Roster,
         *,
-        shards: dict[str, ShardView],
-        moving: dict[str, frozenset[int]],
-        stopping: Callable[[], bool],
         held: Callable[[], bool],
-        backoffs: Backoffs | None = None,
     ) -> None:
         self.node = node
         self.book = book
         self.answers = answers
-        self.shards = shards
-        self.moving = moving
-        self._stopping = stopping
+        self.roster = roster
         self._held = held
-        self.backoffs = backoffs or Backoffs()
+        self.backoffs = Backoffs()
         self.lanes: dict[str, tuple[str, str]] = {}
         """Lane id -> (plan id, task id) of every lane placed since start (pruned on lookup)."""
         self.starting: dict[str, asyncio.Future[None]] = {}
@@ -116,7 +111,7 @@ class Placer:
         each in file order, until no shard has room (nothing once the tree is stopping: what is
         not running then waits for the next start). What it changes is committed as it goes,
         and places nothing more (`PlanBook.batch`)."""
-        if self._stopping() or self._held():
+        if self.roster.stopping() or self._held():
             return
         with self.book.batch(pump=False):
             self._pump()
@@ -138,7 +133,7 @@ class Placer:
                 if retry_at is not None and self.backoffs.holds(plan.id, spec.id, retry_at):
                     continue
                 need = need_of(plan.spec, spec)
-                if not any(view.open for view in self.shards.values()):
+                if not any(view.open for view in self.roster.shards.values()):
                     # Every shard is full or down: what is ready waits for the next pump, and
                     # a down one that could take it is asked back from its restart backoff.
                     self._ask_recovery(need)
@@ -156,16 +151,16 @@ class Placer:
             self._wake = asyncio.get_running_loop().call_later(delay, self.pump)
 
     def _loads(self) -> None:
-        for view in self.shards.values():
+        for view in self.roster.shards.values():
             view.load = 0
         for plan in self.book.active.values():
             for task_id in plan.live_ids():
                 rec = plan.tasks[task_id]
-                view = self.shards.get(rec.shard or "")
+                view = self.roster.shards.get(rec.shard or "")
                 if view is not None:
                     here = rec.shard_gen == view.generation
-                    view.load += here or rec.shard_gen in self.moving.get(view.name, ())
-        for view in self.shards.values():
+                    view.load += here or rec.shard_gen in self.roster.moving.get(view.name, ())
+        for view in self.roster.shards.values():
             if view.refused:
                 view.load = max(view.load, view.capacity)  # it said it is full: believe it
 
@@ -174,7 +169,7 @@ class Placer:
         supervisor to end that shard's restart backoff, at most once per `RECOVERY_EVERY_S` per
         shard (seeds/000: "at most every 15 seconds per host"). Nothing waits for the answer."""
         now = time.monotonic()
-        for view in self.shards.values():
+        for view in self.roster.shards.values():
             last = self._recovery_asked.get(view.name)
             if view.up or not serves(view, need):
                 continue
@@ -197,7 +192,7 @@ class Placer:
         a breach, or a budget with nothing left to carve a lane from, starts nothing and is a
         failure for the task's strategy."""
         rec = plan.tasks[spec.id]
-        views = list(self.shards.values())
+        views = list(self.roster.shards.values())
         why = unplaceable(views, need)
         if why is not None:  # the shards' config changed under a stored plan
             plan.set_status(spec.id, TaskStatus.FAILED).error = why
@@ -269,7 +264,7 @@ class Placer:
             spec = plan.spec.tasks[plan.progress.position[task_id]]
             if rec.status is not TaskStatus.STARTING or rec.lane in self.starting:
                 continue
-            view = self.shards.get(rec.shard or "")
+            view = self.roster.shards.get(rec.shard or "")
             if view is None or not view.up or view.generation != rec.shard_gen or not rec.lane:
                 continue  # the roster decides: a lost shard (generation) pauses the task
             self.starting[rec.lane] = asyncio.get_running_loop().create_future()
@@ -292,7 +287,8 @@ class Placer:
         # LaneStart must not come back believing the task pending and start it a second time.
         # (On a full disk this waits: the store keeps the batch and retries until there is room.)
         await self.book.planstore.write_durable(plan)
-        if rec.lane != start.lane or rec.status is not TaskStatus.STARTING or self._stopping():
+        moved_on = rec.lane != start.lane or rec.status is not TaskStatus.STARTING
+        if moved_on or self.roster.stopping():  # the task went on meanwhile, or the tree stops
             return
         try:
             await self.node.call(shard, start, timeout_s=START_TIMEOUT_S)
@@ -313,7 +309,7 @@ class Placer:
                 if isinstance(exc, RemoteError) and exc.code is ErrorCode.SHARD_FULL:
                     # Its own count is ahead of ours: placement tries the next shard now, and
                     # this one again once it reports a lane's end or changes generation.
-                    view = self.shards.get(shard)
+                    view = self.roster.shards.get(shard)
                     if view is not None and view.generation == start_gen:
                         view.refused = True
                 elif isinstance(exc, RemoteError) and exc.code is ErrorCode.STATE_DEGRADED:

@@ -38,13 +38,13 @@ from orchestra_sup.coordinator.placer import Placer
 from orchestra_sup.coordinator.planstore import DBS, PlanStore
 from orchestra_sup.coordinator.report import plan_summary, sliced_report
 from orchestra_sup.coordinator.roster import Roster
-from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
+from orchestra_sup.coordinator.runner import TaskStatus
 from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import ErrorCode, RemoteError, StateError
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import tools
-from orchestra_sup.protocol.channel import Channel
+from orchestra_sup.protocol.channel import NO_SANDBOX, Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.runtime.node import Node
@@ -141,23 +141,8 @@ class Coordinator:
         planstore = PlanStore(store)
         self.book = book = PlanBook(node, planstore, pump=self._pump)
         self.roster = roster = Roster(node, book, stopping=lambda: self.stopping)
-        self.answers = answers = Answers(
-            node,
-            plans=book.active.values,
-            shards=roster.shards,
-            check_writable=store.check_writable,
-            write_durable=planstore.write_durable,
-            settle=self._answered,
-        )
-        self.placer = Placer(
-            node,
-            book,
-            answers,
-            shards=roster.shards,
-            moving=roster.moving,
-            stopping=lambda: self.stopping,
-            held=lambda: self.held,
-        )
+        self.answers = answers = Answers(node, book, shards=roster.shards)
+        self.placer = Placer(node, book, answers, roster, held=lambda: self.held)
 
     @property
     def shards(self) -> dict[str, ShardView]:
@@ -251,8 +236,7 @@ class Coordinator:
             case f.ListPending() if self.answers is not None:
                 ep.reply(env, peer, self.answers.pending())
             case f.SandboxCreate():
-                message = "the coordinator never holds a sandbox"
-                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
+                ep.reply(env, peer, NO_SANDBOX)
             case f.HitlRespond() | f.ListPending():  # no answers store: not served here
                 ep.reply(env, peer, SERVES.unsupported(body))
             case _:
@@ -443,15 +427,6 @@ class Coordinator:
                 return f.Ack()
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
-
-    def _answered(self, plan: PlanRecord, cancel: list[tuple[str, str]]) -> None:
-        """An answer changed `plan` (`Answers.settle`): commit it, and place what became ready
-        and send the answer (a pump does) once the roster has peers."""
-        assert self.book is not None and self.node is not None
-        with self.book.batch():
-            self.book.commit(plan, cancel)
-            if self.node.peers:
-                self.book.schedule()
 
     # --- rollover --------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ class Roster:
     def __init__(self, node: Node, book: PlanBook, *, stopping: Callable[[], bool]) -> None:
         self.node = node
         self.book = book
-        self._stopping = stopping
+        self.stopping = stopping
         self.shards: dict[str, ShardView] = {}
         self.moving: dict[str, frozenset[int]] = {}
         """Per shard, its generations whose lanes are moving to the current one: draining, or
@@ -85,7 +85,7 @@ class Roster:
             else:
                 keep = frozenset()
             for plan in list(self.book.active.values()):
-                if self._stopping() and not peer.up:
+                if self.stopping() and not peer.up:
                     lost = plan.interrupt_shard(peer.name)
                 else:
                     lost = plan.lose_shard(

@@ -31,7 +31,7 @@ from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import tools
-from orchestra_sup.protocol.channel import Channel
+from orchestra_sup.protocol.channel import NO_SANDBOX, Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.permissions import PASSAGE, PRIVATE_DIR, private_dir
@@ -134,8 +134,7 @@ class Custodian:
         body = env.body
         match body:
             case f.SandboxCreate() if peer is not None and peer.startswith(b"coordinator."):
-                message = "the coordinator never holds a sandbox"
-                ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=message))
+                ep.reply(env, peer, NO_SANDBOX)
             case f.SandboxCreate():
                 self.node.answer(ep, peer, env, self._create(body))
             case f.SandboxCommit():

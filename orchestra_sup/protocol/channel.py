@@ -7,7 +7,8 @@ request through its `Channel` before its handler sees it: a body of the channel'
 the handler as an `Envelope[U]`, so the handler's `match` covers `U` and ends in
 `assert_never` (a case dropped is a type error, and an `AssertionError` answered `internal` at
 run time); any other body is answered here, `Error(unexpected)` in the receiver's words, the
-same answer each role wrote out for itself before.
+same answer each role wrote out for itself before. `NO_SANDBOX` is the one refusal two roles
+share for a body they do serve.
 """
 
 from __future__ import annotations
@@ -48,3 +49,8 @@ class Channel(Generic[U]):
             return typing.cast("f.Envelope[U]", env)
         ep.reply(env, peer, self.unsupported(env.body))
         return None
+
+
+NO_SANDBOX = f.Error(code=ErrorCode.FORBIDDEN, message="the coordinator never holds a sandbox")
+"""The answer to a `SandboxCreate` the coordinator is party to (ARCHITECTURE.md §11 invariant 6):
+sent to the coordinator, or sent by it to the custodian."""

@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestra_sup.protocol import frames as f
@@ -111,29 +112,30 @@ def lane_env(node: Node, lane: Lane, uid: int | None = None) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class LaneServices:
+    """What every lane's `Host` uses of its shard generation, opened once by the shard
+    (`ShardRole.open`): its node, the lanes' cgroups and limit cgroups, the transcript (None:
+    none kept), the outbox to the coordinator and the budget watch."""
+
+    node: Node
+    cgroups: LaneCgroups
+    limits: LaneLimits
+    transcript: Transcript | None
+    outbox: Outbox
+    budgets: BudgetWatch
+
+
 class Host:
-    """`program.LaneHost` for `lane`, on the shard's event loop. `deadline` is the scope of the
-    program's `timeout_s` (None: none), held while the lane waits for a human."""
+    """`program.LaneHost` for `lane`, on the shard's event loop, through `shard`'s services.
+    `deadline` is the scope of the program's `timeout_s` (None: none), held while the lane waits
+    for a human."""
 
     def __init__(
-        self,
-        node: Node,
-        lane: Lane,
-        *,
-        cgroups: LaneCgroups,
-        limits: LaneLimits,
-        transcript: Transcript | None,
-        outbox: Outbox,
-        budgets: BudgetWatch,
-        deadline: asyncio.Timeout | None = None,
+        self, lane: Lane, shard: LaneServices, *, deadline: asyncio.Timeout | None = None
     ) -> None:
-        self._node = node
         self._lane = lane
-        self._cgroups = cgroups
-        self._limits = limits
-        self._transcript = transcript
-        self._outbox = outbox
-        self._budgets = budgets
+        self._shard = shard
         self.deadline = deadline
         self._deadline_left: float | None = None  # seconds of `deadline` left when held
         self.closed = False
@@ -147,7 +149,7 @@ class Host:
         outlives its lane, unbudgeted."""
         self.closed = True
         lane = self._lane
-        self._cgroups.kill_now(lane.id)
+        self._shard.cgroups.kill_now(lane.id)
         if lane.pgid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(lane.pgid, signal.SIGKILL)
@@ -168,9 +170,9 @@ class Host:
         be spawned (its sandbox is gone, bwrap is missing, or the sandbox belongs to a uid
         neither the tree's nor a lane's: `PermissionError`, `lane_uid`)."""
         self._check_open()
-        lane = self._lane
+        lane, cgroups = self._lane, self._shard.cgroups
         assert lane.sandbox is not None
-        cgroup = self._cgroups.create(lane.id)
+        cgroup = cgroups.create(lane.id)
         if cgroup is not None:
             lane.meter.command(lambda: LaneCgroups.cpu_s(cgroup))
         try:
@@ -178,21 +180,21 @@ class Host:
             return await run_shell(
                 command,
                 cwd=Path(lane.sandbox),
-                env=lane_env(self._node, lane, uid),
+                env=lane_env(self._shard.node, lane, uid),
                 timeout_s=timeout_s,
                 on_output=self.on_output,
                 tail_bytes=TAIL_BYTES,
                 preexec=preexec,
                 on_spawn=self._spawned if cgroup is None else lane.spawned,
-                on_stop=(lambda: self._cgroups.kill_now(lane.id)) if cgroup is not None else None,
-                nice=self._node.args.lane_nice,
+                on_stop=(lambda: cgroups.kill_now(lane.id)) if cgroup is not None else None,
+                nice=self._shard.node.args.lane_nice,
                 wrap=wrap,
             )
         finally:
             lane.pgid = None  # no command runs any more: a stop need not wait for this lane
             lane.meter.command_ended()  # before the kill: the cgroup's figure goes with it
-            await self._cgroups.kill(lane.id)
-            await asyncio.to_thread(self._limits.remove, lane.id)
+            await cgroups.kill(lane.id)
+            await asyncio.to_thread(self._shard.limits.remove, lane.id)
             if lane.moving:  # a drain stopped the command to hand the lane over
                 raise asyncio.CancelledError
 
@@ -201,10 +203,10 @@ class Host:
         the child runs before exec (join the v2 cgroup, then the v1 limit cgroups, then set the
         rlimits, then, in mode "none", become the lane's uid), the argv prefix (bubblewrap, or
         nothing in mode "none"), and the lane's uid (None: the tree's; `lane_uid`)."""
-        lane, node = self._lane, self._node
+        lane, node = self._lane, self._shard.node
         settings = node.args.isolation
         steps = [] if cgroup is None else [LaneCgroups.join_fn(cgroup)]
-        limited = self._limits.create(
+        limited = self._shard.limits.create(
             lane.id, memory_bytes=settings.max_memory_bytes, processes=settings.max_processes
         )
         if limited:
@@ -254,7 +256,7 @@ class Host:
         the sandbox, and read by name in mode "none"): 0600, or for a lane of a uid of its own
         0640 with that uid's group, in an `inboxes` directory it may pass through in mode
         "none" (`state.permissions`)."""
-        inbox = inbox_path(self._node.paths.state_dir, self._lane.id)
+        inbox = inbox_path(self._shard.node.paths.state_dir, self._lane.id)
         private_dir(inbox.parent, PASSAGE if passage and uid is not None else PRIVATE_DIR)
         if uid is None:
             private_file(inbox)
@@ -266,7 +268,7 @@ class Host:
     def _spawned(self, pgid: int) -> None:
         """A command with no cgroup runs as `pgid`: its tree's CPU is sampled, if it counts."""
         self._lane.spawned(pgid)
-        sampler = self._budgets.sample(self._lane.id, pgid)
+        sampler = self._shard.budgets.sample(self._lane.id, pgid)
         if sampler is not None:
             self._lane.meter.command(lambda: sampler.last)
 
@@ -283,9 +285,9 @@ class Host:
         """What `run_shell` calls with each chunk: the lane's tail and meter, one transcript
         row, and the check against an `output_bytes` grant."""
         self._lane.output(stream, chunk)
-        if self._transcript is not None:
-            self._transcript.output(self._lane.id, stream, chunk)
-        self._budgets.check_output(self._lane.id)
+        if self._shard.transcript is not None:
+            self._shard.transcript.output(self._lane.id, stream, chunk)
+        self._shard.budgets.check_output(self._lane.id)
 
     def spent(self) -> f.Spend:
         return self._lane.meter.spent()
@@ -298,14 +300,14 @@ class Host:
             lane=lane.id,
             plan=lane.start.plan,
             task=lane.start.task.id,
-            shard=self._node.name,
+            shard=self._shard.node.name,
             key=key,
             question=question,
             asked_at=time.time(),
         )
-        await self._outbox.deliver(f.InboxPut(msg_id=pause_id(lane.id, key), pause=pause))
-        if self._transcript is not None:
-            self._transcript.event(lane.id, f"awaiting approval ({key}): {question}")
+        await self._shard.outbox.deliver(f.InboxPut(msg_id=pause_id(lane.id, key), pause=pause))
+        if self._shard.transcript is not None:
+            self._shard.transcript.event(lane.id, f"awaiting approval ({key}): {question}")
 
     def waiting(self, question: str | None) -> None:
         """The lane waits for a human about `question` (None: no longer)."""
@@ -340,13 +342,13 @@ class Host:
         if lane.notes >= NOTES_MAX:
             raise RuntimeError(f"a lane sends at most {NOTES_MAX} notes to the coordinator")
         lane.meter.output_bytes += len(text.encode())
-        self._budgets.check_output(lane.id)
+        self._shard.budgets.check_output(lane.id)
         if lane.exhausted is not None:
             raise asyncio.CancelledError
         lane.notes += 1
         note = f.LaneNote(
             lane=lane.id, plan=lane.start.plan, task=lane.start.task.id, text=text, at=time.time()
         )
-        await self._outbox.deliver(f.InboxPut(msg_id=note_id(lane.id, lane.notes), note=note))
-        if self._transcript is not None:
-            self._transcript.event(lane.id, f"note to the coordinator: {text}")
+        await self._shard.outbox.deliver(f.InboxPut(msg_id=note_id(lane.id, lane.notes), note=note))
+        if self._shard.transcript is not None:
+            self._shard.transcript.event(lane.id, f"note to the coordinator: {text}")

@@ -39,7 +39,7 @@ from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.shards.handover import Handover
 from orchestra_sup.shards.hitl import Questions
-from orchestra_sup.shards.host import Host, lane_uid
+from orchestra_sup.shards.host import Host, LaneServices, lane_uid
 from orchestra_sup.shards.lane import FINAL, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
 from orchestra_sup.shards.messages import deliver_answer, deliver_message
@@ -93,6 +93,7 @@ class Shard:
         self.outbox: Outbox | None = None  # results on their way to the coordinator (open())
         self.handover: Handover | None = None  # rollovers: this generation's side (open())
         self.budgets: BudgetWatch | None = None  # stops lanes that overspend (open())
+        self.services: LaneServices | None = None  # what its lanes' hosts use (open())
         self._custodian_up = asyncio.Event()
         self._closing = False
 
@@ -125,6 +126,9 @@ class Shard:
         self.outbox = Outbox(node, self.store)
         node.spawn(self.outbox.resend_loop())
         self.budgets = BudgetWatch(node.spawn)
+        self.services = LaneServices(
+            node, self.cgroups, self.limits, self.transcript, self.outbox, self.budgets
+        )
         self.handover = Handover(
             node,
             self.lanes,
@@ -346,8 +350,7 @@ class Shard:
         """Run the lane to its end and deliver its result; or, when a drain stops it to hand it
         over (`lane.moving`), return with no result. A resumed lane keeps its sandbox, counts
         its time from its first start and its spend from what it had spent."""
-        assert self.node is not None and self.cgroups is not None and self.outbox is not None
-        assert self.budgets is not None and self.limits is not None
+        assert self.node is not None and self.services is not None
         spec = lane.start.task
         verdict: Outcome | None = None
         status, error, commit = f.ResultStatus.FAILED, None, None
@@ -370,15 +373,7 @@ class Shard:
                         lane.id, f"started in {ready.path} ({describe(mode, uid)}): {what}"
                     )
             lane.enter(LaneState.RUNNING)
-            host = Host(
-                self.node,
-                lane,
-                cgroups=self.cgroups,
-                limits=self.limits,
-                transcript=self.transcript,
-                outbox=self.outbox,
-                budgets=self.budgets,
-            )
+            host = Host(lane, self.services)
             context = LaneContext(
                 lane.start,
                 Path(lane.sandbox),

@@ -14,7 +14,7 @@ import pytest
 from orchestra_sup.bench.scale import PARKED, Parked
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.shards.hitl import Questions
-from orchestra_sup.shards.host import Host
+from orchestra_sup.shards.host import Host, LaneServices
 from orchestra_sup.shards.lane import Lane, LaneState
 from orchestra_sup.shards.program import (
     CHECKPOINT_MAX_BYTES,
@@ -483,15 +483,15 @@ def test_notes_count_as_output_and_are_capped_per_lane() -> None:
         lane.enter(LaneState.RUNNING)
         watch, outbox = BudgetWatch(loop.create_task), Outbox()
         watch.watch(lane.id, budget, lane.meter, lane.exhaust)
-        host = Host(
-            None,  # type: ignore[arg-type]
-            lane,
+        shard = LaneServices(
+            node=None,  # type: ignore[arg-type]
             cgroups=None,  # type: ignore[arg-type]
             limits=None,  # type: ignore[arg-type]
             transcript=None,
             outbox=outbox,  # type: ignore[arg-type]
             budgets=watch,
         )
+        host = Host(lane, shard)
         await host.tell("ten bytes.")
         await host.tell("ten bytes.")
         assert lane.meter.output_bytes == 20 and lane.exhausted is None
@@ -502,15 +502,7 @@ def test_notes_count_as_output_and_are_capped_per_lane() -> None:
 
         chatty = Lane(f.LaneStart(lane="C", plan="p", task=task))
         chatty.notes = NOTES_MAX - 1  # sent by earlier generations
-        host = Host(
-            None,  # type: ignore[arg-type]
-            chatty,
-            cgroups=None,  # type: ignore[arg-type]
-            limits=None,  # type: ignore[arg-type]
-            transcript=None,
-            outbox=outbox,  # type: ignore[arg-type]
-            budgets=watch,
-        )
+        host = Host(chatty, shard)
         await host.tell("last")
         with pytest.raises(RuntimeError, match=f"at most {NOTES_MAX} notes"):
             await host.tell("one more")
