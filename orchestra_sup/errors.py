@@ -67,8 +67,8 @@ class ProtocolError(OrchestraError):
 
     Raised by `protocol.codec.Codec.decode`; receivers answer it with an `Error` frame where a reply
     is possible and never let it stop their loop. `msg_id` is the refused frame's message id when
-    it could still be read (a frame over the size limit, code `too_large`), so the answer can be
-    correlated with the request; None otherwise. `Codec.encode` raises it too, code
+    it could still be read (all but a frame nested too deeply), so the answer can be correlated
+    with the request; None otherwise. `Codec.encode` raises it too, code
     `too_large`, for a frame it will not send.
     """
 

@@ -4,7 +4,10 @@ One encoder and one typed decoder are built once per process and shared by every
 Decoding is strict: garbage bytes, an unknown tag, a wrong field type, an oversized frame, a
 value nested too deeply to decode (a `ToolResult` of 100,000 nested arrays is 100 KB) or a
 version outside our range raise `ProtocolError` with a stable code, so a receiver can answer
-and go on.
+and go on. The error names the frame's message id whenever its head can still be read (every
+case but a frame nested too deeply), so the answer reaches the request it refuses: a frame of
+a body this release does not know (a newer `ctl` against an older tree) is refused at once,
+not left to its caller's timeout.
 
 Sizes (issue 24): a frame is at most `MAX_FRAME_BYTES`, both ways: `encode` refuses to make a
 larger one (the ctl client then refuses the request before sending it, an endpoint answers
@@ -44,9 +47,9 @@ class Codec:
     `MAX_FRAME_BYTES`).
 
     `encode` raises `ProtocolError` with code `too_large` for a frame over `max_bytes`.
-    `decode` raises it with `too_large` for one over `max_bytes` (with `msg_id` set when its
-    id can be read), `bad_frame` for anything that is not a well-formed envelope of a known body
-    type, and `version_skew` for a version outside our range.
+    `decode` raises it with `too_large` for one over `max_bytes`, `bad_frame` for anything that
+    is not a well-formed envelope of a known body type, and `version_skew` for a version outside
+    our range; each with `msg_id` set when the frame's id can be read.
     """
 
     def __init__(self, max_bytes: int = MAX_FRAME_BYTES):
@@ -68,20 +71,27 @@ class Codec:
 
     def decode(self, data: bytes | memoryview) -> Envelope[Body]:
         if len(data) > self.max_bytes:
-            try:
-                msg_id: str | None = self._head.decode(data).id  # ~1 ms for 17 MB: skipped
-            except msgspec.DecodeError:
-                msg_id = None
+            msg_id = self._id_of(data)  # ~1 ms for 17 MB: the rest is skipped
             raise ProtocolError(ErrorCode.TOO_LARGE, self.too_large(len(data)), msg_id=msg_id)
         try:
             env = self._decoder.decode(data)
         except msgspec.DecodeError as exc:
-            raise ProtocolError(ErrorCode.BAD_FRAME, str(exc)) from exc
+            raise ProtocolError(ErrorCode.BAD_FRAME, str(exc), msg_id=self._id_of(data)) from exc
         except RecursionError:  # msgspec's answer to arrays or maps nested past the stack
+            # not read again for its id: skipping the rest would recurse as deep
             raise ProtocolError(ErrorCode.BAD_FRAME, "frame nested too deeply") from None
         if not PROTOCOL_MIN <= env.v <= PROTOCOL_MAX:
             raise ProtocolError(
                 ErrorCode.VERSION_SKEW,
                 f"frame speaks protocol {env.v}, this peer speaks {PROTOCOL_MIN}..{PROTOCOL_MAX}",
+                msg_id=env.id,
             )
         return env
+
+    def _id_of(self, data: bytes | memoryview) -> str | None:
+        """The message id of a frame that cannot be decoded whole, when its head still reads
+        as a version and an id of at most `ENVELOPE_ID_MAX` characters; else None."""
+        try:
+            return self._head.decode(data).id
+        except (msgspec.DecodeError, RecursionError):
+            return None

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from orchestra_sup.errors import ErrorCode, ProtocolError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, SOCKET_MAX_BYTES, Codec
+from orchestra_sup.protocol.frames import MessageId
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from tests.integration.harness import RawPeer, Tree, plan, task, wait_until
 
@@ -225,27 +226,34 @@ _codec = Codec()
 
 
 class _Head(msgspec.Struct, array_like=True):
-    """An envelope's version and id, the rest of it unread (as the codec reads an oversized
-    frame to answer it)."""
+    """An envelope's version and id, the rest of it unread (as the codec reads a frame it
+    refuses, to answer it)."""
 
     v: int
-    id: str
+    id: MessageId
+
+
+def _refusal(payload: bytes) -> tuple[str, str]:
+    """What a refused `payload` gets: an `Error` correlated with its id when its head reads,
+    else an uncorrelated one ("bad")."""
+    try:
+        head = msgspec.msgpack.decode(payload, type=_Head)
+    except (msgspec.DecodeError, RecursionError):
+        return "bad", ""
+    return head.id, "Error"
 
 
 def _expectation(target: Target, payload: bytes) -> tuple[str, str] | None:
     """What `payload` must get back from `target`, and what it is: ("bad", "") for an
-    uncorrelated bad_frame or version_skew `Error`, (message id, body type) for its reply,
+    uncorrelated refusal (a frame whose head does not read), (message id, body type) for its
+    reply or its correlated refusal,
     ("", body type) for nothing; None: never send it."""
     if len(payload) > MAX_FRAME_BYTES:  # the limit itself, not whatever the codec does
-        try:  # answered `too_large`, correlated when its id can be read
-            head = msgspec.msgpack.decode(payload, type=_Head)
-        except msgspec.DecodeError:
-            return "bad", ""
-        return head.id, "Error"
+        return _refusal(payload)  # answered `too_large`
     try:
         env = _codec.decode(payload)
     except ProtocolError:
-        return "bad", ""
+        return _refusal(payload)  # answered `bad_frame` or `version_skew`
     body = env.body
     if type(body) in DESTRUCTIVE:
         return None

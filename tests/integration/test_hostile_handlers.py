@@ -91,6 +91,31 @@ def test_a_frame_nested_too_deeply_costs_no_role_anything(tree: Tree) -> None:
     assert after.bad_frames >= 2  # the supervisor's control and ctl sockets
 
 
+def test_a_body_this_release_does_not_know_is_refused_to_its_request(tree: Tree) -> None:
+    """A well-formed envelope of a body no role knows (what a newer `ctl` sends an older
+    tree) is answered `bad_frame` at every socket, correlated with its id, within the
+    deadline: its caller is told at once. (Before, the refusal went out with no `corr`, so
+    the ctl client dropped it and reported the tree unreachable after its 10 s timeout.)"""
+    head = [PROTOCOL_VERSION, "", None, "newer-ctl", 1, 5.0, None, {"t": "ctl_ping"}]
+    ctx = zmq.Context()
+    try:
+        for name, path in _endpoints(tree).items():
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.connect(f"ipc://{path}")
+            try:
+                msg_id = f"{name}.ping"
+                sock.send(msgspec.msgpack.encode([*head[:1], msg_id, *head[2:]]))
+                assert sock.poll(int(REPLY_DEADLINE_S * 1000)), f"{name} did not answer"
+                env = _codec.decode(sock.recv())
+            finally:
+                sock.close(linger=0)
+            assert env.corr == msg_id, (name, env)
+            assert isinstance(env.body, f.Error) and env.body.code is ErrorCode.BAD_FRAME, name
+    finally:
+        ctx.term()
+
+
 def _collect(sock: zmq.Socket, msg_id: str) -> tuple[list[ErrorCode], bool]:
     """Read replies on `sock` until `msg_id` is answered and one uncorrelated Error came, or
     the deadline passes: (codes of the uncorrelated Errors, whether `msg_id` was answered)."""

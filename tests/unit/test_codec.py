@@ -14,6 +14,7 @@ import pytest
 from orchestra_sup.errors import ErrorCode, ProtocolError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, SOCKET_MAX_BYTES, Codec
+from orchestra_sup.protocol.frames import ENVELOPE_ID_MAX
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN, PROTOCOL_VERSION, compatible
 
 ANY_SAMPLE: Any = {"rows": [1, "two", None, 3.5, True], "nested": {"empty": []}}
@@ -246,6 +247,25 @@ def test_oversized_garbage_is_too_large_without_an_id() -> None:
     """Oversized bytes that are no envelope at all are too_large too, with no id to answer."""
     exc = _refused(b"\xc1" * 200, Codec(max_bytes=100))
     assert exc.code is ErrorCode.TOO_LARGE
+    assert exc.msg_id is None
+
+
+def test_a_body_this_release_does_not_know_is_bad_frame_and_names_its_id() -> None:
+    """A well-formed envelope of an unknown body (a newer ctl's request) is bad_frame with the
+    frame's id, so the refusal answers the request rather than leaving it to time out."""
+    exc = _refused(_raw_envelope({"t": "ctl_ping"}))
+    assert exc.code is ErrorCode.BAD_FRAME
+    assert exc.msg_id == "x.1.1"
+
+
+def test_an_id_past_its_bound_is_not_echoed() -> None:
+    """A frame whose id is over ENVELOPE_ID_MAX is refused without it (every answer echoes it)."""
+    long_id = "x" * (ENVELOPE_ID_MAX + 1)
+    data = msgspec.msgpack.encode(
+        [PROTOCOL_VERSION, long_id, None, "s", 1, None, None, {"t": "ctl_status"}]
+    )
+    exc = _refused(data)
+    assert exc.code is ErrorCode.BAD_FRAME
     assert exc.msg_id is None
 
 
