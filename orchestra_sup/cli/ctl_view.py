@@ -11,63 +11,44 @@ from typing import Annotated
 import typer
 
 from orchestra_sup.cli import interrupt, render
+from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import guarded
-from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt, WideOpt
+from orchestra_sup.cli.options import RunDirOpt
 from orchestra_sup.cli.output import TTY, discard_stdout, out, screen
 from orchestra_sup.protocol import frames as f
 
 
-def status(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    wide: WideOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options(wide=True)
+def status(ctl: CtlCommand) -> None:
     """Show the supervisor and every child. Answered by the supervisor itself. A narrow
     terminal leaves the least needed columns out (and says which); --wide shows them all.
 
     Example: orchestra-sup ctl status --json
     """
-    ctx.obj.show(
+    ctl.show(
         f.StatusReply,
         f.CtlStatus(),
-        as_json=as_json,
-        timeout=timeout,
-        run_dir=run_dir,
         json=render.status_json,
-        table=lambda reply: render.status_table(reply, *screen(wide)),
+        table=lambda reply: render.status_table(reply, *ctl.screen()),
     )
 
 
-def tree(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options()
+def tree(ctl: CtlCommand) -> None:
     """Print the supervision tree: supervisors with their strategy and intensity, and children.
 
     Example: orchestra-sup ctl tree
     """
-    ctx.obj.show(
+    ctl.show(
         f.StatusReply,
         f.CtlStatus(),
-        as_json=as_json,
-        timeout=timeout,
-        run_dir=run_dir,
         json=render.tree_json,
         table=lambda reply: render.tree_text(reply, out),
     )
 
 
-def lanes(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    wide: WideOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options(wide=True)
+def lanes(ctl: CtlCommand) -> None:
     """List live lanes on every shard, and every task that waits for a human (state
     awaiting_approval: how long it has waited and its question; --json has the whole question
     and `since`, Unix seconds). --wide adds what a narrow terminal leaves out (the sandbox).
@@ -76,18 +57,10 @@ def lanes(
     """
 
     def table(reply: f.LaneList) -> None:
-        console, width = screen(wide)
-        render.lanes_table(reply, console, width=width, command=ctx.obj.command(run_dir))
+        console, width = ctl.screen()
+        render.lanes_table(reply, console, width=width, command=ctl.command())
 
-    ctx.obj.show(
-        f.LaneList,
-        f.CtlLanes(),
-        as_json=as_json,
-        timeout=timeout,
-        run_dir=run_dir,
-        json=render.lanes_json,
-        table=table,
-    )
+    ctl.show(f.LaneList, f.CtlLanes(), json=render.lanes_json, table=table)
 
 
 def top(
