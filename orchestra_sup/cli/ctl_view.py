@@ -13,7 +13,6 @@ import typer
 from orchestra_sup.cli import interrupt, render
 from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import guarded
-from orchestra_sup.cli.options import RunDirOpt
 from orchestra_sup.cli.output import TTY, discard_stdout, out, screen
 from orchestra_sup.protocol import frames as f
 
@@ -63,8 +62,25 @@ def lanes(ctl: CtlCommand) -> None:
     ctl.show(f.LaneList, f.CtlLanes(), json=render.lanes_json, table=table)
 
 
+@ctl_options(
+    2.0,
+    json_option=Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='One {"status", "lanes", "error"} object per refresh, one per line (ndjson); '
+            "with --once just one.",
+        ),
+    ],
+    timeout_option=Annotated[
+        float,
+        typer.Option(
+            "--timeout", min=0.1, help="Seconds one refresh waits for the tree (status and lanes)."
+        ),
+    ],
+)
 def top(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     interval: Annotated[
         float,
         typer.Option("--interval", min=0.1, max=3600, help="Seconds between refreshes."),
@@ -75,21 +91,6 @@ def top(
     wide: Annotated[
         bool, typer.Option("--wide", help="With --once (or piped): every column, lines unwrapped.")
     ] = False,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help='One {"status", "lanes", "error"} object per refresh, one per line (ndjson); '
-            "with --once just one.",
-        ),
-    ] = False,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout", min=0.1, help="Seconds one refresh waits for the tree (status and lanes)."
-        ),
-    ] = 2.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """A live view of the tree: every child's pid, generation, state, uptime, restarts, loop lag
     and relay latency (p50/p99 ms), lanes by state, inbox and persistence queue depths; the
@@ -105,26 +106,26 @@ def top(
     from orchestra_sup.cli.top import Keys, Watcher, frame_json, run_json, run_live, view
 
     def ask(body: f.Body, seconds: float) -> f.Body:
-        with ctx.obj.client(run_dir) as client:
+        with ctl.client() as client:
             return client.request(body, timeout_s=seconds)
 
-    watcher = Watcher(ask, timeout)
+    watcher = Watcher(ask, ctl.timeout)
     first = guarded(watcher.poll_or_raise)  # no tree at all: one line, exit 3, like status
-    if once or (not as_json and not TTY):
-        if as_json:
+    if once or (not ctl.as_json and not TTY):
+        if ctl.as_json:
             sys.stdout.write(json.dumps(frame_json(first)) + "\n")
         else:
             console, width = screen(wide)
-            console.print(view(first, time.time(), "", width, ctx.obj.command(run_dir)))
+            console.print(view(first, time.time(), "", width, ctl.command()))
         return
     # SIGTERM (a closing terminal, `kill`) unwinds like Ctrl-C: the terminal is given back
     signal.signal(signal.SIGTERM, interrupt.unwind)
     try:
         with Keys(sys.stdin.fileno() if sys.stdin is not None else -1) as keys:
-            if as_json:
+            if ctl.as_json:
                 run_json(watcher, first, sys.stdout, keys, interval)
             else:
-                run_live(watcher, first, out, keys, interval, ctx.obj.command(run_dir))
+                run_live(watcher, first, out, keys, interval, ctl.command())
     except KeyboardInterrupt:
         return
     except BrokenPipeError:  # `ctl top --json | head -3`: the reader has all it wanted
