@@ -1,5 +1,5 @@
 """What every ctl command shares: where the tree is and how it is reached (`CtlContext`, the
-`ctx.obj` of the `ctl` group), the options most commands take, declared once (`ctl_options`),
+`ctx.obj` of the `ctl` group), the options every command takes, declared once (`ctl_options`),
 and their routine, one request answered and printed (`CtlCommand`)."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def ctl_options(
     json_option: Any = JsonOpt,
     timeout_option: Any = TimeoutOpt,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a ctl command the options most of them take, after its own: --json, --wide (with
+    """Give a ctl command the options every one takes, after its own: --json, --wide (with
     `wide`), --timeout (seconds, default `timeout`) and --run-dir. The command's first parameter
     is the `CtlCommand` built from them; typer sees, by `__signature__`, the command's own
     parameters with the typer context before them and these options after. `json_option` and

@@ -54,7 +54,8 @@ def dressed(
     """`run` (which takes keyword arguments) dressed as `command` for typer: `command`'s name
     and docstring, and the signature typer reads (`__signature__`, annotations evaluated):
     `before`, `command`'s parameters less its first `skip`, then `after`, in the order --help
-    lists them."""
+    lists them. Raises `NameError` (when the command's module is imported) if an annotation of
+    `command` names what its module does not import at run time."""
     own = list(inspect.signature(command, eval_str=True).parameters.values())[skip:]
     parameters = [*before, *own, *after]
     functools.update_wrapper(run, command)
