@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 import typer
 
 from orchestra_sup.cli.exits import EXIT_FAILED, EXIT_USAGE, fail, guarded
-from orchestra_sup.cli.options import JsonOpt
+from orchestra_sup.cli.options import JsonOpt, dressed, option
 from orchestra_sup.cli.output import out, print_json
 
 bench_app = typer.Typer(
@@ -19,23 +21,62 @@ bench_app = typer.Typer(
 )
 
 
-@bench_app.command()
+@dataclass(frozen=True)
+class Measured:
+    """What a benchmark command found: `value` (JSON-able), printed as JSON with --json, else
+    by `text(value)` for a person; with `ok` False the command then exits 1."""
+
+    value: Any
+    text: Callable[[Any], object]
+    ok: bool = True
+
+
+def benchmark(
+    name: str | None = None,
+) -> Callable[[Callable[..., Measured]], Callable[..., Measured]]:
+    """Make a `bench` command (named `name`, default the function's) of a function that runs a
+    benchmark and returns it `Measured`, its own options followed by --json."""
+    as_json = option("as_json", JsonOpt, False)
+
+    def decorate(command: Callable[..., Measured]) -> Callable[..., Measured]:
+        def run(as_json: bool, **kwargs: Any) -> None:
+            measured = command(**kwargs)
+            if as_json:
+                print_json(measured.value)
+            else:
+                measured.text(measured.value)
+            if not measured.ok:
+                raise typer.Exit(EXIT_FAILED)
+
+        bench_app.command(name)(dressed(run, command, after=[as_json]))
+        return command
+
+    return decorate
+
+
+def _echo(table: Callable[[Any], str]) -> Callable[[Any], None]:
+    """Print `table(value)` as it is, for a benchmark whose module formats its own table."""
+    return lambda value: typer.echo(table(value))
+
+
+@benchmark()
 def relay(
     iterations: Annotated[
         int, typer.Option("--iterations", min=10, help="Timed round trips per variant.")
     ] = 5000,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """The relay's round trip next to raw pyzmq between two processes, in one run.
 
     Example: orchestra-sup bench relay --iterations 2000 --json
     """
     from orchestra_sup.bench.relay import run_relay_bench
 
-    result = guarded(lambda: run_relay_bench(iterations, max(10, iterations // 10)))
-    if as_json:
-        print_json(result)
-        return
+    return Measured(
+        guarded(lambda: run_relay_bench(iterations, max(10, iterations // 10))), _relay_text
+    )
+
+
+def _relay_text(result: dict[str, Any]) -> None:
     base = result["baseline"]
     out.print(
         f"raw pyzmq floor: p50 {base['p50_us']} us, p99 {base['p99_us']} us "
@@ -48,28 +89,23 @@ def relay(
         )
 
 
-@bench_app.command()
+@benchmark()
 def isolation(
     quick: Annotated[bool, typer.Option("--quick", help="Fewer probes, under a minute.")] = False,
     probes: Annotated[
         int | None, typer.Option("--probes", min=2, help="Turns timed per phase (overrides).")
     ] = None,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """Coordinator turn latency idle and under lane load, separated and colocated, in one run.
 
     Example: orchestra-sup bench isolation --quick --json
     """
     from orchestra_sup.bench.isolation import format_table, run_isolation_bench
 
-    result = guarded(lambda: run_isolation_bench(quick, probes))
-    if as_json:
-        print_json(result)
-    else:
-        typer.echo(format_table(result))
+    return Measured(guarded(lambda: run_isolation_bench(quick, probes)), _echo(format_table))
 
 
-@bench_app.command()
+@benchmark()
 def scale(
     counts: Annotated[
         str, typer.Option("--counts", help="Comma-separated numbers of parked lanes, rising.")
@@ -77,8 +113,7 @@ def scale(
     iterations: Annotated[
         int, typer.Option("--iterations", min=10, help="Timed message_lane calls per count.")
     ] = 2000,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """Relay latency and shard memory per lane as parked lanes pile up (8 shards), in one run.
 
     Example: orchestra-sup bench scale --counts 10,100,1000 --json
@@ -94,20 +129,16 @@ def scale(
     if steps[-1] > MAX_PARKED:
         raise fail(f"--counts {counts!r}: at most {MAX_PARKED} parked lanes", EXIT_USAGE)
     result = guarded(lambda: run_scale_bench(steps, iterations, max(10, iterations // 10)))
-    if as_json:
-        print_json(result)
-    else:
-        typer.echo(format_table(result))
+    return Measured(result, _echo(format_table))
 
 
-@bench_app.command("plan")
+@benchmark("plan")
 def plan_bench(
     tasks: Annotated[
         str, typer.Option("--tasks", help="Comma-separated plan sizes (tasks), rising.")
     ] = "100,1000,10000",
     runs: Annotated[int, typer.Option("--runs", min=1, help="Runs per shape and size.")] = 3,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """Submit-to-done and the coordinator's loop-lag p99 for a chain, a fan-out and a fan-in of
     each size, on one private tree (2 shards of 8 lanes), in one run.
 
@@ -124,14 +155,10 @@ def plan_bench(
         raise fail(f"--tasks {tasks!r}: expected rising integers of at least 2", EXIT_USAGE)
     if sizes[-1] > MAX_TASKS:
         raise fail(f"--tasks {tasks!r}: a plan holds at most {MAX_TASKS:,} tasks", EXIT_USAGE)
-    result = guarded(lambda: run_plan_bench(sizes, runs))
-    if as_json:
-        print_json(result)
-    else:
-        typer.echo(format_table(result))
+    return Measured(guarded(lambda: run_plan_bench(sizes, runs)), _echo(format_table))
 
 
-@bench_app.command(name="all")
+@benchmark("all")
 def all_benches(
     quick: Annotated[
         bool, typer.Option("--quick", help="Short settings: about 70 s on 2 cores.")
@@ -142,8 +169,7 @@ def all_benches(
     only: Annotated[
         str | None, typer.Option("--only", help="Comma-separated benchmark names to run.")
     ] = None,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """Every benchmark in one run: a JSON file each, summary.md, and plots with matplotlib.
 
     Exits 1 when a benchmark failed (the others still ran and wrote their files).
@@ -162,23 +188,18 @@ def all_benches(
     except OSError as exc:
         raise fail(f"--out {out_dir}: {exc.strerror}", EXIT_USAGE) from None
     report = guarded(lambda: run_suite(quick, out_dir, names))
-    if as_json:
-        print_json(report)
-    else:
-        typer.echo(Path(report["summary"]).read_text())
     failed = [n for n, b in report["benches"].items() if b["error"] is not None]
-    raise typer.Exit(EXIT_FAILED if failed else 0)
+    return Measured(report, lambda r: typer.echo(Path(r["summary"]).read_text()), ok=not failed)
 
 
-@bench_app.command()
+@benchmark()
 def chaos(
     duration: Annotated[
         float, typer.Option("--duration", min=1.0, help="Seconds of random SIGKILLs.")
     ] = 30.0,
     tasks: Annotated[int, typer.Option("--tasks", min=50, help="Tasks per plan.")] = 60,
     seed: Annotated[int | None, typer.Option("--seed", help="Random seed.")] = None,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """Run plans while a random child is SIGKILLed every 1-3 s; count what was lost.
 
     Exits 1 when nothing succeeded, a success left no ledger line, anything was lost or
@@ -188,42 +209,36 @@ def chaos(
     from orchestra_sup.bench.chaos import run_chaos
 
     report = guarded(lambda: run_chaos(duration, tasks=tasks, seed=seed))
-    if as_json:
-        print_json(msgspec.to_builtins(report))
-    else:
-        for key, value in msgspec.to_builtins(report).items():
-            typer.echo(f"{key:>16}: {value}")
-    raise typer.Exit(0 if report.clean else EXIT_FAILED)
+    return Measured(msgspec.to_builtins(report), _fields_text, ok=report.clean)
 
 
-@bench_app.command()
+def _fields_text(value: dict[str, Any]) -> None:
+    for key, field in value.items():
+        typer.echo(f"{key:>16}: {field}")
+
+
+@benchmark()
 def persist(
     events: Annotated[
         int, typer.Option("--events", min=100, help="Events in the write-behind passes.")
     ] = 20_000,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """One synced transaction per event next to write-behind, on one event stream, in one run.
 
     Example: orchestra-sup bench persist --events 50000 --json
     """
     from orchestra_sup.bench.persist import format_table, run_persist
 
-    report = guarded(lambda: run_persist(events))
-    if as_json:
-        print_json(report)
-    else:
-        typer.echo(format_table(report))
+    return Measured(guarded(lambda: run_persist(events)), _echo(format_table))
 
 
-@bench_app.command("restart")
+@benchmark("restart")
 def restart_bench(
     kills: Annotated[
         int,
         typer.Option("--kills", min=1, help="SIGKILLs of shard-0 per spawn mode (20+ for p90)."),
     ] = 20,
-    as_json: JsonOpt = False,
-) -> None:
+) -> Measured:
     """Restart after SIGKILL of a shard, forked from the template and exec'd, next to the cost
     of a fresh interpreter, in one run.
 
@@ -231,10 +246,10 @@ def restart_bench(
     """
     from orchestra_sup.bench.restart import run_restart_bench
 
-    result = guarded(lambda: run_restart_bench(kills))
-    if as_json:
-        print_json(result)
-        return
+    return Measured(guarded(lambda: run_restart_bench(kills)), _restart_text)
+
+
+def _restart_text(result: dict[str, Any]) -> None:
     base = result["baseline"]
     out.print(
         f"fresh interpreter to READY: p50 {base['interpreter_p50_ms']} ms, "

@@ -4,14 +4,14 @@ task that waits for one."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from orchestra_sup.cli import render
+from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import EXIT_USAGE, fail, guarded
-from orchestra_sup.cli.options import JsonOpt, LaneArg, RunDirOpt, TimeoutOpt
+from orchestra_sup.cli.options import LaneArg
 from orchestra_sup.cli.output import out
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol import frames as f
@@ -51,22 +51,18 @@ def _required_text(option: str, text: str) -> str:
     return text
 
 
-def _respond(
-    ctx: typer.Context, ask: f.CtlRespond, as_json: bool, timeout: float, run_dir: Path | None
-) -> None:
-    ctx.obj.show(
+def _respond(ctl: CtlCommand, ask: f.CtlRespond) -> None:
+    ctl.show(
         f.HitlRecorded,
         ask,
-        as_json=as_json,
-        timeout=timeout,
-        run_dir=run_dir,
         json=render.recorded_json,
         table=lambda reply: out.print(render.recorded_line(reply)),
     )
 
 
+@ctl_options()
 def approve(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     lane: LaneArg,
     grant: Annotated[
         str | None,
@@ -80,9 +76,6 @@ def approve(
         int,
         typer.Option("--retries", min=0, max=100, help="Add to the task's retry cap (0 to 100)."),
     ] = 0,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """Let a task that waits for a human go on, optionally with more budget or retries.
 
@@ -91,53 +84,42 @@ def approve(
     Example: orchestra-sup ctl approve 3f2a9c1b7d44-deploy-1 --grant wall_s=60,cpu_s=10
     """
     budget = None if grant is None else guarded(lambda: parse_grant(grant))
-    ask = f.CtlRespond(lane=lane, verdict="approve", grant=budget, retries=retries)
-    _respond(ctx, ask, as_json, timeout, run_dir)
+    _respond(ctl, f.CtlRespond(lane=lane, verdict="approve", grant=budget, retries=retries))
 
 
+@ctl_options()
 def reject(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     lane: LaneArg,
     reason: Annotated[
         str, typer.Option("--reason", help="Why: the task's next attempt gets it as feedback.")
     ],
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """Reject what a task waits for a human about; the reason becomes revision feedback.
 
     Example: orchestra-sup ctl reject 3f2a9c1b7d44-deploy-1 --reason "not on a Friday"
     """
-    ask = f.CtlRespond(lane=lane, verdict="reject", text=_required_text("--reason", reason))
-    _respond(ctx, ask, as_json, timeout, run_dir)
+    text = _required_text("--reason", reason)
+    _respond(ctl, f.CtlRespond(lane=lane, verdict="reject", text=text))
 
 
+@ctl_options()
 def redirect(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     lane: LaneArg,
     to: Annotated[str, typer.Option("--to", help="What the task should do instead.")],
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """Tell a task that waits for a human to do something else instead.
 
     Example: orchestra-sup ctl redirect 3f2a9c1b7d44-deploy-1 --to "deploy to staging only"
     """
-    ask = f.CtlRespond(lane=lane, verdict="redirect", text=_required_text("--to", to))
-    _respond(ctx, ask, as_json, timeout, run_dir)
+    _respond(ctl, f.CtlRespond(lane=lane, verdict="redirect", text=_required_text("--to", to)))
 
 
-def accept_partial(
-    ctx: typer.Context,
-    lane: LaneArg,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options()
+def accept_partial(ctl: CtlCommand, lane: LaneArg) -> None:
     """Take what a task that waits for a human has done so far and end its step.
 
     Example: orchestra-sup ctl accept-partial 3f2a9c1b7d44-deploy-1
     """
-    _respond(ctx, f.CtlRespond(lane=lane, verdict="accept_partial"), as_json, timeout, run_dir)
+    _respond(ctl, f.CtlRespond(lane=lane, verdict="accept_partial"))

@@ -7,22 +7,20 @@ from typing import Annotated
 
 import typer
 
+from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import EXIT_USAGE, fail
-from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt
 from orchestra_sup.cli.output import print_json
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.tools import call_params
 
 
+@ctl_options(60.0)
 def call(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     tool: Annotated[str, typer.Argument(help="read_file, list_dir, stat, list_lanes, ...")],
     params: Annotated[
         list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="Tool parameters.")
     ] = None,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 60.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """Call one of the coordinator's tools through the real relay.
 
@@ -34,10 +32,10 @@ def call(
         pairs = call_params(params or [])
     except ValueError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
-    reply = ctx.obj.ask(f.CtlCall(tool=tool, params=pairs), timeout, run_dir)
+    reply = ctl.ask(f.CtlCall(tool=tool, params=pairs))
     assert isinstance(reply, f.ToolResult)
     value = reply.value
-    if not as_json and tool == "read_file" and isinstance(value, dict) and "text" in value:
+    if not ctl.as_json and tool == "read_file" and isinstance(value, dict) and "text" in value:
         sys.stdout.write(value["text"])
     else:
         print_json(value)

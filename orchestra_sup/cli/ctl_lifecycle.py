@@ -11,9 +11,9 @@ import msgspec
 import typer
 
 from orchestra_sup.cli import render
+from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import EXIT_FAILED, EXIT_USAGE, fail, guarded
-from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt
-from orchestra_sup.cli.output import done, out, print_json
+from orchestra_sup.cli.output import out, print_json
 from orchestra_sup.errors import ConfigError, ErrorCode, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 
@@ -25,27 +25,21 @@ POLL_MARGIN_S = 0.5
 """Seconds a progress poll may take beyond its hold before it is asked again."""
 
 
+@ctl_options()
 def restart(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     name: Annotated[str, typer.Argument(help="coordinator, custodian or shard-K.")],
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """Restart one child gracefully: new pid, generation + 1; the others keep theirs.
 
     Example: orchestra-sup ctl restart shard-1
     """
-    ctx.obj.ask(f.CtlRestart(name=name), timeout, run_dir)
-    done(as_json, {"restarted": name}, f"restarted {name}")
+    ctl.ask(f.CtlRestart(name=name))
+    ctl.done({"restarted": name}, f"restarted {name}")
 
 
-def stop(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options()
+def stop(ctl: CtlCommand) -> None:
     """Stop the tree as SIGTERM does (children in reverse start order) and wait, up to
     --timeout, until it has exited (its run directory is free for the next start).
 
@@ -53,22 +47,28 @@ def stop(
     """
     from orchestra_sup.supervisor.runlock import is_owned
 
-    deadline = time.monotonic() + timeout  # one --timeout for the ask and the wait together
-    ctx.obj.ask(f.CtlStop(), timeout, run_dir)
-    if ctx.obj.connect is not None:  # a remote tree's run directory is not ours to watch
-        done(as_json, {"stopped": False}, "stopping")
+    deadline = time.monotonic() + ctl.timeout  # one --timeout for the ask and the wait together
+    ctl.ask(f.CtlStop())
+    if ctl.context.connect is not None:  # a remote tree's run directory is not ours to watch
+        ctl.done({"stopped": False}, "stopping")
         return
-    where = ctx.obj.run_dir(run_dir)
+    where = ctl.where()
     while is_owned(where):
         if time.monotonic() > deadline:
-            done(as_json, {"stopped": False}, f"stopping; still running after {timeout:g} s")
+            ctl.done({"stopped": False}, f"stopping; still running after {ctl.timeout:g} s")
             return
         time.sleep(0.05)
-    done(as_json, {"stopped": True}, "stopped")
+    ctl.done({"stopped": True}, "stopped")
 
 
+@ctl_options(
+    60.0,
+    json_option=Annotated[
+        bool, typer.Option("--json", help="Print the whole report as one JSON object at the end.")
+    ],
+)
 def rollover(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     name: Annotated[
         str,
         typer.Argument(
@@ -93,11 +93,6 @@ def rollover(
             "reach a quiet point; default \\[supervisor] drain_timeout_s.",
         ),
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the whole report as one JSON object at the end.")
-    ] = False,
-    timeout: TimeoutOpt = 60.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """Move running children onto another release, one process at a time, and print each step
     as it happens. Shards start their next generation beside the old one and hand their lanes
@@ -113,12 +108,12 @@ def rollover(
     ask = f.CtlRollover(name=name, release=python, drain_timeout_s=drain_timeout)
 
     def go() -> f.RolloverReport:
-        with ctx.obj.client(run_dir) as client:
-            report = client.request(ask, timeout_s=timeout)
+        with ctl.client() as client:
+            report = client.request(ask, timeout_s=ctl.timeout)
             assert isinstance(report, f.RolloverReport)
             events = list(report.events)
             for event in report.events:
-                _rollover_event(event, as_json)
+                _rollover_event(event, ctl.as_json)
             unreachable_since: float | None = None
             while not report.done:
                 # While the supervisor re-executes itself a poll may be lost in the exec: ask
@@ -133,24 +128,24 @@ def rollover(
                     report = client.request(poll, timeout_s=hold + POLL_MARGIN_S)
                 except TreeUnreachable as exc:
                     unreachable_since = unreachable_since or time.monotonic()
-                    if time.monotonic() - unreachable_since <= timeout:
+                    if time.monotonic() - unreachable_since <= ctl.timeout:
                         continue
                     if report.reexecuting:
                         raise TreeUnreachable(
                             f"the supervisor did not come back from re-executing itself on "
-                            f"{report.release.python} within {timeout:g} s; the tree may be "
+                            f"{report.release.python} within {ctl.timeout:g} s; the tree may be "
                             "down (see the supervisor's log)"
                         ) from None
                     raise exc
                 unreachable_since = None
                 assert isinstance(report, f.RolloverReport)
                 for event in report.events:
-                    _rollover_event(event, as_json)
+                    _rollover_event(event, ctl.as_json)
                 events.extend(report.events)
             return msgspec.structs.replace(report, events=events)
 
     final = guarded(go)
-    if as_json:
+    if ctl.as_json:
         print_json(render.rollover_json(final))
     elif final.ok:
         out.print(f"rollover {final.id} of {name} done: orchestra-sup {final.release.version}")
@@ -158,10 +153,9 @@ def rollover(
         raise fail(f"rollover {final.id} of {name}: {final.error}", EXIT_FAILED)
 
 
-def reload(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    timeout: Annotated[
+@ctl_options(
+    120.0,
+    timeout_option=Annotated[
         float,
         typer.Option(
             "--timeout",
@@ -169,9 +163,9 @@ def reload(
             help="Seconds to wait for the reload to be applied (retiring shards drain for up "
             "to the config's drain_timeout_s); the reload goes on if this runs out.",
         ),
-    ] = 120.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+    ],
+)
+def reload(ctl: CtlCommand) -> None:
     """Re-read the config file the tree was started with (as SIGHUP and `systemctl reload`
     do) and apply what changed: children whose settings changed are restarted one at a time,
     shards are added or drained and retired, the rest keep their pids. The command-line
@@ -186,8 +180,8 @@ def reload(
 
     def go() -> f.Body:
         try:
-            with ctx.obj.client(run_dir) as client:
-                return client.request(f.CtlReload(), timeout_s=timeout)
+            with ctl.client() as client:
+                return client.request(f.CtlReload(), timeout_s=ctl.timeout)
         except RemoteError as exc:
             if exc.code is ErrorCode.BUSY:
                 raise ConfigError(f"config reload refused: busy: {exc.message}") from None
@@ -195,13 +189,13 @@ def reload(
 
     report = guarded(go)
     assert isinstance(report, f.ReloadReport)
-    if as_json:
+    if ctl.as_json:
         value = msgspec.to_builtins(report)
         del value["t"]
         print_json(value)
     if report.refused:
         raise fail(f"config reload refused: {report.error}", EXIT_USAGE)
-    if not as_json:
+    if not ctl.as_json:
         for line in render.reload_lines(report):
             out.print(line)
     if report.error is not None:

@@ -7,13 +7,19 @@ from typing import Annotated
 
 import typer
 
+from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import EXIT_INTERRUPTED, fail, guarded
-from orchestra_sup.cli.options import RunDirOpt, TimeoutOpt
 from orchestra_sup.cli.output import discard_stdout
 
 
+@ctl_options(
+    json_option=Annotated[
+        bool,
+        typer.Option("--json", help='One object per row: {"seq", "ts", "stream", "data", "lane"}.'),
+    ],
+)
 def logs(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     lane: Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`, `ctl plan --json`).")],
     follow: Annotated[
         bool,
@@ -21,12 +27,6 @@ def logs(
             "--follow", "-f", help="Print rows as they come until the lane (or its task) ends."
         ),
     ] = False,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", help='One object per row: {"seq", "ts", "stream", "data", "lane"}.'),
-    ] = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """Print a lane's transcript: its output (stdout to stdout, stderr to stderr) and its events
     (`# event: ...` lines on stderr), or with --json one object per row on stdout.
@@ -39,11 +39,11 @@ def logs(
     """
     from orchestra_sup.cli.follow import LogSink, show_logs
 
-    sink = LogSink(as_json, sys.stdout, sys.stderr)
+    sink = LogSink(ctl.as_json, sys.stdout, sys.stderr)
 
     def go() -> None:
-        with ctx.obj.client(run_dir) as client:
-            show_logs(client, lane, sink, follow=follow, timeout_s=timeout)
+        with ctl.client() as client:
+            show_logs(client, lane, sink, follow=follow, timeout_s=ctl.timeout)
 
     try:
         guarded(go)

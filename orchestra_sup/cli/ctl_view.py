@@ -11,63 +11,43 @@ from typing import Annotated
 import typer
 
 from orchestra_sup.cli import interrupt, render
+from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import guarded
-from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt, WideOpt
 from orchestra_sup.cli.output import TTY, discard_stdout, out, screen
 from orchestra_sup.protocol import frames as f
 
 
-def status(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    wide: WideOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options(wide=True)
+def status(ctl: CtlCommand) -> None:
     """Show the supervisor and every child. Answered by the supervisor itself. A narrow
     terminal leaves the least needed columns out (and says which); --wide shows them all.
 
     Example: orchestra-sup ctl status --json
     """
-    ctx.obj.show(
+    ctl.show(
         f.StatusReply,
         f.CtlStatus(),
-        as_json=as_json,
-        timeout=timeout,
-        run_dir=run_dir,
         json=render.status_json,
-        table=lambda reply: render.status_table(reply, *screen(wide)),
+        table=lambda reply: render.status_table(reply, *ctl.screen()),
     )
 
 
-def tree(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options()
+def tree(ctl: CtlCommand) -> None:
     """Print the supervision tree: supervisors with their strategy and intensity, and children.
 
     Example: orchestra-sup ctl tree
     """
-    ctx.obj.show(
+    ctl.show(
         f.StatusReply,
         f.CtlStatus(),
-        as_json=as_json,
-        timeout=timeout,
-        run_dir=run_dir,
         json=render.tree_json,
         table=lambda reply: render.tree_text(reply, out),
     )
 
 
-def lanes(
-    ctx: typer.Context,
-    as_json: JsonOpt = False,
-    wide: WideOpt = False,
-    timeout: TimeoutOpt = 10.0,
-    run_dir: RunDirOpt = None,
-) -> None:
+@ctl_options(wide=True)
+def lanes(ctl: CtlCommand) -> None:
     """List live lanes on every shard, and every task that waits for a human (state
     awaiting_approval: how long it has waited and its question; --json has the whole question
     and `since`, Unix seconds). --wide adds what a narrow terminal leaves out (the sandbox).
@@ -76,22 +56,31 @@ def lanes(
     """
 
     def table(reply: f.LaneList) -> None:
-        console, width = screen(wide)
-        render.lanes_table(reply, console, width=width, command=ctx.obj.command(run_dir))
+        console, width = ctl.screen()
+        render.lanes_table(reply, console, width=width, command=ctl.command())
 
-    ctx.obj.show(
-        f.LaneList,
-        f.CtlLanes(),
-        as_json=as_json,
-        timeout=timeout,
-        run_dir=run_dir,
-        json=render.lanes_json,
-        table=table,
-    )
+    ctl.show(f.LaneList, f.CtlLanes(), json=render.lanes_json, table=table)
 
 
+@ctl_options(
+    2.0,
+    json_option=Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='One {"status", "lanes", "error"} object per refresh, one per line (ndjson); '
+            "with --once just one.",
+        ),
+    ],
+    timeout_option=Annotated[
+        float,
+        typer.Option(
+            "--timeout", min=0.1, help="Seconds one refresh waits for the tree (status and lanes)."
+        ),
+    ],
+)
 def top(
-    ctx: typer.Context,
+    ctl: CtlCommand,
     interval: Annotated[
         float,
         typer.Option("--interval", min=0.1, max=3600, help="Seconds between refreshes."),
@@ -102,21 +91,6 @@ def top(
     wide: Annotated[
         bool, typer.Option("--wide", help="With --once (or piped): every column, lines unwrapped.")
     ] = False,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help='One {"status", "lanes", "error"} object per refresh, one per line (ndjson); '
-            "with --once just one.",
-        ),
-    ] = False,
-    timeout: Annotated[
-        float,
-        typer.Option(
-            "--timeout", min=0.1, help="Seconds one refresh waits for the tree (status and lanes)."
-        ),
-    ] = 2.0,
-    run_dir: RunDirOpt = None,
 ) -> None:
     """A live view of the tree: every child's pid, generation, state, uptime, restarts, loop lag
     and relay latency (p50/p99 ms), lanes by state, inbox and persistence queue depths; the
@@ -132,26 +106,26 @@ def top(
     from orchestra_sup.cli.top import Keys, Watcher, frame_json, run_json, run_live, view
 
     def ask(body: f.Body, seconds: float) -> f.Body:
-        with ctx.obj.client(run_dir) as client:
+        with ctl.client() as client:
             return client.request(body, timeout_s=seconds)
 
-    watcher = Watcher(ask, timeout)
+    watcher = Watcher(ask, ctl.timeout)
     first = guarded(watcher.poll_or_raise)  # no tree at all: one line, exit 3, like status
-    if once or (not as_json and not TTY):
-        if as_json:
+    if once or (not ctl.as_json and not TTY):
+        if ctl.as_json:
             sys.stdout.write(json.dumps(frame_json(first)) + "\n")
         else:
             console, width = screen(wide)
-            console.print(view(first, time.time(), "", width, ctx.obj.command(run_dir)))
+            console.print(view(first, time.time(), "", width, ctl.command()))
         return
     # SIGTERM (a closing terminal, `kill`) unwinds like Ctrl-C: the terminal is given back
     signal.signal(signal.SIGTERM, interrupt.unwind)
     try:
         with Keys(sys.stdin.fileno() if sys.stdin is not None else -1) as keys:
-            if as_json:
+            if ctl.as_json:
                 run_json(watcher, first, sys.stdout, keys, interval)
             else:
-                run_live(watcher, first, out, keys, interval, ctx.obj.command(run_dir))
+                run_live(watcher, first, out, keys, interval, ctl.command())
     except KeyboardInterrupt:
         return
     except BrokenPipeError:  # `ctl top --json | head -3`: the reader has all it wanted

@@ -1,10 +1,14 @@
 """The options and arguments more than one `orchestra-sup` command takes, declared once so
-that their flags and help read the same everywhere."""
+that their flags and help read the same everywhere, and how a decorator adds them to a
+command's signature (`option`, `dressed`)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -29,3 +33,32 @@ RunDirOpt = Annotated[
     typer.Option("--run-dir", help="The tree's run directory (also accepted before the command)."),
 ]
 LaneArg = Annotated[str, typer.Argument(help="The lane id (see `ctl lanes`).")]
+
+
+def option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    """The parameter `name: annotation = default`, for `dressed`: `annotation` is one of the
+    `Annotated[type, typer.Option(...)]` above (or a command's own)."""
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+    )
+
+
+def dressed(
+    run: Callable[..., None],
+    command: Callable[..., Any],
+    *,
+    before: Sequence[inspect.Parameter] = (),
+    skip: int = 0,
+    after: Sequence[inspect.Parameter] = (),
+) -> Callable[..., None]:
+    """`run` (which takes keyword arguments) dressed as `command` for typer: `command`'s name
+    and docstring, and the signature typer reads (`__signature__`, annotations evaluated):
+    `before`, `command`'s parameters less its first `skip`, then `after`, in the order --help
+    lists them. Raises `NameError` (when the command's module is imported) if an annotation of
+    `command` names what its module does not import at run time."""
+    own = list(inspect.signature(command, eval_str=True).parameters.values())[skip:]
+    parameters = [*before, *own, *after]
+    functools.update_wrapper(run, command)
+    run.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in parameters}
+    return run

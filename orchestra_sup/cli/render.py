@@ -98,6 +98,12 @@ def lanes_json(reply: f.LaneList) -> dict[str, Any]:
     return {"lanes": msgspec.to_builtins(reply.lanes), "unanswered": list(reply.unanswered)}
 
 
+SUPERVISOR_KEYS = ("name", "strategy", "max_restarts", "max_seconds")
+"""A supervisor's fields in `tree_json`, before its "children"."""
+WORKER_KEYS = ("name", "role", "pid", "generation", "state")
+"""A worker's fields in `tree_json`."""
+
+
 def tree_json(reply: f.StatusReply) -> dict[str, Any]:
     """The tree nested: {"name", "strategy", "max_restarts", "max_seconds", "children": [...]},
     a worker being {"name", "role", "pid", "generation", "state"}."""
@@ -107,24 +113,15 @@ def tree_json(reply: f.StatusReply) -> dict[str, Any]:
     def node(name: str) -> dict[str, Any]:
         if name in sups:
             s = sups[name]
-            return {
-                "name": s.name,
-                "strategy": s.strategy,
-                "max_restarts": s.max_restarts,
-                "max_seconds": s.max_seconds,
-                "children": [node(c) for c in s.children],
-            }
-        c = workers[name]
-        return {
-            "name": c.name,
-            "role": c.role,
-            "pid": c.pid,
-            "generation": c.generation,
-            "state": c.state,
-        }
+            return _fields(s, SUPERVISOR_KEYS) | {"children": [node(c) for c in s.children]}
+        return _fields(workers[name], WORKER_KEYS)
 
     roots = [s.name for s in reply.supervisors if s.parent is None]
     return node(roots[0]) if roots else {}
+
+
+def _fields(struct: object, keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: getattr(struct, key) for key in keys}
 
 
 def tree_text(reply: f.StatusReply, console: Console) -> None:

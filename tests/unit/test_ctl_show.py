@@ -1,17 +1,20 @@
-"""`CtlContext.show`, the routine of most ctl commands: one request, its answer checked to be
+"""`CtlCommand.show`, the routine of most ctl commands: one request, its answer checked to be
 the one expected, printed as JSON (--json) or for a person; the tree's errors end the command
 with one line and the documented exit status."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import typer
 
-from orchestra_sup.cli.ctlcontext import CtlContext
+from orchestra_sup.cli.ctlcontext import CtlCommand, CtlContext, ctl_options
+from orchestra_sup.cli.options import LaneArg
 from orchestra_sup.errors import ErrorCode, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 
@@ -43,12 +46,9 @@ def context(client: FakeClient) -> CtlContext:
 
 
 def show(ctx: CtlContext, as_json: bool, shown: list[Any]) -> None:
-    ctx.show(
+    CtlCommand(ctx, as_json=as_json, timeout=2.5, run_dir=None).show(
         f.Ack,
         f.CtlStop(),
-        as_json=as_json,
-        timeout=2.5,
-        run_dir=None,
         json=lambda reply: {"answer": type(reply).__name__},
         table=shown.append,
     )
@@ -98,3 +98,24 @@ def test_the_trees_errors_end_the_command(
     out, err = capsys.readouterr()
     assert out == ""
     assert err == f"orchestra-sup: {error}\n"
+
+
+def test_ctl_options_follow_the_commands_own_and_reach_it_as_one_ctl_command() -> None:
+    """typer reads the signature `ctl_options` writes: the typer context first, the command's
+    own parameters, then --json, --wide (when asked for), --timeout with the command's default
+    and --run-dir; a call hands those four to the command as its `CtlCommand`."""
+    called: list[tuple[CtlCommand, str]] = []
+
+    @ctl_options(60.0, wide=True)
+    def command(ctl: CtlCommand, lane: LaneArg) -> None:
+        called.append((ctl, lane))
+
+    params = inspect.signature(command).parameters
+    assert list(params) == ["ctx", "lane", "as_json", "wide", "timeout", "run_dir"]
+    assert params["ctx"].annotation is typer.Context
+    assert params["timeout"].default == 60.0
+    group = CtlContext(None, None, None, None)
+    command(
+        SimpleNamespace(obj=group), lane="l-1", as_json=True, wide=False, timeout=2.0, run_dir=None
+    )
+    assert called == [(CtlCommand(group, as_json=True, timeout=2.0, run_dir=None), "l-1")]
