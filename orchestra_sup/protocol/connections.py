@@ -45,6 +45,7 @@ import logging
 import os
 import struct
 from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 import zmq
@@ -72,6 +73,7 @@ def shut_path(path: Path) -> Path:
     return path.with_name(path.name + SHUT_SUFFIX)
 
 
+@dataclass(eq=False)
 class ConnectionGuard:
     """Watches `sock` (bound at the `ipc://` file `path`, or a `tcp://` address: `path` None,
     no door) for the process's connections; see the module docstring. `name` says which
@@ -84,33 +86,23 @@ class ConnectionGuard:
     come before or after the socket is bound); `close()`, once `sock` is closed, detaches it.
     """
 
-    def __init__(
-        self,
-        sock: zmq.Socket,
-        path: Path | None,
-        *,
-        name: str,
-        process: str,
-        answers: bool = False,
-        max_connections: Callable[[], int | None] = lambda: None,
-        shut_below: int = PEER_SHUT_BELOW,
-    ):
-        self.sock = sock
-        self.path = path
-        self.name = name
-        self.process = process
-        self.answers = answers
-        self.max_connections = max_connections
-        self.shut_below = shut_below
-        self.open: dict[int, str | None] = {}
-        """Each open connection's descriptor -> why it is refused (None: it is served)."""
-        self.refused = 0
-        self.closings = 0
-        self.shut = False
-        self.last: Usage | None = None
-        """The descriptors as the guard last read them."""
-        self._monitor: zmq.Socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+    sock: zmq.Socket
+    path: Path | None
+    _: KW_ONLY
+    name: str
+    process: str
+    answers: bool = False
+    max_connections: Callable[[], int | None] = lambda: None
+    shut_below: int = PEER_SHUT_BELOW
+    open: dict[int, str | None] = field(default_factory=dict, init=False)
+    """Each open connection's descriptor -> why it is refused (None: it is served)."""
+    refused: int = field(default=0, init=False)
+    closings: int = field(default=0, init=False)
+    shut: bool = field(default=False, init=False)
+    last: Usage | None = field(default=None, init=False)
+    """The descriptors as the guard last read them."""
+    _monitor: zmq.Socket | None = field(default=None, init=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False)
 
     def start(self) -> None:
         addr = f"inproc://orchestra-guard.{os.getpid()}.{next(_ids)}"
