@@ -218,6 +218,8 @@ class Rollovers:
 
     async def begin(self, req: f.CtlRollover) -> f.RolloverReport:
         """Check everything, then start rollover `req` in the background; its first report.
+        The targets are read again once the release is probed: a reload may have retired,
+        added or restarted children meanwhile (it is not excluded until the gate is entered).
 
         Raises `RemoteError`: `bad_request` for a colocated tree, a tree that is stopping, a
         target that is not running, a bad drain timeout, or a release that cannot be probed;
@@ -244,14 +246,8 @@ class Rollovers:
                     ErrorCode.BAD_REQUEST, "the drain timeout must be > 0 and <= 3600 seconds"
                 )
             drain_s = req.drain_timeout_s
-        workers = self.targets(req.name)
+        self.movable(req.name)
         itself = req.name in (SUPERVISOR, "all")
-        for worker in workers:
-            if worker.state is not ChildState.RUNNING:
-                raise RemoteError(
-                    ErrorCode.BAD_REQUEST,
-                    f"{worker.name} is {worker.state}; try again when it is running",
-                )
         python = req.release or host.seam.release
         try:
             info = await releases.probe(
@@ -274,6 +270,7 @@ class Rollovers:
             raise RemoteError(
                 ErrorCode.BUSY, f"rollover {running.id} of {running.target} is still running"
             )
+        workers = self.movable(req.name)  # a reload during the probe may have retired some
         rollover = Rollover(req.name, info)
         moving = [w.name for w in workers] + ([SUPERVISOR] if itself else [])
         rollover.event(
@@ -310,6 +307,18 @@ class Rollovers:
         last = running.events[-1].text if running.events else "starting"
         took = time.monotonic() - running.began
         return f"{running.id} of {running.target} for {took:.1f} s: {last}"
+
+    def movable(self, name: str) -> list[Worker]:
+        """The children `name` moves (`targets`), each running. Raises `RemoteError`:
+        `not_found` for an unknown target, `bad_request` for a target that is not running."""
+        workers = self.targets(name)
+        for worker in workers:
+            if worker.state is not ChildState.RUNNING:
+                raise RemoteError(
+                    ErrorCode.BAD_REQUEST,
+                    f"{worker.name} is {worker.state}; try again when it is running",
+                )
+        return workers
 
     def targets(self, name: str) -> list[Worker]:
         """The children `name` moves, in order (`supervisor`: none; `all`: every child, and then

@@ -320,3 +320,36 @@ def test_a_retiring_shard_that_dies_while_draining_is_not_waited_for(
     assert "retired: shard-1" in out, out
     assert sorted(children(tree)) == ["coordinator", "custodian", "shard-0"]
     gate.touch()
+
+
+def test_a_reload_during_a_rollover_s_probe_leaves_it_the_shards_there_are_after_it(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """`ctl rollover shards` names its targets, then probes the release, holding no gate yet;
+    a reload that retires shard-2 meanwhile is served. When the probe ends the rollover moves
+    the shards there are then, shard-0 and shard-1, and ends done. (On 6036688 it moved the
+    list it made before the probe and stopped at the retired shard-2: "internal error:
+    AssertionError()", `owner is not None` in `_surge`.) The probe is gated, so the reload
+    falls inside it for certain."""
+    cfg = tmp_path / "tree.toml"
+    cfg.write_text("[shards]\ncount = 3\n")
+    tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
+    gates = tmp_path / "probes"
+    release = make_release(tmp_path / "rel", "python", version="9.0.0", probe_gates=gates)
+    rollover = ctl_background(tree, "rollover", "shards", "--release", str(release))
+    try:
+        wait_until(lambda: (gates / "probe-0").exists(), 30, "the rollover's probe running")
+        cfg.write_text("[shards]\ncount = 2\n")
+        reloaded = ctl(tree, "reload")
+        assert reloaded.returncode == 0, (reloaded.stdout, reloaded.stderr)
+        assert "retired: shard-2" in reloaded.stdout, reloaded.stdout
+        (gates / "go-0").touch()
+        out, err = rollover.communicate(timeout=90)
+    finally:
+        if rollover.poll() is None:
+            rollover.kill()
+    assert rollover.returncode == 0, (out, err)
+    assert "internal error" not in out + err, (out, err)
+    versions = {c.name: c.version for c in tree.status().children}
+    assert sorted(versions) == ["coordinator", "custodian", "shard-0", "shard-1"]
+    assert (versions["shard-0"], versions["shard-1"]) == ("9.0.0", "9.0.0"), versions
