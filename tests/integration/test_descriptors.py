@@ -55,6 +55,21 @@ def ctl_connections(sup: psutil.Process, run_dir: Path) -> int:
     return sum(c.laddr == path and not c.raddr for c in sup.net_connections(kind="unix"))
 
 
+def ctl_quiet(sup: psutil.Process, run_dir: Path) -> int:
+    """Wait until the supervisor's `ctl.ipc` holds its listening socket alone, and return that
+    count (1), the base the clients to come add to. The test's own clients (a `tree.pids()`
+    just before) close their connections as they exit, but the supervisor's side of one may
+    still be open a moment: counted into the base, it closed and the count never reached the
+    base again (both tests timed out so, beside other work)."""
+    listener = 1
+    wait_until(
+        lambda: ctl_connections(sup, run_dir) == listener,
+        30,
+        "ctl.ipc to hold its listening socket alone",
+    )
+    return listener
+
+
 def one_refusal(proc: subprocess.Popen[str]) -> str:
     """The one line a refused client printed; asserts it exited 1 with no traceback."""
     _, err = proc.communicate(timeout=60)
@@ -167,7 +182,7 @@ def test_a_squeezed_supervisor_keeps_its_tree_and_its_clients(
     plan_id, entry = submit_gated(tree, tmp_path)
     pids = tree.pids()
     sup = psutil.Process(tree.proc.pid)
-    base = ctl_connections(sup, tree.run_dir)
+    base = ctl_quiet(sup, tree.run_dir)
     held = waiters(tree, plan_id, HELD)
     more: list[subprocess.Popen[str]] = []
     with reaped(held), reaped(more):
@@ -217,7 +232,7 @@ def test_ctl_serves_at_most_ctl_connections_clients(
     tree = tree_factory(workspace=repo, shards=None, lanes=None, config=cfg)
     plan_id, entry = submit_gated(tree, tmp_path)
     sup = psutil.Process(tree.proc.pid)
-    base = ctl_connections(sup, tree.run_dir)
+    base = ctl_quiet(sup, tree.run_dir)
     held = waiters(tree, plan_id, 4)
     refused: list[subprocess.Popen[str]] = []
     with reaped(held), reaped(refused):
