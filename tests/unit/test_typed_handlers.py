@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-api = pytest.importorskip("mypy.api")
+from mypy import api
 
 PACKAGE = Path(__file__).resolve().parents[2] / "orchestra_sup"
 CHECKED = [
