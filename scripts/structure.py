@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "histogram": 3,  # latency buckets (their wire form is a frame)
     "release": 3,  # what a release is and which protocols it speaks
     "config": 3,  # the tree's config file
+    "paths": 3,  # where a tree keeps its files
     "state": 4,  # the LMDB state plane
     "runtime": 5,  # the process a role runs in: its loop, its sockets, its heartbeats
     "coordinator": 6,  # the roles: one package each, talking over the wire only

@@ -18,7 +18,7 @@ from orchestra_sup.cli.invocation import ctl_command
 from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt, WideOpt, dressed, option
 from orchestra_sup.cli.output import done, print_json, screen
 from orchestra_sup.client.ctl import CtlClient
-from orchestra_sup.config import default_run_dir
+from orchestra_sup.paths import default_run_dir
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import DEFAULT_CLIENT, ClientKeys
 

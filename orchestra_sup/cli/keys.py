@@ -10,7 +10,7 @@ import typer
 from orchestra_sup.cli.exits import guarded
 from orchestra_sup.cli.options import JsonOpt, StateOpt
 from orchestra_sup.cli.output import out, print_json
-from orchestra_sup.config import default_state_dir
+from orchestra_sup.paths import default_state_dir
 from orchestra_sup.protocol.keys import DEFAULT_CLIENT, default_keys_dir, init_keys
 from orchestra_sup.system.pathcheck import check_paths
 

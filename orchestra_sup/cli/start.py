@@ -24,9 +24,10 @@ from orchestra_sup.cli.options import (
     WorkspaceOpt,
 )
 from orchestra_sup.cli.output import out, print_json, screen
-from orchestra_sup.config import load_settings, resolve_paths, with_metrics
+from orchestra_sup.config import load_settings, with_metrics
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import ConfigError, OrchestraError
+from orchestra_sup.paths import resolve_paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import default_keys_dir, load_server_keys
 from orchestra_sup.system.pathcheck import check_paths

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import zmq
 
-from orchestra_sup.config import Paths
+from orchestra_sup.paths import Paths
 from orchestra_sup.system import descriptors, linux
 from orchestra_sup.system.proctitle import ProcTitle
 

@@ -38,8 +38,8 @@ from typing import Any, Protocol
 
 import zmq
 
-from orchestra_sup.config import Paths
 from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
+from orchestra_sup.paths import Paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.childargs import ChildArgs

@@ -30,9 +30,10 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from orchestra_sup.config import Paths, Settings
+from orchestra_sup.config import Settings
 from orchestra_sup.errors import ConfigError, ReleaseError, SupervisionError
 from orchestra_sup.logformat import LogFormat
+from orchestra_sup.paths import Paths
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.core import Worker

@@ -43,7 +43,7 @@ from typing import Any
 
 import zmq
 
-from orchestra_sup.config import Paths, Settings, SupervisorSettings
+from orchestra_sup.config import Settings, SupervisorSettings
 from orchestra_sup.errors import (
     ChildStartError,
     ConfigError,
@@ -52,6 +52,7 @@ from orchestra_sup.errors import (
     PeerDown,
 )
 from orchestra_sup.logformat import SUPERVISOR, LogFormat, configure
+from orchestra_sup.paths import Paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.connections import shut_path, watch

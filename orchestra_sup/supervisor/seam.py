@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import zmq
 
-from orchestra_sup.config import Paths
 from orchestra_sup.errors import ChildStartError
+from orchestra_sup.paths import Paths
 from orchestra_sup.protocol.childargs import ChildArgs, encode
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.release import SPAWNING

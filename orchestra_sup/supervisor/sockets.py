@@ -16,8 +16,8 @@ from pathlib import Path
 import msgspec
 import zmq
 
-from orchestra_sup.config import Paths
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.paths import Paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard

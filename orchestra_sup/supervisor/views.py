@@ -17,8 +17,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from orchestra_sup.config import Paths, Settings
+from orchestra_sup.config import Settings
 from orchestra_sup.logformat import LogFormat
+from orchestra_sup.paths import Paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.runtime.looplag import LoopLag
 from orchestra_sup.supervisor.children import Children

@@ -9,21 +9,23 @@ import msgspec
 import pytest
 
 from orchestra_sup.config import (
-    IPC_PATH_MAX,
     ISOLATION_ENV,
     LANE_USER_ENV,
     LaneSettings,
-    Paths,
     Settings,
     ShardSettings,
     SupervisorSettings,
-    default_run_dir,
-    default_state_dir,
     load_settings,
-    resolve_paths,
     settings_from_mapping,
 )
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.paths import (
+    IPC_PATH_MAX,
+    Paths,
+    default_run_dir,
+    default_state_dir,
+    resolve_paths,
+)
 
 ENV_VARS = (
     "ORCHESTRA_SUP_RUN_DIR",

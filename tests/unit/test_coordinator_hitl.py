@@ -19,11 +19,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from orchestra_sup.config import resolve_paths
 from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
 from orchestra_sup.coordinator.planstore import DBS, TASKS, PlanStore, task_key
 from orchestra_sup.coordinator.role import Coordinator
 from orchestra_sup.coordinator.runner import AnswerError, PlanRecord, TaskRecord, TaskStatus
+from orchestra_sup.paths import resolve_paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.state.store import Store

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestra_sup.config import default_state_dir
+from orchestra_sup.paths import default_state_dir
 from orchestra_sup.shards import doctor
 from orchestra_sup.system.isolation import resolve_lane_user
 from orchestra_sup.system.laneuser import Decision, decide, lane_needs
