@@ -13,6 +13,12 @@ A plan looks like this::
     replan = { timeout = "retry", quality_miss = "retry_with_feedback" }
                                   # optional: failure class -> action, for every task
                                   # (coordinator/strategy.py: SelectiveReplan)
+    coordinator = "bisect"        # optional: what decides (coordinator/context.py): "dag" (the
+                                  # default: the [[task]] graph), another built-in ("fanout",
+                                  # "refine", "bisect": coordinator/programs/), or
+                                  # "module:Class", listed in the tree's [coordinator] programs
+    [args]                        # optional: handed to a coordinator program's constructor;
+    good = "v1.0"                 # a program's plan has [args] and no [[task]]
 
     [[task]]
     id = "lint"                   # required, unique, matches [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
@@ -55,14 +61,23 @@ import msgspec
 from orchestra_sup.coordinator.strategy import MAX_BACKOFF_S, Action
 from orchestra_sup.errors import PlanError, did_you_mean
 from orchestra_sup.protocol.frames import Budget, FailureClass, PlanSpec, TaskSpec
-from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN, SHELL
+from orchestra_sup.protocol.patterns import (
+    BUILTIN_COORDINATORS,
+    COORDINATOR_PATTERN,
+    DAG,
+    NAME_PATTERN,
+    PROGRAM_PATTERN,
+    SHELL,
+)
 
 __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", "validate_plan"]
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """What a task id must match, in full."""
 
-_TOP_KEYS = frozenset({"name", "task", "tenant", "budget", "strategy", "replan"})
+_TOP_KEYS = frozenset(
+    {"name", "task", "tenant", "budget", "strategy", "replan", "coordinator", "args"}
+)
 _TASK_KEYS = frozenset(
     {
         "id",
@@ -249,7 +264,8 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
         if key not in _TOP_KEYS:
             raise PlanError(
                 f"unknown top-level key {key!r}{did_you_mean(key, _TOP_KEYS)} (expected "
-                "'name', 'tenant', 'budget', 'strategy', 'replan' and [[task]] tables)",
+                "'name', 'tenant', 'budget', 'strategy', 'replan', 'coordinator', [args] and "
+                "[[task]] tables)",
                 source=source,
             )
 
@@ -286,6 +302,17 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
             source=source,
         )
 
+    coordinator, args = _coordinator(data, source)
+    if coordinator != DAG:
+        if data.get("task"):
+            raise PlanError(
+                f"coordinator {coordinator!r} decides which lanes run: a plan naming it has "
+                "[args] and no [[task]] tables",
+                source=source,
+            )
+        return PlanSpec(
+            name=name, tasks=[], tenant=tenant, budget=budget, coordinator=coordinator, args=args
+        )
     raw_tasks = data.get("task")
     if raw_tasks is None or raw_tasks == []:
         raise PlanError("no tasks: add at least one [[task]] table", source=source)
@@ -319,6 +346,32 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     )
     topological_order(plan, source=source)  # dependency and cycle checks
     return plan
+
+
+def _coordinator(data: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
+    """The plan's `coordinator` (default "dag") and `[args]` ({}); raises `PlanError` for a
+    name that is neither built in nor `module:Class`, and for `[args]` that is no table or is
+    given to the dag coordinator (which takes none)."""
+    name = data.get("coordinator", DAG)
+    if not isinstance(name, str) or not (
+        name in BUILTIN_COORDINATORS or COORDINATOR_PATTERN.fullmatch(name)
+    ):
+        shown = name if isinstance(name, str) else ""
+        raise PlanError(
+            f"key 'coordinator' must be a built-in ({', '.join(BUILTIN_COORDINATORS)}) or "
+            f"'module:Class', got {_describe(name)}{did_you_mean(shown, BUILTIN_COORDINATORS)}",
+            source=source,
+        )
+    args = data.get("args", {})
+    if not isinstance(args, dict):
+        raise PlanError(f"'args' must be a table, got {_describe(args)}", source=source)
+    if args and name == DAG:
+        raise PlanError(
+            "[args] are for a coordinator program: the dag coordinator takes none (name one "
+            "with coordinator = ...)",
+            source=source,
+        )
+    return name, args
 
 
 def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:

@@ -17,3 +17,12 @@ PROGRAM_PATTERN = re.compile(r"shell|[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 """What a capability or tenant name must match, in full (config files and plans alike)."""
+
+DAG = "dag"
+"""The default coordinator: the plan's own task graph (`coordinator.runner`)."""
+
+BUILTIN_COORDINATORS = (DAG, "fanout", "refine", "bisect")
+"""The coordinators every tree has (`coordinator.programs`); any other is `module:Class`."""
+
+COORDINATOR_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+"""What a coordinator program that is not built in must match: `module:Class`."""

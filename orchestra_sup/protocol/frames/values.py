@@ -8,7 +8,7 @@ frames.
 from __future__ import annotations
 
 import enum
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -132,6 +132,20 @@ class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
     plan, or the failed one and every task after it in file order."""
     replan: dict[str, str] = {}
     """Failure class -> action (`coordinator.strategy.SelectiveReplan`); empty: none."""
+    coordinator: str = "dag"
+    """What decides which lanes run (`coordinator.context`): "dag" runs `tasks`; any other is a
+    coordinator program, and the plan is its session (`tasks` is empty)."""
+    args: dict[str, Any] = {}
+    """What a coordinator program is built with (the plan's `[args]`, TOML values)."""
+
+
+class PlanOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a session ended: what its program returned (`result`, JSON values), or the one-line
+    `error` that failed it; `at` is when, Unix seconds."""
+
+    result: Any = None
+    error: str | None = None
+    at: float = 0.0
 
 
 class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
