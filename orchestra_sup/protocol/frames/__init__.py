@@ -62,6 +62,7 @@ from orchestra_sup.protocol.frames.ctl import (
     PlanReport,
     PlanSummary,
     ReloadReport,
+    SessionLaneReport,
     StatusReply,
     SupervisorInfo,
 )
@@ -228,6 +229,7 @@ __all__ = [
     "SandboxCommit",
     "SandboxCreate",
     "SandboxReady",
+    "SessionLaneReport",
     "Spend",
     "StatusReply",
     "SupervisorInfo",
