@@ -68,6 +68,7 @@ Serves = (
     | f.CtlCall
     | f.CtlBenchRelay
     | f.CtlCancel
+    | f.CtlMessage
     | f.HitlRespond
     | f.ListPending
     | f.SandboxCreate
@@ -248,6 +249,8 @@ class Coordinator:
                 self.node.answer(ep, peer, env, self._bench(body))
             case f.CtlCancel():
                 self.node.answer(ep, peer, env, self._cancel(body.lane))
+            case f.CtlMessage():
+                self.node.answer(ep, peer, env, self._message(body))
             case f.HitlRespond() if self.seat is not None and self.seat.asks(body.lane):
                 self.node.answer(ep, peer, env, self.seat.respond(body))
             case f.HitlRespond() if self.answers is not None:
@@ -461,6 +464,12 @@ class Coordinator:
                 return f.Ack()
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
+
+    async def _message(self, req: f.CtlMessage) -> f.Body:
+        """`ctl message PLAN TEXT`: an event in the inbox of session `req.plan`
+        (`Seat.message`, which says what it refuses)."""
+        assert self.seat is not None
+        return await self.seat.message(req)
 
     # --- rollover --------------------------------------------------------------------------------
 

@@ -45,8 +45,6 @@ from orchestra_sup.runtime.node import Node
 
 log = logging.getLogger(__name__)
 
-MESSAGE_MAX_BYTES = 64 * 1024
-"""The longest operator message (`ctl message`), UTF-8 bytes."""
 RETRY_UNTIL_UP_S = (0.05, 1.0)
 """A read tool's call to a peer that is down (not delivered, so safe to send again) is retried
 after these many seconds, doubling to the second, until the relay deadline: a session rebuilt
@@ -239,9 +237,9 @@ class Seat:
         session = self.sessions.get(plan.id)
         if session is None:
             raise RemoteError(ErrorCode.BAD_REQUEST, f"session {req.plan} has ended")
-        if len(req.text.encode()) > MESSAGE_MAX_BYTES:
+        if len(req.text.encode()) > f.MESSAGE_MAX_BYTES:
             raise RemoteError(
-                ErrorCode.BAD_REQUEST, f"a message is at most {MESSAGE_MAX_BYTES} UTF-8 bytes"
+                ErrorCode.BAD_REQUEST, f"a message is at most {f.MESSAGE_MAX_BYTES} UTF-8 bytes"
             )
         committed = session.append(f"message:{uuid.uuid4().hex}", "message", text=req.text)
         assert committed is not None  # a new origin
