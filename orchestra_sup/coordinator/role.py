@@ -65,6 +65,7 @@ Serves = (
     | f.CtlCall
     | f.CtlBenchRelay
     | f.CtlCancel
+    | f.CtlMessage
     | f.HitlRespond
     | f.ListPending
     | f.SandboxCreate
@@ -231,6 +232,8 @@ class Coordinator:
                 self.node.answer(ep, peer, env, self._bench(body))
             case f.CtlCancel():
                 self.node.answer(ep, peer, env, self._cancel(body.lane))
+            case f.CtlMessage():
+                self.node.answer(ep, peer, env, self._message(body))
             case f.HitlRespond() if self.answers is not None:
                 self.node.answer(ep, peer, env, self.answers.respond(body))
             case f.ListPending() if self.answers is not None:
@@ -427,6 +430,18 @@ class Coordinator:
                 return f.Ack()
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
+
+    async def _message(self, req: f.CtlMessage) -> f.Body:
+        """`ctl message PLAN TEXT`: refused, `not_found` for an unknown plan, else
+        `bad_request`: a dag plan has no session to take an operator's message."""
+        assert self.book is not None
+        if req.plan not in self.book.plans:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no plan {req.plan!r}")
+        raise RemoteError(
+            ErrorCode.BAD_REQUEST,
+            f"plan {req.plan} runs the dag coordinator: only a coordinator program's session "
+            "takes messages",
+        )
 
     # --- rollover --------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from orchestra_sup.protocol.frames.control import (
     Welcome,
 )
 from orchestra_sup.protocol.frames.ctl import (
+    MESSAGE_MAX_BYTES,
     BenchSamples,
     Ctl,
     CtlBenchRelay,
@@ -44,6 +45,7 @@ from orchestra_sup.protocol.frames.ctl import (
     CtlDebug,
     CtlLanes,
     CtlLogs,
+    CtlMessage,
     CtlPlan,
     CtlPlans,
     CtlReload,
@@ -139,6 +141,7 @@ from orchestra_sup.protocol.frames.values import (
 
 __all__ = [
     "ENVELOPE_ID_MAX",
+    "MESSAGE_MAX_BYTES",
     "Ack",
     "Answer",
     "BenchSamples",
@@ -154,6 +157,7 @@ __all__ = [
     "CtlDebug",
     "CtlLanes",
     "CtlLogs",
+    "CtlMessage",
     "CtlPlan",
     "CtlPlans",
     "CtlReload",

@@ -188,6 +188,19 @@ class CtlCall(Frame, tag="ctl_call"):
     params: dict[str, str] = {}
 
 
+MESSAGE_MAX_BYTES = 64 * 1024
+"""The longest operator message (`CtlMessage.text`), in UTF-8 bytes."""
+
+
+class CtlMessage(Frame, tag="ctl_message"):
+    """`ctl message PLAN TEXT`: an operator's message to the session that runs plan `plan`
+    (`text`: at most `MESSAGE_MAX_BYTES` UTF-8 bytes). Answered `Ack`; `Error(not_found)` for
+    an unknown plan, `bad_request` for a plan whose coordinator takes no messages."""
+
+    plan: str
+    text: str
+
+
 class CtlBenchRelay(Frame, tag="ctl_bench_relay"):
     """`bench relay`: the coordinator calls `tool` through its relay `warmup + iterations`
     times, one after the other, and answers the round-trip times of the last `iterations`."""
@@ -283,6 +296,7 @@ Ctl = (
     | HitlRecorded
     | ListPending
     | CtlCall
+    | CtlMessage
     | CtlBenchRelay
     | BenchSamples
     | CtlDebug
