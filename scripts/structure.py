@@ -44,7 +44,7 @@ LAYERS: dict[str, int] = {
     "shards": 6,
     "node": 7,  # a child's entry point and the fork template: picks and runs a role
     "supervisor": 8,  # the root supervisor, which starts the children
-    "client": 9,  # driving a tree from a program: the ctl client, a private tree
+    "client": 9,  # driving a tree from a program: the ctl client, the SDK, a private tree
     "bench": 10,  # the benchmarks, run through the client
     "cli": 11,  # the `orchestra-sup` command
     "__main__": 12,
