@@ -303,8 +303,10 @@ class Client(ClientOptions):
         """Plan `plan_id`'s report, as `ctl plan ID --json` prints it: {"plan", "id", "done",
         "ok", "tasks": [{"id", "status", "lane", "shard", "exit_code", "output_tail", "error",
         ...}], "spent", "budget"}. With `wait_s` > 0 (seconds) the coordinator holds the answer
-        until the plan is done or that long has passed (a long poll). Raises
-        `RemoteError(not_found)` for an unknown plan."""
+        until the plan is done or that long has passed (a long poll). Raises `ConfigError` for
+        a negative `wait_s`, `RemoteError(not_found)` for an unknown plan."""
+        if not (math.isfinite(wait_s) and wait_s >= 0):
+            raise ConfigError(f"wait_s={wait_s!r}: give 0 or more seconds")
         body = f.CtlPlan(id=plan_id, wait_s=wait_s)
         return plain(self._expect(f.PlanReport, body, self.timeout_s + wait_s))
 

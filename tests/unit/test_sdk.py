@@ -116,6 +116,11 @@ def test_the_options_are_checked_as_ctl_checks_them(options: dict[str, Any], wor
         aio.AsyncClient("/nonexistent", **options)
 
 
+def test_a_long_poll_of_negative_seconds_is_refused_before_anything_connects() -> None:
+    with pytest.raises(ConfigError, match=r"wait_s=-1\.0: give 0 or more seconds"):
+        sdk.Client("/nonexistent").plan("p", wait_s=-1.0)
+
+
 def test_the_package_names_the_clients_and_imports_them_only_when_asked() -> None:
     assert orchestra_sup.Client is sdk.Client
     assert orchestra_sup.AsyncClient is aio.AsyncClient
