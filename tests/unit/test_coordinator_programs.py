@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestra_sup.coordinator.context import RESULT_MAX_BYTES
+from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.coordinator.programs import BUILTINS
 from orchestra_sup.coordinator.programs.bisect import Bisect
 from orchestra_sup.coordinator.programs.fanout import FEEDBACK_MAX_BYTES, Fanout, fit
@@ -68,6 +70,13 @@ def test_a_bad_arg_is_refused_in_one_line_naming_it(name: str, args: dict, arg: 
     text = str(caught.value)
     assert f"'{arg}'" in text and text.startswith(f"{name}: ")
     assert "\n" not in text
+
+
+def test_the_bisect_example_is_a_plan_whose_args_build() -> None:
+    spec = load_plan(Path(__file__).parents[2] / "examples" / "bisect.toml")
+    assert spec.coordinator == "bisect" and not spec.tasks
+    program = BUILTINS[spec.coordinator](spec.args)
+    assert len(program.good) == len(program.bad) == 40  # full shas: the answer cannot move
 
 
 def test_a_misspelt_arg_is_named_with_the_near_one() -> None:
