@@ -36,6 +36,11 @@ A plan looks like this::
     approve = true                # optional: a human approves before it runs (ctl approve)
     budget = { wall_s = 60 }      # optional: what all its attempts together may spend
     tenant = "beta"               # optional: whom this task runs for, instead of the plan's
+    rev = "HEAD~3"                # optional: the workspace revision its sandbox is made at (a
+                                  # sha, a short sha, a branch; at most 256 characters, no
+                                  # whitespace); default: the head when its lane starts
+    feedback = "use tabs"         # optional: revision feedback for its first attempt
+                                  # ($ORCHESTRA_FEEDBACK; at most 64 KiB of UTF-8)
 
 Every problem is reported as one `PlanError` whose message names the task (by id, or by position
 as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
@@ -93,6 +98,8 @@ _TASK_KEYS = frozenset(
         "approve",
         "budget",
         "tenant",
+        "rev",
+        "feedback",
     }
 )
 MAX_RETRIES = 100
@@ -102,6 +109,10 @@ MAX_TASKS = 20_000
 time linear in its tasks and needs; `bench plan` settles 10,000-task chains, fan-outs and fan-ins
 with the coordinator's loop-lag p99 under 50 ms, and this leaves twice that room. A bigger plan
 is refused before anything of it is converted or stored (README: "Plans")."""
+MAX_REV_CHARS = 256
+"""The longest `rev` a task may name (characters)."""
+MAX_FEEDBACK_BYTES = 64 * 1024
+"""The most a task's `feedback` may hold (bytes of UTF-8), as much as a lane message."""
 STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 ON_FAILURE = ("escalate", "retry", "pause")
 _BUDGET_KEYS = ("wall_s", "cpu_s", "output_bytes")
@@ -495,6 +506,25 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         raise refuse(
             f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {_describe(tenant)}"
         )
+    rev = raw.get("rev")
+    if rev is not None and (
+        not isinstance(rev, str)
+        or not 0 < len(rev) <= MAX_REV_CHARS
+        or any(c.isspace() or c == "\0" for c in rev)
+    ):
+        raise refuse(
+            f"key 'rev' must be a revision of 1 to {MAX_REV_CHARS} characters with no "
+            f"whitespace (a sha, a branch, HEAD~3), got {_describe(rev)}"
+        )
+    feedback = raw.get("feedback")
+    if feedback is not None and (
+        not isinstance(feedback, str)
+        or len(feedback.encode("utf-8", "surrogatepass")) > MAX_FEEDBACK_BYTES
+    ):
+        raise refuse(
+            f"key 'feedback' must be a string of at most {MAX_FEEDBACK_BYTES} bytes of UTF-8, "
+            f"got {_describe(feedback)}"
+        )
 
     return TaskSpec(
         id=task_id,
@@ -510,6 +540,8 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         approve=approve,
         budget=budget,
         tenant=tenant,
+        rev=rev,
+        feedback=feedback,
     )
 
 
