@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestra_sup.coordinator.context import RESULT_MAX_BYTES
-from orchestra_sup.coordinator.plan import load_plan
+from orchestra_sup.coordinator.plan import MAX_FEEDBACK_BYTES, load_plan
 from orchestra_sup.coordinator.programs import BUILTINS
 from orchestra_sup.coordinator.programs.bisect import Bisect
-from orchestra_sup.coordinator.programs.fanout import FEEDBACK_MAX_BYTES, Fanout, fit
+from orchestra_sup.coordinator.programs.fanout import Fanout, fit
 from orchestra_sup.coordinator.programs.refine import Refine
 from orchestra_sup.protocol.patterns import BUILTIN_COORDINATORS, DAG
 from tests.unit.program_seat import SeatInMemory, drive, sha
@@ -28,7 +29,7 @@ def test_builtins_are_the_named_coordinators_but_dag() -> None:
     assert set(BUILTINS) == set(BUILTIN_COORDINATORS) - {DAG}
     for cls in BUILTINS.values():
         assert cls.__module__.startswith("orchestra_sup.coordinator.programs.")
-        assert "Args" in (__import__(cls.__module__, fromlist=["_"]).__doc__ or "")
+        assert "Args" in (sys.modules[cls.__module__].__doc__ or "")
 
 
 # --- args ----------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def test_fanout_cuts_tails_to_fit_the_feedback_and_the_result() -> None:
             {"run": run.format(i), "status": "failed", "output_tail": tail} for i in range(count)
         ]
 
-    for count, limit in ((200, FEEDBACK_MAX_BYTES), (1000, RESULT_MAX_BYTES // 2)):
+    for count, limit in ((200, MAX_FEEDBACK_BYTES), (1000, RESULT_MAX_BYTES // 2)):
         whole = entries(count)
         cut = fit(whole, limit)
         size = len(json.dumps(cut, ensure_ascii=False).encode())
@@ -254,11 +255,11 @@ def test_fanout_cuts_tails_to_fit_the_feedback_and_the_result() -> None:
         assert [c["run"] for c in cut] == [e["run"] for e in whole]
     # 1000 commands alone are more than the feedback holds: they are cut too, to their starts
     many = entries(1000)
-    cut = fit(many, FEEDBACK_MAX_BYTES)
-    assert len(json.dumps(cut, ensure_ascii=False).encode()) <= FEEDBACK_MAX_BYTES
+    cut = fit(many, MAX_FEEDBACK_BYTES)
+    assert len(json.dumps(cut, ensure_ascii=False).encode()) <= MAX_FEEDBACK_BYTES
     assert all(c["output_tail"] == "" for c in cut)
     assert all(e["run"].startswith(c["run"]) for c, e in zip(cut, many, strict=True))
-    assert fit(many[:3], FEEDBACK_MAX_BYTES) == many[:3]
+    assert fit(many[:3], MAX_FEEDBACK_BYTES) == many[:3]
 
 
 # --- refine --------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ Rounds:
 
 Result: {"outputs": [{"run", "lane", "status", "exit_code", "output_tail"}, ...] in the runs'
 order, "reduce": {"status", "exit_code", "output_tail"}}. Output tails (each a lane's last 4 KiB)
-are cut, keeping their ends, so that the feedback fits `FEEDBACK_MAX_BYTES` and the outputs half
-of `RESULT_MAX_BYTES`; commands are cut too, keeping their starts, when theirs alone would not.
+are cut, keeping their ends, so that the feedback fits the 64 KiB `start_lane` takes
+(`plan.MAX_FEEDBACK_BYTES`) and the outputs half of `RESULT_MAX_BYTES`; commands are cut too,
+keeping their starts, when theirs alone would not.
 
 Fails the plan when the reduce lane does not succeed: "reduce lane L failed (exit 1): <its last
 line of output>".
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestra_sup.coordinator.context import RESULT_MAX_BYTES, Context, Failure
+from orchestra_sup.coordinator.plan import MAX_FEEDBACK_BYTES
 from orchestra_sup.coordinator.programs.args import Args
 from orchestra_sup.coordinator.programs.lanes import ended, summary
 
@@ -39,8 +41,6 @@ __all__ = ["Fanout"]
 
 MAX_RUNS = 1000
 """The most commands `runs` may hold."""
-FEEDBACK_MAX_BYTES = 64 * 1024
-"""The most a lane's `feedback` may hold (UTF-8 bytes), as `start_lane` takes it."""
 
 
 def _largest(fits: Callable[[int], bool], most: int) -> int:
@@ -101,7 +101,7 @@ class Fanout:
         else:
             outputs = ctx.resumed["outputs"]
         fed = [{k: o[k] for k in ("run", "status", "output_tail")} for o in outputs]
-        feedback = await asyncio.to_thread(fit, fed, FEEDBACK_MAX_BYTES)
+        feedback = await asyncio.to_thread(fit, fed, MAX_FEEDBACK_BYTES)
         lane = await ctx.tools.start_lane(
             run=self.reduce, rev=self.rev, feedback=json.dumps(feedback, ensure_ascii=False)
         )
