@@ -36,6 +36,11 @@ A plan looks like this::
     approve = true                # optional: a human approves before it runs (ctl approve)
     budget = { wall_s = 60 }      # optional: what all its attempts together may spend
     tenant = "beta"               # optional: whom this task runs for, instead of the plan's
+    rev = "HEAD~3"                # optional: the workspace revision its sandbox is made at (a
+                                  # sha, a short sha, a branch; at most 256 characters, no
+                                  # whitespace); default: the head when its lane starts
+    feedback = "use tabs"         # optional: revision feedback for its first attempt
+                                  # ($ORCHESTRA_FEEDBACK; at most 64 KiB of UTF-8)
 
 Every problem is reported as one `PlanError` whose message names the task (by id, or by position
 as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
@@ -49,8 +54,6 @@ well under a second.
 from __future__ import annotations
 
 import heapq
-import math
-import re
 import tomllib
 import unicodedata
 from pathlib import Path
@@ -58,71 +61,28 @@ from typing import Any
 
 import msgspec
 
-from orchestra_sup.coordinator.strategy import MAX_BACKOFF_S, Action
+from orchestra_sup.coordinator.plantask import budget_table, describe, parse_task
+from orchestra_sup.coordinator.strategy import Action
 from orchestra_sup.errors import PlanError, did_you_mean
-from orchestra_sup.protocol.frames import Budget, FailureClass, PlanSpec, TaskSpec
+from orchestra_sup.protocol.frames import FailureClass, PlanSpec, TaskSpec
 from orchestra_sup.protocol.patterns import (
     BUILTIN_COORDINATORS,
     COORDINATOR_PATTERN,
     DAG,
     NAME_PATTERN,
-    PROGRAM_PATTERN,
-    SHELL,
 )
 
 __all__ = ["load_plan", "parse_plan", "plan_from_mapping", "topological_order", "validate_plan"]
 
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-"""What a task id must match, in full."""
-
 _TOP_KEYS = frozenset(
     {"name", "task", "tenant", "budget", "strategy", "replan", "coordinator", "args"}
 )
-_TASK_KEYS = frozenset(
-    {
-        "id",
-        "run",
-        "needs",
-        "timeout_s",
-        "commit",
-        "requires",
-        "program",
-        "retries",
-        "backoff_s",
-        "on_failure",
-        "approve",
-        "budget",
-        "tenant",
-    }
-)
-MAX_RETRIES = 100
-"""The largest `retries` a task may declare."""
 MAX_TASKS = 20_000
 """The most tasks a plan may hold. The coordinator keeps every plan in memory and runs each in
 time linear in its tasks and needs; `bench plan` settles 10,000-task chains, fan-outs and fan-ins
 with the coordinator's loop-lag p99 under 50 ms, and this leaves twice that room. A bigger plan
 is refused before anything of it is converted or stored (README: "Plans")."""
 STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
-ON_FAILURE = ("escalate", "retry", "pause")
-_BUDGET_KEYS = ("wall_s", "cpu_s", "output_bytes")
-
-_TOML_TYPES: dict[type, str] = {
-    str: "string",
-    bool: "boolean",
-    int: "integer",
-    float: "float",
-    list: "array",
-    dict: "table",
-}
-
-
-def _describe(value: Any) -> str:
-    """`value` as a short, one-line repr with its TOML type, for error messages."""
-    text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    kind = _TOML_TYPES.get(type(value), type(value).__name__)
-    return f"{text} ({kind})"
 
 
 def load_plan(path: Path) -> PlanSpec:
@@ -193,50 +153,11 @@ def _without_nulls(table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _budget(value: Any, where: str) -> Budget:
-    """A `budget` table: `wall_s` and `cpu_s` positive finite seconds, `output_bytes` a positive
-    integer, at least one of them. Raises `ValueError` with the problem."""
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"key 'budget'{where} must be a table like {{ wall_s = 60 }}, got {_describe(value)}"
-        )
-    unknown = sorted(set(value) - set(_BUDGET_KEYS))
-    if unknown:
-        raise ValueError(
-            f"key 'budget'{where} has unknown key {unknown[0]!r}"
-            f"{did_you_mean(unknown[0], _BUDGET_KEYS)} (allowed: {', '.join(_BUDGET_KEYS)})"
-        )
-    if not value:
-        raise ValueError(f"key 'budget'{where} is empty: give wall_s, cpu_s or output_bytes")
-    for key, limit in value.items():
-        if key == "output_bytes":
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-                raise ValueError(
-                    f"budget key 'output_bytes'{where} must be a positive integer, "
-                    f"got {_describe(limit)}"
-                )
-        elif (
-            isinstance(limit, bool)
-            or not isinstance(limit, int | float)
-            or not math.isfinite(limit)
-            or limit <= 0
-        ):
-            raise ValueError(
-                f"budget key {key!r}{where} must be a positive finite number of seconds, "
-                f"got {_describe(limit)}"
-            )
-    return Budget(
-        wall_s=None if "wall_s" not in value else float(value["wall_s"]),
-        cpu_s=None if "cpu_s" not in value else float(value["cpu_s"]),
-        output_bytes=value.get("output_bytes"),
-    )
-
-
 def _replan(value: Any) -> dict[str, str]:
     """The `replan` table: failure class -> action. Raises `ValueError` with the problem."""
     if not isinstance(value, dict):
         raise ValueError(
-            f"key 'replan' must be a table of failure class = action, got {_describe(value)}"
+            f"key 'replan' must be a table of failure class = action, got {describe(value)}"
         )
     classes = [c.value for c in FailureClass]
     actions = [a.value for a in Action]
@@ -248,7 +169,7 @@ def _replan(value: Any) -> dict[str, str]:
             )
         if not isinstance(action, str) or action not in actions:
             raise ValueError(
-                f"key 'replan' maps {failure!r} to {_describe(action)}; "
+                f"key 'replan' maps {failure!r} to {describe(action)}; "
                 f"expected one of {', '.join(actions)}{did_you_mean(action, actions)}"
             )
     return dict(value)
@@ -273,7 +194,7 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
         raise PlanError("missing required key 'name'", source=source)
     name = data["name"]
     if not isinstance(name, str):
-        raise PlanError(f"key 'name' must be a string, got {_describe(name)}", source=source)
+        raise PlanError(f"key 'name' must be a string, got {describe(name)}", source=source)
     if not name.strip():
         raise PlanError("key 'name' must not be empty", source=source)
     if any(unicodedata.category(c) == "Cc" for c in name):
@@ -285,19 +206,19 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     tenant = data.get("tenant")
     if tenant is not None and (not isinstance(tenant, str) or not NAME_PATTERN.fullmatch(tenant)):
         raise PlanError(
-            f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {_describe(tenant)}",
+            f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {describe(tenant)}",
             source=source,
         )
 
     try:
-        budget = None if "budget" not in data else _budget(data["budget"], "")
+        budget = None if "budget" not in data else budget_table(data["budget"], "")
         replan = _replan(data.get("replan", {}))
     except ValueError as exc:
         raise PlanError(str(exc), source=source) from exc
     strategy = data.get("strategy", "one_for_one")
     if strategy not in STRATEGIES:
         raise PlanError(
-            f"key 'strategy' must be one of {', '.join(STRATEGIES)}, got {_describe(strategy)}"
+            f"key 'strategy' must be one of {', '.join(STRATEGIES)}, got {describe(strategy)}"
             f"{did_you_mean(strategy, STRATEGIES)}",
             source=source,
         )
@@ -318,7 +239,7 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
         raise PlanError("no tasks: add at least one [[task]] table", source=source)
     if not isinstance(raw_tasks, list):
         raise PlanError(
-            f"'task' must be an array of [[task]] tables, got {_describe(raw_tasks)}",
+            f"'task' must be an array of [[task]] tables, got {describe(raw_tasks)}",
             source=source,
         )
     _check_size(len(raw_tasks), source)
@@ -326,7 +247,7 @@ def plan_from_mapping(data: dict[str, Any], *, source: str = "<plan>") -> PlanSp
     tasks: list[TaskSpec] = []
     position: dict[str, int] = {}
     for number, raw in enumerate(raw_tasks, start=1):
-        task = _parse_task(raw, number, source)
+        task = parse_task(raw, number, source)
         if task.id in position:
             raise PlanError(
                 f"duplicate id (task #{number}; first defined as task #{position[task.id]})",
@@ -359,12 +280,12 @@ def _coordinator(data: dict[str, Any], source: str) -> tuple[str, dict[str, Any]
         shown = name if isinstance(name, str) else ""
         raise PlanError(
             f"key 'coordinator' must be a built-in ({', '.join(BUILTIN_COORDINATORS)}) or "
-            f"'module:Class', got {_describe(name)}{did_you_mean(shown, BUILTIN_COORDINATORS)}",
+            f"'module:Class', got {describe(name)}{did_you_mean(shown, BUILTIN_COORDINATORS)}",
             source=source,
         )
     args = data.get("args", {})
     if not isinstance(args, dict):
-        raise PlanError(f"'args' must be a table, got {_describe(args)}", source=source)
+        raise PlanError(f"'args' must be a table, got {describe(args)}", source=source)
     if args and name == DAG:
         raise PlanError(
             "[args] are for a coordinator program: the dag coordinator takes none (name one "
@@ -372,145 +293,6 @@ def _coordinator(data: dict[str, Any], source: str) -> tuple[str, dict[str, Any]
             source=source,
         )
     return name, args
-
-
-def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
-    """Validate the `number`-th (1-based) [[task]] table and build its `TaskSpec`."""
-    label = f"#{number}"
-    if not isinstance(raw, dict):
-        raise PlanError(
-            f"must be a [[task]] table, got {_describe(raw)}", task=label, source=source
-        )
-
-    if "id" not in raw:
-        raise PlanError("missing required key 'id'", task=label, source=source)
-    task_id = raw["id"]
-    if not isinstance(task_id, str):
-        raise PlanError(
-            f"key 'id' must be a string, got {_describe(task_id)}", task=label, source=source
-        )
-    if not ID_PATTERN.fullmatch(task_id):
-        raise PlanError(
-            f"key 'id' value {task_id!r} must match {ID_PATTERN.pattern}",
-            task=label,
-            source=source,
-        )
-
-    def refuse(problem: str) -> PlanError:
-        return PlanError(problem, task=task_id, source=source)
-
-    for key in raw:
-        if key not in _TASK_KEYS:
-            raise refuse(
-                f"unknown key {key!r}{did_you_mean(key, _TASK_KEYS)} "
-                f"(allowed: {', '.join(sorted(_TASK_KEYS))})"
-            )
-
-    program = raw.get("program", SHELL)
-    if not isinstance(program, str) or not PROGRAM_PATTERN.fullmatch(program):
-        raise refuse(f"key 'program' must be 'shell' or 'module:Class', got {_describe(program)}")
-
-    if "run" not in raw and program == SHELL:
-        raise refuse("missing required key 'run'")
-    run = raw.get("run", "")
-    if not isinstance(run, str):
-        raise refuse(f"key 'run' must be a string, got {_describe(run)}")
-    if not run.strip() and program == SHELL:
-        raise refuse("key 'run' must not be empty")
-
-    needs_raw = raw.get("needs", [])
-    if not isinstance(needs_raw, list):
-        raise refuse(f"key 'needs' must be an array of task ids, got {_describe(needs_raw)}")
-    needs: list[str] = []
-    listed: set[str] = set()  # not `dep in needs`: a fan-in of 10,000 needs made that quadratic
-    for dep in needs_raw:
-        if not isinstance(dep, str):
-            raise refuse(f"key 'needs' must hold task id strings, got {_describe(dep)}")
-        if dep == task_id:
-            raise refuse("needs itself")
-        if dep in listed:
-            raise refuse(f"key 'needs' lists {dep!r} twice")
-        listed.add(dep)
-        needs.append(dep)
-
-    timeout_s: float | None = None
-    if "timeout_s" in raw:
-        value = raw["timeout_s"]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise refuse(f"key 'timeout_s' must be a number of seconds, got {_describe(value)}")
-        if not math.isfinite(value) or value <= 0:
-            raise refuse(f"key 'timeout_s' must be a positive finite number, got {value!r}")
-        timeout_s = float(value)
-
-    commit = raw.get("commit", False)
-    if not isinstance(commit, bool):
-        raise refuse(f"key 'commit' must be a boolean, got {_describe(commit)}")
-
-    requires_raw = raw.get("requires", [])
-    if not isinstance(requires_raw, list):
-        raise refuse(
-            f"key 'requires' must be an array of capability names, got {_describe(requires_raw)}"
-        )
-    for capability in requires_raw:
-        if not isinstance(capability, str) or not NAME_PATTERN.fullmatch(capability):
-            raise refuse(
-                f"key 'requires' must hold names matching {NAME_PATTERN.pattern}, "
-                f"got {_describe(capability)}"
-            )
-    requires = list(dict.fromkeys(requires_raw))
-
-    retries = raw.get("retries", 0)
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
-        raise refuse(
-            f"key 'retries' must be an integer from 0 to {MAX_RETRIES}, got {_describe(retries)}"
-        )
-    backoff_s = raw.get("backoff_s", 1.0)
-    if (
-        isinstance(backoff_s, bool)
-        or not isinstance(backoff_s, int | float)
-        or not math.isfinite(backoff_s)
-        or not 0 < backoff_s <= MAX_BACKOFF_S
-    ):
-        raise refuse(
-            f"key 'backoff_s' must be a number of seconds in (0, {MAX_BACKOFF_S:g}], "
-            f"got {_describe(backoff_s)}"
-        )
-    on_failure = raw.get("on_failure")
-    if on_failure is not None and on_failure not in ON_FAILURE:
-        raise refuse(
-            f"key 'on_failure' must be one of {', '.join(ON_FAILURE)}, got {_describe(on_failure)}"
-            f"{did_you_mean(on_failure, ON_FAILURE)}"
-        )
-    if on_failure == "retry" and retries == 0:
-        raise refuse("on_failure = 'retry' needs retries >= 1 (how many times to retry)")
-    approve = raw.get("approve", False)
-    if not isinstance(approve, bool):
-        raise refuse(f"key 'approve' must be a boolean, got {_describe(approve)}")
-    try:
-        budget = None if "budget" not in raw else _budget(raw["budget"], "")
-    except ValueError as exc:
-        raise refuse(str(exc)) from exc
-    tenant = raw.get("tenant")
-    if tenant is not None and (not isinstance(tenant, str) or not NAME_PATTERN.fullmatch(tenant)):
-        raise refuse(
-            f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {_describe(tenant)}"
-        )
-
-    return TaskSpec(
-        id=task_id,
-        run=run,
-        needs=needs,
-        timeout_s=timeout_s,
-        commit=commit,
-        requires=requires,
-        program=program,
-        retries=retries,
-        backoff_s=float(backoff_s),
-        on_failure=on_failure,
-        approve=approve,
-        budget=budget,
-        tenant=tenant,
-    )
 
 
 def topological_order(plan: PlanSpec, *, source: str | None = None) -> list[str]:

@@ -1,5 +1,6 @@
 """The custodian's history tools, `diff` and `log`: what changed in the workspace, read through
-git (`custodian.git`, with the read-only config below) as an async subprocess the custodian awaits.
+git (`custodian.git`, with the read-only config below) as an async subprocess the custodian awaits;
+and `resolve`, the commit a revision names (where a sandbox is made: `SandboxCreate.rev`).
 
 Paths are taken as the other read tools take them (`readtools.resolve`: workspace-relative,
 refused by `PathEscape` if they would leave the root or enter `.git`), and then literally (no
@@ -69,22 +70,45 @@ def _rev_sides(rev: str) -> list[str]:
     return [side for side in sides if side]
 
 
+async def _commit_of(root: Path, side: str) -> str | None:
+    """The full sha of the commit one checked revision `side` names, or None when it names
+    none."""
+    res = await git.run(
+        root,
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        "--end-of-options",
+        side + "^{commit}",
+        check=False,
+        env=_READ_ENV,
+    )
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
 async def _verify_rev(root: Path, rev: str) -> None:
     """Check `rev` (see `_rev_sides`) and that each revision it names is a commit."""
     for side in _rev_sides(rev):
-        res = await git.run(
-            root,
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            "--end-of-options",
-            side + "^{commit}",
-            check=False,
-            env=_READ_ENV,
-        )
-        if res.returncode != 0:
+        if await _commit_of(root, side) is None:
             what = f"rev {rev!r}" if side == rev else f"rev {side!r} (in {rev!r})"
             raise RemoteError(ErrorCode.NOT_FOUND, f"unknown {what}: no such commit")
+
+
+async def resolve(root: Path, rev: str) -> str:
+    """The full sha of the commit `rev` names in the repository at `root`: one revision (a
+    sha, a short sha, a branch, `HEAD~3`), as a sandbox is made at (`SandboxCreate.rev`).
+
+    Raises `RemoteError(BAD_REQUEST)` when `rev` is not one revision (`A..B` included) or is
+    longer than `MAX_REV_LENGTH`, `RemoteError(NOT_FOUND)` ("unknown rev 'X': no such commit")
+    when it names no commit."""
+    if ".." in rev or not rev or len(rev) > MAX_REV_LENGTH or _REV_SIDE.fullmatch(rev) is None:
+        raise readtools.bad_request(
+            f"rev {rev!r} is refused: give one revision (HEAD~3, a sha, a branch name)"
+        )
+    sha = await _commit_of(root, rev)
+    if sha is None:
+        raise RemoteError(ErrorCode.NOT_FOUND, f"unknown rev {rev!r}: no such commit")
+    return sha
 
 
 async def _read_git(

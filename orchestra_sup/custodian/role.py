@@ -185,10 +185,15 @@ class Custodian:
         return self.sandboxes / lane
 
     async def _create(self, req: f.SandboxCreate) -> f.Body:
+        """Lane `req.lane`'s sandbox, at the workspace's head or at `req.rev` (resolved in
+        order with the commits, so `HEAD~3` means the head as it is now). Answers
+        `SandboxReady` with the full sha it was made at; raises `RemoteError` for a bad lane
+        id, or a rev that is not one revision (`bad_request`) or names no commit
+        (`not_found`), what `Workspace.create_sandbox` says."""
         assert self.workspace is not None
         dest = self._sandbox_path(req.lane)
         async with self._writing():
-            path, rev = await self.workspace.create_sandbox(req.lane, dest)
+            path, rev = await self.workspace.create_sandbox(req.lane, dest, req.rev)
             await asyncio.to_thread(self.owners.claim, Path(path))
         return f.SandboxReady(lane=req.lane, path=path, rev=rev)
 

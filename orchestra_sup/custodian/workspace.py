@@ -23,7 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from orchestra_sup.custodian import git
+from orchestra_sup.custodian import git, history
 from orchestra_sup.errors import CommitConflict, GitError, WorkspaceError
 from orchestra_sup.state.permissions import private_file
 
@@ -174,7 +174,8 @@ class Workspace:
     """The custodian's git repository (`root`, a realpath) and the lane sandboxes cloned from it.
 
     A sandbox is a `git clone --shared --no-checkout` of the workspace at a directory of the
-    caller's choosing, checked out detached at the workspace HEAD of that moment. It lives outside
+    caller's choosing, checked out detached at the workspace HEAD of that moment (or at the
+    revision its lane asked for: `create_sandbox`'s `rev`). It lives outside
     the workspace's working tree and registers nothing in the workspace (no worktree entry, no
     ref); it borrows the workspace's object store through `objects/info/alternates`, so the
     workspace must not be garbage-collected with `--prune=now` while sandboxes based on commits
@@ -201,12 +202,16 @@ class Workspace:
         res = await git.run(self.root, "rev-parse", "--verify", "HEAD^{commit}")
         return res.stdout.strip()
 
-    async def create_sandbox(self, lane: str, dest: Path) -> tuple[str, str]:
+    async def create_sandbox(
+        self, lane: str, dest: Path, rev: str | None = None
+    ) -> tuple[str, str]:
         """Create lane `lane`'s sandbox at directory `dest`; return `(str(dest), base sha)`.
 
         `dest` must not exist yet (its parents are created) and must lie outside the workspace's
         working tree. The clone is built in the sibling `.<name>.partial` and renamed to `dest`
-        once checked out, so `dest` either does not exist or is a complete sandbox.
+        once checked out, so `dest` either does not exist or is a complete sandbox. It is checked
+        out detached at the workspace HEAD, or with `rev` at the commit `rev` names now
+        (`history.resolve`: a sha, a short sha, a branch, `HEAD~3`); the base sha is that commit.
 
         The base sha is recorded beside `dest` (`.<name>.base`, outside the sandbox): a commit
         from the sandbox is made on it, whatever the lane does to the sandbox's own `.git`.
@@ -216,7 +221,9 @@ class Workspace:
         included).
 
         Raises `WorkspaceError` if `dest` is inside the workspace, or exists and is not the top
-        level of a git checkout; `GitError` if cloning or checking out fails.
+        level of a git checkout; `RemoteError` for a `rev` that is not one revision
+        (`bad_request`) or names no commit (`not_found`, "unknown rev 'X': no such commit"),
+        before anything is made; `GitError` if cloning or checking out fails.
         """
         dest = Path(dest)
         real_dest = Path(os.path.realpath(dest))
@@ -230,7 +237,7 @@ class Workspace:
                     f"sandbox {dest} for lane {lane} exists and is not a git checkout"
                 )
             return str(dest), await self._base(lane, dest)
-        rev = await self.head()
+        base = await self.head() if rev is None else await history.resolve(self.root, rev)
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(f".{dest.name}.partial")
         await _remove_tree(partial)
@@ -244,10 +251,10 @@ class Workspace:
             str(self.root),
             str(partial.absolute()),
         )
-        await git.run(partial, "checkout", "--quiet", "--detach", rev)
-        private_file(_base_record(dest)).write_text(rev + "\n")  # 0600: the custodian's
+        await git.run(partial, "checkout", "--quiet", "--detach", base)
+        private_file(_base_record(dest)).write_text(base + "\n")  # 0600: the custodian's
         os.rename(partial, dest)
-        return str(dest), rev
+        return str(dest), base
 
     async def commit_sandbox(self, lane: str, sandbox: Path, message: str) -> str | None:
         """Commit the working tree of `sandbox` and land it on the workspace's current branch.
@@ -260,9 +267,12 @@ class Workspace:
         write the tree and commit it on the base as orchestra-sup with `message` (a blank message
         becomes `"lane <lane>"`) plus the lane's trailer, in the workspace's object store; then
         fast-forward (`merge --ff-only`) when the workspace HEAD is the base, else `cherry-pick`
-        it (author kept; a change already present lands as an empty commit). A successful call
-        lands exactly one commit; commits the lane made in its sandbox never land (their changes
-        do, as part of the working tree). The sandbox is never modified.
+        it (author kept; a change already present lands as an empty commit). A sandbox made at
+        an older revision (`create_sandbox`'s `rev`) is one that fell behind from its start: its
+        change (its working tree against that revision) is cherry-picked onto the branch's head
+        the same way, never the revision's own tree. A successful call lands exactly one commit;
+        commits the lane made in its sandbox never land (their changes do, as part of the working
+        tree). The sandbox is never modified.
 
         Returns the new workspace HEAD sha, or None when the working tree does not differ from
         the base (nothing is committed anywhere).

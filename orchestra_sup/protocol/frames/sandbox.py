@@ -7,13 +7,18 @@ from orchestra_sup.protocol.frames.frame import Frame
 
 
 class SandboxCreate(Frame, tag="sandbox_create"):
-    """Ask the custodian for a checkout of the workspace's current head for `lane`."""
+    """Ask the custodian for a checkout of the workspace for `lane`: at its current head, or at
+    `rev` (one revision as git names it: a sha, a short sha, a branch, `HEAD~3`), resolved when
+    the sandbox is made. Answered `SandboxReady`; a `rev` that names no commit is
+    `Error(not_found)` ("unknown rev 'X': no such commit"), one that is not a single revision
+    `Error(bad_request)`."""
 
     lane: str
+    rev: str | None = None
 
 
 class SandboxReady(Frame, tag="sandbox_ready"):
-    """A sandbox exists at `path`, checked out at `rev`."""
+    """A sandbox exists at `path`, checked out (detached) at `rev`, a full sha."""
 
     lane: str
     path: str
