@@ -25,8 +25,11 @@ def call(
     """Call one of the coordinator's tools through the real relay.
 
     Read tools (answered by the custodian) take `path` (and `pattern` for search, `rev` for diff
-    and log); lane tools take `lane`. A path whose bytes are not UTF-8 is sent as `path_b64`, as
-    are names in the answers. Example: orchestra-sup ctl call read_file path=README.md
+    and log); lane tools take `lane`, but start_lane, which takes `run` and optionally `name`,
+    `timeout_s`, `requires` (CAP,CAP), `tenant`, `ticket`, `program`, `key`, `rev` (the
+    workspace revision its sandbox is made at), `commit` (true or false) and `feedback`. A path
+    whose bytes are not UTF-8 is sent as `path_b64`, as are names in the answers.
+    Example: orchestra-sup ctl call read_file path=README.md
     """
     try:
         pairs = call_params(params or [])

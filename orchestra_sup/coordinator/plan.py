@@ -30,6 +30,8 @@ A plan looks like this::
     approve = true                # optional: a human approves before it runs (ctl approve)
     budget = { wall_s = 60 }      # optional: what all its attempts together may spend
     tenant = "beta"               # optional: whom this task runs for, instead of the plan's
+    rev = "HEAD~3"                # optional: the workspace revision its sandbox is made at
+    feedback = "use tabs"         # optional: its first attempt's $ORCHESTRA_FEEDBACK (64 KiB)
 
 Every problem is reported as one `PlanError` whose message names the task (by id, or by position
 as "#N" when it has no usable id) and the key or value at fault: invalid TOML (with tomllib's line
@@ -78,6 +80,8 @@ _TASK_KEYS = frozenset(
         "approve",
         "budget",
         "tenant",
+        "rev",
+        "feedback",
     }
 )
 MAX_RETRIES = 100
@@ -87,6 +91,10 @@ MAX_TASKS = 20_000
 time linear in its tasks and needs; `bench plan` settles 10,000-task chains, fan-outs and fan-ins
 with the coordinator's loop-lag p99 under 50 ms, and this leaves twice that room. A bigger plan
 is refused before anything of it is converted or stored (README: "Plans")."""
+REV_PATTERN = re.compile(r"[^\s\x00]{1,256}")
+"""What a task's `rev` must match, in full: 1 to 256 characters, no whitespace or NUL."""
+MAX_FEEDBACK_BYTES = 64 * 1024
+"""The most a task's `feedback` may hold (bytes of UTF-8), as much as a lane message."""
 STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 ON_FAILURE = ("escalate", "retry", "pause")
 _BUDGET_KEYS = ("wall_s", "cpu_s", "output_bytes")
@@ -442,6 +450,15 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         raise refuse(
             f"key 'tenant' must be a name matching {NAME_PATTERN.pattern}, got {_describe(tenant)}"
         )
+    rev, feedback = raw.get("rev"), raw.get("feedback")
+    if rev is not None and not (isinstance(rev, str) and REV_PATTERN.fullmatch(rev)):
+        raise refuse(f"key 'rev' must be 1 to 256 characters, no whitespace, got {_describe(rev)}")
+    if feedback is not None and not (
+        isinstance(feedback, str) and len(feedback.encode(errors="replace")) <= MAX_FEEDBACK_BYTES
+    ):
+        raise refuse(
+            f"key 'feedback' must be a string of at most 64 KiB, got {_describe(feedback)}"
+        )
 
     return TaskSpec(
         id=task_id,
@@ -457,6 +474,8 @@ def _parse_task(raw: Any, number: int, source: str) -> TaskSpec:
         approve=approve,
         budget=budget,
         tenant=tenant,
+        rev=rev,
+        feedback=feedback,
     )
 
 

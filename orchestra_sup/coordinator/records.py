@@ -116,3 +116,5 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     most `MAX_NOTES` (the newest)."""
     noted: list[str] = msgspec.field(default_factory=list)
     """The inbox message ids of every note kept (a shard bounds a lane's notes)."""
+    rev: str | None = None
+    """The full sha its latest ended lane's sandbox was made at (`LaneResult.rev`)."""

@@ -54,6 +54,7 @@ def task_report(plan: PlanRecord, spec: f.TaskSpec) -> f.TaskReport:
         answers=list(rec.answers.values()),
         retry_at=rec.retry_at if rec.status in WAITING else None,
         notes=list(rec.notes),
+        rev=rec.rev,
     )
 
 

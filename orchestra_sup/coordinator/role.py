@@ -355,13 +355,28 @@ class Coordinator:
 
     async def _start_lane(self, params: tools.StartLane) -> Any:
         """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
-        [program=] [key=]`: a one-task plan, placed like any. The key makes a re-sent start
-        harmless (the same plan and lane are answered); a `ticket` from an earlier answer sends
-        the lane back to that shard while its generation lives (`placement.AffinityTicket`).
+        [program=] [key=] [rev=] [commit=true|false] [feedback=]`: a one-task plan, placed like
+        any. The key makes a re-sent start harmless (the same plan and lane are answered); a
+        `ticket` from an earlier answer sends the lane back to that shard while its generation
+        lives (`placement.AffinityTicket`).
+
+        `rev` (default: none) makes its sandbox at that revision of the workspace (a sha, a
+        short sha, a branch, `HEAD~3`, resolved when the sandbox is made) instead of the head;
+        one that names no commit fails the lane with "unknown rev 'X': no such commit", and the
+        task's report says in `rev` the full sha a sandbox was made at. `commit=true` (default
+        false) commits the sandbox's changes when the lane succeeds, as a plan task's
+        `commit = true`: the lane's `commit` is the new head of the workspace's branch. A
+        sandbox at an older `rev` is one that fell behind: its change against that revision is
+        cherry-picked onto the branch's head (`Workspace.commit_sandbox`), and one that
+        conflicts fails the lane, landing nothing. `feedback` is revision feedback for its first
+        attempt (`$ORCHESTRA_FEEDBACK`, `LaneContext.feedback`), at most 64 KiB of UTF-8. An
+        empty `rev` or `feedback` is none.
 
         Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
         ticket are null while the lane waits for a shard. Raises `RemoteError(bad_request)` for
-        a bad parameter or a need no shard could meet."""
+        a bad parameter (naming it: a `commit` that is not true or false, a `rev` with
+        whitespace or over 256 characters, a `feedback` over 64 KiB) or a need no shard could
+        meet."""
         run = params.run
         program = params.program or SHELL
         if not run and program == SHELL:
@@ -375,6 +390,7 @@ class Coordinator:
                 AffinityTicket.parse(params.ticket)
             except ValueError as exc:
                 raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
+        commit = _flag(params.commit, "commit")
         requires = [c for c in params.requires.split(",") if c]
         task = f.TaskSpec(
             id="lane",
@@ -382,6 +398,9 @@ class Coordinator:
             timeout_s=timeout,
             requires=requires,
             program=program,
+            commit=commit,
+            rev=params.rev or None,
+            feedback=params.feedback or None,
         )
         spec = f.PlanSpec(name=params.name, tasks=[task], tenant=params.tenant)
         key = params.key
@@ -465,3 +484,15 @@ class Coordinator:
             for put in unread:
                 self._apply_put(put)
             self.book.schedule()
+
+
+def _flag(value: str, name: str) -> bool:
+    """Tool parameter `name`'s boolean: "true" or "false" in any case, "" (left out) false.
+    Raises `RemoteError(bad_request)` naming the parameter for anything else."""
+    if value.lower() in ("", "false"):
+        return False
+    if value.lower() == "true":
+        return True
+    raise RemoteError(
+        ErrorCode.BAD_REQUEST, f"parameter {name!r} must be true or false, got {value!r}"
+    )

@@ -337,10 +337,16 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
 
     def start_of(self, spec: f.TaskSpec) -> f.LaneStart:
         """The `LaneStart` of task `spec`'s current placement (its lane must be set). Sent again
-        as it is, it is harmless: the lane id is the shard's idempotency key."""
+        as it is, it is harmless: the lane id is the shard's idempotency key. Its feedback is
+        the record's (a redirect, a rejection, a failed attempt's error), else the task's own
+        `feedback` while no retry was taken (its first attempt, re-placed after a lost worker
+        process included)."""
         rec = self.tasks[spec.id]
         assert rec.lane is not None
         grant = next((a.grant for a in rec.history if a.lane == rec.lane), None)
+        feedback = rec.feedback
+        if feedback is None and rec.retries_used == 0:
+            feedback = spec.feedback
         return f.LaneStart(
             lane=rec.lane,
             plan=self.id,
@@ -349,7 +355,7 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
             plan_name=self.spec.name,
             warnings=list(rec.warnings),
             budget=grant,
-            feedback=rec.feedback,
+            feedback=feedback,
             answers=dict(rec.carried),
         )
 
@@ -392,7 +398,7 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         rec.exit_code = result.exit_code
         rec.duration_s = result.duration_s
         rec.output_tail = result.output_tail
-        rec.sandbox = result.sandbox
+        rec.sandbox, rec.rev = result.sandbox, result.rev
         rec.commit = result.commit
         rec.error = result.error
         rec.pending = None

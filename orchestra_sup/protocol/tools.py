@@ -72,7 +72,10 @@ class Log(PathParams):
 
 class StartLane(Params):
     """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
-    [program=] [key=]`: a one-task plan (`coordinator.role`'s `_start_lane` says each)."""
+    [program=] [key=] [rev=] [commit=true|false] [feedback=]`: a one-task plan
+    (`coordinator.role`'s `_start_lane` says each). `rev` is the workspace revision its sandbox
+    is made at ("": the head), `commit` whether its changes are committed ("": false),
+    `feedback` revision feedback for its first attempt ("": none)."""
 
     run: str = ""
     program: str = ""
@@ -82,6 +85,9 @@ class StartLane(Params):
     tenant: str | None = None
     ticket: str = ""
     key: str | None = None
+    rev: str = ""
+    commit: str = ""
+    feedback: str = ""
 
 
 class ListLanes(Params):

@@ -254,6 +254,7 @@ class Handover:
             spent=lane.meter.spent(),
             asked=lane.questions.asked_at_checkpoint if lane.questions is not None else 0,
             notes=lane.notes,
+            rev=lane.rev,
         )
         with contextlib.suppress(TimeoutError):  # a slow disk delays the rows, nothing more
             async with asyncio.timeout(HANDOVER_S / 2):

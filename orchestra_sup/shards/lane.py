@@ -72,6 +72,8 @@ class Lane:
         self.question: tuple[str, float] | None = None
         """(question, since) while its program waits in `ask_human` (since: Unix seconds)."""
         self.sandbox: str | None = None if snapshot is None else snapshot.sandbox
+        self.rev: str | None = None if snapshot is None else snapshot.rev
+        """The full sha its sandbox was made at (`SandboxReady.rev`), once it has one."""
         self.task: asyncio.Task[None] | None = None
         self.started = False  # its task has taken its first step (`Shard._run`)
         self.cancel_requested = False  # `cancel` was called: it is to end at once

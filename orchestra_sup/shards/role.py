@@ -1,11 +1,12 @@
 """A worker-host shard: hosts at most `lanes_per_shard` lanes and reports what they did.
 
 A lane (`shards.lane.Lane`) is registered (so `cancel` can find it) before its task is spawned,
-then: ask the custodian for a sandbox, run the task's command there (`shards.shell.run_shell`: own
-process group, output drained as it comes, the whole group killed on timeout or cancel) or its
-program (`shards.program`), ask the custodian to commit when the task says so, and hand the result
-to the durable outbox (`shards.outbox`), which sends it to the coordinator until it is
-acknowledged.
+then: ask the custodian for a sandbox (at the task's `rev` when it names one, else at the
+workspace's head; `LaneResult.rev` says which commit), run the task's command there
+(`shards.shell.run_shell`: own process group, output drained as it comes, the whole group killed
+on timeout or cancel) or its program (`shards.program`), ask the custodian to commit when the
+task says so, and hand the result to the durable outbox (`shards.outbox`), which sends it to the
+coordinator until it is acknowledged.
 
 In a rollover this process is one of two generations of its shard: the old one drains and hands
 its lanes over, the new one resumes them (`LaneResume`, admitted like a start) and holds requests
@@ -362,15 +363,16 @@ class Shard:
                 raise asyncio.CancelledError
             program = load_program(spec.program, frozenset(self.node.args.lane_programs))
             if lane.sandbox is None:
-                ready = await self._custodian(f.SandboxCreate(lane=lane.id))
+                ready = await self._custodian(f.SandboxCreate(lane=lane.id, rev=spec.rev))
                 assert isinstance(ready, f.SandboxReady)
-                lane.sandbox = ready.path
+                lane.sandbox, lane.rev = ready.path, ready.rev
                 if self.transcript is not None:
                     what = spec.run if spec.program == SHELL else f"{spec.program} {spec.run}"
                     mode = self.node.args.isolation.mode
                     uid = await asyncio.to_thread(lane_uid, Path(ready.path))
+                    at = "" if spec.rev is None else f" at {spec.rev} ({ready.rev})"
                     self.transcript.event(
-                        lane.id, f"started in {ready.path} ({describe(mode, uid)}): {what}"
+                        lane.id, f"started in {ready.path}{at} ({describe(mode, uid)}): {what}"
                     )
             lane.enter(LaneState.RUNNING)
             host = Host(lane, self.services)
@@ -478,6 +480,7 @@ class Shard:
             warnings=lane.warnings,
             failure=failure,
             spent=lane.meter.spent(),
+            rev=lane.rev,
         )
         lane.enter(LaneState(status))
         if self.transcript is not None:  # transcripts: the last row, then the finished entry

@@ -540,3 +540,33 @@ def test_a_name_like_no_other_gets_no_suggestion() -> None:
     """Nothing near: no guess is made up, only the list of allowed keys."""
     err = _refused(_plan('id = "a"\nrun = "x"\ncolour = "red"'))
     assert "did you mean" not in str(err) and "(allowed: approve," in str(err)
+
+
+# --- sandbox keys: rev, feedback -----------------------------------------------------------------
+
+
+def test_rev_and_feedback_are_read_and_survive_validation() -> None:
+    spec = parse_plan(_plan('id = "a"\nrun = "x"\nrev = "HEAD~3"\nfeedback = "use tabs"'))
+    assert (spec.tasks[0].rev, spec.tasks[0].feedback) == ("HEAD~3", "use tabs")
+    assert validate_plan(spec) == spec
+    plain = parse_plan(_plan('id = "a"\nrun = "x"')).tasks[0]
+    assert plain.rev is None and plain.feedback is None
+    most = f'rev = "{"a" * 256}"\nfeedback = "{"é" * 32768}"'  # 256 characters, 64 KiB
+    assert parse_plan(_plan(f'id = "a"\nrun = "x"\n{most}')).tasks[0].rev == "a" * 256
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('rev = ""', "key 'rev' must be 1 to 256 characters, no whitespace, got ''"),
+        ('rev = "main two"', "no whitespace, got 'main two'"),
+        ('rev = "a\\u0000b"', "key 'rev' must be"),
+        ('rev = "a\\tb"', "key 'rev' must be"),
+        (f'rev = "{"a" * 257}"', "key 'rev' must be"),
+        ("rev = 3", "got 3 (integer)"),
+        ("feedback = 3", "key 'feedback' must be a string of at most 64 KiB, got 3"),
+        (f'feedback = "{"é" * 32769}"', "key 'feedback' must be a string"),
+    ],
+)
+def test_bad_rev_and_feedback_are_one_line_naming_the_key(body: str, expected: str) -> None:
+    assert expected in str(_refused(_plan(f'id = "a"\nrun = "x"\n{body}')))

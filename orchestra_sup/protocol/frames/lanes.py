@@ -133,6 +133,9 @@ class LaneSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     spent: Spend = Spend()
     asked: int = 0
     notes: int = 0
+    rev: str | None = None
+    """The full sha its sandbox was made at (`SandboxReady.rev`); None: not known (no sandbox
+    yet, or an older generation that did not keep it)."""
 
 
 class LaneResume(Frame, tag="lane_resume"):

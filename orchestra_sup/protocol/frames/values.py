@@ -116,6 +116,13 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str | None = None
     """Whom this task runs for, instead of its plan's tenant (None: the plan's): the shards
     that may take it and the quota it counts against (`coordinator.placement.tenant_of`)."""
+    rev: str | None = None
+    """The revision of the workspace its sandbox is made at, as git names it (a sha, a short
+    sha, a branch, `HEAD~3`), resolved by the custodian when the sandbox is made; None: the
+    workspace's head. One that names no commit fails the lane (`SandboxCreate.rev`)."""
+    feedback: str | None = None
+    """Revision feedback for its first attempt (`LaneStart.feedback`, `$ORCHESTRA_FEEDBACK`),
+    when no other feedback applies (at most 64 KiB of UTF-8; None: none)."""
 
 
 class PlanSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,6 +184,9 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     needs_retries: bool = False
     """Its pause takes an approval only with retries granted (`ctl approve LANE --retries N`):
     a failed attempt with no retry left."""
+    rev: str | None = None
+    """The full sha its latest lane's sandbox was made at (`SandboxReady.rev`), once a lane of
+    it ended with a sandbox; None before, or from a coordinator older than this field."""
 
 
 class Descriptors(msgspec.Struct, frozen=True, kw_only=True):
@@ -297,6 +307,8 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     """The failure class when `status` is "failed"."""
     spent: Spend = Spend()
     """What the lane spent (this attempt, across the generations that ran it)."""
+    rev: str | None = None
+    """The full sha its sandbox was made at (`SandboxReady.rev`); None: it had none."""
 
 
 class HitlPause(msgspec.Struct, frozen=True, kw_only=True):
