@@ -116,3 +116,8 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     most `MAX_NOTES` (the newest)."""
     noted: list[str] = msgspec.field(default_factory=list)
     """The inbox message ids of every note kept (a shard bounds a lane's notes)."""
+    start_received_ns: int | None = None
+    """When its latest applied lane's shard received that lane's `LaneStart`."""
+    result_received_ns: int | None = None
+    """When that lane's result reached the coordinator's inbox. Both CLOCK_MONOTONIC
+    nanoseconds (`TaskReport.start_received_ns`), for `bench reaction`."""

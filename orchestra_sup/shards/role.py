@@ -478,6 +478,7 @@ class Shard:
             warnings=lane.warnings,
             failure=failure,
             spent=lane.meter.spent(),
+            start_received_ns=lane.start_received_ns,
         )
         lane.enter(LaneState(status))
         if self.transcript is not None:  # transcripts: the last row, then the finished entry

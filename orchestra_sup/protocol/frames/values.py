@@ -191,6 +191,13 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     needs_retries: bool = False
     """Its pause takes an approval only with retries granted (`ctl approve LANE --retries N`):
     a failed attempt with no retry left."""
+    start_received_ns: int | None = None
+    """When the shard of its latest ended lane received that lane's `LaneStart`
+    (`LaneResult.start_received_ns`), else None."""
+    result_received_ns: int | None = None
+    """When that lane's result reached the coordinator (`InboxPut.received_ns`), else None.
+    Both are CLOCK_MONOTONIC nanoseconds of the tree's host, for `bench reaction`: compare them
+    with each other, not with wall-clock times."""
 
 
 class Descriptors(msgspec.Struct, frozen=True, kw_only=True):
@@ -311,6 +318,10 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     """The failure class when `status` is "failed"."""
     spent: Spend = Spend()
     """What the lane spent (this attempt, across the generations that ran it)."""
+    start_received_ns: int | None = None
+    """When its shard received this attempt's `LaneStart`: CLOCK_MONOTONIC nanoseconds
+    (`time.monotonic_ns`, one clock for every process of a host), for `bench reaction`; None
+    for a lane a hand-over resumed (`LaneResume`), and from a shard older than this field."""
 
 
 class HitlPause(msgspec.Struct, frozen=True, kw_only=True):
