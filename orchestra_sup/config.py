@@ -45,6 +45,11 @@ nice = 10                 # niceness added to every lane's command (0..19): lane
 programs = []             # lane programs ("module:Class") plans may name besides "shell"; each
                           # runs as Python inside its shard, so list only code you trust
 
+[coordinator]
+programs = []             # coordinator programs ("module:Class") plans may name besides the
+                          # built-ins (dag, fanout, refine, bisect); each runs as Python inside
+                          # the coordinator process, importable from the tree's PYTHONPATH
+
 [quotas.acme]             # ceilings for plans with tenant = "acme", checked before a lane is
                           # placed; a breach starts nothing and fails the task with quota_breach
                           # (on_failure = "retry" waits it out). Each key is optional.
@@ -170,11 +175,21 @@ class RelaySettings(msgspec.Struct, frozen=True, kw_only=True):
     deadline_s: float = 55.0
 
 
+class CoordinatorSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """`programs`: the coordinator programs (`module:Class`, `coordinator.context`) a plan may
+    name besides the built-ins; each is Python run inside the coordinator process with the
+    tree's rights, so the default allows none. Its module must be importable there (the tree's
+    `PYTHONPATH`)."""
+
+    programs: tuple[str, ...] = ()
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     supervisor: SupervisorSettings = SupervisorSettings()
     shards: ShardSettings = ShardSettings()
     lanes: LaneSettings = LaneSettings()
     relay: RelaySettings = RelaySettings()
+    coordinator: CoordinatorSettings = CoordinatorSettings()
     quotas: dict[str, Quota] = {}
     """Tenant -> its ceilings (`[quotas.<tenant>]`, `coordinator.quota.Quota`)."""
     isolation: IsolationSettings = IsolationSettings()
@@ -213,11 +228,12 @@ _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("isolation", "mode"): MODES,
     ("isolation", "lane_user"): LANE_USERS,
 }
-_SECTIONS = ("supervisor", "shards", "lanes", "relay", "quotas", "isolation")
+_SECTIONS = ("supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation")
 _CHECKED_APART = {
     "supervisor": ("metrics_host",),
     "shards": ("capabilities", "tenants", "[shards.shard-N] tables"),
     "lanes": ("programs",),
+    "coordinator": ("programs",),
 }
 """Keys each section accepts that `_check` does not see (their own checks run apart), so that
 an unknown-key error still lists every key the section takes."""
@@ -354,10 +370,10 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             rest = {k: v for k, v in body.items() if k != "metrics_host"}
             sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
             sections[section]["metrics_host"] = metrics_host(body["metrics_host"])
-        elif section == "lanes" and "programs" in body:
+        elif section in ("lanes", "coordinator") and "programs" in body:
             rest = {k: v for k, v in body.items() if k != "programs"}
             sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
-            sections[section]["programs"] = _programs(body["programs"])
+            sections[section]["programs"] = _programs(section, body["programs"])
         else:
             sections[section] = {k: _check(section, k, v) for k, v in body.items()}
     sup = SupervisorSettings(**sections.get("supervisor", {}))
@@ -378,6 +394,7 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         shards=shards,
         lanes=LaneSettings(**sections.get("lanes", {})),
         relay=RelaySettings(**sections.get("relay", {})),
+        coordinator=CoordinatorSettings(**sections.get("coordinator", {})),
         quotas=sections.get("quotas", {}),
         isolation=IsolationSettings(**sections.get("isolation", {})),
     )
@@ -441,13 +458,18 @@ def metrics_host(value: Any, where: str = "[supervisor] metrics_host =") -> str:
     return value
 
 
-def _programs(value: Any) -> tuple[str, ...]:
-    """`[lanes] programs`: an array of `module:Class` names; raises `ConfigError`."""
+def _programs(section: str, value: Any) -> tuple[str, ...]:
+    """`[lanes] programs` or `[coordinator] programs`: an array of `module:Class` names; raises
+    `ConfigError`."""
     if not isinstance(value, list):
-        raise ConfigError(f"[lanes] programs = {_toml_value(value)}: expected an array of names")
+        raise ConfigError(
+            f"[{section}] programs = {_toml_value(value)}: expected an array of names"
+        )
     for name in value:
         if not isinstance(name, str) or not PROGRAM_PATTERN.fullmatch(name) or name == "shell":
-            raise ConfigError(f"[lanes] programs: {_toml_value(name)} is not a 'module:Class' name")
+            raise ConfigError(
+                f"[{section}] programs: {_toml_value(name)} is not a 'module:Class' name"
+            )
     return tuple(dict.fromkeys(value))
 
 

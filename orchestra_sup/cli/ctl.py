@@ -71,6 +71,7 @@ for name, command in (
     ("submit", ctl_plans.submit),
     ("plans", ctl_plans.plans_cmd),
     ("plan", ctl_plans.plan_cmd),
+    ("message", ctl_plans.message),
     ("call", ctl_call.call),
     ("lanes", ctl_view.lanes),
     ("top", ctl_view.top),

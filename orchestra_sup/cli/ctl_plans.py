@@ -1,5 +1,5 @@
-"""`ctl submit`, `ctl plans`, `ctl plan` and `ctl cancel`: plans sent to the tree, their
-outcome, and a lane stopped."""
+"""`ctl submit`, `ctl plans`, `ctl plan`, `ctl message` and `ctl cancel`: plans sent to the tree,
+their outcome, an operator's message to a plan's session, and a lane stopped."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import typer
 
 from orchestra_sup.cli import render
 from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
-from orchestra_sup.cli.exits import EXIT_FAILED, guarded
+from orchestra_sup.cli.exits import EXIT_FAILED, EXIT_USAGE, fail, guarded
 from orchestra_sup.cli.options import LaneArg
 from orchestra_sup.cli.output import print_json, screen
+from orchestra_sup.client.sdk import message_request
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.protocol import frames as f
 
@@ -81,6 +82,25 @@ def _show_plan(ctl: CtlCommand, plan_id: str, wait: bool) -> None:
         render.plan_table(report, *screen(), ctl.command())
     if wait:
         raise typer.Exit(0 if report.ok else EXIT_FAILED)
+
+
+@ctl_options()
+def message(
+    ctl: CtlCommand,
+    plan_id: Annotated[str, typer.Argument(metavar="PLAN", help="The plan id.")],
+    text: Annotated[str, typer.Argument(help="The message (at most 64 KiB of UTF-8).")],
+) -> None:
+    """Send TEXT to the session that runs plan PLAN, into its durable inbox. A plan of the dag
+    coordinator has no session: it is refused with one line and exit 2.
+
+    Example: orchestra-sup ctl message 3f2a9c1b7d44 "skip the slow tests"
+    """
+    try:
+        request = message_request(plan_id, text)
+    except ValueError as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    ctl.expect(f.Ack, request)
+    ctl.done({"plan": plan_id, "sent": True}, f"message sent to plan {plan_id}")
 
 
 @ctl_options()

@@ -63,6 +63,9 @@ class PlanBook:
         """Plans whose final record is written (or being written) durably."""
         self.waiters: dict[str, list[asyncio.Future[None]]] = {}
         """Plan id -> the futures of the `ctl plan --wait` calls waiting for it to end."""
+        self.on_done: Callable[[PlanRecord], None] = lambda plan: None
+        """Told of each plan that ends, once its final record is queued (`coordinator.seat`:
+        a lane a session started ended)."""
         self._depth = 0
         self._due = False
 
@@ -130,6 +133,7 @@ class PlanBook:
             self.active.pop(plan.id, None)
             self.node.retitle()
             self.node.spawn(self._finish(plan))
+            self.on_done(plan)
 
     async def _settle(self, plan: PlanRecord, slicer: Slicer) -> None:
         """Go on skipping what can no longer run in `plan`, a slice at a time, then commit it

@@ -53,10 +53,12 @@ class PlanEntry(msgspec.Struct, kw_only=True):
 
 
 class PlanHead(msgspec.Struct, kw_only=True):
-    """What changes of a plan itself: what its ended lanes spent, what humans granted it."""
+    """What changes of a plan itself: what its ended lanes spent, what humans granted it, and
+    how it ended when it is a session."""
 
     spent: f.Spend = f.Spend()
     granted: f.Budget | None = None
+    outcome: f.PlanOutcome | None = None
 
 
 def task_key(plan_id: str, task_id: str) -> bytes:
@@ -98,7 +100,9 @@ class PlanStore:
         dirty.clear()
 
     def _encode_head(self, plan: PlanRecord) -> bytes:
-        return self._enc.encode(PlanHead(spent=plan.spent, granted=plan.granted))
+        return self._enc.encode(
+            PlanHead(spent=plan.spent, granted=plan.granted, outcome=plan.outcome)
+        )
 
     def load(self) -> list[PlanRecord]:
         """Every plan as committed, oldest submission first; plans still in the old layout
@@ -138,6 +142,7 @@ class PlanStore:
                 tasks={t.id: stored.get(t.id) or TaskRecord() for t in entry.spec.tasks},
                 spent=head.spent,
                 granted=head.granted,
+                outcome=head.outcome,
             )
         for plan_id in entries:  # a submission never acknowledged: its head was not committed
             store.delete(SPECS, plan_id.encode())
@@ -186,6 +191,7 @@ def read_plan(env: lmdb.Environment, plan_id: str) -> PlanRecord | None:
         tasks=tasks,
         spent=head_rec.spent,
         granted=head_rec.granted,
+        outcome=head_rec.outcome,
     )
 
 

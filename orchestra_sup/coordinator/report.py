@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.runner import PlanRecord, TaskRecord
+from orchestra_sup.coordinator.sessionstore import SessionLane
 from orchestra_sup.coordinator.slices import Slicer
 from orchestra_sup.coordinator.status import FINAL, WAITING, TaskStatus
 from orchestra_sup.protocol import frames as f
@@ -87,6 +88,37 @@ def _report(plan: PlanRecord, tasks: Iterable[f.TaskReport]) -> f.PlanReport:
         spent=plan.spent,
         budget=budget.extend(plan.spec.budget, plan.granted),
         tasks=reports,
+    )
+
+
+def session_report(
+    plan: PlanRecord, lanes: list[tuple[SessionLane, PlanRecord | None]]
+) -> f.PlanReport:
+    """Session `plan`'s report: its coordinator, its outcome, and each lane it started with the
+    one-task plan that runs it (None: not loaded)."""
+    outcome = plan.outcome
+    return f.PlanReport(
+        plan=plan.spec.name,
+        id=plan.id,
+        done=plan.done,
+        ok=plan.done and plan.ok,
+        spent=budget.total(child.spent for _, child in lanes if child is not None),
+        budget=budget.extend(plan.spec.budget, plan.granted),
+        tasks=[],
+        coordinator=plan.spec.coordinator,
+        result=None if outcome is None else outcome.result,
+        error=None if outcome is None else outcome.error,
+        lanes=[
+            f.SessionLaneReport(
+                lane=None if child is None else child.tasks["lane"].lane,
+                plan=lane.plan,
+                run=lane.run,
+                rev=lane.rev,
+                key=lane.key,
+                status="unknown" if child is None else shown(child.tasks["lane"]),
+            )
+            for lane, child in lanes
+        ],
     )
 
 

@@ -39,6 +39,9 @@ from orchestra_sup.coordinator.planstore import DBS, PlanStore
 from orchestra_sup.coordinator.report import plan_summary, sliced_report
 from orchestra_sup.coordinator.roster import Roster
 from orchestra_sup.coordinator.runner import TaskStatus
+from orchestra_sup.coordinator.seat import Seat
+from orchestra_sup.coordinator.sessionstore import DBS as SESSION_DBS
+from orchestra_sup.coordinator.sessionstore import SessionStore
 from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import ErrorCode, RemoteError, StateError
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
@@ -46,7 +49,7 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import tools
 from orchestra_sup.protocol.channel import NO_SANDBOX, Channel
 from orchestra_sup.protocol.endpoint import Endpoint
-from orchestra_sup.protocol.patterns import SHELL
+from orchestra_sup.protocol.patterns import DAG, SHELL
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
 
@@ -65,6 +68,7 @@ Serves = (
     | f.CtlCall
     | f.CtlBenchRelay
     | f.CtlCancel
+    | f.CtlMessage
     | f.HitlRespond
     | f.ListPending
     | f.SandboxCreate
@@ -90,6 +94,7 @@ class Coordinator:
         self.placer: Placer | None = None
         self.answers: Answers | None = None
         self.toolkit: Toolkit | None = None
+        self.seat: Seat | None = None
         self.inbox_ids: set[str] = set()
         self._committing: dict[str, asyncio.Future[None]] = {}
         self.stopping = False
@@ -110,7 +115,7 @@ class Coordinator:
             lane_shard=self._lane_shard,
             deadline_s=node.args.relay_deadline_s,
         )
-        store = Store(node.paths.state_dir / "coordinator", ["inbox", *DBS])
+        store = Store(node.paths.state_dir / "coordinator", ["inbox", *DBS, *SESSION_DBS])
         store.start()
         self.attach(node, store)
         assert self.book is not None and self.placer is not None and self.answers is not None
@@ -133,16 +138,29 @@ class Coordinator:
             # acted on and not delivered (`Answers.recover`).
             for plan in list(book.active.values()):
                 self.answers.recover(plan)
+        assert self.seat is not None
+        self.seat.open()  # every session not ended, from its last checkpoint
 
     def attach(self, node: Node, store: Store) -> None:
-        """Serve through `node`, keeping state in `store` (started, opened with "inbox" and
-        `planstore.DBS`)."""
+        """Serve through `node`, keeping state in `store` (started, opened with "inbox",
+        `planstore.DBS` and `sessionstore.DBS`)."""
         self.node, self.store = node, store
         planstore = PlanStore(store)
         self.book = book = PlanBook(node, planstore, pump=self._pump)
         self.roster = roster = Roster(node, book, stopping=lambda: self.stopping)
         self.answers = answers = Answers(node, book, shards=roster.shards)
         self.placer = Placer(node, book, answers, roster, held=lambda: self.held)
+        if self.toolkit is not None:
+            self.seat = Seat(
+                node,
+                book,
+                SessionStore(store),
+                allowed=frozenset(node.args.coordinator_programs),
+                call=self.toolkit.call,
+                start_lane=self._start_lane,
+                deadline_s=node.args.relay_deadline_s,
+            )
+            book.on_done = self.seat.plan_done
 
     @property
     def shards(self) -> dict[str, ShardView]:
@@ -232,10 +250,15 @@ class Coordinator:
                 self.node.answer(ep, peer, env, self._bench(body))
             case f.CtlCancel():
                 self.node.answer(ep, peer, env, self._cancel(body.lane))
+            case f.CtlMessage():
+                self.node.answer(ep, peer, env, self._message(body))
+            case f.HitlRespond() if self.seat is not None and self.seat.asks(body.lane):
+                self.node.answer(ep, peer, env, self.seat.respond(body))
             case f.HitlRespond() if self.answers is not None:
                 self.node.answer(ep, peer, env, self.answers.respond(body))
             case f.ListPending() if self.answers is not None:
-                ep.reply(env, peer, self.answers.pending())
+                asked = [] if self.seat is None else self.seat.pending()
+                ep.reply(env, peer, f.LaneList(lanes=[*self.answers.pending().lanes, *asked]))
             case f.SandboxCreate():
                 ep.reply(env, peer, NO_SANDBOX)
             case f.HitlRespond() | f.ListPending():  # no answers store: not served here
@@ -280,6 +303,8 @@ class Coordinator:
                 )
                 self.book.commit(plan)
         elif put.note is not None:
+            if self.seat is not None:
+                self.seat.note(put.note, put.msg_id)
             plan = self.book.plans.get(put.note.plan)
             if plan is not None and plan.note(put.note, put.msg_id):
                 self.book.commit(plan)
@@ -316,6 +341,9 @@ class Coordinator:
             self.store.check_writable()  # a full disk refuses new work, in one clear line
         except StateError as exc:
             raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
+        if spec.coordinator != DAG:
+            assert self.seat is not None
+            self.seat.check(spec)  # refused in one line when it cannot run here
         plan = await accept_off_loop(
             Submission(
                 spec,
@@ -334,7 +362,12 @@ class Coordinator:
         if len(plan.tasks) >= FREEZE_TASKS:
             gc.freeze()
         self.node.retitle()
-        log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
+        if spec.coordinator != DAG:
+            assert self.seat is not None
+            log.info("plan %s (%s): session of %s accepted", plan.id, spec.name, spec.coordinator)
+            self.seat.started(plan)
+        else:
+            log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
         book.schedule()
         return f.PlanAccepted(id=plan.id)
 
@@ -355,17 +388,21 @@ class Coordinator:
                 waiters = self.book.waiters.get(plan.id, [])
                 if waiter in waiters:
                     waiters.remove(waiter)
+        if plan.spec.coordinator != DAG:
+            assert self.seat is not None
+            return self.seat.report(plan)
         return await sliced_report(plan)
 
-    async def _start_lane(self, params: tools.StartLane) -> Any:
+    async def _start_lane(self, params: tools.StartLane, grant: f.Budget | None = None) -> Any:
         """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
         [program=] [key=]`: a one-task plan, placed like any. The key makes a re-sent start
         harmless (the same plan and lane are answered); a `ticket` from an earlier answer sends
         the lane back to that shard while its generation lives (`placement.AffinityTicket`).
 
         Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
-        ticket are null while the lane waits for a shard. Raises `RemoteError(bad_request)` for
-        a bad parameter or a need no shard could meet."""
+        ticket are null while the lane waits for a shard. A session starts its lanes here with
+        `grant`, what its budget leaves them (the one-task plan's budget). Raises
+        `RemoteError(bad_request)` for a bad parameter or a need no shard could meet."""
         run = params.run
         program = params.program or SHELL
         if not run and program == SHELL:
@@ -387,7 +424,7 @@ class Coordinator:
             requires=requires,
             program=program,
         )
-        spec = f.PlanSpec(name=params.name, tasks=[task], tenant=params.tenant)
+        spec = f.PlanSpec(name=params.name, tasks=[task], tenant=params.tenant, budget=grant)
         key = params.key
         assert self.book is not None
         known = set(self.book.plans)
@@ -432,6 +469,12 @@ class Coordinator:
         await self.toolkit.call("cancel_lane", {"lane": lane})
         return f.Ack()
 
+    async def _message(self, req: f.CtlMessage) -> f.Body:
+        """`ctl message PLAN TEXT`: an event in the inbox of session `req.plan`
+        (`Seat.message`, which says what it refuses)."""
+        assert self.seat is not None
+        return await self.seat.message(req)
+
     # --- rollover --------------------------------------------------------------------------------
 
     async def _quiesce(self, timeout_s: float) -> f.Body:
@@ -444,11 +487,19 @@ class Coordinator:
         (and holds no more) when starts or commits were still in flight at the deadline."""
         if self.stopping:
             raise RemoteError(ErrorCode.BUSY, "the tree is stopping")
+        assert self.seat is not None
         self.held = True
+        self.seat.hold()
         try:
             async with asyncio.timeout(timeout_s):
-                while self._starting() or self._committing:
-                    await asyncio.wait([*self._starting().values(), *self._committing.values()])
+                while self._starting() or self._committing or self.seat.inflight():
+                    await asyncio.wait(
+                        [
+                            *self._starting().values(),
+                            *self._committing.values(),
+                            *self.seat.inflight(),
+                        ]
+                    )
         except TimeoutError:
             self._resume()
             raise RemoteError(
@@ -464,6 +515,8 @@ class Coordinator:
         """Leave the quiet point (a rollover rolled back): apply what came in, then place."""
         assert self.book is not None
         self.held = False
+        if self.seat is not None:
+            self.seat.release()
         unread, self._unread = self._unread, []
         with self.book.batch():
             for put in unread:

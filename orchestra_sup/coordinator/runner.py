@@ -103,6 +103,8 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
     """What its ended lanes spent."""
     granted: f.Budget | None = None
     """Budget humans added to the plan's (`ctl approve --grant`)."""
+    outcome: f.PlanOutcome | None = None
+    """How a session ended (`coordinator.seat`); None for a dag plan and a session under way."""
 
     @classmethod
     def new(
@@ -161,10 +163,15 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
 
     @property
     def done(self) -> bool:
+        """Every task is final; a session (`spec.coordinator` not "dag"): its program ended."""
+        if self.spec.coordinator != "dag":
+            return self.outcome is not None
         return self.progress.done
 
     @property
     def ok(self) -> bool:
+        if self.spec.coordinator != "dag":
+            return self.outcome is not None and self.outcome.error is None
         return self.progress.counts[TaskStatus.SUCCEEDED] == len(self.tasks)
 
     @property

@@ -56,6 +56,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     relay_deadline_s: float = 55.0
     lane_nice: int = 10
     lane_programs: list[str] = []
+    coordinator_programs: list[str] = []
+    """`[coordinator] programs`: the `module:Class` coordinator programs a plan may name."""
     endpoint: str = ""
     quotas: dict[str, Quota] = {}
     """`[quotas]`: tenant -> ceilings, for the coordinator (`coordinator.quota`)."""

@@ -3,10 +3,10 @@
 Answered by the supervisor itself: `status` (from the control record, never waiting on a child),
 `restart`, `stop`, `rollover` (`supervisor.rollover`), `reload` (`supervisor.reload`; while one
 runs, `restart` and `rollover` are refused busy). Forwarded to the coordinator as a task,
-so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`, `cancel`, and
-the HITL answers (`approve`, `reject`, `redirect`, `accept-partial`: `CtlRespond`), stamped with
-the caller's identity from the connection. Fanned out to every shard: `lanes` (with the
-coordinator's pending approvals merged in), `logs`.
+so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`, `cancel`,
+`call`, `message`, and the HITL answers (`approve`, `reject`, `redirect`, `accept-partial`:
+`CtlRespond`), stamped with the caller's identity from the connection. Fanned out to every
+shard: `lanes` (with the coordinator's pending approvals merged in), `logs`.
 
 Who may ask (ADR 0012): every request is admitted first (`admit`), from the connection, never
 the frame: an `ipc://` caller whose uid is the tree owner's (the supervisor's effective uid),
@@ -73,6 +73,7 @@ Serves = (
     | f.CtlPlans
     | f.CtlCancel
     | f.CtlCall
+    | f.CtlMessage
     | f.CtlBenchRelay
     | f.CtlRollover
     | f.CtlReload
@@ -186,6 +187,7 @@ class CtlService:
                 | f.CtlPlans()
                 | f.CtlCancel()
                 | f.CtlCall()
+                | f.CtlMessage()
                 | f.CtlBenchRelay()
             ):
                 return self._forward("coordinator", body, env.ttl_s)

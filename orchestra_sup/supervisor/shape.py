@@ -64,7 +64,14 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 READS: dict[str, frozenset[str]] = {
     "custodian": frozenset({"heartbeat_s", "isolation"}),  # who owns a sandbox: laneuser
     "coordinator": frozenset(
-        {"heartbeat_s", "max_worker_loss", "relay_deadline_s", "lane_programs", "quotas"}
+        {
+            "heartbeat_s",
+            "max_worker_loss",
+            "relay_deadline_s",
+            "lane_programs",
+            "coordinator_programs",
+            "quotas",
+        }
     ),
     "shard": frozenset(
         {
@@ -98,6 +105,7 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
         "relay_deadline_s": settings.relay.deadline_s,
         "lane_nice": settings.lanes.nice,
         "lane_programs": list(settings.lanes.programs),
+        "coordinator_programs": list(settings.coordinator.programs),
         "quotas": dict(settings.quotas),
     }
     reads = READS[role]

@@ -36,6 +36,7 @@ from orchestra_sup.protocol.frames.control import (
     Welcome,
 )
 from orchestra_sup.protocol.frames.ctl import (
+    MESSAGE_MAX_BYTES,
     BenchSamples,
     Ctl,
     CtlBenchRelay,
@@ -44,6 +45,7 @@ from orchestra_sup.protocol.frames.ctl import (
     CtlDebug,
     CtlLanes,
     CtlLogs,
+    CtlMessage,
     CtlPlan,
     CtlPlans,
     CtlReload,
@@ -62,6 +64,7 @@ from orchestra_sup.protocol.frames.ctl import (
     PlanReport,
     PlanSummary,
     ReloadReport,
+    SessionLaneReport,
     StatusReply,
     SupervisorInfo,
 )
@@ -140,6 +143,7 @@ from orchestra_sup.protocol.frames.values import (
 
 __all__ = [
     "ENVELOPE_ID_MAX",
+    "MESSAGE_MAX_BYTES",
     "Ack",
     "Answer",
     "BenchSamples",
@@ -155,6 +159,7 @@ __all__ = [
     "CtlDebug",
     "CtlLanes",
     "CtlLogs",
+    "CtlMessage",
     "CtlPlan",
     "CtlPlans",
     "CtlReload",
@@ -228,6 +233,7 @@ __all__ = [
     "SandboxCommit",
     "SandboxCreate",
     "SandboxReady",
+    "SessionLaneReport",
     "Spend",
     "StatusReply",
     "SupervisorInfo",

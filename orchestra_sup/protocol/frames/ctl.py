@@ -6,7 +6,7 @@ Every `orchestra-sup ctl` request and its answer, and the forms the supervisor f
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -109,6 +109,27 @@ class PlanReport(Frame, tag="plan_report"):
     tasks: list[TaskReport]
     spent: Spend = Spend()
     budget: Budget | None = None
+    coordinator: str = "dag"
+    """What decides its lanes: "dag" (its `tasks`), or a coordinator program (a session)."""
+    result: Any = None
+    """What a session's program returned (JSON values); None until it ends, or when it failed."""
+    error: str | None = None
+    """Why a session failed, in one line."""
+    lanes: list[SessionLaneReport] = []
+    """Every lane a session started, in the order it started them."""
+
+
+class SessionLaneReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One lane a session started: its lane id (None while it waits for a shard), the one-task
+    plan that runs it, its command, the revision asked for (None: the head), its effect id
+    (`key`) and the status a report shows."""
+
+    lane: str | None
+    plan: str
+    run: str
+    rev: str | None
+    key: str
+    status: str
 
 
 class CtlPlans(Frame, tag="ctl_plans"):
@@ -186,6 +207,19 @@ class CtlCall(Frame, tag="ctl_call"):
 
     tool: str
     params: dict[str, str] = {}
+
+
+MESSAGE_MAX_BYTES = 64 * 1024
+"""The longest operator message (`CtlMessage.text`), in UTF-8 bytes."""
+
+
+class CtlMessage(Frame, tag="ctl_message"):
+    """`ctl message PLAN TEXT`: an operator's message to the session that runs plan `plan`
+    (`text`: at most `MESSAGE_MAX_BYTES` UTF-8 bytes). Answered `Ack`; `Error(not_found)` for
+    an unknown plan, `bad_request` for a plan whose coordinator takes no messages."""
+
+    plan: str
+    text: str
 
 
 class CtlBenchRelay(Frame, tag="ctl_bench_relay"):
@@ -283,6 +317,7 @@ Ctl = (
     | HitlRecorded
     | ListPending
     | CtlCall
+    | CtlMessage
     | CtlBenchRelay
     | BenchSamples
     | CtlDebug

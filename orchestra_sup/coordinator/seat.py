@@ -1,0 +1,329 @@
+"""The coordinator's seat: where a plan's coordinator program runs, supervised with the process.
+
+A plan whose `coordinator` is not "dag" is a session (`coordinator.context` is the contract).
+The seat checks the name at submission (a built-in, `coordinator.programs`, or a `module:Class`
+listed in `[coordinator] programs` and importable here), records the session, builds the
+program with the plan's args and runs `run(ctx)` as a task on the coordinator's loop. It is the
+only part that knows sessions: the coordinator role tells it what concerns them (a lane's plan
+ended, a lane's note, an operator's message, a human's answer, a quiet point) and asks it for
+their reports and their pending questions.
+
+After the process is gone (SIGKILL, `ctl restart coordinator`, `ctl rollover coordinator`), the
+next one's `open` builds every session not ended again from its record (`coordinator.
+sessionstore`): the program from its last checkpoint, its inbox from the event after it, and
+a "result" event for every lane of it that ended while no process was there to tell it.
+
+How a session ends: `run` returns (its value, JSON-encoded, is the plan's `result`), returns a
+`Failure`, or raises: the plan's `outcome` is written like any plan's final record, its
+waiters woken (`ctl plan --wait`), and the lanes it left running are cancelled. A program's
+exception fails only its own plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from orchestra_sup.coordinator.book import PlanBook
+from orchestra_sup.coordinator.context import RESULT_MAX_BYTES, Context, Failure
+from orchestra_sup.coordinator.programs import BUILTINS
+from orchestra_sup.coordinator.report import session_report
+from orchestra_sup.coordinator.runner import PlanRecord
+from orchestra_sup.coordinator.session import RunningSession, StartLane
+from orchestra_sup.coordinator.sessionstore import SessionRecord, SessionStore
+from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.patterns import DAG
+from orchestra_sup.runtime.node import Node
+
+log = logging.getLogger(__name__)
+
+RETRY_UNTIL_UP_S = (0.05, 1.0)
+"""A read tool's call to a peer that is down (not delivered, so safe to send again) is retried
+after these many seconds, doubling to the second, until the relay deadline: a session rebuilt
+at start must not fail because the custodian is not up yet."""
+
+
+class Seat:
+    """Every session of the coordinator (see the module docstring). `allowed` is `[coordinator]
+    programs`; `call` is a relayed tool call (`Toolkit.call`); `start_lane` the coordinator's
+    placement of a one-task plan with a grant; `deadline_s` bounds a retried call."""
+
+    def __init__(
+        self,
+        node: Node,
+        book: PlanBook,
+        store: SessionStore,
+        *,
+        allowed: frozenset[str],
+        call: Callable[[str, dict[str, str]], Awaitable[Any]],
+        start_lane: StartLane,
+        deadline_s: float,
+    ) -> None:
+        self.node = node
+        self.book = book
+        self.store = store
+        self.allowed = allowed
+        self._call = call
+        self._start_lane = start_lane
+        self.deadline_s = deadline_s
+        self.sessions: dict[str, RunningSession] = {}
+        self.gate = asyncio.Event()
+        """Set while sessions may act; cleared at a quiet point (`hold`)."""
+        self.gate.set()
+
+    # --- programs --------------------------------------------------------------------------------
+
+    def program(self, name: str) -> type:
+        """The class `name` names. Raises `RemoteError(bad_request)` in one line when it is not
+        built in and not in `[coordinator] programs`, or cannot be imported here."""
+        if name in BUILTINS:
+            return BUILTINS[name]
+        if ":" not in name:
+            raise RemoteError(ErrorCode.BAD_REQUEST, f"coordinator {name!r} is not built in")
+        if name not in self.allowed:
+            listed = ", ".join(sorted(self.allowed)) or "none"
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                f"coordinator {name!r} is not in the tree's [coordinator] programs (listed: "
+                f"{listed})",
+            )
+        module, _, cls = name.partition(":")
+        try:
+            found = getattr(importlib.import_module(module), cls)
+        except Exception as exc:  # an import runs the module: any error is the program's
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                f"coordinator {name!r} cannot be loaded: {type(exc).__name__}: {exc}",
+            ) from exc
+        if not isinstance(found, type) or not callable(getattr(found, "run", None)):
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST, f"coordinator {name!r} is not a class with run(ctx)"
+            )
+        return found
+
+    def check(self, spec: f.PlanSpec) -> None:
+        """Refuse a submitted plan whose coordinator cannot run here (`program`)."""
+        if spec.coordinator != DAG:
+            self.program(spec.coordinator)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Build and run every session the book holds that has not ended (at start)."""
+        live = {
+            p.id: p for p in self.book.active.values() if p.spec.coordinator != DAG and not p.done
+        }
+        for session_id, (rec, entries) in self.store.load(set(live)).items():
+            self._run(live[session_id], rec or SessionRecord(id=session_id), entries)
+
+    def started(self, plan: PlanRecord) -> None:
+        """`plan`, a session, was accepted: run it."""
+        self._run(plan, SessionRecord(id=plan.id), [])
+
+    def _run(self, plan: PlanRecord, rec: SessionRecord, entries: list[Any]) -> None:
+        session = RunningSession(
+            plan,
+            rec,
+            entries,
+            book=self.book,
+            store=self.store,
+            toolkit_call=self._relay,
+            start_lane=self._start_lane,
+            gate=self.gate,
+        )
+        self.sessions[plan.id] = session
+        for lane in rec.lanes:  # lanes that ended while no process was there to say so
+            child = self.book.plans.get(lane.plan)
+            if child is not None and child.done:
+                session.lane_ended(child)
+        rec.runs += 1
+        session.task = self.node.spawn(self._drive(session))
+
+    async def _drive(self, session: RunningSession) -> None:
+        plan, rec = session.plan, session.rec
+        resumed = None if rec.checkpoint is None else msgspec.msgpack.decode(rec.checkpoint)
+        ctx = Context(
+            session,
+            session_id=plan.id,
+            name=plan.spec.name,
+            args=dict(plan.spec.args),
+            resumed=resumed,
+            budget=plan.spec.budget,
+        )
+        log.info(
+            "session %s (%s): run %d of %s",
+            plan.id,
+            plan.spec.name,
+            rec.runs,
+            plan.spec.coordinator,
+        )
+        await session.store.write(rec)
+        try:
+            program = self.program(plan.spec.coordinator)(dict(plan.spec.args))
+            value = await program.run(ctx)
+        except asyncio.CancelledError:
+            raise  # the process stops: the next one resumes the session
+        except Exception as exc:
+            self._conclude(session, error=_one_line(f"{type(exc).__name__}: {exc}"))
+            return
+        if isinstance(value, Failure):
+            self._conclude(session, error=_one_line(value.error))
+            return
+        try:
+            encoded = msgspec.json.encode(value)
+        except (TypeError, msgspec.EncodeError) as exc:
+            self._conclude(session, error=f"result is not JSON-able: {exc}")
+            return
+        if len(encoded) > RESULT_MAX_BYTES:
+            self._conclude(
+                session, error=f"result of {len(encoded):,} bytes: at most {RESULT_MAX_BYTES:,}"
+            )
+            return
+        self._conclude(session, result=msgspec.json.decode(encoded))
+
+    def _conclude(self, session: RunningSession, *, result: Any = None, error: str | None = None):
+        """End `session`'s plan with `result` or `error`, and cancel the lanes it left."""
+        plan = session.plan
+        plan.outcome = f.PlanOutcome(result=result, error=error, at=time.time())
+        self.sessions.pop(plan.id, None)
+        if error is None:
+            log.info("session %s: done", plan.id)
+        else:
+            log.warning("session %s: failed: %s", plan.id, error)
+        for lane in session.rec.lanes:
+            child = self.book.plans.get(lane.plan)
+            live = child.tasks["lane"].lane if child is not None and not child.done else None
+            if live is not None:
+                self.node.spawn(self._relay("cancel_lane", {"lane": live}))
+        self.book.commit(plan)
+
+    # --- what the role tells it ------------------------------------------------------------------
+
+    def plan_done(self, plan: PlanRecord) -> None:
+        """`plan` ended: if a session started it, commit its "result" event."""
+        for session in self.sessions.values():
+            if session.lane_of(plan.id) is not None:
+                session.lane_ended(plan)
+                return
+
+    def note(self, note: f.LaneNote, msg_id: str) -> None:
+        """A lane's program told the coordinator `note`: a "note" event of its session."""
+        for session in self.sessions.values():
+            if session.lane_of(note.plan) is not None:
+                session.append(f"note:{msg_id}", "note", lane=note.lane, text=note.text)
+                return
+
+    async def message(self, req: f.CtlMessage) -> f.Body:
+        """`ctl message PLAN TEXT`: a "message" event of session `req.plan`. Raises
+        `RemoteError`: not_found (no such plan), bad_request (a dag plan, an ended session, a
+        text over `MESSAGE_MAX_BYTES`)."""
+        plan = self.book.plans.get(req.plan)
+        if plan is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no plan {req.plan!r}")
+        if plan.spec.coordinator == DAG:
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                f"plan {req.plan} runs the dag coordinator: only a coordinator program's "
+                "session takes messages",
+            )
+        session = self.sessions.get(plan.id)
+        if session is None:
+            raise RemoteError(ErrorCode.BAD_REQUEST, f"session {req.plan} has ended")
+        if len(req.text.encode()) > f.MESSAGE_MAX_BYTES:
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST, f"a message is at most {f.MESSAGE_MAX_BYTES} UTF-8 bytes"
+            )
+        committed = session.append(f"message:{uuid.uuid4().hex}", "message", text=req.text)
+        assert committed is not None  # a new origin
+        await asyncio.shield(committed)
+        return f.Ack()
+
+    def asks(self, handle: str) -> bool:
+        """Whether `handle` is an unanswered question of a session."""
+        return any(s.question(handle) is not None for s in self.sessions.values())
+
+    async def respond(self, req: f.HitlRespond) -> f.Body:
+        """A human's answer to a session's question (`asks(req.lane)`): recorded durably, then
+        an "answer" event, then the program wakes."""
+        for session in self.sessions.values():
+            asked = session.question(req.lane)
+            if asked is not None:
+                answer = f.Answer(
+                    verdict=req.verdict,
+                    text=req.text,
+                    responder=req.responder,
+                    uid=req.uid,
+                    at=time.time(),
+                )
+                await session.answer(asked, answer)
+                return f.HitlRecorded(
+                    lane=req.lane, plan=session.id, task="coordinator", outcome="answered"
+                )
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no question waits on {req.lane!r}")
+
+    def pending(self) -> list[f.LaneInfo]:
+        """Every unanswered question of a session, as `ctl pending` lists them."""
+        return [
+            f.LaneInfo(
+                lane=q.handle,
+                task="coordinator",
+                plan=session.id,
+                shard="",
+                state="awaiting_approval",
+                sandbox=None,
+                question=q.question,
+                since=q.asked_at,
+                accepts=["approve", "reject", "redirect"],
+            )
+            for session in self.sessions.values()
+            for q in session.rec.questions.values()
+            if q.answer is None
+        ]
+
+    def report(self, plan: PlanRecord) -> f.PlanReport:
+        """`ctl plan` of session `plan`."""
+        session = self.sessions.get(plan.id)
+        rec = session.rec if session is not None else self.store.record(plan.id)
+        lanes = [] if rec is None else rec.lanes
+        return session_report(plan, [(lane, self.book.plans.get(lane.plan)) for lane in lanes])
+
+    # --- quiet points ----------------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """A quiet point: no session takes a new action until `release`."""
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def inflight(self) -> list[asyncio.Future[Any]]:
+        """What sessions have under way (durable writes, lane starts): a quiet point waits."""
+        return [fut for s in self.sessions.values() for fut in s.inflight]
+
+    # --- the relay -------------------------------------------------------------------------------
+
+    async def _relay(self, tool: str, params: dict[str, str]) -> Any:
+        """`call`, sent again while its peer is down (it was not delivered), until the relay
+        deadline."""
+        delay, cap = RETRY_UNTIL_UP_S
+        deadline = time.monotonic() + self.deadline_s
+        while True:
+            try:
+                return await self._call(tool, params)
+            except PeerDown:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(cap, delay * 2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "failed"

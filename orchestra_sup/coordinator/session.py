@@ -1,0 +1,308 @@
+"""One running session: a coordinator program's `run(ctx)` and what its `Context` does.
+
+`RunningSession` is the seat's side of the contract (`coordinator.context.Session`): it turns
+the program's calls into the coordinator's own moves, each safe to repeat after a restart
+(seeds/000: "deterministic effect ids", "a durable inbox that is the only way worker results
+arrive"):
+
+- `start_lane`, `message_lane` and `ask_human` get an effect id: the program's `key=`, else
+  "<checkpoints taken>.<call index since the last checkpoint>". A started lane is a one-task plan
+  whose idempotency key is "<session>:<effect id>", so the same call made again (a replay after
+  a restart) answers the lane the first call started; a message carries the same key to its
+  shard, which delivers a key once; a question asked again is the same question.
+- `events()` delivers the session's inbox (`coordinator.sessionstore`) from the first event
+  after the last checkpoint, each once it is committed; `checkpoint` moves the cursor to what
+  was delivered, durably. Nothing else moves it: an event delivered and not covered by a
+  checkpoint is delivered again by the next run.
+- effectful calls and checkpoints wait while the coordinator is held at a quiet point
+  (`gate`), so a generation being rolled over takes no new action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from orchestra_sup.coordinator import budget
+from orchestra_sup.coordinator.book import PlanBook
+from orchestra_sup.coordinator.context import RESULT_MAX_BYTES, Event
+from orchestra_sup.coordinator.report import shown
+from orchestra_sup.coordinator.runner import PlanRecord
+from orchestra_sup.coordinator.sessionstore import (
+    Entry,
+    Question,
+    SessionLane,
+    SessionRecord,
+    SessionStore,
+)
+from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import tools
+
+QUESTION_MAX_BYTES = 4096
+"""The longest question (UTF-8 bytes), as for a lane program's `ask_human`."""
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""What a program's effect key (`key=`) must match."""
+EFFECTFUL = frozenset({"start_lane", "message_lane"})
+"""The tools whose calls carry an effect id."""
+
+StartLane = Callable[[tools.StartLane, f.Budget | None], Awaitable[dict[str, Any]]]
+"""How a session starts a lane: the coordinator's `start_lane` with the grant the session's
+budget leaves it."""
+
+
+def wire_params(params: dict[str, Any]) -> dict[str, str]:
+    """Keyword parameters as the wire's strings: a bool is "true" or "false", a number its
+    decimal text, a list or tuple its items joined with commas; None is left out. Raises
+    `TypeError` for any other value."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            out[key] = str(value)
+        elif isinstance(value, list | tuple):
+            out[key] = ",".join(str(v) for v in value)
+        else:
+            raise TypeError(f"parameter {key}={value!r}: expected a string, number, bool or list")
+    return out
+
+
+def lane_outcome(plan: PlanRecord, lane: SessionLane) -> dict[str, Any]:
+    """What `ctx.wait` answers for `lane`, run by one-task plan `plan` (see `Context.wait`)."""
+    rec = plan.tasks["lane"]
+    return {
+        "lane": rec.lane,
+        "plan": plan.id,
+        "status": shown(rec),
+        "exit_code": rec.exit_code,
+        "output_tail": rec.output_tail,
+        "failure": None if rec.failure is None else str(rec.failure),
+        "error": rec.error,
+        "commit": rec.commit,
+        "rev": getattr(rec, "rev", None) or lane.rev,
+    }
+
+
+class RunningSession:
+    """Session `rec` of plan `plan`, as its program runs it now. `events` are the committed
+    inbox events after the last checkpoint, oldest first; `gate` is set while the coordinator
+    may act (not held at a quiet point)."""
+
+    def __init__(
+        self,
+        plan: PlanRecord,
+        rec: SessionRecord,
+        entries: list[Entry],
+        *,
+        book: PlanBook,
+        store: SessionStore,
+        toolkit_call: Callable[[str, dict[str, str]], Awaitable[Any]],
+        start_lane: StartLane,
+        gate: asyncio.Event,
+    ) -> None:
+        self.plan = plan
+        self.rec = rec
+        self.book = book
+        self.store = store
+        self._call = toolkit_call
+        self._start_lane = start_lane
+        self.gate = gate
+        self.origins = {entry.origin for entry in entries}
+        """What caused each event committed or queued: an origin's event is committed once."""
+        self.events_after: list[Event] = [e.event for e in entries if e.event.seq > rec.cursor]
+        self.delivered = rec.cursor
+        self.index = 0
+        self.task: asyncio.Task[Any] | None = None
+        self.inflight: set[asyncio.Future[Any]] = set()
+        """Durable writes and lane starts under way: a quiet point waits for them."""
+        self._arrived: asyncio.Future[None] | None = None
+        self._reading = False
+        self._answers: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._commits: dict[int, asyncio.Future[None]] = {}
+
+    @property
+    def id(self) -> str:
+        return self.plan.id
+
+    # --- the inbox -------------------------------------------------------------------------------
+
+    def append(self, origin: str, kind: str, **fields: Any) -> asyncio.Future[None] | None:
+        """Commit one inbox event caused by `origin` (see `coordinator.sessionstore`): the
+        future resolves once it is committed. None when that origin's event is there already."""
+        if origin in self.origins:
+            return None
+        self.origins.add(origin)
+        event = Event(seq=self.rec.next_seq, kind=kind, at=time.time(), **fields)  # type: ignore[arg-type]
+        self.rec.next_seq += 1
+        done = self._track(self.store.append(self.rec, Entry(origin=origin, event=event)))
+        self._commits[event.seq] = done
+        self.events_after.append(event)
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
+        return done
+
+    async def events(self) -> AsyncIterator[Event]:
+        if self._reading:
+            raise RuntimeError("events() has one reader at a time")
+        self._reading = True
+        try:
+            while True:
+                fresh = [e for e in self.events_after if e.seq > self.delivered]
+                for event in fresh:
+                    commit = self._commits.pop(event.seq, None)
+                    if commit is not None:
+                        await asyncio.shield(commit)  # never deliver what could still be lost
+                    self.delivered = event.seq
+                    yield event
+                if not fresh:
+                    self._arrived = asyncio.get_running_loop().create_future()
+                    await self._arrived
+        finally:
+            self._reading = False
+
+    async def checkpoint(self, value: Any) -> None:
+        data = msgspec.msgpack.encode(value)
+        if len(data) > RESULT_MAX_BYTES:
+            raise ValueError(
+                f"checkpoint of {len(data):,} bytes: at most {RESULT_MAX_BYTES:,} (msgpack)"
+            )
+        await self.gate.wait()
+        rec = self.rec
+        rec.checkpoint, rec.checkpoints, rec.cursor = data, rec.checkpoints + 1, self.delivered
+        self.index = 0
+        self.events_after = [e for e in self.events_after if e.seq > rec.cursor]
+        await self._track(self.store.write(rec))
+
+    # --- tools -----------------------------------------------------------------------------------
+
+    def _effect(self, key: Any) -> str:
+        """The next effectful call's effect id: `key` when the program gave one."""
+        index, self.index = self.index, self.index + 1
+        if key is None:
+            return f"{self.rec.checkpoints}.{index}"
+        if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
+            raise ValueError(f"key {key!r}: expected 1 to 64 of [A-Za-z0-9_.-]")
+        return key
+
+    async def call(self, tool: str, params: dict[str, Any]) -> Any:
+        if tool not in EFFECTFUL:
+            return await self._call(tool, wire_params(params))
+        params = dict(params)
+        effect = self._effect(params.pop("key", None))
+        wire = wire_params(params)
+        await self.gate.wait()
+        if tool == "message_lane":
+            return await self._call(tool, {**wire, "key": f"{self.id}:{effect}"})
+        start = tools.TOOLS[tool].parse({**wire, "key": f"{self.id}:{effect}"})
+        assert isinstance(start, tools.StartLane)
+        return await self._track(self._start(effect, start))
+
+    async def _start(self, effect: str, start: tools.StartLane) -> dict[str, Any]:
+        known = next((lane for lane in self.rec.lanes if lane.key == effect), None)
+        grant = None
+        if known is None:
+            limit = budget.extend(self.plan.spec.budget, self.plan.granted)
+            grant = budget.left(limit, self.spent())
+            spent = budget.empty(grant)
+            if spent is not None:
+                raise RemoteError(
+                    ErrorCode.FORBIDDEN,
+                    f"session {self.id}: its budget has no {spent} left ({budget.describe(limit)})",
+                )
+        answer = await self._start_lane(start, grant)
+        if known is None:
+            rev = getattr(start, "rev", None) or None
+            lane = SessionLane(key=effect, plan=answer["plan"], run=start.run, rev=rev)
+            self.rec.lanes.append(lane)
+            await self.store.write(self.rec)
+            child = self.book.plans.get(lane.plan)
+            if child is not None and child.done:  # it ended before it was recorded here
+                self.lane_ended(child)
+        return answer
+
+    def lane_ended(self, child: PlanRecord) -> None:
+        """A lane the session started ended (its plan is done): its "result" event."""
+        lane = self.lane_of(child.id)
+        if lane is not None:
+            outcome = lane_outcome(child, lane)
+            self.append(f"result:{child.id}", "result", lane=outcome["lane"], outcome=outcome)
+
+    def lane_of(self, plan_id: str) -> SessionLane | None:
+        return next((lane for lane in self.rec.lanes if lane.plan == plan_id), None)
+
+    def spent(self) -> f.Spend:
+        plans = self.book.plans
+        return budget.total(plans[lane.plan].spent for lane in self.rec.lanes if lane.plan in plans)
+
+    def find(self, handle: str) -> tuple[SessionLane, PlanRecord] | None:
+        """The lane the session started that `handle` names (its plan id or its lane id), and
+        its plan; None when there is none."""
+        for known in self.rec.lanes:
+            child = self.book.plans.get(known.plan)
+            if child is not None and handle in (known.plan, child.tasks["lane"].lane):
+                return known, child
+        return None
+
+    async def wait(self, lane: str | dict[str, Any]) -> dict[str, Any]:
+        handle = (lane.get("plan") or lane.get("lane")) if isinstance(lane, dict) else lane
+        found = self.find(str(handle))
+        if found is None:
+            raise KeyError(f"session {self.id} started no lane {handle!r}")
+        known, child = found
+        while not child.done:
+            waiter = asyncio.get_running_loop().create_future()
+            self.book.waiters.setdefault(child.id, []).append(waiter)
+            await waiter
+        return lane_outcome(child, known)
+
+    # --- humans ----------------------------------------------------------------------------------
+
+    async def ask_human(self, question: str, key: str | None) -> dict[str, Any]:
+        if len(question.encode()) > QUESTION_MAX_BYTES:
+            raise ValueError(f"a question is at most {QUESTION_MAX_BYTES} UTF-8 bytes")
+        effect = self._effect(key)
+        asked = self.rec.questions.get(effect)
+        if asked is not None and asked.answer is not None:
+            return asked.answer
+        if asked is None:
+            await self.gate.wait()
+            asked = Question(
+                key=effect, handle=f"{self.id}.q{effect}", question=question, asked_at=time.time()
+            )
+            self.rec.questions[effect] = asked
+            await self._track(self.store.write(self.rec))
+        waiter = self._answers.setdefault(effect, asyncio.get_running_loop().create_future())
+        return await asyncio.shield(waiter)
+
+    def question(self, handle: str) -> Question | None:
+        """The unanswered question `handle` names, or None."""
+        return next(
+            (q for q in self.rec.questions.values() if q.handle == handle and q.answer is None),
+            None,
+        )
+
+    async def answer(self, asked: Question, answer: f.Answer) -> None:
+        """Record a human's `answer` to `asked` durably, then commit its "answer" event and
+        wake the program."""
+        value = {"verdict": answer.verdict, "text": answer.text, "responder": answer.responder}
+        asked.answer = value
+        await self._track(self.store.write(self.rec))
+        self.append(f"answer:{asked.key}", "answer", key=asked.key, answer=value)
+        waiter = self._answers.setdefault(asked.key, asyncio.get_running_loop().create_future())
+        if not waiter.done():
+            waiter.set_result(value)
+
+    def _track(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
+        """`work` as a future the quiet point waits for until it is done."""
+        future = asyncio.ensure_future(work)
+        self.inflight.add(future)
+        future.add_done_callback(self.inflight.discard)
+        return future

@@ -1,0 +1,90 @@
+"""Coordinator programs the seat's tests run (listed in their trees' `[coordinator] programs`).
+
+They use only the contract (`coordinator.context`), as a platform's own program would.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Squares:
+    """Starts one lane per number in `args["numbers"]` (each prints its square) and returns the
+    sum of what they printed: a value computed from the lanes' outputs."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.numbers = [int(n) for n in args["numbers"]]
+
+    async def run(self, ctx: Any) -> Any:
+        lanes = [await ctx.tools.start_lane(run=f"echo $(({n} * {n}))") for n in self.numbers]
+        outcomes = [await ctx.wait(lane) for lane in lanes]
+        if any(o["status"] != "succeeded" for o in outcomes):
+            return ctx.failure("a lane failed")
+        return {"sum": sum(int(o["output_tail"]) for o in outcomes), "lanes": len(lanes)}
+
+
+class Inbox:
+    """Echoes operator messages: each "message" event is answered by a lane that prints it, and
+    the session checkpoints only after every second message (so a restart between two redelivers
+    the first). Ends on the message "stop", returning every message it handled, in order, with
+    the run it was handled in (`ctx.resumed` counts runs)."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.marker = Path(args["marker"])
+
+    async def run(self, ctx: Any) -> Any:
+        state = ctx.resumed or {"handled": [], "runs": 0}
+        state["runs"] += 1
+        pending: list[str] = []
+        async for event in ctx.events():
+            if event.kind != "message":
+                continue
+            if event.text == "stop":
+                return state
+            lane = await ctx.tools.start_lane(run=f"echo {event.text}")
+            await ctx.wait(lane)
+            pending.append(event.text)
+            self.marker.write_text(f"{state['runs']} {' '.join(state['handled'] + pending)}\n")
+            if len(pending) == 2:
+                state["handled"] += pending
+                pending = []
+                await ctx.checkpoint(state)
+        return state
+
+
+class Blocks:
+    """On its first run, blocks the coordinator's loop for `args["block_s"]` seconds after its
+    first checkpoint; resumed, it starts one lane and returns its output."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.block_s = float(args["block_s"])
+
+    async def run(self, ctx: Any) -> Any:
+        if ctx.resumed is None:
+            await ctx.checkpoint({"blocked": True})
+            time.sleep(self.block_s)  # the mistake this program exists to make
+        lane = await ctx.tools.start_lane(run="echo resumed")
+        return (await ctx.wait(lane))["output_tail"].strip()
+
+
+class Raises:
+    """Fails its plan by raising."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        pass
+
+    async def run(self, ctx: Any) -> Any:
+        raise RuntimeError("the program gave up")
+
+
+class Asks:
+    """Asks a human, and returns the answer's verdict and text."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        pass
+
+    async def run(self, ctx: Any) -> Any:
+        answer = await ctx.ask_human("ship it?")
+        return {"verdict": answer["verdict"], "text": answer["text"]}

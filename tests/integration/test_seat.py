@@ -1,0 +1,115 @@
+"""The coordinator's seat on real trees: a user's program runs inside the coordinator process,
+is refused unless listed, survives SIGKILL with its inbox, and a wedged one is restarted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.errors import RemoteError
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, wait_until
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAMS = "tests.integration.coordinator_programs"
+LISTED = [f"{PROGRAMS}:{name}" for name in ("Squares", "Inbox", "Blocks", "Raises", "Asks")]
+
+
+@pytest.fixture
+def seat(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
+    cfg = tmp_path / "tree.toml"
+    listed = ", ".join(f'"{p}"' for p in LISTED)
+    cfg.write_text(f"[supervisor]\nwatchdog_s = 2.0\n\n[coordinator]\nprograms = [{listed}]\n")
+    return tree_factory(workspace=repo, config=cfg, extra_env={"PYTHONPATH": str(REPO)})
+
+
+def session(name: str, program: str, **args: object) -> f.PlanSpec:
+    return f.PlanSpec(name=name, tasks=[], coordinator=program, args=dict(args))
+
+
+def ctl(tree: Tree, *argv: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_a_users_program_starts_lanes_and_returns_a_value_from_their_outputs(seat: Tree) -> None:
+    plan = seat.submit(session("squares", f"{PROGRAMS}:Squares", numbers=[1, 2, 3]))
+    report = seat.wait_plan(plan, timeout_s=60)
+    assert report.ok, report
+    assert report.coordinator == f"{PROGRAMS}:Squares"
+    assert report.result == {"sum": 14, "lanes": 3}
+    assert [lane.status for lane in report.lanes] == ["succeeded"] * 3
+    assert [lane.key for lane in report.lanes] == ["0.0", "0.1", "0.2"]
+    shown = ctl(seat, "plan", plan, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["result"] == {"sum": 14, "lanes": 3}
+
+
+def test_a_program_not_listed_is_refused_at_submit(seat: Tree, tmp_path: Path) -> None:
+    plan = tmp_path / "p.toml"
+    plan.write_text('name = "x"\ncoordinator = "tests.integration.lane_programs:Runs"\n')
+    done = ctl(seat, "plan", str(plan))
+    assert done.returncode == 2, done
+    assert "is not in the tree's [coordinator] programs" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_raise_fails_only_its_own_plan(seat: Tree) -> None:
+    bad = seat.submit(session("raises", f"{PROGRAMS}:Raises"))
+    good = seat.submit(session("squares", f"{PROGRAMS}:Squares", numbers=[4]))
+    failed = seat.wait_plan(bad)
+    assert not failed.ok and failed.error == "RuntimeError: the program gave up"
+    assert seat.wait_plan(good).result == {"sum": 16, "lanes": 1}
+
+
+def test_inbox_events_after_the_checkpoint_are_redelivered_after_sigkill(
+    seat: Tree, tmp_path: Path
+) -> None:
+    marker = tmp_path / "handled"
+    plan = seat.submit(session("inbox", f"{PROGRAMS}:Inbox", marker=str(marker)))
+    for text in ("a", "b", "c"):
+        assert ctl(seat, "message", plan, text).returncode == 0
+    wait_until(lambda: marker.exists() and marker.read_text() == "1 a b c\n", 30, "a, b, c")
+    pid = seat.pids()["coordinator"]
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # "c" was delivered and handled, never checkpointed
+    wait_until(lambda: seat.pids()["coordinator"] not in (None, pid), 30, "a new coordinator")
+    wait_until(lambda: marker.read_text() == "2 a b c\n", 30, "c again, in run 2")
+    assert ctl(seat, "message", plan, "stop").returncode == 0
+    report = seat.wait_plan(plan)
+    assert report.result == {"handled": ["a", "b"], "runs": 2}
+    # "c" was handled twice, but its lane started once: the same effect id answered it
+    assert [lane.run for lane in report.lanes] == ["echo a", "echo b", "echo c"]
+
+
+def test_a_program_that_blocks_the_loop_is_restarted_and_its_plan_resumes(seat: Tree) -> None:
+    before = seat.pids()["coordinator"]
+    plan = seat.submit(session("blocks", f"{PROGRAMS}:Blocks", block_s=8.0))
+    report = seat.wait_plan(plan, timeout_s=90)
+    assert report.result == "resumed", report
+    assert seat.pids()["coordinator"] != before  # the watchdog restarted it
+
+
+def test_a_session_question_is_answered_with_ctl(seat: Tree) -> None:
+    plan = seat.submit(session("asks", f"{PROGRAMS}:Asks"))
+
+    def asked() -> str | None:
+        pending = seat.ctl(f.ListPending())
+        assert isinstance(pending, f.LaneList)
+        return next((p.lane for p in pending.lanes if p.plan == plan), None)
+
+    handle = str(wait_until(asked, 30, "the question in ctl pending"))
+    done = ctl(seat, "reject", handle, "--text", "not yet")
+    assert done.returncode == 0, done.stderr
+    assert seat.wait_plan(plan).result == {"verdict": "reject", "text": "not yet"}
+    with pytest.raises(RemoteError):
+        seat.ctl(f.CtlPlan(id="nope"))
