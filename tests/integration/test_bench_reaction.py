@@ -1,16 +1,30 @@
-"""The stamps `bench reaction` reads: a shard's receipt of a LaneStart, the coordinator's of
-a result."""
+"""`orchestra-sup bench reaction` at a tiny size on real trees, and the two stamps it reads."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Tree, plan, task
+from tests.integration.harness import Tree, assert_no_leftovers, plan, task
 
 pytestmark = pytest.mark.integration
+
+STEPS, RUNS = 3, 2
+
+
+def osup(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestra_sup", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def ordered(steps: list[list[int | None]]) -> bool:
@@ -33,3 +47,35 @@ def test_a_finished_task_reports_when_its_start_and_its_result_arrived(
     assert report.ok
     steps = [[t.start_received_ns, t.result_received_ns] for t in report.tasks]
     assert ordered(steps), steps
+
+
+def test_bench_reaction_emits_well_formed_json() -> None:
+    """Both shapes, both phases: p50 <= p99 <= max over the pooled reactions (steps - 1 per
+    run), the spread over the runs, the ratios, and every step's two stamps there and ordered;
+    nothing is left running."""
+    done = osup("bench", "reaction", "--steps", str(STEPS), "--runs", str(RUNS), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["method"]["steps"] == STEPS and result["method"]["runs"] == RUNS
+    for mode in ("separated", "colocated"):
+        shape = result[mode]
+        for phase in ("idle", "loaded"):
+            figures = shape[phase]
+            assert 0 <= figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"]
+            assert figures["n"] == RUNS * (STEPS - 1) == len(shape["samples_ms"][phase])
+            assert len(figures["runs"]) == RUNS
+            for key in ("p50_ms", "p99_ms"):
+                spread = figures["spread"][key]
+                assert spread["min"] <= spread["median"] <= spread["max"]
+            sessions = shape["steps"][phase]
+            assert len(sessions) == RUNS
+            for steps in sessions:
+                assert len(steps) == STEPS and ordered(steps), steps
+        assert shape["ratio"] is None or shape["ratio"] > 0
+    assert_no_leftovers()
+
+
+def test_bench_reaction_refuses_one_step_in_one_line() -> None:
+    done = osup("bench", "reaction", "--steps", "1")
+    assert done.returncode == 2
+    assert "--steps" in done.stderr and "Traceback" not in done.stderr
