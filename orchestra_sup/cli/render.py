@@ -11,7 +11,9 @@ from rich.text import Text
 from rich.tree import Tree
 
 from orchestra_sup.cli.columns import Field, dropped_line, fit, pack
+from orchestra_sup.cli.session_view import session_view
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.patterns import DAG
 
 
 def status_json(reply: f.StatusReply) -> dict[str, Any]:
@@ -362,8 +364,11 @@ failure class, exit status and shard (1); task, status and error (0) stay, the e
 def plan_table(
     report: f.PlanReport, console: Console, width: int | None = None, command: str = CTL
 ) -> None:
-    """`plan_view` printed on `console`."""
-    console.print(plan_view(report, width, command))
+    """`plan_view` printed on `console` (`session_view` for a session)."""
+    if report.coordinator != DAG:
+        console.print(session_view(report, width))
+    else:
+        console.print(plan_view(report, width, command))
 
 
 def plan_view(report: f.PlanReport, width: int | None, command: str = CTL) -> Group:

@@ -204,8 +204,9 @@ class Context:
     async def ask_human(self, question: str, key: str | None = None) -> dict[str, Any]:
         """Ask a human and wait for the answer: {"verdict" ("approve", "reject", "redirect" or
         "accept_partial"), "text", "responder"}. The question shows in `ctl pending` (lane
-        `<session>.q<effect>`, task "coordinator") and is answered with `ctl approve|reject|
-        redirect LANE [--text ...]`; the answer also arrives as an "answer" event. `key` names
+        `<session>.q<effect>`, task "coordinator") and is answered with `ctl approve LANE`,
+        `ctl reject LANE --reason TEXT` or `ctl redirect LANE --to TEXT` (or the SDK's
+        `Client.approve`, ...); the answer also arrives as an "answer" event. `key` names
         it across replays (default: its effect id): a question answered already is answered at
         once, the same answer, and a replayed question is not asked twice.
 

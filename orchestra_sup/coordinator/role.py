@@ -38,7 +38,7 @@ from orchestra_sup.coordinator.placer import Placer
 from orchestra_sup.coordinator.planstore import DBS, PlanStore
 from orchestra_sup.coordinator.report import plan_summary, sliced_report
 from orchestra_sup.coordinator.roster import Roster
-from orchestra_sup.coordinator.runner import TaskStatus
+from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
 from orchestra_sup.coordinator.seat import Seat
 from orchestra_sup.coordinator.sessionstore import DBS as SESSION_DBS
 from orchestra_sup.coordinator.sessionstore import SessionStore
@@ -243,7 +243,7 @@ class Coordinator:
                 assert self.book is not None
                 plans = self.book.plans.values()
                 newest = sorted(plans, key=lambda p: p.submitted_at, reverse=True)
-                ep.reply(env, peer, f.PlanList(plans=[plan_summary(p) for p in newest]))
+                ep.reply(env, peer, f.PlanList(plans=[self._summary(p) for p in newest]))
             case f.CtlCall():
                 self.node.answer(ep, peer, env, self._call(body))
             case f.CtlBenchRelay():
@@ -370,6 +370,12 @@ class Coordinator:
             log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
         book.schedule()
         return f.PlanAccepted(id=plan.id)
+
+    def _summary(self, plan: PlanRecord) -> f.PlanSummary:
+        """`ctl plans`' line of `plan`: a session's counts its lanes (`Seat.summary`)."""
+        if plan.spec.coordinator != DAG and self.seat is not None:
+            return self.seat.summary(plan)
+        return plan_summary(plan)
 
     async def _plan(self, req: f.CtlPlan) -> f.Body:
         assert self.book is not None

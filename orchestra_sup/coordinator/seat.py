@@ -295,6 +295,21 @@ class Seat:
         lanes = [] if rec is None else rec.lanes
         return session_report(plan, [(lane, self.book.plans.get(lane.plan)) for lane in lanes])
 
+    def summary(self, plan: PlanRecord) -> f.PlanSummary:
+        """`ctl plans`' line of session `plan`: its lanes counted by shown status."""
+        report = self.report(plan)
+        counts: dict[str, int] = {}
+        for lane in report.lanes:
+            counts[lane.status] = counts.get(lane.status, 0) + 1
+        return f.PlanSummary(
+            id=plan.id,
+            plan=plan.spec.name,
+            submitted_at=plan.submitted_at,
+            done=report.done,
+            ok=report.ok,
+            tasks=counts,
+        )
+
     # --- quiet points ----------------------------------------------------------------------------
 
     def hold(self) -> None:
