@@ -15,9 +15,10 @@ plan of every lane, in order. A step's two timestamps are taken in two processes
 message arrives: the coordinator stamps an `InboxPut` in its `handle` (`InboxPut.received_ns`),
 a shard stamps a `LaneStart` when it admits the lane, in the same turn (`LaneResult.
 start_received_ns`); the lane's task record keeps both and its plan's report shows them
-(`TaskReport.start_received_ns`, `result_received_ns`). Both are CLOCK_MONOTONIC
-(`time.monotonic_ns`), one clock for every process of a Linux host, so they compare: reaction
-i = shard receipt of step i+1's start - coordinator receipt of step i's result (`reactions`).
+(`TaskReport.stamps_ns`). Both are CLOCK_MONOTONIC (`time.monotonic_ns`), one clock for every
+process of a Linux host, so they compare: reaction i = shard receipt of step i+1's start -
+coordinator receipt of step i's result (`reactions`). No Context API and no code of the seat
+is involved: the program never sees the stamps.
 
 Two shapes, as `bench isolation` compares them: `separated` (one process per role) and
 `colocated` (`start --colocated`: every role in one process and one event loop). Each is a fresh
@@ -179,7 +180,7 @@ def session_steps(client: CtlClient, steps: int) -> list[tuple[int | None, int |
         (task,) = lane.tasks
         if task.status != "succeeded":
             raise SupervisionError(f"lane plan {plan}: {task.status}: {task.error}")
-        out.append((task.start_received_ns, task.result_received_ns))
+        out.append(task.stamps_ns or (None, None))
     return out
 
 

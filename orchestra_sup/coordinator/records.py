@@ -116,8 +116,7 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     most `MAX_NOTES` (the newest)."""
     noted: list[str] = msgspec.field(default_factory=list)
     """The inbox message ids of every note kept (a shard bounds a lane's notes)."""
-    start_received_ns: int | None = None
-    """When its latest applied lane's shard received that lane's `LaneStart`."""
-    result_received_ns: int | None = None
-    """When that lane's result reached the coordinator's inbox. Both CLOCK_MONOTONIC
-    nanoseconds (`TaskReport.start_received_ns`), for `bench reaction`."""
+    stamps_ns: tuple[int | None, int | None] | None = None
+    """(when its shard received its latest applied lane's `LaneStart`, when that lane's result
+    reached the coordinator's inbox), as `TaskReport.stamps_ns`; None before a lane ended. One
+    field with a short name: every change of a task writes its whole record."""

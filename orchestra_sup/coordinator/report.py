@@ -55,8 +55,7 @@ def task_report(plan: PlanRecord, spec: f.TaskSpec) -> f.TaskReport:
         answers=list(rec.answers.values()),
         retry_at=rec.retry_at if rec.status in WAITING else None,
         notes=list(rec.notes),
-        start_received_ns=rec.start_received_ns,
-        result_received_ns=rec.result_received_ns,
+        stamps_ns=rec.stamps_ns,
     )
 
 

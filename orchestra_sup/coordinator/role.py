@@ -322,7 +322,7 @@ class Coordinator:
         applied, cancel, _ = plan.apply(result, time.time(), self.node.args.max_worker_loss)
         if applied:
             rec = plan.tasks[result.task]  # touched by `apply`: written with the rest
-            rec.start_received_ns, rec.result_received_ns = result.start_received_ns, received_ns
+            rec.stamps_ns = (result.start_received_ns, received_ns)
             log.info("plan %s: task %s %s", plan.id, result.task, result.status)
         self.book.commit(plan, cancel)
 

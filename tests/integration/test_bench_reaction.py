@@ -45,7 +45,7 @@ def test_a_finished_task_reports_when_its_start_and_its_result_arrived(
     )
     report = tree.wait_plan(plan_id)
     assert report.ok
-    steps = [[t.start_received_ns, t.result_received_ns] for t in report.tasks]
+    steps = [list(t.stamps_ns or (None, None)) for t in report.tasks]
     assert ordered(steps), steps
 
 

@@ -191,13 +191,11 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     needs_retries: bool = False
     """Its pause takes an approval only with retries granted (`ctl approve LANE --retries N`):
     a failed attempt with no retry left."""
-    start_received_ns: int | None = None
-    """When the shard of its latest ended lane received that lane's `LaneStart`
-    (`LaneResult.start_received_ns`), else None."""
-    result_received_ns: int | None = None
-    """When that lane's result reached the coordinator (`InboxPut.received_ns`), else None.
-    Both are CLOCK_MONOTONIC nanoseconds of the tree's host, for `bench reaction`: compare them
-    with each other, not with wall-clock times."""
+    stamps_ns: tuple[int | None, int | None] | None = None
+    """For its latest ended lane: (when its shard received its `LaneStart`, `LaneResult.
+    start_received_ns`; when its result reached the coordinator, `InboxPut.received_ns`), each
+    None when not stamped; None before a lane ended. CLOCK_MONOTONIC nanoseconds of the tree's
+    host, for `bench reaction`: compare them with each other, never with wall-clock times."""
 
 
 class Descriptors(msgspec.Struct, frozen=True, kw_only=True):
