@@ -97,14 +97,16 @@ def reactions(steps: list[tuple[int | None, int | None]]) -> list[float]:
     Raises `ValueError` when a stamp a reaction needs is missing (None), or when a start was
     received before the result it reacts to, or a lane's result before its own start: the two
     clocks are one, so that is a bug, never noise."""
+    stamped: list[tuple[int, int]] = []
     for i, (start, result) in enumerate(steps):
         if start is None or result is None:
             raise ValueError(f"step {i}: a timestamp is missing ({start}, {result})")
         if result < start:
             raise ValueError(f"step {i}: its result was received before its start")
+        stamped.append((start, result))
     out: list[float] = []
-    for i in range(len(steps) - 1):
-        gap = steps[i + 1][0] - steps[i][1]  # type: ignore[operator]
+    for i in range(len(stamped) - 1):
+        gap = stamped[i + 1][0] - stamped[i][1]
         if gap < 0:
             raise ValueError(f"step {i + 1}: its start was received before step {i}'s result")
         out.append(gap / 1e6)
@@ -258,30 +260,30 @@ def run_reaction_bench(steps: int = STEPS, runs: int = RUNS) -> dict[str, Any]:
     return result
 
 
+def _cells(shape: dict[str, Any], key: str) -> list[str]:
+    """One shape's cells for figure `key`: "idle / loaded" percentiles, then the same with
+    each phase's spread (min-max) over the runs."""
+    idle, loaded = shape["idle"], shape["loaded"]
+    spread = idle["spread"].get(key), loaded["spread"].get(key)
+    cells = [f"{idle[key]:.2f} / {loaded[key]:.2f}"]
+    if spread[0] is not None and spread[1] is not None:
+        cells.append(" / ".join(f"{s['min']:.1f}-{s['max']:.1f}" for s in spread))
+    return cells
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The two shapes side by side, for people."""
     width = 26
-    lines = [f"{'':40}{'separated':>{width}}{'colocated':>{width}}"]
-
-    def row(label: str, cell: Any) -> None:
-        lines.append(f"{label:40}" + "".join(f"{cell(result[m]):>{width}}" for m in MODES))
-
+    rows: list[tuple[str, list[str]]] = []
     for name in ("p50", "p99", "max"):
-        key = f"{name}_ms"
-        row(
-            f"reaction {name} idle / loaded, ms",
-            lambda r, k=key: f"{r['idle'][k]:.2f} / {r['loaded'][k]:.2f}",
-        )
-    for name in ("p50", "p99"):
-        key = f"{name}_ms"
-
-        def spread(r: dict[str, Any], k: str = key) -> str:
-            idle, loaded = r["idle"]["spread"][k], r["loaded"]["spread"][k]
-            return f"{idle['min']:.1f}-{idle['max']:.1f} / {loaded['min']:.1f}-{loaded['max']:.1f}"
-
-        row(f"runs' {name} min-max idle / loaded, ms", spread)
-    row("slowdown under load (p99 ratio)", lambda r: f"{r['ratio']}")
-    row("slowdown under load (p50 ratio)", lambda r: f"{r['ratio_p50']}")
+        cells = [_cells(result[m], f"{name}_ms") for m in MODES]
+        rows.append((f"reaction {name} idle / loaded, ms", [c[0] for c in cells]))
+        if len(cells[0]) > 1:
+            rows.append((f"runs' {name} min-max idle / loaded, ms", [c[1] for c in cells]))
+    for name, key in (("p99", "ratio"), ("p50", "ratio_p50")):
+        rows.append((f"slowdown under load ({name} ratio)", [str(result[m][key]) for m in MODES]))
+    lines = [f"{'':40}{'separated':>{width}}{'colocated':>{width}}"]
+    lines += [f"{label:40}" + "".join(f"{c:>{width}}" for c in cells) for label, cells in rows]
     method = result["method"]
     lines.append(
         f"{method['runs']} runs of {method['steps']} steps per phase, "

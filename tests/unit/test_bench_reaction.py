@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestra_sup.bench.reaction import phase_figures, reactions, shape_figures
+from orchestra_sup.bench.reaction import format_table, phase_figures, reactions, shape_figures
 
 MS = 1_000_000
 
@@ -69,3 +69,15 @@ def test_shape_figures_divide_loaded_by_idle() -> None:
     assert got["ratio_p50"] == 3.0  # p50: 6 / 2 (nearest rank of two is the second)
     assert got["samples_ms"] == {"idle": [1.0, 2.0], "loaded": [4.0, 6.0]}
     assert got["idle"]["n"] == 2 and got["loaded"]["max_ms"] == 6.0
+
+
+def test_the_table_shows_both_shapes_and_the_spread() -> None:
+    shape = shape_figures([[1.0, 2.0], [3.0]], [[4.0, 6.0], [5.0]])
+    method = {"runs": 2, "steps": 3, "loaded_lanes": 16}
+    text = format_table({"separated": shape, "colocated": shape, "method": method})
+    lines = text.splitlines()
+    assert lines[0].split() == ["separated", "colocated"]
+    assert (
+        "runs' p99 min-max idle / loaded, ms" in text and "2.0-3.0 / 5.0-6.0" in text
+    )  # each run's p99: 2, 3 idle; 6, 5 loaded
+    assert lines[-1] == "2 runs of 3 steps per phase, 16 loaded lanes"
