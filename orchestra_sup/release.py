@@ -24,11 +24,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from typing import Protocol
 
 import msgspec
 
-from orchestra_sup import __version__
 from orchestra_sup.errors import OrchestraError, ReleaseError
 from orchestra_sup.protocol.frames import ReleaseInfo
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
@@ -54,13 +54,20 @@ PROBE_MODULES = (
 )
 
 
+try:
+    INSTALLED_VERSION = metadata.version("orchestra-sup")
+    """The installed distribution's version (pyproject.toml's, for an editable install); the
+    package's `orchestra_sup.__version__`."""
+except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    INSTALLED_VERSION = "0+unknown"
+
 _TEST_VERSION = os.environ.pop("ORCHESTRA_SUP_TEST_VERSION", None)
 _TEST_PROTOCOL = os.environ.pop("ORCHESTRA_SUP_TEST_PROTOCOL", None)
 
 
 def version() -> str:
     """This process's orchestra-sup version (`ORCHESTRA_SUP_TEST_VERSION` when set)."""
-    return _TEST_VERSION or __version__
+    return _TEST_VERSION or INSTALLED_VERSION
 
 
 def protocol_range() -> tuple[int, int]:

@@ -29,7 +29,6 @@ MAX_LINES = 600
 """Lines a module may hold (issue 18)."""
 
 LAYERS: dict[str, int] = {
-    "__init__": 0,  # the package's face: its version
     "errors": 0,  # every exception and error code
     "transitions": 1,  # a state machine's allowed-transitions table (tasks, lanes, children)
     "system": 1,  # OS seams: Linux calls, descriptors, titles, cgroups, isolation, lane uids
@@ -46,10 +45,13 @@ LAYERS: dict[str, int] = {
     "shards": 6,
     "node": 7,  # a child's entry point and the fork template: picks and runs a role
     "supervisor": 8,  # the root supervisor, which starts the children
-    "client": 9,  # driving a tree from a program: the ctl client, a private tree
+    "client": 9,  # driving a tree from a program: the ctl client, the SDK, a private tree
     "bench": 10,  # the benchmarks, run through the client
     "cli": 11,  # the `orchestra-sup` command
     "__main__": 12,
+    # The package's public face (the SDK's clients, the version) imports its top parts lazily
+    # (PEP 562), so it sits above them all: no part of the package imports `orchestra_sup`.
+    "__init__": 12,
 }
 """Each top-level part of the package and its layer: a module may import its own part and
 parts of lower layers, never one of its own layer or above."""

@@ -11,7 +11,6 @@ import sys
 
 import typer
 
-from orchestra_sup import __version__
 from orchestra_sup.cli.bench import bench_app
 from orchestra_sup.cli.ctl import ctl_app
 from orchestra_sup.cli.doctor import doctor
@@ -21,6 +20,7 @@ from orchestra_sup.cli.options import JsonOpt
 from orchestra_sup.cli.output import print_json
 from orchestra_sup.cli.start import run, start
 from orchestra_sup.cli.systemd_unit import systemd_unit
+from orchestra_sup.release import INSTALLED_VERSION
 
 app = typer.Typer(
     help="A supervisor that gives an agent platform's coordinator, tree custodian and worker "
@@ -37,9 +37,9 @@ def version(as_json: JsonOpt = False) -> None:
     Example: orchestra-sup version --json
     """
     if as_json:
-        print_json({"version": __version__})
+        print_json({"version": INSTALLED_VERSION})
     else:
-        typer.echo(__version__)
+        typer.echo(INSTALLED_VERSION)
 
 
 app.command()(start)

@@ -33,7 +33,6 @@ from typing import Literal
 
 import msgspec
 
-import orchestra_sup
 from orchestra_sup.errors import ConfigError
 
 __all__ = [
@@ -50,6 +49,9 @@ __all__ = [
     "object_stores",
     "python_paths",
 ]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""This release's `orchestra_sup/` (this module is `orchestra_sup/system/laneuser.py`)."""
 
 LANE_USERS = ("auto", "dynamic", "tree")
 """What `[isolation] lane_user` may say."""
@@ -172,7 +174,7 @@ def python_paths() -> list[Path]:
         sys.base_exec_prefix,
         os.path.dirname(os.path.realpath(sys.executable)),
         *(p for p in entries if p and os.path.isabs(p)),
-        os.path.dirname(orchestra_sup.__file__),
+        _PACKAGE_DIR,
     ]
     real = dict.fromkeys(Path(os.path.realpath(p)) for p in found)
     return [p for p in real if p.is_dir()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestra_sup.cli.ctl_answers import parse_grant
+from orchestra_sup.client.grant import parse_grant
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol import frames as f
 
