@@ -39,6 +39,12 @@ def _isolation(quick: bool) -> dict[str, Any]:
     return run_isolation_bench(quick)
 
 
+def _reaction(quick: bool) -> dict[str, Any]:
+    from orchestra_sup.bench.reaction import run_reaction_bench
+
+    return run_reaction_bench(3, 2) if quick else run_reaction_bench()
+
+
 def _restart(quick: bool) -> dict[str, Any]:
     from orchestra_sup.bench.restart import run_restart_bench
 
@@ -69,13 +75,14 @@ def _chaos(quick: bool) -> dict[str, Any]:
 BENCHES: dict[str, Runner] = {
     "relay": _relay,
     "isolation": _isolation,
+    "reaction": _reaction,
     "restart": _restart,
     "scale": _scale,
     "persist": _persist,
     "chaos": _chaos,
 }
 """In the order they run: the latency benchmarks first, on a machine nothing else has warmed."""
-UNITS = {"isolation": "ms", "scale": "us"}
+UNITS = {"isolation": "ms", "reaction": "ms", "scale": "us"}
 """The unit of each benchmark's plotted samples."""
 
 
@@ -105,6 +112,16 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                 )
             )
         return rows
+    if name == "reaction":
+        return [
+            (
+                f"{mode}: reaction p50 / p99 idle -> loaded",
+                f"{r[mode]['idle']['p50_ms']} / {r[mode]['idle']['p99_ms']} -> "
+                f"{r[mode]['loaded']['p50_ms']} / {r[mode]['loaded']['p99_ms']} ms "
+                f"({r[mode]['ratio']}x p99)",
+            )
+            for mode in ("separated", "colocated")
+        ]
     if name == "restart":
         fork, exe, base = r["restart"], r["restart_exec"], r["baseline"]
         return [
@@ -148,7 +165,7 @@ def _distributions(name: str, r: dict[str, Any]) -> dict[str, list[float]]:
     """Named latency samples of benchmark `name` to plot (empty when it keeps none)."""
     if name == "scale":
         return {f"{k} parked lanes": v["samples_us"] for k, v in r["steps"].items()}
-    if name == "isolation":
+    if name in ("isolation", "reaction"):
         return {
             f"{mode} {phase}": r[mode]["samples_ms"][phase]
             for mode in ("separated", "colocated")

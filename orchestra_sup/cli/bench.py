@@ -106,6 +106,23 @@ def isolation(
 
 
 @benchmark()
+def reaction(
+    steps: Annotated[
+        int, typer.Option("--steps", min=2, help="Lanes per session, one after the other.")
+    ] = 20,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Sessions per phase.")] = 3,
+) -> Measured:
+    """A coordinator program's reaction time (a lane's result reaching the coordinator to its
+    next start_lane reaching a shard), idle and under lane load, separated and colocated.
+
+    Example: orchestra-sup bench reaction --steps 20 --runs 2 --json
+    """
+    from orchestra_sup.bench.reaction import format_table, run_reaction_bench
+
+    return Measured(guarded(lambda: run_reaction_bench(steps, runs)), _echo(format_table))
+
+
+@benchmark()
 def scale(
     counts: Annotated[
         str, typer.Option("--counts", help="Comma-separated numbers of parked lanes, rising.")
@@ -161,7 +178,7 @@ def plan_bench(
 @benchmark("all")
 def all_benches(
     quick: Annotated[
-        bool, typer.Option("--quick", help="Short settings: about 70 s on 2 cores.")
+        bool, typer.Option("--quick", help="Short settings: about 80 s on 2 cores.")
     ] = False,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Where the JSON files, summary.md and plots go.")

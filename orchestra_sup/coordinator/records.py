@@ -118,3 +118,7 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     """The inbox message ids of every note kept (a shard bounds a lane's notes)."""
     rev: str | None = None
     """The full sha its latest ended lane's sandbox was made at (`LaneResult.rev`)."""
+    stamps_ns: tuple[int | None, int | None] | None = None
+    """(when its shard received its latest applied lane's `LaneStart`, when that lane's result
+    reached the coordinator's inbox), as `TaskReport.stamps_ns`; None before a lane ended. One
+    field with a short name: every change of a task writes its whole record."""

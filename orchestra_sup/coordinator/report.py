@@ -56,6 +56,7 @@ def task_report(plan: PlanRecord, spec: f.TaskSpec) -> f.TaskReport:
         retry_at=rec.retry_at if rec.status in WAITING else None,
         notes=list(rec.notes),
         rev=rec.rev,
+        stamps_ns=rec.stamps_ns,
     )
 
 

@@ -224,8 +224,9 @@ class Coordinator:
             case f.InboxPut():
                 if body.msg_id in self.inbox_ids:
                     ep.reply(env, peer, f.InboxAck(msg_id=body.msg_id))
-                else:
-                    self.node.answer(ep, peer, env, self._commit_inbox(body))
+                else:  # stamped as it arrives: `bench reaction` times from here
+                    put = msgspec.structs.replace(body, received_ns=time.monotonic_ns())
+                    self.node.answer(ep, peer, env, self._commit_inbox(put))
             case f.TreeStopping():
                 self.stopping = True
                 ep.reply(env, peer, f.Ack())
@@ -293,7 +294,7 @@ class Coordinator:
         inbox again."""
         assert self.book is not None
         if put.result is not None:
-            self._apply(put.result)
+            self._apply(put.result, put.received_ns)
         elif put.pause is not None:
             plan = self.book.plans.get(put.pause.plan)
             if plan is not None and plan.pause_for_question(put.pause):
@@ -308,8 +309,9 @@ class Coordinator:
             if plan is not None and plan.note(put.note, put.msg_id):
                 self.book.commit(plan)
 
-    def _apply(self, result: f.LaneResult) -> None:
-        """Apply a lane's result to its plan (a stale one records at most its spend)."""
+    def _apply(self, result: f.LaneResult, received_ns: int | None = None) -> None:
+        """Apply a lane's result to its plan (a stale one records at most its spend);
+        `received_ns` is when its inbox message arrived (`InboxPut.received_ns`)."""
         assert self.book is not None and self.node is not None
         view = self.shards.get(result.shard)
         if view is not None:
@@ -319,6 +321,8 @@ class Coordinator:
             return
         applied, cancel, _ = plan.apply(result, time.time(), self.node.args.max_worker_loss)
         if applied:
+            rec = plan.tasks[result.task]  # touched by `apply`: written with the rest
+            rec.stamps_ns = (result.start_received_ns, received_ns)
             log.info("plan %s: task %s %s", plan.id, result.task, result.status)
         self.book.commit(plan, cancel)
 

@@ -109,6 +109,9 @@ class Lane:
         self.warnings: list[str] = []  # for its result (a partial-work warning)
         self.began = time.monotonic() - (snapshot.elapsed_s if snapshot is not None else 0.0)
         """When it started (monotonic seconds), counting the time other generations ran it."""
+        self.start_received_ns = time.monotonic_ns() if snapshot is None else None
+        """When this shard received its `LaneStart` (`LaneResult.start_received_ns`): a lane is
+        made in the very turn its start is received (`Shard._admit`)."""
 
     def enter(self, state: LaneState) -> None:
         """Change its state (the only writer). Raises `ForbiddenTransition` (a `ValueError`) for

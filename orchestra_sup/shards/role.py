@@ -481,6 +481,7 @@ class Shard:
             failure=failure,
             spent=lane.meter.spent(),
             rev=lane.rev,
+            start_received_ns=lane.start_received_ns,
         )
         lane.enter(LaneState(status))
         if self.transcript is not None:  # transcripts: the last row, then the finished entry

@@ -37,7 +37,7 @@ def test_bench_all_refuses_an_unknown_name_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "orchestra-sup: --only: unknown benchmark 'nope' "
-        "(known: relay, isolation, restart, scale, persist, chaos)"
+        "(known: relay, isolation, reaction, restart, scale, persist, chaos)"
     ]
     assert list(tmp_path.iterdir()) == []
 

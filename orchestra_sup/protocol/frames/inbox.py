@@ -14,6 +14,10 @@ class InboxPut(Frame, tag="inbox_put"):
     pause: HitlPause | None = None
     note: LaneNote | None = None
     """Exactly one of `result`, `pause` and `note` is set."""
+    received_ns: int | None = None
+    """When the coordinator received it (CLOCK_MONOTONIC nanoseconds, `time.monotonic_ns`), set
+    by the coordinator as it takes the message and kept with it in its inbox; a sender leaves it
+    None. `bench reaction` times from it."""
 
 
 class InboxAck(Frame, tag="inbox_ack"):

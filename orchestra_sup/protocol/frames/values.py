@@ -201,6 +201,11 @@ class TaskReport(msgspec.Struct, frozen=True, kw_only=True):
     rev: str | None = None
     """The full sha its latest lane's sandbox was made at (`SandboxReady.rev`), once a lane of
     it ended with a sandbox; None before, or from a coordinator older than this field."""
+    stamps_ns: tuple[int | None, int | None] | None = None
+    """For its latest ended lane: (when its shard received its `LaneStart`, `LaneResult.
+    start_received_ns`; when its result reached the coordinator, `InboxPut.received_ns`), each
+    None when not stamped; None before a lane ended. CLOCK_MONOTONIC nanoseconds of the tree's
+    host, for `bench reaction`: compare them with each other, never with wall-clock times."""
 
 
 class Descriptors(msgspec.Struct, frozen=True, kw_only=True):
@@ -323,6 +328,10 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     """What the lane spent (this attempt, across the generations that ran it)."""
     rev: str | None = None
     """The full sha its sandbox was made at (`SandboxReady.rev`); None: it had none."""
+    start_received_ns: int | None = None
+    """When its shard received this attempt's `LaneStart`: CLOCK_MONOTONIC nanoseconds
+    (`time.monotonic_ns`, one clock for every process of a host), for `bench reaction`; None
+    for a lane a hand-over resumed (`LaneResume`), and from a shard older than this field."""
 
 
 class HitlPause(msgspec.Struct, frozen=True, kw_only=True):
