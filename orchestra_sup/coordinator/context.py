@@ -15,7 +15,10 @@ supervised with it (seeds/003, "The coordinator seam"). A program is a class::
             outcomes = [await ctx.wait(lane) for lane in lanes]
             return {"clean": sum(o["status"] == "succeeded" for o in outcomes)}
 
-No base class and no import from orchestra-sup is needed. What `run` returns is the plan's
+No base class and no import from orchestra-sup is needed. The class is built once more at
+submission, to check the args: a constructor that raises (a `ValueError` naming the arg, say)
+refuses the plan in one line, exit 2, before it is accepted; so a constructor must only read
+its args, never act. What `run` returns is the plan's
 `result` (JSON-able: None, bool, int, float, str, lists and string-keyed dicts of them, at most
 `RESULT_MAX_BYTES` encoded); returning `ctx.failure(text)` or raising fails the plan with that
 text (a raise: "ExcType: message"). A failure of one program fails only its own plan.

@@ -110,9 +110,20 @@ class Seat:
         return found
 
     def check(self, spec: f.PlanSpec) -> None:
-        """Refuse a submitted plan whose coordinator cannot run here (`program`)."""
-        if spec.coordinator != DAG:
-            self.program(spec.coordinator)
+        """Refuse a submitted plan whose coordinator cannot run here (`program`), or whose
+        program refuses its args: the class is built once with them, as every run builds it
+        (so a constructor must only read its args). Raises `RemoteError(bad_request)` in one
+        line, naming the coordinator and what its constructor raised."""
+        if spec.coordinator == DAG:
+            return
+        program = self.program(spec.coordinator)
+        try:
+            program(dict(spec.args))
+        except Exception as exc:  # the program's own check of its args, whatever it raises
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                _one_line(f"coordinator {spec.coordinator!r} refused its [args]: {exc}"),
+            ) from exc
 
     # --- lifecycle -------------------------------------------------------------------------------
 

@@ -81,6 +81,19 @@ def test_a_program_not_listed_is_refused_at_submit(seat: Tree, tmp_path: Path) -
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_bad_args_are_refused_at_submit_in_one_line(seat: Tree, tmp_path: Path) -> None:
+    """The seat builds the program once at submit: its constructor's refusal is the plan's."""
+    plan = tmp_path / "p.toml"
+    args = 'good = "a"\nbad = "b"\ncheck = "true"\nparallel = 40'
+    plan.write_text(f'name = "b"\ncoordinator = "bisect"\n[args]\n{args}\n')
+    done = ctl(seat, "submit", str(plan))
+    assert done.returncode == 2, done
+    assert "coordinator 'bisect' refused its [args]" in done.stderr
+    assert "'parallel'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    listed = ctl(seat, "plans", "--json")
+    assert listed.returncode == 0 and '"b"' not in listed.stdout  # nothing was accepted
+
+
 def test_a_raise_fails_only_its_own_plan(seat: Tree) -> None:
     bad = seat.submit(session("raises", f"{PROGRAMS}:Raises"))
     good = seat.submit(session("squares", f"{PROGRAMS}:Squares", numbers=[4]))

@@ -1,7 +1,8 @@
 """A built-in coordinator program's `[args]` table, read and checked when the program is built.
 
 Each built-in reads its args through one `Args` in its `__init__`; every problem is a
-`ValueError` whose one line names the program and the arg (the seat fails the plan with it):
+`ValueError` whose one line names the program and the arg (the seat refuses the plan with it
+at submit, where it builds the program once to check its args):
 an unknown arg (with the near name, if any), a missing one, or a value of the wrong kind.
 """
 
