@@ -158,6 +158,15 @@ class CallTimeout(RelayError):
         )
 
 
+class WaitTimeout(CallTimeout):
+    """A wait for a plan to end reached its own deadline (`Client.wait`): the plan has not
+    ended and runs on; nothing is unknown about it."""
+
+    def __init__(self, plan: str, timeout_s: float):
+        self.peer = "the coordinator"
+        RelayError.__init__(self, f"plan {plan} has not ended after {timeout_s:g} s; it runs on")
+
+
 class StateError(OrchestraError):
     """The state plane could not open or write its LMDB environment."""
 

@@ -105,7 +105,8 @@ def message(
 
 @ctl_options()
 def cancel(ctl: CtlCommand, lane: LaneArg) -> None:
-    """Stop a lane now, its whole process group with it; its task becomes cancelled.
+    """Stop a lane now, its whole process group with it; its task becomes cancelled. Given a
+    session's plan id, stop the session: its program, and every lane it left running.
 
     Example: orchestra-sup ctl cancel 3f2a9c1b7d44-build-1
     """

@@ -234,9 +234,11 @@ def run(
             lanes_per_shard=lanes_per_shard,
             config=config,
         ) as client:
-            if any(t.approve or t.program != "shell" for t in spec.tasks):
-                # A human may be asked (an approval, a program's question) while this waits
-                # silently: say where the private tree answers.
+            if spec.coordinator != "dag" or any(
+                t.approve or t.program != "shell" for t in spec.tasks
+            ):
+                # A human may be asked (an approval, a lane program's or a coordinator
+                # program's question) while this waits silently: say where the tree answers.
                 typer.echo(
                     f"run: the tree's run directory is {client.where}: "
                     f"`orchestra-sup ctl --run-dir {client.where} lanes` shows what waits for "

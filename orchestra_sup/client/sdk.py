@@ -13,7 +13,7 @@ exit statuses (`cli/exits.py`), never a bare `Exception`:
 - `RemoteError`: the tree refused the request; its `code` (`ErrorCode`) says why. ctl exits 2
   for `bad_request`, `not_found`, `path_escape`, `version_skew` and `too_large`, 1 for others
   (`peer_down`: the coordinator is restarting; `timeout`, `busy`, `internal`...).
-- `CallTimeout`: `wait` gave up at its own deadline; the plan runs on (exit 1).
+- `WaitTimeout` (a `CallTimeout`): `wait` gave up at its own deadline; the plan runs on (exit 1).
 - `ProtocolError`: the tree answered with a frame of the wrong kind (exit 1).
 
 `ValueError` is for a misuse ctl cannot make: a message over `frames.MESSAGE_MAX_BYTES`, or a
@@ -36,13 +36,13 @@ from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.grant import parse_grant
 from orchestra_sup.coordinator.plan import load_plan, plan_from_mapping, validate_plan
 from orchestra_sup.errors import (
-    CallTimeout,
     ConfigError,
     ErrorCode,
     PlanError,
     ProtocolError,
     RemoteError,
     TreeUnreachable,
+    WaitTimeout,
 )
 from orchestra_sup.paths import default_run_dir
 from orchestra_sup.protocol import frames as f
@@ -188,14 +188,14 @@ class PlanWait:
         self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def next_poll_s(self) -> float:
-        """Seconds the next long poll may hold. Raises `CallTimeout` once the deadline passed."""
+        """Seconds the next long poll may hold. Raises `WaitTimeout` (a `CallTimeout`) once the
+        deadline passed."""
         if self.deadline is None:
             return WAIT_POLL_S
         left = self.deadline - time.monotonic()
         if left <= 0:
             assert self.timeout_s is not None
-            what = f"the final report of plan {self.plan_id} (it runs on)"
-            raise CallTimeout("the coordinator", what, self.timeout_s)
+            raise WaitTimeout(self.plan_id, self.timeout_s)
         return min(WAIT_POLL_S, left)
 
 

@@ -113,7 +113,7 @@ def session_report(
                 lane=None if child is None else child.tasks["lane"].lane,
                 plan=lane.plan,
                 run=lane.run,
-                rev=lane.rev,
+                rev=(None if child is None else child.tasks["lane"].rev) or lane.rev,
                 key=lane.key,
                 status="unknown" if child is None else shown(child.tasks["lane"]),
             )

@@ -484,6 +484,8 @@ class Coordinator:
         """`ctl cancel`: the `cancel_lane` tool, so operators and policies share one path; a
         task that waits for a human with no lane (an approval, a review) is cancelled here."""
         assert self.toolkit is not None and self.book is not None
+        if self.seat is not None and self.seat.cancel(lane):  # a session's plan id
+            return f.Ack()
         for plan in list(self.book.active.values()):
             task_id = plan.waiting_on(lane)
             if task_id is not None and plan.tasks[task_id].status is TaskStatus.AWAITING_APPROVAL:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,11 @@ from orchestra_sup.runtime.node import Node
 
 log = logging.getLogger(__name__)
 
+MAX_STALLED_RUNS = 3
+"""Runs of a session's program, one after another with no checkpoint taken between them, after
+which its plan fails instead of running it again: a program that blocks the loop before its
+next checkpoint gets the coordinator restarted by the watchdog at every run, and the restart
+intensity (runs minutes apart) would never stop it; every other plan waits meanwhile."""
 RETRY_UNTIL_UP_S = (0.05, 1.0)
 """A read tool's call to a peer that is down (not delivered, so safe to send again) is retried
 after these many seconds, doubling to the second, until the relay deadline: a session rebuilt
@@ -156,6 +162,7 @@ class Seat:
             if child is not None and child.done:
                 session.lane_ended(child)
         rec.runs += 1
+        rec.stalled += 1
         session.task = self.node.spawn(self._drive(session))
 
     async def _drive(self, session: RunningSession) -> None:
@@ -176,7 +183,14 @@ class Seat:
             rec.runs,
             plan.spec.coordinator,
         )
-        await session.store.write(rec)
+        await session.store.write(rec)  # durable before the program runs: a wedge counts
+        if rec.stalled > MAX_STALLED_RUNS:
+            self._conclude(
+                session,
+                error=f"its program ran {MAX_STALLED_RUNS} times without reaching a checkpoint "
+                "(a run blocked the loop, or the coordinator was lost each time); not run again",
+            )
+            return
         try:
             program = self.program(plan.spec.coordinator)(dict(plan.spec.args))
             value = await program.run(ctx)
@@ -188,11 +202,11 @@ class Seat:
         if isinstance(value, Failure):
             self._conclude(session, error=_one_line(value.error))
             return
-        try:
-            encoded = msgspec.json.encode(value)
-        except (TypeError, msgspec.EncodeError) as exc:
-            self._conclude(session, error=f"result is not JSON-able: {exc}")
+        problem = json_problem(value)
+        if problem is not None:
+            self._conclude(session, error=f"result is not JSON-able: {problem}")
             return
+        encoded = msgspec.json.encode(value)
         if len(encoded) > RESULT_MAX_BYTES:
             self._conclude(
                 session, error=f"result of {len(encoded):,} bytes: at most {RESULT_MAX_BYTES:,}"
@@ -215,6 +229,18 @@ class Seat:
             if live is not None:
                 self.node.spawn(self._relay("cancel_lane", {"lane": live}))
         self.book.commit(plan)
+
+    def cancel(self, plan_id: str) -> bool:
+        """`ctl cancel PLAN` of a session under way: its program is stopped, its plan fails
+        with "cancelled" and the lanes it left are cancelled. False when `plan_id` is no
+        session under way."""
+        session = self.sessions.get(plan_id)
+        if session is None:
+            return False
+        if session.task is not None:
+            session.task.cancel()
+        self._conclude(session, error="cancelled")
+        return True
 
     # --- what the role tells it ------------------------------------------------------------------
 
@@ -267,6 +293,12 @@ class Seat:
         for session in self.sessions.values():
             asked = session.question(req.lane)
             if asked is not None:
+                if req.verdict not in ACCEPTS:
+                    raise RemoteError(
+                        ErrorCode.BAD_REQUEST,
+                        f"{req.lane} is a coordinator program's question: it takes "
+                        f"{', '.join(ACCEPTS)}, not {req.verdict}",
+                    )
                 answer = f.Answer(
                     verdict=req.verdict,
                     text=req.text,
@@ -292,7 +324,7 @@ class Seat:
                 sandbox=None,
                 question=q.question,
                 since=q.asked_at,
-                accepts=["approve", "reject", "redirect"],
+                accepts=list(ACCEPTS),
             )
             for session in self.sessions.values()
             for q in session.rec.questions.values()
@@ -349,6 +381,33 @@ class Seat:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(cap, delay * 2)
+
+
+ACCEPTS = ("approve", "reject", "redirect")
+"""The answers a session's question takes (accept_partial ends a task's step: a session has
+none)."""
+
+
+def json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why `value` is not a JSON value as a result must be (None, bool, int, finite float, str,
+    and lists, tuples and string-keyed dicts of them, at most 64 deep), or None when it is."""
+    if depth > 64:
+        return "nested more than 64 deep"
+    if value is None or isinstance(value, bool | int | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a finite number"
+    if isinstance(value, list | tuple):
+        return next((p for v in value if (p := json_problem(v, depth + 1)) is not None), None)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"a dict key {key!r} is not a string"
+            problem = json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    return f"a {type(value).__name__} is not a JSON value"
 
 
 def _one_line(text: str) -> str:

@@ -177,6 +177,7 @@ class RunningSession:
         await self.gate.wait()
         rec = self.rec
         rec.checkpoint, rec.checkpoints, rec.cursor = data, rec.checkpoints + 1, self.delivered
+        rec.stalled = 0
         self.index = 0
         self.events_after = [e for e in self.events_after if e.seq > rec.cursor]
         await self._track(self.store.write(rec))
@@ -201,6 +202,7 @@ class RunningSession:
         await self.gate.wait()
         if tool == "message_lane":
             return await self._call(tool, {**wire, "key": f"{self.id}:{effect}"})
+        wire.setdefault("name", f"{self.plan.spec.name}.{effect}")  # `ctl plans` says whose
         start = tools.TOOLS[tool].parse({**wire, "key": f"{self.id}:{effect}"})
         assert isinstance(start, tools.StartLane)
         return await self._track(self._start(effect, start))

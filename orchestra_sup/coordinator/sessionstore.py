@@ -63,7 +63,9 @@ class Question(msgspec.Struct, kw_only=True):
 class SessionRecord(msgspec.Struct, kw_only=True):
     """See the module docstring. `checkpoint` is the msgpack encoding of the last checkpoint's
     value (None: none taken); `cursor` is the sequence number of the last event that checkpoint
-    covers; `runs` counts the times the program was built (1 on its first start)."""
+    covers; `runs` counts the times the program was built (1 on its first start), `stalled` the
+    runs since the last checkpoint was taken (a program that never gets further is failed:
+    `seat.MAX_STALLED_RUNS`)."""
 
     id: str
     checkpoint: bytes | None = None
@@ -71,6 +73,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     cursor: int = 0
     next_seq: int = 1
     runs: int = 0
+    stalled: int = 0
     lanes: list[SessionLane] = []
     questions: dict[str, Question] = {}
 

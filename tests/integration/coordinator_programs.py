@@ -69,6 +69,37 @@ class Blocks:
         return (await ctx.wait(lane))["output_tail"].strip()
 
 
+class Wedges:
+    """Blocks the coordinator's loop at every run, before any checkpoint."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.block_s = float(args["block_s"])
+
+    async def run(self, ctx: Any) -> Any:
+        time.sleep(self.block_s)
+        return "never"
+
+
+class Returns:
+    """Returns `args["kind"]` of value: a set, bytes or NaN, none of them JSON."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.kind = args["kind"]
+
+    async def run(self, ctx: Any) -> Any:
+        return {"set": {1, 2}, "bytes": b"abc", "nan": float("nan")}[self.kind]
+
+
+class Waits:
+    """Starts one lane that sleeps for a minute and waits for it."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        pass
+
+    async def run(self, ctx: Any) -> Any:
+        return await ctx.wait(await ctx.tools.start_lane(run="sleep 60"))
+
+
 class Raises:
     """Fails its plan by raising."""
 

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = "tests.integration.coordinator_programs"
-LISTED = [f"{PROGRAMS}:{name}" for name in ("Squares", "Inbox", "Blocks", "Raises", "Asks")]
+NAMES = ("Squares", "Inbox", "Blocks", "Raises", "Asks", "Wedges", "Returns", "Waits")
+LISTED = [f"{PROGRAMS}:{name}" for name in NAMES]
 
 
 @pytest.fixture
@@ -130,6 +131,41 @@ def test_a_program_that_blocks_the_loop_is_restarted_and_its_plan_resumes(seat: 
     assert seat.pids()["coordinator"] != before  # the watchdog restarted it
 
 
+def test_a_program_that_wedges_every_run_fails_its_plan_after_max_stalled_runs(
+    seat: Tree,
+) -> None:
+    plan = seat.submit(session("wedges", f"{PROGRAMS}:Wedges", block_s=60.0))
+    report = settled(seat, plan, timeout_s=120)
+    assert not report.ok
+    assert report.error is not None and "without reaching a checkpoint" in report.error
+    squares = seat.submit(session("after", f"{PROGRAMS}:Squares", numbers=[2]))
+    assert settled(seat, squares).result == {"sum": 4, "lanes": 1}  # the tree serves again
+
+
+@pytest.mark.parametrize("kind", ["set", "bytes", "nan"])
+def test_a_result_that_is_not_json_fails_the_plan(seat: Tree, kind: str) -> None:
+    report = seat.wait_plan(seat.submit(session("returns", f"{PROGRAMS}:Returns", kind=kind)))
+    assert not report.ok and report.result is None
+    assert report.error is not None and report.error.startswith("result is not JSON-able")
+
+
+def test_ctl_cancel_of_a_session_stops_it_and_its_lanes(seat: Tree) -> None:
+    plan = seat.submit(session("waits", f"{PROGRAMS}:Waits"))
+
+    def lane() -> str | None:
+        report = seat.ctl(f.CtlPlan(id=plan))
+        assert isinstance(report, f.PlanReport)
+        return report.lanes[0].lane if report.lanes and report.lanes[0].lane else None
+
+    started = str(wait_until(lane, 30, "the session's lane"))
+    done = ctl(seat, "cancel", plan)
+    assert done.returncode == 0, done.stderr
+    report = seat.wait_plan(plan)
+    assert not report.ok and report.error == "cancelled"
+    child = seat.wait_plan(report.lanes[0].plan)
+    assert child.tasks[0].status == "cancelled" and child.tasks[0].lane == started
+
+
 def test_a_session_question_is_answered_with_ctl(seat: Tree) -> None:
     plan = seat.submit(session("asks", f"{PROGRAMS}:Asks"))
 
@@ -138,7 +174,9 @@ def test_a_session_question_is_answered_with_ctl(seat: Tree) -> None:
         assert isinstance(lanes, f.LaneList)
         return next((p.lane for p in lanes.lanes if p.plan == plan), None)
 
-    handle = str(wait_until(asked, 30, "the question in ctl pending"))
+    handle = str(wait_until(asked, 30, "the question in ctl lanes"))
+    refused = ctl(seat, "accept-partial", handle)  # a session's question has no step to end
+    assert refused.returncode == 2 and "takes approve, reject, redirect" in refused.stderr
     done = ctl(seat, "reject", handle, "--reason", "not yet")
     assert done.returncode == 0, done.stderr
     assert seat.wait_plan(plan).result == {"verdict": "reject", "text": "not yet"}

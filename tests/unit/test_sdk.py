@@ -94,7 +94,7 @@ def test_a_message_is_at_most_64_kib_of_utf8() -> None:
 def test_a_wait_gives_up_at_its_deadline_with_call_timeout() -> None:
     assert sdk.PlanWait("p", None).next_poll_s() == sdk.WAIT_POLL_S
     assert 0 < sdk.PlanWait("p", 1.0).next_poll_s() <= 1.0
-    with pytest.raises(CallTimeout, match=r"plan p1 .* within 0 s"):
+    with pytest.raises(CallTimeout, match=r"plan p1 has not ended after 0 s; it runs on"):
         sdk.PlanWait("p1", 0.0).next_poll_s()  # a deadline of now has passed when next asked
 
 

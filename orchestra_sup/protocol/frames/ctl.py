@@ -121,8 +121,9 @@ class PlanReport(Frame, tag="plan_report"):
 
 class SessionLaneReport(msgspec.Struct, frozen=True, kw_only=True):
     """One lane a session started: its lane id (None while it waits for a shard), the one-task
-    plan that runs it, its command, the revision asked for (None: the head), its effect id
-    (`key`) and the status a report shows."""
+    plan that runs it, its command, its revision (the full sha its sandbox was made at once it
+    ended, the revision asked for before; None: the head), its effect id (`key`) and the status
+    a report shows."""
 
     lane: str | None
     plan: str
