@@ -15,6 +15,11 @@ supervised with it (seeds/003, "The coordinator seam"). A program is a class::
             outcomes = [await ctx.wait(lane) for lane in lanes]
             return {"clean": sum(o["status"] == "succeeded" for o in outcomes)}
 
+What `ctx` offers (`Context`, a docstring per member): `ctx.args`, `ctx.tools.<tool>(**params)`
+(every tool `ctl call` offers: `Tools`), `await ctx.wait(lane)`, `ctx.events()` (the session's
+durable inbox: `Event`), `await ctx.checkpoint(value)` and `ctx.resumed`, `await
+ctx.ask_human(question)`, `ctx.budget` and `ctx.spent()`, and `ctx.failure(text)`.
+
 No base class and no import from orchestra-sup is needed. The class is built once more at
 submission, to check the args: a constructor that raises (a `ValueError` naming the arg, say)
 refuses the plan in one line, exit 2, before it is accepted; so a constructor must only read
@@ -29,18 +34,24 @@ Surviving its process (seeds/000, "quiet point", "effect ids", "durable inbox"):
 and `ctx.events()` delivers again every event after that checkpoint. Code between two checkpoints
 may therefore run twice, and every call that acts outside the program is made safe to repeat:
 `start_lane`, `message_lane` and `ask_human` carry an *effect id*, derived from the session, the
-number of checkpoints taken and the call's index since the last one (or from the `key=` the
-program gives), so a replayed call answers what the first one did instead of starting or
-messaging a lane twice. A program stays replay-safe by making the same effectful calls in the
-same order after a resume as it did before; what it must not repeat is what it did before its
-last checkpoint. Lanes keep running while the coordinator is away; their results wait in its
-durable inbox.
+number of checkpoints taken and the call's index since the last one ("2.0", "2.1", ...), or
+"k.<key>" from the `key=` the program gives, so a replayed call answers what the first one did
+instead of starting or messaging a lane twice. A key used again must ask the same (the same
+`run` and `rev`), or the call is refused. A program stays replay-safe by making the same
+effectful calls in the same order after a resume as it did before; what it must not repeat is
+what it did before its last checkpoint. Lanes keep running while the coordinator is away;
+their results wait in its durable inbox.
 
 The loop: a program runs on the coordinator's event loop, beside everything else the coordinator
 does. It must await, never block: a program that blocks the loop shows in the coordinator's
-loop-lag figures (`ctl status`, `orchestra_loop_lag_seconds`) and, past the tree's
+loop-lag figures (`ctl status`, `orchestra_sup_loop_lag_seconds`) and, past the tree's
 `watchdog_s`, the coordinator is restarted like any wedged child; the session then resumes from
-its checkpoint. Run CPU work or blocking IO in a lane, or in `asyncio.to_thread`.
+its checkpoint. The seat knows whose step was running when the process died
+(`coordinator.stepping`): a program during whose steps it died `seat.MAX_WEDGES` (3) times, a
+blocked loop or an `os._exit`, fails its plan instead of running again. Run CPU work or
+blocking IO in a lane, or in `asyncio.to_thread`. Once the plan has ended (its program returned,
+or `ctl cancel PLAN`), every call of the context raises `RuntimeError`; a task the program
+spawned and left running is stopped no other way.
 """
 
 from __future__ import annotations
@@ -145,8 +156,9 @@ class Context:
         resumed: the value of the last `checkpoint` (as msgpack gives it back: tuples become
             lists), or None on a fresh start and before the first checkpoint.
         tools: the relayed tools (`Tools`).
-        budget: what all the session's lanes together may spend (the plan's `budget`, plus what
-            humans granted), or None: no limit. Each lane's grant is carved from what is left.
+        budget: what all the session's lanes together may spend (the plan's `budget`), or None:
+            no limit. Each lane's grant is what is left once the ended lanes' spend and the
+            running lanes' grants are taken off: lanes started at once do not share it.
     """
 
     def __init__(
@@ -205,8 +217,8 @@ class Context:
         await self._session.checkpoint(value)
 
     async def ask_human(self, question: str, key: str | None = None) -> dict[str, Any]:
-        """Ask a human and wait for the answer: {"verdict" ("approve", "reject", "redirect" or
-        "accept_partial"), "text", "responder"}. The question shows in `ctl pending` (lane
+        """Ask a human and wait for the answer: {"verdict" ("approve", "reject" or "redirect"),
+        "text", "responder"}. The question shows in `ctl lanes` (lane
         `<session>.q<effect>`, task "coordinator") and is answered with `ctl approve LANE`,
         `ctl reject LANE --reason TEXT` or `ctl redirect LANE --to TEXT` (or the SDK's
         `Client.approve`, ...); the answer also arrives as an "answer" event. `key` names

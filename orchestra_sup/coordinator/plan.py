@@ -115,6 +115,8 @@ def parse_plan(text: str, *, source: str = "<plan>") -> PlanSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(f"invalid TOML: {exc}", source=source) from exc
+    except RecursionError:  # tomllib recurses per nesting level: some 500 arrays deep
+        raise PlanError("invalid TOML: values nested too deeply", source=source) from None
     return plan_from_mapping(data, source=source)
 
 

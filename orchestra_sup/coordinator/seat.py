@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import math
 import time
@@ -39,6 +40,7 @@ from orchestra_sup.coordinator.report import session_report
 from orchestra_sup.coordinator.runner import PlanRecord
 from orchestra_sup.coordinator.session import RunningSession, StartLane
 from orchestra_sup.coordinator.sessionstore import SessionRecord, SessionStore
+from orchestra_sup.coordinator.stepping import Marker, stepped
 from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.patterns import DAG
@@ -46,11 +48,14 @@ from orchestra_sup.runtime.node import Node
 
 log = logging.getLogger(__name__)
 
-MAX_STALLED_RUNS = 3
-"""Runs of a session's program, one after another with no checkpoint taken between them, after
-which its plan fails instead of running it again: a program that blocks the loop before its
-next checkpoint gets the coordinator restarted by the watchdog at every run, and the restart
-intensity (runs minutes apart) would never stop it; every other plan waits meanwhile."""
+MAX_WEDGES = 3
+"""The times the coordinator process may die during one of a session's program's steps
+(`coordinator.stepping`: a step that blocked the loop past the watchdog, or ended the process)
+before its plan fails instead of running it again. The supervisor's restart intensity would
+never stop a program that wedges once a run, a run every `watchdog_s`, and every other plan
+waits while it does."""
+ERROR_MAX_CHARS = 4096
+"""The longest error a failed session keeps (characters): it is stored and shown."""
 RETRY_UNTIL_UP_S = (0.05, 1.0)
 """A read tool's call to a peer that is down (not delivered, so safe to send again) is retried
 after these many seconds, doubling to the second, until the relay deadline: a session rebuilt
@@ -84,6 +89,8 @@ class Seat:
         self.gate = asyncio.Event()
         """Set while sessions may act; cleared at a quiet point (`hold`)."""
         self.gate.set()
+        self.marker: Marker | None = None
+        """Whose step runs now (`coordinator.stepping`); opened with the sessions (`open`)."""
 
     # --- programs --------------------------------------------------------------------------------
 
@@ -104,7 +111,7 @@ class Seat:
         module, _, cls = name.partition(":")
         try:
             found = getattr(importlib.import_module(module), cls)
-        except Exception as exc:  # an import runs the module: any error is the program's
+        except BaseException as exc:  # an import runs the module: SystemExit is the program's
             raise RemoteError(
                 ErrorCode.BAD_REQUEST,
                 f"coordinator {name!r} cannot be loaded: {type(exc).__name__}: {exc}",
@@ -125,7 +132,7 @@ class Seat:
         program = self.program(spec.coordinator)
         try:
             program(dict(spec.args))
-        except Exception as exc:  # the program's own check of its args, whatever it raises
+        except BaseException as exc:  # the program's own check of its args, whatever it raises
             raise RemoteError(
                 ErrorCode.BAD_REQUEST,
                 _one_line(f"coordinator {spec.coordinator!r} refused its [args]: {exc}"),
@@ -138,8 +145,13 @@ class Seat:
         live = {
             p.id: p for p in self.book.active.values() if p.spec.coordinator != DAG and not p.done
         }
+        self.marker = Marker(self.node.paths.state_dir / "coordinator" / "stepping")
         for session_id, (rec, entries) in self.store.load(set(live)).items():
-            self._run(live[session_id], rec or SessionRecord(id=session_id), entries)
+            rec = rec or SessionRecord(id=session_id)
+            if session_id == self.marker.blamed:  # the last process died in one of its steps
+                rec.wedges += 1
+                log.warning("session %s: the coordinator died during its step", session_id)
+            self._run(live[session_id], rec, entries)
 
     def started(self, plan: PlanRecord) -> None:
         """`plan`, a session, was accepted: run it."""
@@ -161,8 +173,10 @@ class Seat:
             child = self.book.plans.get(lane.plan)
             if child is not None and child.done:
                 session.lane_ended(child)
+        for asked in rec.questions.values():  # answers recorded, their events maybe not
+            if asked.answer is not None:
+                session.answered(asked)
         rec.runs += 1
-        rec.stalled += 1
         session.task = self.node.spawn(self._drive(session))
 
     async def _drive(self, session: RunningSession) -> None:
@@ -183,20 +197,29 @@ class Seat:
             rec.runs,
             plan.spec.coordinator,
         )
-        await session.store.write(rec)  # durable before the program runs: a wedge counts
-        if rec.stalled > MAX_STALLED_RUNS:
+        await session.store.write(rec)  # durable before the program runs
+        if rec.wedges >= MAX_WEDGES:
             self._conclude(
                 session,
-                error=f"its program ran {MAX_STALLED_RUNS} times without reaching a checkpoint "
-                "(a run blocked the loop, or the coordinator was lost each time); not run again",
+                error=f"the coordinator died during its program's steps {rec.wedges} times (a "
+                "step blocked the loop past the watchdog, or ended the process): not run again",
             )
             return
         try:
             program = self.program(plan.spec.coordinator)(dict(plan.spec.args))
-            value = await program.run(ctx)
-        except asyncio.CancelledError:
-            raise  # the process stops: the next one resumes the session
-        except Exception as exc:
+            running = program.run(ctx)
+            if not inspect.iscoroutine(running):
+                raise TypeError(f"run(ctx) must be `async def`; it returned {running!r:.60}")
+            if self.marker is not None:
+                running = stepped(running, self.marker, plan.id)
+            value = await running
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the seat or the process stops it: the next one resumes the session
+            self._conclude(session, error=_one_line(f"CancelledError raised by the program {exc}"))
+            return
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the program's own
             self._conclude(session, error=_one_line(f"{type(exc).__name__}: {exc}"))
             return
         if isinstance(value, Failure):
@@ -217,6 +240,7 @@ class Seat:
     def _conclude(self, session: RunningSession, *, result: Any = None, error: str | None = None):
         """End `session`'s plan with `result` or `error`, and cancel the lanes it left."""
         plan = session.plan
+        session.ended = True
         plan.outcome = f.PlanOutcome(result=result, error=error, at=time.time())
         self.sessions.pop(plan.id, None)
         if error is None:
@@ -298,6 +322,12 @@ class Seat:
                         ErrorCode.BAD_REQUEST,
                         f"{req.lane} is a coordinator program's question: it takes "
                         f"{', '.join(ACCEPTS)}, not {req.verdict}",
+                    )
+                if req.grant is not None or req.retries:
+                    raise RemoteError(
+                        ErrorCode.BAD_REQUEST,
+                        f"{req.lane} is a coordinator program's question: an approval of it "
+                        "grants no budget and no retries",
                     )
                 answer = f.Answer(
                     verdict=req.verdict,
@@ -393,8 +423,10 @@ def json_problem(value: Any, depth: int = 0) -> str | None:
     and lists, tuples and string-keyed dicts of them, at most 64 deep), or None when it is."""
     if depth > 64:
         return "nested more than 64 deep"
-    if value is None or isinstance(value, bool | int | str):
+    if value is None or isinstance(value, bool | str):
         return None
+    if isinstance(value, int):
+        return None if -(2**63) <= value < 2**64 else f"{value} does not fit in 64 bits"
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value!r} is not a finite number"
     if isinstance(value, list | tuple):
@@ -411,4 +443,6 @@ def json_problem(value: Any, depth: int = 0) -> str | None:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split()) or "failed"
+    """`text` on one line, at most `ERROR_MAX_CHARS` characters."""
+    line = " ".join(text.split()) or "failed"
+    return line if len(line) <= ERROR_MAX_CHARS else line[: ERROR_MAX_CHARS - 3] + "..."

@@ -124,7 +124,9 @@ class RunningSession:
         self.inflight: set[asyncio.Future[Any]] = set()
         """Durable writes and lane starts under way: a quiet point waits for them."""
         self._arrived: asyncio.Future[None] | None = None
-        self._reading = False
+        self.ended = False
+        """Its plan has ended (`Seat._conclude`): the program may act no more."""
+        self._reader: object | None = None
         self._answers: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._commits: dict[int, asyncio.Future[None]] = {}
 
@@ -150,26 +152,29 @@ class RunningSession:
         return done
 
     async def events(self) -> AsyncIterator[Event]:
-        if self._reading:
-            raise RuntimeError("events() has one reader at a time")
-        self._reading = True
-        try:
-            while True:
-                fresh = [e for e in self.events_after if e.seq > self.delivered]
-                for event in fresh:
-                    commit = self._commits.pop(event.seq, None)
-                    if commit is not None:
-                        await asyncio.shield(commit)  # never deliver what could still be lost
-                    self.delivered = event.seq
-                    yield event
-                if not fresh:
-                    self._arrived = asyncio.get_running_loop().create_future()
-                    await self._arrived
-        finally:
-            self._reading = False
+        """See `Context.events`. A newer reader takes over: an older one still open (a loop
+        left with `break`, not yet closed) raises `RuntimeError` if it is resumed."""
+        me = self._reader = object()
+        while True:
+            fresh = [e for e in self.events_after if e.seq > self.delivered]
+            for event in fresh:
+                commit = self._commits.pop(event.seq, None)
+                if commit is not None:
+                    await asyncio.shield(commit)  # never deliver what could still be lost
+                if self._reader is not me:
+                    raise RuntimeError("events(): a newer reader of this session took over")
+                self.delivered = event.seq
+                yield event
+            if not fresh:
+                self._arrived = asyncio.get_running_loop().create_future()
+                await self._arrived
 
     async def checkpoint(self, value: Any) -> None:
-        data = msgspec.msgpack.encode(value)
+        self._alive()
+        try:
+            data = msgspec.msgpack.encode(value)
+        except (TypeError, OverflowError, msgspec.EncodeError) as exc:
+            raise TypeError(f"checkpoint: msgpack cannot encode it: {exc}") from exc
         if len(data) > RESULT_MAX_BYTES:
             raise ValueError(
                 f"checkpoint of {len(data):,} bytes: at most {RESULT_MAX_BYTES:,} (msgpack)"
@@ -177,24 +182,31 @@ class RunningSession:
         await self.gate.wait()
         rec = self.rec
         rec.checkpoint, rec.checkpoints, rec.cursor = data, rec.checkpoints + 1, self.delivered
-        rec.stalled = 0
         self.index = 0
         self.events_after = [e for e in self.events_after if e.seq > rec.cursor]
         await self._track(self.store.write(rec))
 
     # --- tools -----------------------------------------------------------------------------------
 
+    def _alive(self) -> None:
+        if self.ended:
+            raise RuntimeError(f"session {self.id} has ended: its program may act no more")
+
     def _effect(self, key: Any) -> str:
-        """The next effectful call's effect id: `key` when the program gave one."""
+        """The next effectful call's effect id: "k.<key>" when the program gave `key` (its own
+        namespace: a key can never take over a call's numbered effect id), else the call's
+        place, "<checkpoints taken>.<index since the last one>"."""
+        self._alive()
         index, self.index = self.index, self.index + 1
         if key is None:
             return f"{self.rec.checkpoints}.{index}"
         if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
             raise ValueError(f"key {key!r}: expected 1 to 64 of [A-Za-z0-9_.-]")
-        return key
+        return f"k.{key}"
 
     async def call(self, tool: str, params: dict[str, Any]) -> Any:
         if tool not in EFFECTFUL:
+            self._alive()
             return await self._call(tool, wire_params(params))
         params = dict(params)
         effect = self._effect(params.pop("key", None))
@@ -209,10 +221,18 @@ class RunningSession:
 
     async def _start(self, effect: str, start: tools.StartLane) -> dict[str, Any]:
         known = next((lane for lane in self.rec.lanes if lane.key == effect), None)
+        rev = start.rev or None
+        if known is not None and (known.run, known.rev) != (start.run, rev):
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                f"effect {effect} started lane {known.plan} with run={known.run!r} "
+                f"rev={known.rev!r}; a call with the same key must ask the same (another key, "
+                "another lane)",
+            )
         grant = None
         if known is None:
             limit = budget.extend(self.plan.spec.budget, self.plan.granted)
-            grant = budget.left(limit, self.spent())
+            grant = budget.left(limit, self.spent(), self.held())
             spent = budget.empty(grant)
             if spent is not None:
                 raise RemoteError(
@@ -221,7 +241,6 @@ class RunningSession:
                 )
         answer = await self._start_lane(start, grant)
         if known is None:
-            rev = getattr(start, "rev", None) or None
             lane = SessionLane(key=effect, plan=answer["plan"], run=start.run, rev=rev)
             self.rec.lanes.append(lane)
             await self.store.write(self.rec)
@@ -239,6 +258,12 @@ class RunningSession:
 
     def lane_of(self, plan_id: str) -> SessionLane | None:
         return next((lane for lane in self.rec.lanes if lane.plan == plan_id), None)
+
+    def held(self) -> f.Spend:
+        """The grants of the session's lanes still running: what they may yet spend."""
+        plans = self.book.plans
+        live = (plans[lane.plan] for lane in self.rec.lanes if lane.plan in plans)
+        return budget.total(budget.as_spend(p.spec.budget) for p in live if not p.done)
 
     def spent(self) -> f.Spend:
         plans = self.book.plans
@@ -268,6 +293,7 @@ class RunningSession:
     # --- humans ----------------------------------------------------------------------------------
 
     async def ask_human(self, question: str, key: str | None) -> dict[str, Any]:
+        self._alive()
         if len(question.encode()) > QUESTION_MAX_BYTES:
             raise ValueError(f"a question is at most {QUESTION_MAX_BYTES} UTF-8 bytes")
         effect = self._effect(key)
@@ -284,6 +310,14 @@ class RunningSession:
         waiter = self._answers.setdefault(effect, asyncio.get_running_loop().create_future())
         return await asyncio.shield(waiter)
 
+    def answered(self, asked: Question) -> asyncio.Future[None] | None:
+        """Commit the "answer" event of `asked` (answered), with the record that holds its
+        answer; None when it is there already. At open, the seat calls it for every answered
+        question, so an answer recorded by a process that died before its event was committed
+        still arrives."""
+        assert asked.answer is not None
+        return self.append(f"answer:{asked.key}", "answer", key=asked.key, answer=asked.answer)
+
     def question(self, handle: str) -> Question | None:
         """The unanswered question `handle` names, or None."""
         return next(
@@ -296,8 +330,9 @@ class RunningSession:
         wake the program."""
         value = {"verdict": answer.verdict, "text": answer.text, "responder": answer.responder}
         asked.answer = value
-        await self._track(self.store.write(self.rec))
-        self.append(f"answer:{asked.key}", "answer", key=asked.key, answer=value)
+        committed = self.answered(asked)  # the event and the record that holds the answer
+        if committed is not None:
+            await self._track(committed)  # both durable before the human hears "answered"
         waiter = self._answers.setdefault(asked.key, asyncio.get_running_loop().create_future())
         if not waiter.done():
             waiter.set_result(value)

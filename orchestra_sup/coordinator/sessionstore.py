@@ -63,9 +63,9 @@ class Question(msgspec.Struct, kw_only=True):
 class SessionRecord(msgspec.Struct, kw_only=True):
     """See the module docstring. `checkpoint` is the msgpack encoding of the last checkpoint's
     value (None: none taken); `cursor` is the sequence number of the last event that checkpoint
-    covers; `runs` counts the times the program was built (1 on its first start), `stalled` the
-    runs since the last checkpoint was taken (a program that never gets further is failed:
-    `seat.MAX_STALLED_RUNS`)."""
+    covers; `runs` counts the times the program was built (1 on its first start), `wedges` the
+    times the coordinator process died during one of its program's steps (`coordinator.
+    stepping`; a program that does it `seat.MAX_WEDGES` times is failed)."""
 
     id: str
     checkpoint: bytes | None = None
@@ -73,7 +73,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     cursor: int = 0
     next_seq: int = 1
     runs: int = 0
-    stalled: int = 0
+    wedges: int = 0
     lanes: list[SessionLane] = []
     questions: dict[str, Question] = {}
 

@@ -5,6 +5,8 @@ They use only the contract (`coordinator.context`), as a platform's own program 
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,79 @@ class Waits:
 
     async def run(self, ctx: Any) -> Any:
         return await ctx.wait(await ctx.tools.start_lane(run="sleep 60"))
+
+
+class Exits:
+    """Leaves as a program must not: `args["kind"]` is "sys_exit", "keyboard", "base",
+    "cancelled" (each raised from `run`) or "os_exit" (the process ends at once)."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.kind = args["kind"]
+
+    async def run(self, ctx: Any) -> Any:
+        if self.kind == "os_exit":
+            os._exit(7)
+        raise {
+            "sys_exit": SystemExit(3),
+            "keyboard": KeyboardInterrupt(),
+            "base": BaseException("boom"),
+            "cancelled": asyncio.CancelledError(),
+        }[self.kind]
+
+
+class Keys:
+    """Gives a start the key "0.1", shaped like the next call's own effect id, then starts
+    another lane without a key: two lanes, and the first key again with another command is
+    refused."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        pass
+
+    async def run(self, ctx: Any) -> Any:
+        a = await ctx.wait(await ctx.tools.start_lane(run="echo A", key="0.1"))
+        b = await ctx.wait(await ctx.tools.start_lane(run="echo B"))
+        try:
+            await ctx.tools.start_lane(run="echo C", key="0.1")
+        except Exception as exc:
+            refused = str(exc)
+        return {"a": a["output_tail"], "b": b["output_tail"], "refused": refused}
+
+
+class Overspends:
+    """Starts `sleep 2` lanes at once until one is refused; answers how many started and the
+    refusal. With a session budget of wall_s = 3, the first lane holds all of it."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        pass
+
+    async def run(self, ctx: Any) -> Any:
+        started = []
+        try:
+            for _ in range(6):
+                started.append(await ctx.tools.start_lane(run="sleep 2"))
+        except Exception as exc:
+            refused = str(exc)
+        for lane in started:
+            await ctx.wait(lane)
+        return {"started": len(started), "refused": refused}
+
+
+class Rereads:
+    """Reads one event, leaves the loop with `break`, and reads on with a new loop at once."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        pass
+
+    async def run(self, ctx: Any) -> Any:
+        texts = []
+        async for event in ctx.events():
+            texts.append(event.text)
+            break
+        async for event in ctx.events():
+            texts.append(event.text)
+            if len(texts) == 2:
+                break
+        return texts
 
 
 class Raises:

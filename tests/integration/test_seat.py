@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from orchestra_sup.errors import ErrorCode, RemoteError
@@ -21,7 +22,20 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = "tests.integration.coordinator_programs"
-NAMES = ("Squares", "Inbox", "Blocks", "Raises", "Asks", "Wedges", "Returns", "Waits")
+NAMES = (
+    "Squares",
+    "Inbox",
+    "Blocks",
+    "Raises",
+    "Asks",
+    "Wedges",
+    "Returns",
+    "Waits",
+    "Exits",
+    "Keys",
+    "Overspends",
+    "Rereads",
+)
 LISTED = [f"{PROGRAMS}:{name}" for name in NAMES]
 
 
@@ -131,13 +145,13 @@ def test_a_program_that_blocks_the_loop_is_restarted_and_its_plan_resumes(seat: 
     assert seat.pids()["coordinator"] != before  # the watchdog restarted it
 
 
-def test_a_program_that_wedges_every_run_fails_its_plan_after_max_stalled_runs(
+def test_a_program_that_wedges_every_run_fails_its_plan_after_max_wedges(
     seat: Tree,
 ) -> None:
     plan = seat.submit(session("wedges", f"{PROGRAMS}:Wedges", block_s=60.0))
     report = settled(seat, plan, timeout_s=120)
     assert not report.ok
-    assert report.error is not None and "without reaching a checkpoint" in report.error
+    assert report.error is not None and "died during its program's steps 3 times" in report.error
     squares = seat.submit(session("after", f"{PROGRAMS}:Squares", numbers=[2]))
     assert settled(seat, squares).result == {"sum": 4, "lanes": 1}  # the tree serves again
 
@@ -147,6 +161,42 @@ def test_a_result_that_is_not_json_fails_the_plan(seat: Tree, kind: str) -> None
     report = seat.wait_plan(seat.submit(session("returns", f"{PROGRAMS}:Returns", kind=kind)))
     assert not report.ok and report.result is None
     assert report.error is not None and report.error.startswith("result is not JSON-able")
+
+
+@pytest.mark.parametrize("kind", ["sys_exit", "keyboard", "base", "cancelled"])
+def test_a_program_raising_past_exception_fails_only_its_plan(seat: Tree, kind: str) -> None:
+    pid = seat.pids()["coordinator"]
+    report = seat.wait_plan(seat.submit(session("exits", f"{PROGRAMS}:Exits", kind=kind)))
+    assert not report.ok and report.error, report
+    assert seat.pids()["coordinator"] == pid  # the coordinator kept its process
+
+
+def test_a_program_that_ends_the_process_is_failed_after_max_wedges(seat: Tree) -> None:
+    report = settled(seat, seat.submit(session("exits", f"{PROGRAMS}:Exits", kind="os_exit")))
+    assert report.error is not None and "died during its program's steps 3 times" in report.error
+    assert settled(seat, seat.submit(session("ok", f"{PROGRAMS}:Squares", numbers=[3]))).ok
+
+
+def test_a_programs_key_has_its_own_namespace_and_asks_the_same(seat: Tree) -> None:
+    report = seat.wait_plan(seat.submit(session("keys", f"{PROGRAMS}:Keys")))
+    assert report.result["a"] == "A\n" and report.result["b"] == "B\n", report
+    assert "a call with the same key must ask the same" in report.result["refused"]
+    assert [lane.key for lane in report.lanes] == ["k.0.1", "0.1"]
+
+
+def test_lanes_running_at_once_hold_the_session_budget(seat: Tree) -> None:
+    spec = session("spends", f"{PROGRAMS}:Overspends")
+    spec = msgspec.structs.replace(spec, budget=f.Budget(wall_s=3.0))
+    report = seat.wait_plan(seat.submit(spec))
+    assert report.result["started"] == 1, report
+    assert "budget has no wall_s left" in report.result["refused"]
+
+
+def test_a_new_events_loop_after_break_reads_on(seat: Tree) -> None:
+    plan = seat.submit(session("rereads", f"{PROGRAMS}:Rereads"))
+    for text in ("one", "two"):
+        assert ctl(seat, "message", plan, text).returncode == 0
+    assert seat.wait_plan(plan).result == ["one", "two"]
 
 
 def test_ctl_cancel_of_a_session_stops_it_and_its_lanes(seat: Tree) -> None:
