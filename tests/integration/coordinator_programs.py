@@ -175,6 +175,22 @@ class Rereads:
         return texts
 
 
+class Notes:
+    """Starts a lane whose program tells the coordinator notes (`args["lane_program"]`), reads its
+    inbox until a "note" event, cancels the lane and answers the note."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.program = args["lane_program"]
+
+    async def run(self, ctx: Any) -> Any:
+        await ctx.tools.start_lane(program=self.program, run="3")
+        async for event in ctx.events():
+            if event.kind == "note":
+                await ctx.tools.cancel_lane(lane=event.lane)
+                return {"text": event.text, "lane": event.lane}
+        return None
+
+
 class Raises:
     """Fails its plan by raising."""
 

@@ -35,7 +35,9 @@ NAMES = (
     "Keys",
     "Overspends",
     "Rereads",
+    "Notes",
 )
+CHATTY = "tests.integration.lane_programs:Chatty"
 LISTED = [f"{PROGRAMS}:{name}" for name in NAMES]
 
 
@@ -43,7 +45,10 @@ LISTED = [f"{PROGRAMS}:{name}" for name in NAMES]
 def seat(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
     cfg = tmp_path / "tree.toml"
     listed = ", ".join(f'"{p}"' for p in LISTED)
-    cfg.write_text(f"[supervisor]\nwatchdog_s = 2.0\n\n[coordinator]\nprograms = [{listed}]\n")
+    cfg.write_text(
+        f"[supervisor]\nwatchdog_s = 2.0\n\n[coordinator]\nprograms = [{listed}]\n\n"
+        f'[lanes]\nprograms = ["{CHATTY}"]\n'
+    )
     return tree_factory(workspace=repo, config=cfg, extra_env={"PYTHONPATH": str(REPO)})
 
 
@@ -197,6 +202,12 @@ def test_a_new_events_loop_after_break_reads_on(seat: Tree) -> None:
     for text in ("one", "two"):
         assert ctl(seat, "message", plan, text).returncode == 0
     assert seat.wait_plan(plan).result == ["one", "two"]
+
+
+def test_a_lanes_note_arrives_in_its_sessions_inbox(seat: Tree) -> None:
+    report = seat.wait_plan(seat.submit(session("notes", f"{PROGRAMS}:Notes", lane_program=CHATTY)))
+    assert report.ok, report
+    assert report.result == {"text": "nnn", "lane": report.lanes[0].lane}
 
 
 def test_ctl_cancel_of_a_session_stops_it_and_its_lanes(seat: Tree) -> None:
