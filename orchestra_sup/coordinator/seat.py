@@ -162,6 +162,7 @@ class Seat:
             plan,
             rec,
             entries,
+            self.store.lanes(plan.id) if rec.runs else [],
             book=self.book,
             store=self.store,
             toolkit_call=self._relay,
@@ -169,7 +170,7 @@ class Seat:
             gate=self.gate,
         )
         self.sessions[plan.id] = session
-        for lane in rec.lanes:  # lanes that ended while no process was there to say so
+        for lane in session.lanes:  # lanes that ended while no process was there to say so
             child = self.book.plans.get(lane.plan)
             if child is not None and child.done:
                 session.lane_ended(child)
@@ -247,8 +248,8 @@ class Seat:
             log.info("session %s: done", plan.id)
         else:
             log.warning("session %s: failed: %s", plan.id, error)
-        for lane in session.rec.lanes:
-            child = self.book.plans.get(lane.plan)
+        for plan_id in session.running:
+            child = self.book.plans.get(plan_id)
             live = child.tasks["lane"].lane if child is not None and not child.done else None
             if live is not None:
                 self.node.spawn(self._relay("cancel_lane", {"lane": live}))
@@ -271,14 +272,14 @@ class Seat:
     def plan_done(self, plan: PlanRecord) -> None:
         """`plan` ended: if a session started it, commit its "result" event."""
         for session in self.sessions.values():
-            if session.lane_of(plan.id) is not None:
+            if plan.id in session.by_plan:
                 session.lane_ended(plan)
                 return
 
     def note(self, note: f.LaneNote, msg_id: str) -> None:
         """A lane's program told the coordinator `note`: a "note" event of its session."""
         for session in self.sessions.values():
-            if session.lane_of(note.plan) is not None:
+            if note.plan in session.by_plan:
                 session.append(f"note:{msg_id}", "note", lane=note.lane, text=note.text)
                 return
 
@@ -364,8 +365,7 @@ class Seat:
     def report(self, plan: PlanRecord) -> f.PlanReport:
         """`ctl plan` of session `plan`."""
         session = self.sessions.get(plan.id)
-        rec = session.rec if session is not None else self.store.record(plan.id)
-        lanes = [] if rec is None else rec.lanes
+        lanes = session.lanes if session is not None else self.store.lanes(plan.id)
         return session_report(plan, [(lane, self.book.plans.get(lane.plan)) for lane in lanes])
 
     def summary(self, plan: PlanRecord) -> f.PlanSummary:

@@ -92,15 +92,18 @@ def lane_outcome(plan: PlanRecord, lane: SessionLane) -> dict[str, Any]:
 
 
 class RunningSession:
-    """Session `rec` of plan `plan`, as its program runs it now. `events` are the committed
-    inbox events after the last checkpoint, oldest first; `gate` is set while the coordinator
-    may act (not held at a quiet point)."""
+    """Session `rec` of plan `plan`, as its program runs it now. `entries` are its committed
+    inbox events, oldest first; `lanes` the lanes it started, in order; `gate` is set while the
+    coordinator may act (not held at a quiet point). A start costs what it adds, not the number
+    of lanes before it: lanes are indexed by effect id and by plan, the ended ones' spend is
+    summed as they end, and only the running ones are held."""
 
     def __init__(
         self,
         plan: PlanRecord,
         rec: SessionRecord,
         entries: list[Entry],
+        lanes: list[SessionLane],
         *,
         book: PlanBook,
         store: SessionStore,
@@ -115,6 +118,14 @@ class RunningSession:
         self._call = toolkit_call
         self._start_lane = start_lane
         self.gate = gate
+        self.lanes: list[SessionLane] = []
+        self.by_key: dict[str, SessionLane] = {}
+        self.by_plan: dict[str, SessionLane] = {}
+        self.running: set[str] = set()
+        """The plan ids of its lanes that have not ended."""
+        self._spent = f.Spend()
+        for lane in lanes:
+            self._keep(lane)
         self.origins = {entry.origin for entry in entries}
         """What caused each event committed or queued: an origin's event is committed once."""
         self.events_after: list[Event] = [e.event for e in entries if e.event.seq > rec.cursor]
@@ -133,6 +144,16 @@ class RunningSession:
     @property
     def id(self) -> str:
         return self.plan.id
+
+    def _keep(self, lane: SessionLane) -> None:
+        """Index `lane`; count it as running, or its spend as spent."""
+        self.lanes.append(lane)
+        self.by_key[lane.key] = self.by_plan[lane.plan] = lane
+        child = self.book.plans.get(lane.plan)
+        if child is not None and child.done:
+            self._spent = budget.add(self._spent, child.spent)
+        elif child is not None:
+            self.running.add(lane.plan)
 
     # --- the inbox -------------------------------------------------------------------------------
 
@@ -220,7 +241,7 @@ class RunningSession:
         return await self._track(self._start(effect, start))
 
     async def _start(self, effect: str, start: tools.StartLane) -> dict[str, Any]:
-        known = next((lane for lane in self.rec.lanes if lane.key == effect), None)
+        known = self.by_key.get(effect)
         rev = start.rev or None
         if known is not None and (known.run, known.rev) != (start.run, rev):
             raise RemoteError(
@@ -242,8 +263,8 @@ class RunningSession:
         answer = await self._start_lane(start, grant)
         if known is None:
             lane = SessionLane(key=effect, plan=answer["plan"], run=start.run, rev=rev)
-            self.rec.lanes.append(lane)
-            await self.store.write(self.rec)
+            self._keep(lane)
+            self.store.add_lane(self.id, lane)
             child = self.book.plans.get(lane.plan)
             if child is not None and child.done:  # it ended before it was recorded here
                 self.lane_ended(child)
@@ -251,32 +272,39 @@ class RunningSession:
 
     def lane_ended(self, child: PlanRecord) -> None:
         """A lane the session started ended (its plan is done): its "result" event."""
-        lane = self.lane_of(child.id)
+        lane = self.by_plan.get(child.id)
         if lane is not None:
+            if child.id in self.running:
+                self.running.discard(child.id)
+                self._spent = budget.add(self._spent, child.spent)
             outcome = lane_outcome(child, lane)
             self.append(f"result:{child.id}", "result", lane=outcome["lane"], outcome=outcome)
-
-    def lane_of(self, plan_id: str) -> SessionLane | None:
-        return next((lane for lane in self.rec.lanes if lane.plan == plan_id), None)
 
     def held(self) -> f.Spend:
         """The grants of the session's lanes still running: what they may yet spend."""
         plans = self.book.plans
-        live = (plans[lane.plan] for lane in self.rec.lanes if lane.plan in plans)
-        return budget.total(budget.as_spend(p.spec.budget) for p in live if not p.done)
+        live = (plans[plan_id] for plan_id in self.running if plan_id in plans)
+        return budget.total(budget.as_spend(p.spec.budget) for p in live)
 
     def spent(self) -> f.Spend:
-        plans = self.book.plans
-        return budget.total(plans[lane.plan].spent for lane in self.rec.lanes if lane.plan in plans)
+        return self._spent
 
     def find(self, handle: str) -> tuple[SessionLane, PlanRecord] | None:
-        """The lane the session started that `handle` names (its plan id or its lane id), and
-        its plan; None when there is none."""
-        for known in self.rec.lanes:
-            child = self.book.plans.get(known.plan)
-            if child is not None and handle in (known.plan, child.tasks["lane"].lane):
-                return known, child
-        return None
+        """The lane the session started that `handle` names (its plan id, or its lane id: a
+        scan), and its plan; None when there is none."""
+        known = self.by_plan.get(handle)
+        if known is None:
+            known = next(
+                (
+                    lane
+                    for lane in self.lanes
+                    if lane.plan in self.book.plans
+                    and self.book.plans[lane.plan].tasks["lane"].lane == handle
+                ),
+                None,
+            )
+        child = None if known is None else self.book.plans.get(known.plan)
+        return None if known is None or child is None else (known, child)
 
     async def wait(self, lane: str | dict[str, Any]) -> dict[str, Any]:
         handle = (lane.get("plan") or lane.get("lane")) if isinstance(lane, dict) else lane

@@ -7,8 +7,11 @@ kept like any (`coordinator.planstore`: its spec, and its `outcome` once it ends
 gone lives here, in two databases of the coordinator's environment (`DBS`):
 
 - `sessions`: plan id -> `SessionRecord`: the last checkpoint and how many were taken (the
-  epoch of the effect ids), the inbox cursor it covers, the next event's sequence number, every
-  lane started (by effect id) and every question asked (by key);
+  epoch of the effect ids), the inbox cursor it covers, the next event's sequence number and
+  every question asked (by key);
+- `session_lanes`: rows under `<plan id>/` (`Store.append`), one `SessionLane` per lane
+  started, in the order they started: a start writes its own row, not the session's record
+  again (a session of 10,000 lanes would otherwise write its whole list 10,000 times);
 - `session_events`: `<plan id>/<seq, 10 digits>` -> `Entry`: one inbox event and its `origin`,
   what caused it ("result:<lane's plan>", "note:<inbox message id>", "answer:<key>",
   "message:<id>"), by which an event is committed once however often its cause is applied again.
@@ -33,8 +36,9 @@ from orchestra_sup.state.store import Store
 log = logging.getLogger(__name__)
 
 SESSIONS = "sessions"
+LANES = "session_lanes"
 EVENTS = "session_events"
-DBS = [SESSIONS, EVENTS]
+DBS = [SESSIONS, LANES, EVENTS]
 """The databases `SessionStore` needs in the coordinator's environment."""
 
 
@@ -74,7 +78,6 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     next_seq: int = 1
     runs: int = 0
     wedges: int = 0
-    lanes: list[SessionLane] = []
     questions: dict[str, Question] = {}
 
 
@@ -96,6 +99,7 @@ class SessionStore:
         self.store = store
         self._enc = msgspec.msgpack.Encoder()
         self._record = msgspec.msgpack.Decoder(SessionRecord)
+        self._lane = msgspec.msgpack.Decoder(SessionLane)
         self._entry = msgspec.msgpack.Decoder(Entry)
 
     def write(self, rec: SessionRecord) -> asyncio.Future[None]:
@@ -108,18 +112,27 @@ class SessionStore:
         self.store.put(EVENTS, event_key(rec.id, entry.event.seq), self._enc.encode(entry))
         return self.write(rec)
 
-    def record(self, session: str) -> SessionRecord | None:
-        """Session `session`'s committed record, or None (none, or unreadable)."""
-        value = self.store.get(SESSIONS, session.encode())
-        try:
-            return None if value is None else self._record.decode(value)
-        except msgspec.DecodeError:
-            return None
+    def add_lane(self, session: str, lane: SessionLane) -> None:
+        """Queue `lane`'s row (written behind: the lane's own plan is durable already, and a
+        row lost with the process is written again when the replayed start finds that plan)."""
+        self.store.append(LANES, f"{session}/".encode(), self._enc.encode(lane))
+
+    def lanes(self, session: str) -> list[SessionLane]:
+        """The lanes session `session` started, in order, as committed (unreadable rows are
+        logged and skipped)."""
+        out: list[SessionLane] = []
+        for value in self.store.rows(LANES, f"{session}/".encode()):
+            try:
+                out.append(self._lane.decode(value))
+            except msgspec.DecodeError as exc:
+                log.error("session %s: unreadable lane skipped: %s", session, exc)
+        return out
 
     def load(self, live: set[str]) -> dict[str, tuple[SessionRecord | None, list[Entry]]]:
         """The record and the events, oldest first, of each session in `live` (the plan ids of
         sessions not ended): (None, events) for one whose record was never committed. Unreadable
-        entries are logged and skipped; one bad entry must not stop the coordinator."""
+        entries are logged and skipped; one bad entry must not stop the coordinator. Its lanes
+        are `lanes`."""
         found: dict[str, tuple[SessionRecord | None, list[Entry]]] = {s: (None, []) for s in live}
         for key, value in self.store.items(SESSIONS):
             session = key.decode(errors="replace")
