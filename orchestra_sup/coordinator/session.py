@@ -251,7 +251,8 @@ class RunningSession:
                 "another lane)",
             )
         grant = None
-        if known is None:
+        started = f"{self.id}:{effect}" in self.book.keys  # its row was lost with a process
+        if known is None and not started:
             limit = budget.extend(self.plan.spec.budget, self.plan.granted)
             grant = budget.left(limit, self.spent(), self.held())
             spent = budget.empty(grant)
