@@ -179,7 +179,8 @@ def cpu_latency_held(hold: bool, path: Path = CPU_DMA_LATENCY) -> Iterator[None]
 
 
 def one_line(machine: dict[str, Any]) -> str:
-    """The `machine` object in one line, for a benchmark's table."""
+    """The `machine` object in one line, for a benchmark's table: "2 CPUs (2 usable), cpuidle
+    haltpoll/haltpoll, cpu_dma_latency not held, load 1.2/1.5 (start/end, 1 min), steal 0.4 %"."""
     if machine["hold_cpu_latency"]:
         held = "held at 0 by this run"
     elif machine["cpu_dma_latency_held"] == UNKNOWN:
@@ -189,7 +190,7 @@ def one_line(machine: dict[str, Any]) -> str:
     load = "/".join(f"{x:g}" for x in machine["loadavg_start"][:1] + machine["loadavg_end"][:1])
     steal = machine["steal_percent"]
     return (
-        f"machine: {machine['cpu_count']} CPUs ({machine['affinity_cpus']} usable), cpuidle "
+        f"{machine['cpu_count']} CPUs ({machine['affinity_cpus']} usable), cpuidle "
         f"{machine['cpuidle_driver']}/{machine['cpuidle_governor']}, cpu_dma_latency {held}, "
         f"load {load} (start/end, 1 min), steal {steal}{'' if steal == UNKNOWN else ' %'}"
     )

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestra_sup.bench import machine
+
 Runner = Callable[[bool], dict[str, Any]]
 
 
@@ -82,7 +84,7 @@ BENCHES: dict[str, Runner] = {
     "chaos": _chaos,
 }
 """In the order they run: the latency benchmarks first, on a machine nothing else has warmed."""
-UNITS = {"isolation": "ms", "reaction": "ms", "scale": "us"}
+UNITS = {"relay": "us", "isolation": "ms", "reaction": "ms", "scale": "us"}
 """The unit of each benchmark's plotted samples."""
 
 
@@ -99,7 +101,7 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                     f"({s['ratio_p50']}x / {s['ratio_p99']}x the floor)",
                 )
             )
-        return rows
+        return [*rows, ("machine", machine.one_line(r["machine"]))]
     if name == "isolation":
         rows = []
         for mode in ("separated", "colocated"):
@@ -111,7 +113,7 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                     f"({m['ratio']}x); shard loop p99 {m['host_loop_p99_ms']} ms",
                 )
             )
-        return rows
+        return [*rows, ("machine", machine.one_line(r["machine"]))]
     if name == "reaction":
         return [
             (
@@ -163,6 +165,8 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _distributions(name: str, r: dict[str, Any]) -> dict[str, list[float]]:
     """Named latency samples of benchmark `name` to plot (empty when it keeps none)."""
+    if name == "relay":
+        return {f"{k} round trip": v for k, v in r["samples_us"].items()}
     if name == "scale":
         return {f"{k} parked lanes": v["samples_us"] for k, v in r["steps"].items()}
     if name in ("isolation", "reaction"):
