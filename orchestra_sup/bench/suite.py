@@ -89,7 +89,16 @@ UNITS = {"relay": "us", "isolation": "ms", "reaction": "ms", "scale": "us"}
 
 
 def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
-    """The headline figures of benchmark `name` as (figure, value) rows for the summary."""
+    """The headline figures of benchmark `name` as (figure, value) rows for the summary, and
+    the machine it ran on when it records one (`bench.machine`)."""
+    rows = _headlines(name, r)
+    if "machine" in r:
+        rows.append(("machine", machine.one_line(r["machine"])))
+    return rows
+
+
+def _headlines(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline figures of benchmark `name` as (figure, value) rows."""
     if name == "relay":
         base = r["baseline"]
         rows = [("raw pyzmq round trip p50 / p99", f"{base['p50_us']} / {base['p99_us']} us")]
@@ -101,7 +110,7 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                     f"({s['ratio_p50']}x / {s['ratio_p99']}x the floor)",
                 )
             )
-        return [*rows, ("machine", machine.one_line(r["machine"]))]
+        return rows
     if name == "isolation":
         rows = []
         for mode in ("separated", "colocated"):
@@ -113,7 +122,7 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                     f"({m['ratio']}x); shard loop p99 {m['host_loop_p99_ms']} ms",
                 )
             )
-        return [*rows, ("machine", machine.one_line(r["machine"]))]
+        return rows
     if name == "reaction":
         return [
             (
