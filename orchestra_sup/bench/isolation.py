@@ -95,8 +95,9 @@ def _wait_running(client: CtlClient, plan_id: str, count: int, timeout_s: float 
 
 
 def _probe_at_coordinator_nice(client: CtlClient) -> dict[str, int]:
-    """Give this process, the probe client, the coordinator's niceness (its own process, or the
-    supervisor's when colocated), so a turn's four wake-ups run at one priority; return
+    """Give this process, the probe client, the coordinator's niceness (its process's as `ctl
+    status` names it: the supervisor's own when colocated, and the supervisor's too when the
+    status has no pid for it), so a turn's four wake-ups run at one priority; return
     {"probe": its niceness now, "coordinator": the coordinator's}. A niceness this process may
     not take (a lower one, unprivileged) is left as it is, and the two then differ."""
     status = client.request(f.CtlStatus(), timeout_s=30.0)
