@@ -12,28 +12,35 @@ For each, in a fresh private tree with `SHARDS` shards of `LANES_PER_SHARD` lane
 1. Idle: a one-task plan is run to completion, then `probes` coordinator turns are timed, one
    every `PROBE_EVERY_S`. A turn is `ctl plan <id>` answered by the coordinator: the request goes
    to the supervisor's `ctl.ipc`, is forwarded to the coordinator, which looks the plan up on its
-   loop and answers; timed in this process with `perf_counter_ns`, in ms.
+   loop and answers; timed in this process with `perf_counter_ns`, in ms. This process, the
+   probe client, first takes the coordinator's niceness (`_probe_at_coordinator_nice`).
 2. Loaded: a plan of `SHARDS * LANES_PER_SHARD` lanes, each a Python program that burns CPU and
    streams its output as fast as its shard drains it (`BURNER`), until all are running; then the
    same probes again. The lanes are cancelled afterwards.
 3. Event-loop lag of every process: from `ctl status` (each child's p99 over its sliding window of
    the last minute) after each phase.
 
-Figures: `idle_turn_p50_ms`, `idle_turn_p99_ms`, `loaded_turn_p50_ms`, `loaded_turn_p99_ms`,
-`ratio` (loaded p99 / idle p99: how much the load slowed the coordinator down), `host_loop_p99_ms`
-(the worst shard loop-lag p99 under load), `coordinator_loop_p99_ms` (the coordinator's, under
-load). Target (issue 6): separated ratio <= 1.2 while colocated degrades by an order of magnitude.
+Figures: `idle_turn_p50_ms`, `idle_turn_p99_ms`, `loaded_turn_p50_ms`, `loaded_turn_p99_ms`
+(each p99 with its `_p999_ms` and `_max_ms` beside it), `ratio` (loaded p99 / idle p99: how much
+the load slowed the coordinator down), `host_loop_p99_ms` (the worst shard loop-lag p99 under
+load), `coordinator_loop_p99_ms` (the coordinator's, under load). Target (issue 6): separated
+ratio <= 1.2 while colocated degrades by an order of magnitude.
 Loop-lag figures are None for a process that has not sent a sample yet (a phase shorter than a
 heartbeat). `samples_ms` keeps every timed turn (idle and loaded) for plots (`bench all`).
+`machine` records what the run ran on (`orchestra_sup.bench.machine`: CPUs, idle states, load,
+steal), plus `probe_nice` and `coordinator_nice` for each mode.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from orchestra_sup.bench import machine
 from orchestra_sup.bench.stats import summary
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree, wait_plan
@@ -87,8 +94,25 @@ def _wait_running(client: CtlClient, plan_id: str, count: int, timeout_s: float 
     raise TimeoutError(f"the {count} loaded lanes were not all running within {timeout_s:g} s")
 
 
-def measure(colocated: bool, probes: int, work: Path) -> dict[str, Any]:
-    """One mode's figures (see the module docstring)."""
+def _probe_at_coordinator_nice(client: CtlClient) -> dict[str, int]:
+    """Give this process, the probe client, the coordinator's niceness (its process's as `ctl
+    status` names it: the supervisor's own when colocated, and the supervisor's too when the
+    status has no pid for it), so a turn's four wake-ups run at one priority; return
+    {"probe": its niceness now, "coordinator": the coordinator's}. A niceness this process may
+    not take (a lower one, unprivileged) is left as it is, and the two then differ."""
+    status = client.request(f.CtlStatus(), timeout_s=30.0)
+    assert isinstance(status, f.StatusReply)
+    pid = next((c.pid for c in status.children if c.name == "coordinator"), None)
+    coordinator = os.getpriority(os.PRIO_PROCESS, pid or status.supervisor_pid)
+    if os.getpriority(os.PRIO_PROCESS, 0) != coordinator:
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, 0, coordinator)
+    return {"probe": os.getpriority(os.PRIO_PROCESS, 0), "coordinator": coordinator}
+
+
+def measure(colocated: bool, probes: int, work: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """One mode's figures (see the module docstring), and the probe client's and the
+    coordinator's niceness (`_probe_at_coordinator_nice`)."""
     mode = "colocated" if colocated else "separated"
     lanes = SHARDS * LANES_PER_SHARD
     with private_tree(
@@ -99,6 +123,7 @@ def measure(colocated: bool, probes: int, work: Path) -> dict[str, Any]:
         config=None,
         colocated=colocated,
     ) as client:
+        nice = _probe_at_coordinator_nice(client)
         accepted = client.request(
             f.CtlSubmit(plan=f.PlanSpec(name="probe", tasks=[f.TaskSpec(id="t", run="true")])),
             timeout_s=30.0,
@@ -130,8 +155,12 @@ def measure(colocated: bool, probes: int, work: Path) -> dict[str, Any]:
     return {
         "idle_turn_p50_ms": idle_p["p50_ms"],
         "idle_turn_p99_ms": idle_p["p99_ms"],
+        "idle_turn_p999_ms": idle_p["p999_ms"],
+        "idle_turn_max_ms": idle_p["max_ms"],
         "loaded_turn_p50_ms": loaded_p["p50_ms"],
         "loaded_turn_p99_ms": loaded_p["p99_ms"],
+        "loaded_turn_p999_ms": loaded_p["p999_ms"],
+        "loaded_turn_max_ms": loaded_p["max_ms"],
         "ratio": round(loaded_p["p99_ms"] / idle_p["p99_ms"], 2),
         "host_loop_p99_ms": max((loaded_lags[n] for n in shard_names), default=None),
         "idle_host_loop_p99_ms": max(
@@ -143,18 +172,31 @@ def measure(colocated: bool, probes: int, work: Path) -> dict[str, Any]:
             "idle": [round(x, 4) for x in idle],
             "loaded": [round(x, 4) for x in loaded],
         },
-    }
+    }, nice
 
 
-def run_isolation_bench(quick: bool = False, probes: int | None = None) -> dict[str, Any]:
+def run_isolation_bench(
+    quick: bool = False, probes: int | None = None, hold_cpu_latency: bool = False
+) -> dict[str, Any]:
     """Both modes in one run; see the module docstring for the figures and the JSON shape.
-    `probes` per phase: default 1,000, or 200 when `quick`."""
+    `probes` per phase: default 1,000, or 200 when `quick`. With `hold_cpu_latency`,
+    `/dev/cpu_dma_latency` is held at 0 for the whole run, both trees and the probes alike
+    (`machine.cpu_latency_held`). Raises `ConfigError` before any tree starts when that hold
+    cannot be taken."""
     probes = probes or (200 if quick else 1000)
-    with tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp:
-        work = Path(tmp)
-        result: dict[str, Any] = {
-            mode: measure(mode == "colocated", probes, work) for mode in MODES
-        }
+    with (
+        machine.cpu_latency_held(hold_cpu_latency),
+        tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp,
+    ):
+        start = machine.sample()
+        measured = {mode: measure(mode == "colocated", probes, Path(tmp)) for mode in MODES}
+        end = machine.sample()
+    result: dict[str, Any] = {mode: figures for mode, (figures, _) in measured.items()}
+    result["machine"] = {
+        **machine.record(start, end, hold_cpu_latency=hold_cpu_latency),
+        "probe_nice": {mode: nice["probe"] for mode, (_, nice) in measured.items()},
+        "coordinator_nice": {mode: nice["coordinator"] for mode, (_, nice) in measured.items()},
+    }
     result["method"] = {
         "probes_per_phase": probes,
         "probe_every_s": PROBE_EVERY_S,
@@ -174,6 +216,8 @@ def format_table(result: dict[str, Any]) -> str:
     rows = [
         ("coordinator turn p50 idle / loaded, ms", "idle_turn_p50_ms", "loaded_turn_p50_ms"),
         ("coordinator turn p99 idle / loaded, ms", "idle_turn_p99_ms", "loaded_turn_p99_ms"),
+        ("coordinator turn p99.9 idle / loaded, ms", "idle_turn_p999_ms", "loaded_turn_p999_ms"),
+        ("coordinator turn max idle / loaded, ms", "idle_turn_max_ms", "loaded_turn_max_ms"),
     ]
     lines = [f"{'':44}{'separated':>20}{'colocated':>20}"]
     for label, idle, loaded in rows:
@@ -184,9 +228,11 @@ def format_table(result: dict[str, Any]) -> str:
         ("worst shard loop-lag p99 under load, ms", "host_loop_p99_ms"),
         ("coordinator loop-lag p99 under load, ms", "coordinator_loop_p99_ms"),
     ):
-        lines.append(f"{label:44}{result['separated'][key]:>20}{result['colocated'][key]:>20}")
+        cells = [str(result[m][key]) for m in MODES]  # a loop-lag figure may be None
+        lines.append(f"{label:44}{cells[0]:>20}{cells[1]:>20}")
     method = result["method"]
     lines.append(
         f"{method['probes_per_phase']} probes per phase, {method['loaded_lanes']} loaded lanes"
     )
+    lines.append(f"machine: {machine.one_line(result['machine'])}")
     return "\n".join(lines)

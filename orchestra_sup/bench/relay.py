@@ -16,9 +16,11 @@
   relay for its share of the iterations (with its share of the warm-up), so a machine whose
   speed drifts during the run (a shared, 2-vCPU box) weighs on every figure alike.
 
-Every run reports p50/p90/p99/p99.9 in microseconds and each relay's ratio to the floor, with
-the iteration, warm-up and round counts. Absolute times on a shared machine are noise; the
-ratios taken in one run are the result.
+Every run reports p50/p90/p99/p99.9/max in microseconds and each relay's ratio to the floor,
+with the iteration, warm-up and round counts, every sample (`samples_us`: "baseline" and each
+relay, for plots) and the machine it ran on (`machine`: CPUs, idle states, load, steal; see
+`orchestra_sup.bench.machine`). Absolute times on a shared machine are noise; the ratios taken
+in one run are the result.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 import zmq
 
+from orchestra_sup.bench import machine
 from orchestra_sup.bench.stats import summary
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree
@@ -137,59 +140,79 @@ def _lane_state(client: CtlClient, lane: str) -> str | None:
         raise
 
 
-def run_relay_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5) -> dict[str, Any]:
-    """Measure the floor and each relay; see the module docstring for the JSON shape."""
+def _seed_workspace(repo: Path) -> None:
+    """A git repository with one committed 200-byte `README`, the file the read tools use."""
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "README").write_text("x" * 200)
+    subprocess.run(["git", "-C", str(repo), "add", "README"], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@b",
+            "commit",
+            "-q",
+            "-m",
+            "seed",
+        ],
+        check=True,
+    )
+
+
+def _measure(
+    work: Path, shares: list[int], warm: int
+) -> tuple[list[float], dict[str, list[float]]]:
+    """The floor's samples and each relay's, in us, over `shares` interleaved rounds."""
+    repo = work / "ws"
+    _seed_workspace(repo)
+    floor: list[float] = []
+    samples: dict[str, list[float]] = {tool: [] for tool, _ in RELAYS}
+    with (
+        private_tree(
+            workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=None
+        ) as client,
+        _echo(work) as echo,
+    ):
+        lane = _start_lane(client)
+        try:
+            for share in shares:
+                floor += _floor(echo, share, warm)
+                for tool, params in RELAYS:
+                    if tool == "message_lane":
+                        params = {**params, "lane": lane}
+                    reply = client.request(
+                        f.CtlBenchRelay(tool=tool, params=params, iterations=share, warmup=warm),
+                        timeout_s=600.0,
+                    )
+                    assert isinstance(reply, f.BenchSamples), reply
+                    samples[tool] += reply.samples_us
+        finally:
+            _call(client, "cancel_lane", lane=lane)
+    return floor, samples
+
+
+def run_relay_bench(
+    iterations: int = 5000, warmup: int = 500, rounds: int = 5, hold_cpu_latency: bool = False
+) -> dict[str, Any]:
+    """Measure the floor and each relay; see the module docstring for the JSON shape. With
+    `hold_cpu_latency`, `/dev/cpu_dma_latency` is held at 0 for the whole run, floor and relays
+    alike (`machine.cpu_latency_held`). Raises `ConfigError` before anything starts when that
+    hold cannot be taken."""
     rounds = max(1, min(rounds, iterations))
     shares = [iterations // rounds + (r < iterations % rounds) for r in range(rounds)]
     warm = max(1, warmup // rounds)
-    with tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp:
-        work = Path(tmp)
-        repo = work / "ws"
-        repo.mkdir()
-        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-        (repo / "README").write_text("x" * 200)
-        subprocess.run(["git", "-C", str(repo), "add", "README"], check=True)
-        subprocess.run(
-            [
-                "git",
-                "-C",
-                str(repo),
-                "-c",
-                "user.name=b",
-                "-c",
-                "user.email=b@b",
-                "commit",
-                "-q",
-                "-m",
-                "seed",
-            ],
-            check=True,
-        )
-        floor: list[float] = []
-        samples: dict[str, list[float]] = {tool: [] for tool, _ in RELAYS}
-        with (
-            private_tree(
-                workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=None
-            ) as client,
-            _echo(work) as echo,
-        ):
-            lane = _start_lane(client)
-            try:
-                for share in shares:
-                    floor += _floor(echo, share, warm)
-                    for tool, params in RELAYS:
-                        if tool == "message_lane":
-                            params = {**params, "lane": lane}
-                        reply = client.request(
-                            f.CtlBenchRelay(
-                                tool=tool, params=params, iterations=share, warmup=warm
-                            ),
-                            timeout_s=600.0,
-                        )
-                        assert isinstance(reply, f.BenchSamples), reply
-                        samples[tool] += reply.samples_us
-            finally:
-                _call(client, "cancel_lane", lane=lane)
+    with (
+        machine.cpu_latency_held(hold_cpu_latency),
+        tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp,
+    ):
+        start = machine.sample()
+        floor, samples = _measure(Path(tmp), shares, warm)
+        end = machine.sample()
     base = summary(floor, "us", digits=1)
     relays: dict[str, Any] = {}
     for tool, xs in samples.items():
@@ -200,6 +223,11 @@ def run_relay_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5) 
     return {
         "baseline": base,
         "relays": relays,
+        "machine": machine.record(start, end, hold_cpu_latency=hold_cpu_latency),
+        "samples_us": {
+            "baseline": [round(x, 1) for x in floor],
+            **{tool: [round(x, 1) for x in xs] for tool, xs in samples.items()},
+        },
         "method": {
             "iterations": iterations,
             "warmup": warm * rounds,
@@ -214,3 +242,20 @@ def run_relay_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5) 
             "percentiles": "nearest rank",
         },
     }
+
+
+def format_text(result: dict[str, Any]) -> str:
+    """The floor and each relay's p50, p99, p99.9 and max, and the machine, for people."""
+    base = result["baseline"]
+    lines = [
+        f"raw pyzmq floor: p50 {base['p50_us']} us, p99 {base['p99_us']} us, "
+        f"p99.9 {base['p999_us']} us, max {base['max_us']} us ({base['n']} round trips)"
+    ]
+    for tool, stats in result["relays"].items():
+        lines.append(
+            f"relay {tool}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "
+            f"p99 {stats['p99_us']} us ({stats['ratio_p99']}x), "
+            f"p99.9 {stats['p999_us']} us, max {stats['max_us']} us"
+        )
+    lines.append(f"machine: {machine.one_line(result['machine'])}")
+    return "\n".join(lines)

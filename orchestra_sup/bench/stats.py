@@ -14,10 +14,12 @@ def nearest_rank(samples: list[float], q: float) -> float:
 
 
 def summary(samples: list[float], unit: str, digits: int = 3) -> dict[str, float]:
-    """{"p50_<unit>": ..., "p90_<unit>": ..., "p99_<unit>": ..., "p999_<unit>": ..., "n": ...},
-    each rounded to `digits`. Raises `ValueError` when `samples` is empty."""
+    """{"p50_<unit>": ..., "p90_<unit>": ..., "p99_<unit>": ..., "p999_<unit>": ...,
+    "max_<unit>": ..., "n": ...}, each rounded to `digits` (p999 is the 99.9th percentile: with
+    1,000 samples or fewer it is the max). Raises `ValueError` when `samples` is empty."""
     out: dict[str, float] = {
         f"{name}_{unit}": round(nearest_rank(samples, q), digits) for name, q in QUANTILES.items()
     }
+    out[f"max_{unit}"] = round(max(samples), digits)
     out["n"] = len(samples)
     return out

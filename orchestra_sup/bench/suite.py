@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestra_sup.bench import machine
+
 Runner = Callable[[bool], dict[str, Any]]
 
 
@@ -82,12 +84,21 @@ BENCHES: dict[str, Runner] = {
     "chaos": _chaos,
 }
 """In the order they run: the latency benchmarks first, on a machine nothing else has warmed."""
-UNITS = {"isolation": "ms", "reaction": "ms", "scale": "us"}
+UNITS = {"relay": "us", "isolation": "ms", "reaction": "ms", "scale": "us"}
 """The unit of each benchmark's plotted samples."""
 
 
 def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
-    """The headline figures of benchmark `name` as (figure, value) rows for the summary."""
+    """The headline figures of benchmark `name` as (figure, value) rows for the summary, and
+    the machine it ran on when it records one (`bench.machine`)."""
+    rows = _headlines(name, r)
+    if "machine" in r:
+        rows.append(("machine", machine.one_line(r["machine"])))
+    return rows
+
+
+def _headlines(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline figures of benchmark `name` as (figure, value) rows."""
     if name == "relay":
         base = r["baseline"]
         rows = [("raw pyzmq round trip p50 / p99", f"{base['p50_us']} / {base['p99_us']} us")]
@@ -163,6 +174,8 @@ def _rows(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _distributions(name: str, r: dict[str, Any]) -> dict[str, list[float]]:
     """Named latency samples of benchmark `name` to plot (empty when it keeps none)."""
+    if name == "relay":
+        return {f"{k} round trip": v for k, v in r["samples_us"].items()}
     if name == "scale":
         return {f"{k} parked lanes": v["samples_us"] for k, v in r["steps"].items()}
     if name in ("isolation", "reaction"):

@@ -59,34 +59,37 @@ def _echo(table: Callable[[Any], str]) -> Callable[[Any], None]:
     return lambda value: typer.echo(table(value))
 
 
+HoldCpuLatencyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--hold-cpu-latency",
+        help="Hold /dev/cpu_dma_latency at 0 for the whole run (no deep idle states).",
+    ),
+]
+
+
 @benchmark()
 def relay(
     iterations: Annotated[
         int, typer.Option("--iterations", min=10, help="Timed round trips per variant.")
     ] = 5000,
+    hold_cpu_latency: HoldCpuLatencyOpt = False,
 ) -> Measured:
     """The relay's round trip next to raw pyzmq between two processes, in one run.
 
+    Exits 2 before anything starts when --hold-cpu-latency cannot open /dev/cpu_dma_latency.
     Example: orchestra-sup bench relay --iterations 2000 --json
     """
-    from orchestra_sup.bench.relay import run_relay_bench
+    from orchestra_sup.bench.relay import format_text, run_relay_bench
 
     return Measured(
-        guarded(lambda: run_relay_bench(iterations, max(10, iterations // 10))), _relay_text
+        guarded(
+            lambda: run_relay_bench(
+                iterations, max(10, iterations // 10), hold_cpu_latency=hold_cpu_latency
+            )
+        ),
+        _echo(format_text),
     )
-
-
-def _relay_text(result: dict[str, Any]) -> None:
-    base = result["baseline"]
-    out.print(
-        f"raw pyzmq floor: p50 {base['p50_us']} us, p99 {base['p99_us']} us "
-        f"({base['n']} round trips)"
-    )
-    for tool, stats in result["relays"].items():
-        out.print(
-            f"relay {tool}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "
-            f"p99 {stats['p99_us']} us ({stats['ratio_p99']}x)"
-        )
 
 
 @benchmark()
@@ -95,14 +98,18 @@ def isolation(
     probes: Annotated[
         int | None, typer.Option("--probes", min=2, help="Turns timed per phase (overrides).")
     ] = None,
+    hold_cpu_latency: HoldCpuLatencyOpt = False,
 ) -> Measured:
     """Coordinator turn latency idle and under lane load, separated and colocated, in one run.
 
+    Exits 2 before any tree starts when --hold-cpu-latency cannot open /dev/cpu_dma_latency.
     Example: orchestra-sup bench isolation --quick --json
     """
     from orchestra_sup.bench.isolation import format_table, run_isolation_bench
 
-    return Measured(guarded(lambda: run_isolation_bench(quick, probes)), _echo(format_table))
+    return Measured(
+        guarded(lambda: run_isolation_bench(quick, probes, hold_cpu_latency)), _echo(format_table)
+    )
 
 
 @benchmark()

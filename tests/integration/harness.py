@@ -301,6 +301,33 @@ def make_release(
     return path
 
 
+CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
+
+
+def cpu_latency_holdable() -> bool:
+    """Whether this process may hold /dev/cpu_dma_latency (`--hold-cpu-latency` would work)."""
+    return CPU_DMA_LATENCY.exists() and os.access(CPU_DMA_LATENCY, os.W_OK)
+
+
+def assert_machine_record(machine: dict[str, Any], *, held: bool) -> None:
+    """A bench's `machine` object has every documented field, of its documented type; `held`
+    is whether the run was asked to hold /dev/cpu_dma_latency (and so must have held it at 0)."""
+    assert isinstance(machine["cpu_count"], int) and machine["cpu_count"] >= 1
+    assert 1 <= machine["affinity_cpus"] <= machine["cpu_count"]
+    for key in ("cpuidle_driver", "cpuidle_governor"):
+        assert isinstance(machine[key], str) and machine[key] and "\n" not in machine[key]
+    for key in ("loadavg_start", "loadavg_end"):
+        assert len(machine[key]) == 3 and all(x >= 0 for x in machine[key])
+    steal = machine["steal_percent"]
+    assert steal == "unknown" or 0 <= steal <= 100
+    assert machine["hold_cpu_latency"] is held
+    target = machine["cpu_dma_latency_us"]
+    assert target == "unknown" or isinstance(target, int)
+    assert machine["cpu_dma_latency_held"] in (True, False, "unknown")
+    if held:
+        assert target == 0 and machine["cpu_dma_latency_held"] is True
+
+
 def plan(name: str, *tasks: f.TaskSpec) -> f.PlanSpec:
     return f.PlanSpec(name=name, tasks=list(tasks))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,10 +13,16 @@ from pathlib import Path
 import psutil
 import pytest
 
+from orchestra_sup.bench.isolation import MODES
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree, wait_plan
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import assert_no_leftovers, make_repo
+from tests.integration.harness import (
+    assert_machine_record,
+    assert_no_leftovers,
+    cpu_latency_holdable,
+    make_repo,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -80,9 +87,12 @@ def _wait_generation(client: CtlClient, name: str, generation: int) -> None:
 
 
 def test_bench_isolation_emits_well_formed_json() -> None:
-    """Both modes with a handful of probes: every documented figure is present and positive."""
+    """Both modes with a handful of probes: every documented figure is present and positive, and
+    the machine it ran on is recorded, with --hold-cpu-latency held where this process may."""
+    hold = cpu_latency_holdable()
     out = subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", "bench", "isolation", "--probes", "5", "--json"],
+        [sys.executable, "-m", "orchestra_sup", "bench", "isolation", "--probes", "5", "--json"]
+        + (["--hold-cpu-latency"] if hold else []),
         capture_output=True,
         text=True,
         timeout=300,
@@ -95,11 +105,48 @@ def test_bench_isolation_emits_well_formed_json() -> None:
         for key in (
             "idle_turn_p50_ms",
             "idle_turn_p99_ms",
+            "idle_turn_p999_ms",
+            "idle_turn_max_ms",
             "loaded_turn_p50_ms",
             "loaded_turn_p99_ms",
+            "loaded_turn_p999_ms",
+            "loaded_turn_max_ms",
             "ratio",
         ):
             assert isinstance(figures[key], float | int) and figures[key] >= 0, (mode, key)
+        for phase in ("idle", "loaded"):
+            worst = max(figures["samples_ms"][phase])  # samples keep 4 digits, figures 3
+            assert figures[f"{phase}_turn_max_ms"] == pytest.approx(worst, abs=1e-3)
         # None when a phase was shorter than a heartbeat, as with 5 probes
         assert figures["host_loop_p99_ms"] is None or figures["host_loop_p99_ms"] >= 0
     assert result["method"]["probes_per_phase"] == 5
+    machine = result["machine"]
+    assert_machine_record(machine, held=hold)
+    # the probe client runs at the coordinator's niceness (inherited here: both are ours)
+    assert machine["probe_nice"] == machine["coordinator_nice"]
+    assert machine["coordinator_nice"] == {m: os.getpriority(os.PRIO_PROCESS, 0) for m in MODES}
+
+
+def test_bench_isolation_refuses_an_unholdable_cpu_latency_in_one_line(tmp_path: Path) -> None:
+    """--hold-cpu-latency where /dev/cpu_dma_latency cannot be opened for writing (here: a
+    read-only file bound over it in a private mount namespace): one line naming the device and
+    why, exit 2, before any tree starts (nothing on stdout)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) to make the device read-only in a namespace")
+    stand_in = tmp_path / "cpu_dma_latency"
+    stand_in.write_bytes(b"")
+    script = (
+        'mount --bind "$1" /dev/cpu_dma_latency && '
+        "mount -o remount,bind,ro /dev/cpu_dma_latency && "
+        'exec "$0" -m orchestra_sup bench isolation --probes 2 --hold-cpu-latency --json'
+    )
+    out = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, sys.executable, str(stand_in)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "orchestra-sup: --hold-cpu-latency: cannot hold /dev/cpu_dma_latency: Read-only file system"
+    ]

@@ -17,7 +17,16 @@ import pytest
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
-from tests.integration.harness import RawPeer, Tree, git, plan, task, wait_until
+from tests.integration.harness import (
+    RawPeer,
+    Tree,
+    assert_machine_record,
+    cpu_latency_holdable,
+    git,
+    plan,
+    task,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -113,24 +122,56 @@ def test_custodian_killed_mid_call_is_a_typed_error_at_once(tree: Tree) -> None:
     assert isinstance(value, dict) and value["type"] == "file"
 
 
-def test_bench_relay_emits_well_formed_json() -> None:
-    """`bench relay` with tiny counts: a floor, three relays (message_lane to a live lane among
-    them), ratios, and how it was measured."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", "bench", "relay", "--iterations", "50", "--json"],
+def bench_relay(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestra_sup", "bench", "relay", *args],
         capture_output=True,
         text=True,
         timeout=120,
         stdin=subprocess.DEVNULL,
     )
+
+
+def test_bench_relay_emits_well_formed_json() -> None:
+    """`bench relay` with tiny counts: a floor, three relays (message_lane to a live lane among
+    them), ratios, p99.9 and max, every sample, the machine, and how it was measured."""
+    proc = bench_relay("--iterations", "50", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(result["baseline"]) >= {"p50_us", "p99_us"} and result["baseline"]["n"] == 50
+    assert set(result["baseline"]) >= {"p50_us", "p99_us", "p999_us", "max_us"}
+    assert result["baseline"]["n"] == 50
     assert set(result["relays"]) == {"stat", "read_file", "message_lane"}
     for stats in result["relays"].values():
         assert stats["p50_us"] > 0 and stats["ratio_p50"] > 0 and stats["ratio_p99"] > 0
+        assert stats["p99_us"] <= stats["p999_us"] <= stats["max_us"]
         assert stats["n"] == 50
     assert result["method"]["iterations"] == 50 and result["method"]["rounds"] >= 1
+    samples = result["samples_us"]
+    assert set(samples) == {"baseline", "stat", "read_file", "message_lane"}
+    assert all(len(xs) == 50 for xs in samples.values())
+    assert max(samples["stat"]) == result["relays"]["stat"]["max_us"]
+    assert_machine_record(result["machine"], held=False)
+
+
+def test_bench_relay_holds_cpu_latency_or_refuses_in_one_line() -> None:
+    """--hold-cpu-latency where /dev/cpu_dma_latency is writable (root here): the run holds it
+    at 0 and says so; elsewhere one line naming the device, exit 2."""
+    proc = bench_relay("--iterations", "20", "--hold-cpu-latency", "--json")
+    if cpu_latency_holdable():
+        assert proc.returncode == 0, proc.stderr
+        assert_machine_record(json.loads(proc.stdout)["machine"], held=True)
+    else:
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        assert "--hold-cpu-latency: cannot hold /dev/cpu_dma_latency: " in proc.stderr
+
+
+def test_bench_relay_table_has_p999_max_and_the_machine() -> None:
+    proc = bench_relay("--iterations", "20")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert all("p99.9 " in line and "max " in line for line in lines[:4])
+    assert lines[-1].startswith("machine: ") and "CPUs" in lines[-1] and "steal" in lines[-1]
 
 
 def test_message_lane_with_one_key_acts_once(tree: Tree, tmp_path: Path) -> None:
