@@ -47,8 +47,11 @@ does. It must await, never block: a program that blocks the loop shows in the co
 loop-lag figures (`ctl status`, `orchestra_sup_loop_lag_seconds`) and, past the tree's
 `watchdog_s`, the coordinator is restarted like any wedged child; the session then resumes from
 its checkpoint. The seat knows whose step was running when the process died
-(`coordinator.stepping`): a program during whose steps it died `seat.MAX_WEDGES` (3) times, a
-blocked loop or an `os._exit`, fails its plan instead of running again. Run CPU work or
+(`coordinator.stepping`; its constructor and the call of `run` are steps too): a program
+during whose steps it died of its own `seat.MAX_WEDGES` (2) times (the watchdog's kill of a
+blocked loop, an `os._exit`; an operator's SIGKILL blames nobody) fails its plan instead of
+running again. Tasks and callbacks a program schedules itself run outside its steps and are
+not guarded: a `SystemExit` raised in one ends the process like any. Run CPU work or
 blocking IO in a lane, or in `asyncio.to_thread`. Once the plan has ended (its program returned,
 or `ctl cancel PLAN`), every call of the context raises `RuntimeError`; a task the program
 spawned and left running is stopped no other way.

@@ -22,13 +22,14 @@ exception fails only its own plan.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -40,6 +41,7 @@ from orchestra_sup.coordinator.report import session_report
 from orchestra_sup.coordinator.runner import PlanRecord
 from orchestra_sup.coordinator.session import RunningSession, StartLane
 from orchestra_sup.coordinator.sessionstore import SessionRecord, SessionStore
+from orchestra_sup.coordinator.status import WAITING, TaskStatus
 from orchestra_sup.coordinator.stepping import Marker, stepped
 from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
@@ -48,12 +50,16 @@ from orchestra_sup.runtime.node import Node
 
 log = logging.getLogger(__name__)
 
-MAX_WEDGES = 3
+MAX_WEDGES = 2
 """The times the coordinator process may die during one of a session's program's steps
 (`coordinator.stepping`: a step that blocked the loop past the watchdog, or ended the process)
 before its plan fails instead of running it again. The supervisor's restart intensity would
 never stop a program that wedges once a run, a run every `watchdog_s`, and every other plan
 waits while it does."""
+BLAMED_EXITS = frozenset({"watchdog", "exit_code", "clean"})
+"""The previous process's ends (`ChildArgs.previous_exit`) a session whose step was running is
+blamed for: the watchdog's kill of a silent loop, and an exit of the process's own. A signal from
+outside (an operator's SIGKILL, the OOM killer) or a stop blames nobody."""
 ERROR_MAX_CHARS = 4096
 """The longest error a failed session keeps (characters): it is stored and shown."""
 RETRY_UNTIL_UP_S = (0.05, 1.0)
@@ -145,10 +151,11 @@ class Seat:
         live = {
             p.id: p for p in self.book.active.values() if p.spec.coordinator != DAG and not p.done
         }
-        self.marker = Marker(self.node.paths.state_dir / "coordinator" / "stepping")
+        self.marker = Marker.open(self.node.paths.state_dir / "coordinator" / "stepping")
         for session_id, (rec, entries) in self.store.load(set(live)).items():
             rec = rec or SessionRecord(id=session_id)
-            if session_id == self.marker.blamed:  # the last process died in one of its steps
+            if session_id == self.marker.blamed and self.node.args.previous_exit in BLAMED_EXITS:
+                # the last process died of its own in one of this session's steps
                 rec.wedges += 1
                 log.warning("session %s: the coordinator died during its step", session_id)
             self._run(live[session_id], rec, entries)
@@ -207,8 +214,9 @@ class Seat:
             )
             return
         try:
-            program = self.program(plan.spec.coordinator)(dict(plan.spec.args))
-            running = program.run(ctx)
+            with self._marked(plan.id):  # building it and calling run are its steps too
+                program = self.program(plan.spec.coordinator)(dict(plan.spec.args))
+                running = program.run(ctx)
             if not inspect.iscoroutine(running):
                 raise TypeError(f"run(ctx) must be `async def`; it returned {running!r:.60}")
             if self.marker is not None:
@@ -238,9 +246,23 @@ class Seat:
             return
         self._conclude(session, result=msgspec.json.decode(encoded))
 
+    @contextlib.contextmanager
+    def _marked(self, session: str) -> Iterator[None]:
+        """The marker names `session` for the block (`coordinator.stepping`)."""
+        if self.marker is None:
+            yield
+            return
+        self.marker.mark(session)
+        try:
+            yield
+        finally:
+            self.marker.clear()
+
     def _conclude(self, session: RunningSession, *, result: Any = None, error: str | None = None):
         """End `session`'s plan with `result` or `error`, and cancel the lanes it left."""
         plan = session.plan
+        if session.ended:  # a program that swallowed its cancellation returns: it stays ended
+            return
         session.ended = True
         plan.outcome = f.PlanOutcome(result=result, error=error, at=time.time())
         self.sessions.pop(plan.id, None)
@@ -248,11 +270,17 @@ class Seat:
             log.info("session %s: done", plan.id)
         else:
             log.warning("session %s: failed: %s", plan.id, error)
-        for plan_id in session.running:
+        for plan_id in list(session.running):
             child = self.book.plans.get(plan_id)
-            live = child.tasks["lane"].lane if child is not None and not child.done else None
-            if live is not None:
-                self.node.spawn(self._relay("cancel_lane", {"lane": live}))
+            if child is None or child.done:
+                continue
+            rec = child.tasks["lane"]
+            if rec.status in WAITING:  # not placed yet: it never will be
+                cancelled = child.set_status("lane", TaskStatus.CANCELLED)
+                cancelled.error = "cancelled: its session ended"
+                self.book.commit(child)
+            elif rec.lane is not None:
+                self.node.spawn(self._relay("cancel_lane", {"lane": rec.lane}))
         self.book.commit(plan)
 
     def cancel(self, plan_id: str) -> bool:

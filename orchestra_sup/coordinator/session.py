@@ -124,6 +124,8 @@ class RunningSession:
         self.running: set[str] = set()
         """The plan ids of its lanes that have not ended."""
         self._spent = f.Spend()
+        self._starting: list[f.Spend] = []
+        """The grants of starts under way (not yet lanes of it)."""
         for lane in lanes:
             self._keep(lane)
         self.origins = {entry.origin for entry in entries}
@@ -175,6 +177,7 @@ class RunningSession:
     async def events(self) -> AsyncIterator[Event]:
         """See `Context.events`. A newer reader takes over: an older one still open (a loop
         left with `break`, not yet closed) raises `RuntimeError` if it is resumed."""
+        self._alive()
         me = self._reader = object()
         while True:
             fresh = [e for e in self.events_after if e.seq > self.delivered]
@@ -251,8 +254,18 @@ class RunningSession:
                 "another lane)",
             )
         grant = None
-        started = f"{self.id}:{effect}" in self.book.keys  # its row was lost with a process
-        if known is None and not started:
+        started = self.book.keys.get(f"{self.id}:{effect}")  # its row was lost with a process
+        if known is None and started is not None:
+            task = self.book.plans[started].spec.tasks[0]
+            known_as = (task.run, task.rev or None)
+            if known_as != (start.run, rev):
+                raise RemoteError(
+                    ErrorCode.BAD_REQUEST,
+                    f"effect {effect} started lane {started} with run={task.run!r} "
+                    f"rev={task.rev!r}; a call with the same key must ask the same (another "
+                    "key, another lane)",
+                )
+        if known is None and started is None:
             limit = budget.extend(self.plan.spec.budget, self.plan.granted)
             grant = budget.left(limit, self.spent(), self.held())
             spent = budget.empty(grant)
@@ -261,7 +274,12 @@ class RunningSession:
                     ErrorCode.FORBIDDEN,
                     f"session {self.id}: its budget has no {spent} left ({budget.describe(limit)})",
                 )
-        answer = await self._start_lane(start, grant)
+        held = budget.as_spend(grant)
+        self._starting.append(held)  # held from now: a start beside it sees it taken
+        try:
+            answer = await self._start_lane(start, grant)
+        finally:
+            self._starting.remove(held)
         if known is None:
             lane = SessionLane(key=effect, plan=answer["plan"], run=start.run, rev=rev)
             self._keep(lane)
@@ -285,7 +303,7 @@ class RunningSession:
         """The grants of the session's lanes still running: what they may yet spend."""
         plans = self.book.plans
         live = (plans[plan_id] for plan_id in self.running if plan_id in plans)
-        return budget.total(budget.as_spend(p.spec.budget) for p in live)
+        return budget.total([*(budget.as_spend(p.spec.budget) for p in live), *self._starting])
 
     def spent(self) -> f.Spend:
         return self._spent
@@ -308,6 +326,7 @@ class RunningSession:
         return None if known is None or child is None else (known, child)
 
     async def wait(self, lane: str | dict[str, Any]) -> dict[str, Any]:
+        self._alive()
         handle = (lane.get("plan") or lane.get("lane")) if isinstance(lane, dict) else lane
         found = self.find(str(handle))
         if found is None:

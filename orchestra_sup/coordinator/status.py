@@ -42,9 +42,12 @@ TRANSITIONS: Transitions[TaskStatus] = Transitions(
     "task",
     {
         # waiting: placed, held for a human, skipped, or failed or retried before it starts
-        # (a quota breach, an empty budget, a need no shard meets)
+        # (a quota breach, an empty budget, a need no shard meets), or cancelled before it
+        # starts (the session that started it ended: `coordinator.seat`)
         **{
-            waiting: WAITING | HELD | {TaskStatus.STARTING, TaskStatus.FAILED, TaskStatus.SKIPPED}
+            waiting: WAITING
+            | HELD
+            | {TaskStatus.STARTING, TaskStatus.FAILED, TaskStatus.SKIPPED, TaskStatus.CANCELLED}
             for waiting in WAITING
         },
         # live: its shard answers (running), its lane ends (a result), it is lost or taken back

@@ -12,12 +12,16 @@ against that session alone (`seat.MAX_WEDGES`).
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
+import stat
 import types
 from collections.abc import Coroutine, Generator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 SLOT_BYTES = 64
 """The marker's size: a session id (12 hex digits today) fits with room."""
@@ -28,8 +32,10 @@ class Marker:
     held when opened: whose step was running when the last process died (None: no step)."""
 
     def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
             if os.fstat(fd).st_size != SLOT_BYTES:
                 os.ftruncate(fd, SLOT_BYTES)
             self._map = mmap.mmap(fd, SLOT_BYTES)
@@ -46,9 +52,15 @@ class Marker:
     def clear(self) -> None:
         self._map[:SLOT_BYTES] = bytes(SLOT_BYTES)
 
-    def close(self) -> None:
-        self.clear()
-        self._map.close()
+    @classmethod
+    def open(cls, path: Path) -> Marker | None:
+        """The marker at `path`, or None (logged) when it cannot be one: a directory, a link,
+        an unwritable file there. Without a marker no session is ever blamed; the tree runs."""
+        try:
+            return cls(path)
+        except OSError as exc:
+            log.error("no stepping marker at %s (%s): no program is blamed for a wedge", path, exc)
+            return None
 
 
 @types.coroutine

@@ -184,6 +184,7 @@ class Worker:
         self.restarts = 0
         self.operator_restarts = 0
         self.last_exit: ExitInfo | None = None
+        self.last_cause: ExitCause | None = None  # the next process is told it: previous_exit
         self.exits = dict.fromkeys(ExitCause, 0)
         """Exits of its processes by cause since this supervisor started (metrics)."""
         self.killed_for: ExitCause | None = None
@@ -349,7 +350,7 @@ class Worker:
             exit_info, stopping=was is ChildState.STOPPING, killed_for=self.killed_for
         )
         self.exits[cause] += 1
-        self.killed_for = None
+        self.killed_for, self.last_cause = None, cause
         self.transition(ChildState.EXITED)
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(None)

@@ -406,6 +406,7 @@ class RootSupervisor:
             workspace=str(self.paths.workspace) if self.paths.workspace else None,
             supervisor_pid=os.getpid(),
             boot=self.boot,
+            previous_exit=str(worker.last_cause or ""),
             **settings_args(self.settings, worker.spec.role),
             log_format=self.log_format,
             keys_dir=remote.keys_dir if (remote := self.sockets.remote_ctl) is not None else None,

@@ -6,6 +6,7 @@ They use only the contract (`coordinator.context`), as a platform's own program 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -189,6 +190,62 @@ class Notes:
                 await ctx.tools.cancel_lane(lane=event.lane)
                 return {"text": event.text, "lane": event.lane}
         return None
+
+
+class Gathers:
+    """Makes four `sleep 2` starts at once; answers how many started and the refusals."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        pass
+
+    async def run(self, ctx: Any) -> Any:
+        starts = [ctx.tools.start_lane(run="sleep 2") for _ in range(4)]
+        done = await asyncio.gather(*starts, return_exceptions=True)
+        started = [d for d in done if not isinstance(d, BaseException)]
+        for lane in started:
+            await ctx.wait(lane)
+        refused = [str(d) for d in done if isinstance(d, BaseException)]
+        return {"started": len(started), "refused": refused}
+
+
+class Stubborn:
+    """Starts a lane, swallows the cancellation of its wait, then returns "won"."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.marker = Path(args["marker"])
+
+    async def run(self, ctx: Any) -> Any:
+        await ctx.tools.start_lane(run="sleep 60")
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+        self.marker.touch()
+        return {"won": True}
+
+
+class Many:
+    """Starts `args["n"]` lanes of `sleep 60` and waits for them."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.n = int(args["n"])
+
+    async def run(self, ctx: Any) -> Any:
+        lanes = [await ctx.tools.start_lane(run="sleep 60") for _ in range(self.n)]
+        return [await ctx.wait(lane) for lane in lanes]
+
+
+class Busy:
+    """Starts one lane, then keeps the loop busy in short steps (each some milliseconds of CPU)
+    until the file `args["stop"]` exists."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.stop = Path(args["stop"])
+
+    async def run(self, ctx: Any) -> Any:
+        await ctx.tools.start_lane(run="true")
+        while not self.stop.exists():
+            sum(range(100_000))
+            await asyncio.sleep(0)
+        return "stopped"
 
 
 class Raises:

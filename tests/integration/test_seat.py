@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from orchestra_sup.coordinator.seat import MAX_WEDGES
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from tests.integration.harness import Tree, wait_until
@@ -36,6 +37,10 @@ NAMES = (
     "Overspends",
     "Rereads",
     "Notes",
+    "Gathers",
+    "Stubborn",
+    "Many",
+    "Busy",
 )
 CHATTY = "tests.integration.lane_programs:Chatty"
 LISTED = [f"{PROGRAMS}:{name}" for name in NAMES]
@@ -156,7 +161,10 @@ def test_a_program_that_wedges_every_run_fails_its_plan_after_max_wedges(
     plan = seat.submit(session("wedges", f"{PROGRAMS}:Wedges", block_s=60.0))
     report = settled(seat, plan, timeout_s=120)
     assert not report.ok
-    assert report.error is not None and "died during its program's steps 3 times" in report.error
+    assert (
+        report.error is not None
+        and f"died during its program's steps {MAX_WEDGES} times" in report.error
+    )
     squares = seat.submit(session("after", f"{PROGRAMS}:Squares", numbers=[2]))
     assert settled(seat, squares).result == {"sum": 4, "lanes": 1}  # the tree serves again
 
@@ -178,7 +186,10 @@ def test_a_program_raising_past_exception_fails_only_its_plan(seat: Tree, kind: 
 
 def test_a_program_that_ends_the_process_is_failed_after_max_wedges(seat: Tree) -> None:
     report = settled(seat, seat.submit(session("exits", f"{PROGRAMS}:Exits", kind="os_exit")))
-    assert report.error is not None and "died during its program's steps 3 times" in report.error
+    assert (
+        report.error is not None
+        and f"died during its program's steps {MAX_WEDGES} times" in report.error
+    )
     assert settled(seat, seat.submit(session("ok", f"{PROGRAMS}:Squares", numbers=[3]))).ok
 
 
@@ -208,6 +219,64 @@ def test_a_lanes_note_arrives_in_its_sessions_inbox(seat: Tree) -> None:
     report = seat.wait_plan(seat.submit(session("notes", f"{PROGRAMS}:Notes", lane_program=CHATTY)))
     assert report.ok, report
     assert report.result == {"text": "nnn", "lane": report.lanes[0].lane}
+
+
+def test_starts_made_at_once_hold_the_session_budget_while_in_flight(seat: Tree) -> None:
+    spec = msgspec.structs.replace(
+        session("gathers", f"{PROGRAMS}:Gathers"), budget=f.Budget(wall_s=3.0)
+    )
+    report = seat.wait_plan(seat.submit(spec))
+    assert report.result["started"] == 1, report
+    assert all("budget has no wall_s left" in r for r in report.result["refused"])
+
+
+def test_a_program_that_swallows_its_cancel_stays_cancelled(seat: Tree, tmp_path: Path) -> None:
+    marker = tmp_path / "returned"
+    plan = seat.submit(session("stubborn", f"{PROGRAMS}:Stubborn", marker=str(marker)))
+    wait_until(lambda: lanes_of(seat, plan), 30, "its lane")
+    assert ctl(seat, "cancel", plan).returncode == 0
+    wait_until(marker.exists, 30, "the program to return after swallowing the cancel")
+    report = seat.wait_plan(plan)
+    assert not report.ok and report.error == "cancelled" and report.result is None
+
+
+def test_ctl_cancel_of_a_session_cancels_its_lanes_not_yet_placed(seat: Tree) -> None:
+    plan = seat.submit(session("many", f"{PROGRAMS}:Many", n=20))  # 16 run, 4 wait for a slot
+    wait_until(lambda: len(lanes_of(seat, plan)) == 20, 30, "its 20 lanes")
+    assert ctl(seat, "cancel", plan).returncode == 0
+    report = seat.wait_plan(plan)
+    for lane in report.lanes:
+        child = seat.wait_plan(lane.plan)
+        assert child.tasks[0].status == "cancelled", child
+
+
+def test_operators_sigkills_blame_no_session(seat: Tree, tmp_path: Path) -> None:
+    """A busy program is mid-step most of the time; SIGKILLs from outside are not its doing."""
+    stop = tmp_path / "stop"
+    plan = seat.submit(session("busy", f"{PROGRAMS}:Busy", stop=str(stop)))
+    wait_until(lambda: lanes_of(seat, plan), 30, "its lane")
+    for _ in range(MAX_WEDGES + 1):
+        pid = seat.pids()["coordinator"]
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda old=pid: seat.pids()["coordinator"] not in (None, old), 30, "a new one")
+        wait_until(lambda: answers_again(seat, plan), 30, "the session's plan again")
+    stop.touch()
+    assert settled(seat, plan).ok
+
+
+def lanes_of(tree: Tree, plan: str) -> list[f.SessionLaneReport]:
+    try:
+        report = tree.ctl(f.CtlPlan(id=plan), timeout_s=10)
+    except RemoteError:
+        return []
+    assert isinstance(report, f.PlanReport)
+    return report.lanes
+
+
+def answers_again(tree: Tree, plan: str) -> bool:
+    """The new coordinator answers for the session (its lanes are loaded)."""
+    return bool(lanes_of(tree, plan))
 
 
 def test_ctl_cancel_of_a_session_stops_it_and_its_lanes(seat: Tree) -> None:
