@@ -30,6 +30,18 @@ from orchestra_sup.supervisor import notify
 READY_TIMEOUT_S = 30.0
 
 
+def osup(*args: str) -> subprocess.CompletedProcess[str]:
+    """`orchestra-sup ARGS` as a user runs it (this interpreter), its output captured, stdin
+    closed, within 300 s."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchestra_sup", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from orchestra_sup.bench.suite import plot_cdf
+from tests.integration.harness import osup
 
 pytestmark = pytest.mark.integration
-
-
-def osup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", *args], capture_output=True, text=True, timeout=300
-    )
 
 
 def test_bench_all_writes_json_and_a_summary(tmp_path: Path) -> None:

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.integration.harness import assert_no_leftovers
+from tests.integration.harness import assert_no_leftovers, osup
 
 pytestmark = pytest.mark.integration
-
-
-def osup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def test_bench_plan_emits_well_formed_json() -> None:

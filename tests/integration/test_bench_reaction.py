@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import Tree, assert_no_leftovers, plan, task
+from tests.integration.harness import Tree, assert_no_leftovers, osup, plan, task
 
 pytestmark = pytest.mark.integration
 
 STEPS, RUNS = 3, 2
-
-
-def osup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def ordered(steps: list[list[int | None]]) -> bool:

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.integration.harness import osup
+
 pytestmark = pytest.mark.integration
-
-
-def osup(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", *args], capture_output=True, text=True, timeout=300
-    )
 
 
 def test_bench_scale_emits_well_formed_json() -> None:
