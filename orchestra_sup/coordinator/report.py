@@ -122,6 +122,23 @@ def session_report(
     )
 
 
+def session_summary(plan: PlanRecord, children: list[PlanRecord | None]) -> f.PlanSummary:
+    """Session `plan` in one line: the one-task plans of its lanes (None: not loaded, counted
+    "unknown") counted by the status a report shows, without building each lane's report."""
+    counts: dict[str, int] = {}
+    for child in children:
+        status = "unknown" if child is None else shown(child.tasks["lane"])
+        counts[status] = counts.get(status, 0) + 1
+    return f.PlanSummary(
+        id=plan.id,
+        plan=plan.spec.name,
+        submitted_at=plan.submitted_at,
+        done=plan.done,
+        ok=plan.done and plan.ok,
+        tasks=counts,
+    )
+
+
 def plan_summary(plan: PlanRecord) -> f.PlanSummary:
     """The plan in one line: its tasks counted by the status a report shows. Costs its live
     tasks, not all of them: a task that waits for a human outside a lane is awaiting_approval

@@ -37,7 +37,7 @@ import msgspec
 from orchestra_sup.coordinator.book import PlanBook
 from orchestra_sup.coordinator.context import RESULT_MAX_BYTES, Context, Failure
 from orchestra_sup.coordinator.programs import BUILTINS
-from orchestra_sup.coordinator.report import session_report
+from orchestra_sup.coordinator.report import session_report, session_summary
 from orchestra_sup.coordinator.runner import PlanRecord
 from orchestra_sup.coordinator.session import RunningSession, StartLane
 from orchestra_sup.coordinator.sessionstore import SessionRecord, SessionStore
@@ -297,19 +297,27 @@ class Seat:
 
     # --- what the role tells it ------------------------------------------------------------------
 
+    def owner(self, plan_id: str) -> RunningSession | None:
+        """The running session that started one-task plan `plan_id`, or None. Its idempotency
+        key names the session ("<session>:<effect id>", `coordinator.session`); a key that
+        only looks like one (`ctl call start_lane key=...`) is no lane of that session."""
+        plan = self.book.plans.get(plan_id)
+        session_id = (plan.key or "").partition(":")[0] if plan is not None else ""
+        session = self.sessions.get(session_id)
+        return session if session is not None and plan_id in session.by_plan else None
+
     def plan_done(self, plan: PlanRecord) -> None:
-        """`plan` ended: if a session started it, commit its "result" event."""
-        for session in self.sessions.values():
-            if plan.id in session.by_plan:
-                session.lane_ended(plan)
-                return
+        """`plan` ended: if a session started it, commit its "result" event. Called at every
+        plan's end: one lookup, whatever the number of sessions."""
+        session = self.owner(plan.id)
+        if session is not None:
+            session.lane_ended(plan)
 
     def note(self, note: f.LaneNote, msg_id: str) -> None:
         """A lane's program told the coordinator `note`: a "note" event of its session."""
-        for session in self.sessions.values():
-            if note.plan in session.by_plan:
-                session.append(f"note:{msg_id}", "note", lane=note.lane, text=note.text)
-                return
+        session = self.owner(note.plan)
+        if session is not None:
+            session.append(f"note:{msg_id}", "note", lane=note.lane, text=note.text)
 
     async def message(self, req: f.CtlMessage) -> f.Body:
         """`ctl message PLAN TEXT`: a "message" event of session `req.plan`. Raises
@@ -397,19 +405,10 @@ class Seat:
         return session_report(plan, [(lane, self.book.plans.get(lane.plan)) for lane in lanes])
 
     def summary(self, plan: PlanRecord) -> f.PlanSummary:
-        """`ctl plans`' line of session `plan`: its lanes counted by shown status."""
-        report = self.report(plan)
-        counts: dict[str, int] = {}
-        for lane in report.lanes:
-            counts[lane.status] = counts.get(lane.status, 0) + 1
-        return f.PlanSummary(
-            id=plan.id,
-            plan=plan.spec.name,
-            submitted_at=plan.submitted_at,
-            done=report.done,
-            ok=report.ok,
-            tasks=counts,
-        )
+        """`ctl plans`' line of session `plan` (`report.session_summary`)."""
+        session = self.sessions.get(plan.id)
+        lanes = session.lanes if session is not None else self.store.lanes(plan.id)
+        return session_summary(plan, [self.book.plans.get(lane.plan) for lane in lanes])
 
     # --- quiet points ----------------------------------------------------------------------------
 

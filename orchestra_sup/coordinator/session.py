@@ -87,7 +87,7 @@ def lane_outcome(plan: PlanRecord, lane: SessionLane) -> dict[str, Any]:
         "failure": None if rec.failure is None else str(rec.failure),
         "error": rec.error,
         "commit": rec.commit,
-        "rev": getattr(rec, "rev", None) or lane.rev,
+        "rev": rec.rev or lane.rev,
     }
 
 

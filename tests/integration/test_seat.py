@@ -95,6 +95,10 @@ def test_a_users_program_starts_lanes_and_returns_a_value_from_their_outputs(sea
     shown = ctl(seat, "plan", plan, "--json")
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["result"] == {"sum": 14, "lanes": 3}
+    listed = ctl(seat, "plans", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (line,) = [p for p in json.loads(listed.stdout)["plans"] if p["id"] == plan]
+    assert line["done"] and line["ok"] and line["tasks"] == {"succeeded": 3}
 
 
 def test_a_program_not_listed_is_refused_at_submit(seat: Tree, tmp_path: Path) -> None:
