@@ -68,6 +68,15 @@ max_file_bytes = 4294967296    # largest file written; size of each private tmpf
 max_processes = 1024      # tasks per lane (cgroup v1 pids controller, where there is one)
 lane_user = "auto"        # a tree run as root: "auto" runs each lane as its sandbox's own uid
                           # where it can, "dynamic" always, "tree" never (laneuser.py)
+
+[cpu]                     # the CPU policy by role (system/cpupolicy.py; README, "CPU policy")
+realtime = "off"          # "auto": the control plane in SCHED_FIFO where allowed; "on": refuse
+                          # to start where it is not; "off": SCHED_OTHER, as before
+rt_priority = 5           # the supervisor's SCHED_FIFO priority; coordinator, custodian one below
+rttime_s = 1.0            # RLIMIT_RTTIME: CPU seconds a real-time thread may run without
+                          # blocking before SIGXCPU (SIGKILL one second later)
+reserved_cpus = ""        # CPUs the control plane is pinned to ("0", "0,2-3"); "": not pinned
+lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE; "nice": as before
 ```
 """
 
@@ -85,6 +94,14 @@ import msgspec
 from orchestra_sup.errors import ConfigError, did_you_mean
 from orchestra_sup.protocol.childargs import Quota
 from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN
+from orchestra_sup.system.cpupolicy import (
+    LANE_CLASSES,
+    REALTIME,
+    RT_PRIORITY_MAX,
+    CpuSettings,
+    check_realtime,
+    check_reserved,
+)
 from orchestra_sup.system.isolation import MODES, IsolationSettings, resolve, resolve_lane_user
 from orchestra_sup.system.laneuser import LANE_USERS
 
@@ -194,6 +211,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Tenant -> its ceilings (`[quotas.<tenant>]`, `coordinator.quota.Quota`)."""
     isolation: IsolationSettings = IsolationSettings()
     """`[isolation]`: how lanes' commands are confined (`system.isolation`)."""
+    cpu: CpuSettings = CpuSettings()
+    """`[cpu]`: the CPU policy by role (`system.cpupolicy`)."""
 
 
 _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
@@ -222,18 +241,23 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("isolation", "max_open_files"): (int, 64, 1 << 20),
     ("isolation", "max_file_bytes"): (int, 1 << 20, 1 << 50),
     ("isolation", "max_processes"): (int, 8, 1 << 22),
+    ("cpu", "rt_priority"): (int, 2, RT_PRIORITY_MAX),
+    ("cpu", "rttime_s"): (float, 0.05, 60),
 }
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("supervisor", "spawn"): ("fork", "exec"),
     ("isolation", "mode"): MODES,
     ("isolation", "lane_user"): LANE_USERS,
+    ("cpu", "realtime"): REALTIME,
+    ("cpu", "lanes"): LANE_CLASSES,
 }
-_SECTIONS = ("supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation")
+_SECTIONS = ("supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation", "cpu")
 _CHECKED_APART = {
     "supervisor": ("metrics_host",),
     "shards": ("capabilities", "tenants", "[shards.shard-N] tables"),
     "lanes": ("programs",),
     "coordinator": ("programs",),
+    "cpu": ("reserved_cpus",),
 }
 """Keys each section accepts that `_check` does not see (their own checks run apart), so that
 an unknown-key error still lists every key the section takes."""
@@ -370,6 +394,10 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             rest = {k: v for k, v in body.items() if k != "metrics_host"}
             sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
             sections[section]["metrics_host"] = metrics_host(body["metrics_host"])
+        elif section == "cpu" and "reserved_cpus" in body:
+            rest = {k: v for k, v in body.items() if k != "reserved_cpus"}
+            sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
+            sections[section]["reserved_cpus"] = _reserved_cpus(body["reserved_cpus"])
         elif section in ("lanes", "coordinator") and "programs" in body:
             rest = {k: v for k, v in body.items() if k != "programs"}
             sections[section] = {k: _check(section, k, v) for k, v in rest.items()}
@@ -397,7 +425,20 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         coordinator=CoordinatorSettings(**sections.get("coordinator", {})),
         quotas=sections.get("quotas", {}),
         isolation=IsolationSettings(**sections.get("isolation", {})),
+        cpu=CpuSettings(**sections.get("cpu", {})),
     )
+
+
+def _reserved_cpus(value: Any) -> str:
+    """`[cpu] reserved_cpus`: a CPU list this process may run on (`cpupolicy.check_reserved`);
+    raises `ConfigError`."""
+    if not isinstance(value, str):
+        raise ConfigError(f"[cpu] reserved_cpus = {_toml_value(value)}: expected a CPU list")
+    try:
+        check_reserved(CpuSettings(reserved_cpus=value))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return value
 
 
 def _quotas_section(body: dict[str, Any]) -> dict[str, Quota]:
@@ -493,7 +534,8 @@ def load_settings(
     (`LANE_USER_ENV`, replacing `lane_user`), then check that this machine can give the
     isolation asked for (`system.isolation.resolve`: `mode = "bwrap"` where bubblewrap does not
     work is refused here, before anything starts; so is `lane_user = "dynamic"` where lanes
-    cannot run as uids of their own: `resolve_lane_user`). Raises `ConfigError`."""
+    cannot run as uids of their own: `resolve_lane_user`; and `[cpu] realtime = "on"` where this
+    process may not take SCHED_FIFO: `cpupolicy.check_realtime`). Raises `ConfigError`."""
     data = _read_toml(path) if path is not None else {}
     try:
         for env, key in ((ISOLATION_ENV, "mode"), (LANE_USER_ENV, "lane_user")):
@@ -512,6 +554,10 @@ def load_settings(
                 shards_table[key] = value
         settings = settings_from_mapping(data)
         resolve_lane_user(settings.isolation.lane_user, resolve(settings.isolation.mode))
+        try:
+            check_realtime(settings.cpu)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return settings
     except ConfigError as exc:
         where = f"config {path}: " if path else ""

@@ -24,6 +24,9 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "release": reply.release,
             "rollover": reply.rollover,
             "isolation": reply.isolation,
+            "cpu": reply.cpu,
+            "rt_demoted": reply.rt_demoted,
+            "lane_cpu": reply.lane_cpu,
             "run_dir": reply.run_dir,
             "state_dir": reply.state_dir,
             "workspace": reply.workspace,
@@ -164,6 +167,7 @@ STATUS_FIELDS = (
     Field("fds", rank=3, right=True),
     Field("refused stale/bad", rank=6, right=True),
     Field("internal", rank=6, right=True),
+    Field("cpu", rank=5),
 )
 """`ctl status`'s columns in table order, each with the rank it is dropped by when the terminal
 is too narrow for all of them (`columns.fit`; `--wide` and piped output show every one). Dropped
@@ -171,7 +175,8 @@ first: frames refused (6), then the release and role (5: the name says the role)
 `ctl restart` (4), the last exit (3), uptime and loop lag (2), restarts and generation (1); name,
 pid and state (0) always stay. A figure added later takes the rank of what it is worth beside
 these (a child's open descriptors, `fds`, is 3, with the last exit; requests answered
-`internal` are 6, with the frames refused)."""
+`internal` are 6, with the frames refused; the CPU class in force, `cpu`, is 5, with the
+release)."""
 WIDE_HINT = "--wide shows them"
 """How to see what a narrow terminal left out (`ctl status`, `ctl lanes`, `ctl top`)."""
 
@@ -196,6 +201,9 @@ def status_view(reply: f.StatusReply, width: int | None) -> Group:
             f"ctl connections {reply.ctl_connections} of {reply.ctl_connections_max} "
             f"(refused {reply.descriptors.refused})",
         ]
+    facts += [f"cpu {reply.cpu or '?'}", f"lanes' cpu {reply.lane_cpu or '?'}"]
+    if reply.rt_demoted or reply.cpu.startswith("fifo"):
+        facts.append(f"real-time demotions {reply.rt_demoted}")
     lines = pack(facts, width)
     lines += [f"run dir {reply.run_dir}", f"state dir {reply.state_dir}"]
     if reply.workspace:
@@ -243,6 +251,7 @@ def _status_row(c: f.ChildInfo, supervisor_release: str) -> list[str]:
         "-" if c.descriptors is None else fds(c.descriptors),
         f"{c.stale_frames}/{c.bad_frames}",
         str(c.internal_errors),
+        c.cpu or "-",
     ]
 
 

@@ -15,6 +15,7 @@ from orchestra_sup.errors import OrchestraError
 from orchestra_sup.node.roles import make_role
 from orchestra_sup.protocol.childargs import ChildArgs, decode
 from orchestra_sup.runtime.node import Node
+from orchestra_sup.system import cpupolicy
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +24,16 @@ def run(args: ChildArgs) -> int:
     """Run the child `args` describes until it stops; returns its exit status (0 after SIGTERM,
     1 when it was orphaned or rejected, 2 on an unknown role or an `OrchestraError`, logged).
 
-    Logging is configured afresh (`logformat.configure` replaces every handler): a forked child
-    must not keep handlers it inherited. Its lines carry `args.name` and `args.generation`.
+    The child's CPU policy (`ChildArgs.cpu`) is applied first; a step the kernel refuses is
+    logged and the child runs without it. Logging is configured afresh (`logformat.configure`
+    replaces every handler): a forked child must not keep handlers it inherited. Its lines
+    carry `args.name` and `args.generation`.
     """
     logformat.configure(args.name, args.generation, args.log_format)
+    try:  # first: before any thread (ZeroMQ's among them) starts, so they inherit it
+        cpupolicy.apply(args.cpu)
+    except OSError as exc:
+        log.warning("%s: CPU policy not applied: %s", args.name, exc)
     try:
         role = make_role(args.role)
     except ValueError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from orchestra_sup.logformat import LogFormat
+from orchestra_sup.system.cpupolicy import CpuPlan
 from orchestra_sup.system.isolation import IsolationSettings
 
 
@@ -69,6 +70,11 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """`[isolation]` with its mode resolved ("bwrap" or "none"), for a shard's lanes."""
     log_format: LogFormat = LogFormat.TEXT
     """The supervisor's `start --log-format`: how this child writes its log (`logformat`)."""
+    cpu: CpuPlan = CpuPlan()
+    """`[cpu]`: the class, RLIMIT_RTTIME and affinity this child applies to itself before anything
+    else (`system.cpupolicy.role_plans`)."""
+    lane_cpu: str = "nice"
+    """`[cpu] lanes`, for a shard: its lanes' CPU class ("nice" or "idle"; `system.lanecpu`)."""
     keys_dir: str | None = None
     """The CURVE keys directory of `start --keys` (None: none, or the default one inside the
     state directory): one more directory no lane sees (`system.isolation`)."""

@@ -39,6 +39,7 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
 from orchestra_sup.protocol.endpoint import error_frame, internal_error, unexpected
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
+from orchestra_sup.system import cpupolicy
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class Front:
         self._stop.connect(inner)
         self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self._run, name=f"{name}-front", daemon=True)
+        self._enter_class = cpupolicy.same_class()  # on a turn's path, as the loop is
         self.answered = 0
         self.forwarded = 0
         self.internal_errors = 0
@@ -115,6 +117,7 @@ class Front:
     # --- the thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._enter_class()
         try:
             self._loop()
         except Exception:

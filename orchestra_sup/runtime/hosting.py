@@ -23,7 +23,7 @@ from typing import Protocol
 import zmq
 
 from orchestra_sup.paths import Paths
-from orchestra_sup.system import descriptors, linux
+from orchestra_sup.system import cpupolicy, descriptors, linux
 from orchestra_sup.system.proctitle import ProcTitle
 
 
@@ -50,7 +50,7 @@ class OwnProcess:
     """A node that is a child process of its own."""
 
     def __init__(self) -> None:
-        self.ctx = zmq.Context()
+        self.ctx = cpupolicy.context()  # its I/O threads in this process's class
         self.title: ProcTitle | None = ProcTitle()
 
     def arm(self, stop: Callable[[], None], supervisor_pid: int) -> bool:

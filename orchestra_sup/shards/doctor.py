@@ -15,10 +15,10 @@ from pathlib import Path
 import msgspec
 
 from orchestra_sup.paths import default_state_dir
-from orchestra_sup.shards.limits import v1_controller
 from orchestra_sup.system.cgroups import cgroup2_root
 from orchestra_sup.system.isolation import bwrap_problem, resolve, resolve_lane_user, uid_problem
 from orchestra_sup.system.laneuser import FIRST_UID, decide, lane_needs
+from orchestra_sup.system.v1cgroups import v1_controller
 
 __all__ = ["Layer", "Report", "diagnose"]
 

@@ -56,6 +56,7 @@ from orchestra_sup.system.isolation import (
     with_veils,
 )
 from orchestra_sup.system.lanecgroups import LaneCgroups
+from orchestra_sup.system.lanecpu import LaneCpu
 from orchestra_sup.system.laneuser import is_lane_uid, object_stores, python_paths
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
@@ -115,12 +116,13 @@ def lane_env(node: Node, lane: Lane, uid: int | None = None) -> dict[str, str]:
 @dataclass(frozen=True)
 class LaneServices:
     """What every lane's `Host` uses of its shard generation, opened once by the shard
-    (`ShardRole.open`): its node, the lanes' cgroups and limit cgroups, the transcript (None:
-    none kept), the outbox to the coordinator and the budget watch."""
+    (`ShardRole.open`): its node, the lanes' cgroups, limit cgroups and CPU class, the
+    transcript (None: none kept), the outbox to the coordinator and the budget watch."""
 
     node: Node
     cgroups: LaneCgroups
     limits: LaneLimits
+    cpu: LaneCpu
     transcript: Transcript | None
     outbox: Outbox
     budgets: BudgetWatch
@@ -200,9 +202,10 @@ class Host:
 
     def _confinement(self, cgroup: Path | None) -> tuple[Callable[[], None], list[str], int | None]:
         """What confines one command (off the loop: it makes cgroups and files): the function
-        the child runs before exec (join the v2 cgroup, then the v1 limit cgroups, then set the
-        rlimits, then, in mode "none", become the lane's uid), the argv prefix (bubblewrap, or
-        nothing in mode "none"), and the lane's uid (None: the tree's; `lane_uid`)."""
+        the child runs before exec (join the v2 cgroup, then the v1 limit cgroups, then take
+        the lanes' CPU class, then set the rlimits, then, in mode "none", become the lane's
+        uid), the argv prefix (bubblewrap, or nothing in mode "none"), and the lane's uid
+        (None: the tree's; `lane_uid`)."""
         lane, node = self._lane, self._shard.node
         settings = node.args.isolation
         steps = [] if cgroup is None else [LaneCgroups.join_fn(cgroup)]
@@ -211,6 +214,8 @@ class Host:
         )
         if limited:
             steps.append(LaneLimits.join_fn(limited))
+        if (cpu_class := self._shard.cpu.join_fn()) is not None:
+            steps.append(cpu_class)
         grant = lane.start.budget.cpu_s if lane.start.budget is not None else None
         left = None if grant is None else grant - lane.meter.spent().cpu_s
         steps.append(set_rlimits_fn(rlimits(settings, left)))

@@ -21,14 +21,14 @@ root, `ORCHESTRA_SUP_CGROUP=off`) it is skipped: the rlimits of `system.isolatio
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestra_sup.system.cgroups import ENV_SWITCH, TOP
+from orchestra_sup.system.cgroups import TOP
 from orchestra_sup.system.linux import cgroup_joiner
+from orchestra_sup.system.v1cgroups import v1_controller
 
-__all__ = ["CONTROLLERS", "LaneLimits", "v1_controller"]
+__all__ = ["CONTROLLERS", "LaneLimits"]
 
 log = logging.getLogger(__name__)
 
@@ -36,54 +36,6 @@ CONTROLLERS = ("memory", "pids")
 """The cgroup v1 controllers used, in the order a command joins them."""
 
 _LIMIT_FILE = {"memory": "memory.limit_in_bytes", "pids": "pids.max"}
-
-
-def _own_path(controller: str) -> str | None:
-    """This process's cgroup in the v1 hierarchy of `controller` ("/process_api/ab12..."),
-    from /proc/self/cgroup; None when that controller has no v1 hierarchy."""
-    try:
-        text = Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        _id, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
-            return path
-    return None
-
-
-def _mount(controller: str) -> tuple[Path, str] | None:
-    """(mount point, root inside the hierarchy) of the v1 hierarchy of `controller`."""
-    try:
-        text = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 3 or tail[0] != "cgroup":
-            continue
-        if controller in tail[2].split(","):
-            return Path(fields[4]), fields[3]
-    return None
-
-
-def v1_controller(controller: str) -> Path | None:
-    """This process's own cgroup directory in the v1 hierarchy of `controller` ("memory" or
-    "pids"), when it exists and this process may create cgroups in it; else None (also under
-    `ORCHESTRA_SUP_CGROUP=off`). Never raises."""
-    if os.environ.get(ENV_SWITCH, "").strip().lower() == "off":
-        return None
-    mount, own = _mount(controller), _own_path(controller)
-    if mount is None or own is None:
-        return None
-    point, root = mount
-    try:
-        inner = Path(own).relative_to(root)
-    except ValueError:  # our cgroup is outside what is mounted here
-        return None
-    path = point / inner
-    return path if os.access(path, os.W_OK | os.X_OK) else None
 
 
 class LaneLimits:

@@ -61,6 +61,7 @@ from orchestra_sup.state.store import Store
 from orchestra_sup.system.cgroups import tree_id
 from orchestra_sup.system.isolation import describe
 from orchestra_sup.system.lanecgroups import LaneCgroups
+from orchestra_sup.system.lanecpu import LaneCpu
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class Shard:
         self.transcript: Transcript | None = None  # lane transcripts, `ctl logs` (open())
         self.cgroups: LaneCgroups | None = None  # cgroup tracking of lane processes (open())
         self.limits: LaneLimits | None = None  # lanes' memory and pids limits (open())
+        self.cpu: LaneCpu | None = None  # lanes' CPU class, [cpu] lanes (open())
         self.lanes: dict[str, Lane] = {}
         self.outbox: Outbox | None = None  # results on their way to the coordinator (open())
         self.handover: Handover | None = None  # rollovers: this generation's side (open())
@@ -107,15 +109,19 @@ class Shard:
         self.node = node
         # Lane cgroups live under <tree>/<shard>.<generation>: the supervisor kills a dead
         # generation's subtree while the next generation starts its own beside it.
-        self.cgroups = LaneCgroups(tree_id(node.paths.run_dir), f"{node.name}.{node.generation}")
-        self.limits = LaneLimits(tree_id(node.paths.run_dir), f"{node.name}.{node.generation}")
+        tree, own = tree_id(node.paths.run_dir), f"{node.name}.{node.generation}"
+        self.cgroups = LaneCgroups(tree, own)
+        self.limits = LaneLimits(tree, own)
         self.limits.remove_all()
+        self.cpu = await asyncio.to_thread(LaneCpu, node.args.lane_cpu, tree, own)
         isolation = node.args.isolation
         log.info(
-            "%s: lanes run with isolation %s (limits: %s)",
+            "%s: lanes run with isolation %s (limits: %s; CPU: %s, nice %d)",
             node.name,
             isolation.mode,
             ", ".join(self.limits.bases) or "rlimits only",
+            self.cpu.layer,
+            node.args.lane_nice,
         )
         self.store = Store(node.paths.state_dir / node.name, [OUTBOX_DB, *TRANSCRIPT_DBS])
         self.store.start()
@@ -128,7 +134,7 @@ class Shard:
         node.spawn(self.outbox.resend_loop())
         self.budgets = BudgetWatch(node.spawn)
         self.services = LaneServices(
-            node, self.cgroups, self.limits, self.transcript, self.outbox, self.budgets
+            node, self.cgroups, self.limits, self.cpu, self.transcript, self.outbox, self.budgets
         )
         self.handover = Handover(
             node,
@@ -187,6 +193,8 @@ class Shard:
             self.cgroups.kill_all_sync()
         if self.limits is not None:
             self.limits.remove_all()
+        if self.cpu is not None:
+            self.cpu.remove()
         if self.transcript is not None:  # transcripts: reads in flight end before the store
             await self.transcript.close()
         assert self.store is not None

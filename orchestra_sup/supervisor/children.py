@@ -21,6 +21,7 @@ from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.sockets import RootSockets
 from orchestra_sup.supervisor.spec import ChildState
+from orchestra_sup.system.cpupolicy import in_force
 from orchestra_sup.system.proctitle import ProcTitle, supervisor_title
 
 UP = (ChildState.RUNNING, ChildState.STOPPING)
@@ -164,6 +165,7 @@ class Children:
             version=worker.version if worker.pid is not None else "",
             stale_frames=live.stale_frames,
             bad_frames=live.bad_frames,
+            cpu=in_force(worker.pid) if worker.pid is not None else "",
             **_beat_info(live.beat),
         )
 

@@ -52,7 +52,9 @@ from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.gate import Busy
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.views import CtlHost
+from orchestra_sup.system.cpupolicy import in_force
 from orchestra_sup.system.isolation import effective
+from orchestra_sup.system.lanecpu import layer_here
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +246,9 @@ class CtlService:
             stale_frames=sockets.stale_frames(),
             internal_errors=sockets.internal_errors(),
             isolation=effective(host.settings.isolation).mode,
+            cpu=in_force(os.getpid()),
+            rt_demoted=host.cpu.demoted,
+            lane_cpu=f"{layer_here(host.settings.cpu.lanes)}, nice {host.settings.lanes.nice}",
             metrics_url=host.metrics_url,
             descriptors=sockets.descriptors(),
             ctl_connections=sockets.ctl_connections(),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import psutil
 
 from orchestra_sup.protocol.frames import ExitInfo
+from orchestra_sup.system import cpupolicy
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,8 @@ class ChildProcess:
             return self.exit
         assert self.pidfd is not None
         try:
-            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+            with cpupolicy.ordinary():  # a reap may wait in the kernel: docs/adr/0020
+                info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
         except ChildProcessError:
             info = None
             self.exit = ExitInfo(status=None, signal=None)
@@ -181,7 +183,7 @@ def reap_orphans(known: set[int], on_child: Callable[[int], None]) -> None:
             if info.si_pid in known:  # the handler did not reap it: stop, or we would spin
                 return
             continue
-        with contextlib.suppress(ChildProcessError):
+        with contextlib.suppress(ChildProcessError), cpupolicy.ordinary():
             os.waitpid(info.si_pid, 0)
 
 

@@ -43,6 +43,7 @@ from orchestra_sup.supervisor.source import ConfigSource
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
 from orchestra_sup.supervisor.views import ReexecHost
+from orchestra_sup.system import cpupolicy
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -395,7 +396,7 @@ def stop_children(grace_s: float) -> int:
         proc.signal(signal.SIGKILL)
     for proc in procs:
         assert proc.pidfd is not None
-        with contextlib.suppress(ChildProcessError):
+        with contextlib.suppress(ChildProcessError), cpupolicy.ordinary():
             os.waitid(os.P_PIDFD, proc.pidfd, os.WEXITED)
         proc.abandon()
     return len(procs)

@@ -63,6 +63,7 @@ from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.children import Children
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import ExitCause, Seam, Supervisor, Worker
+from orchestra_sup.supervisor.cpu import SupervisorCpu
 from orchestra_sup.supervisor.ctl import CtlService
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.metrics import MetricsServer, start_server
@@ -150,6 +151,7 @@ class RootSupervisor:
     ):
         self.paths = paths
         self.settings = settings
+        self.cpu = SupervisorCpu(settings)  # before its first thread: ZeroMQ's take its class
         self.sockets = RootSockets(paths, handoff.remote_ctl if handoff is not None else remote_ctl)
         self.seam: ProcessSeam | ColocatedSeam
         """Processes, or, `colocated`, every role a component of this process and loop
@@ -222,6 +224,7 @@ class RootSupervisor:
             adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
         self.spawn(self.lag.run())
         self.spawn(watch(lambda: self.sockets.guards.values()))
+        self.cpu.start_guard(self.seam.known_pids)
         if (ping := notify.watchdog_interval()) is not None:  # a re-exec's new image too
             self.spawn(notify.keep_alive(ping))
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -266,6 +269,7 @@ class RootSupervisor:
             self.seam.close_context(self.sockets.ctx)
             state_lock.release()
             lock.release()
+            self.cpu.close()  # last: every child is reaped
         log.info("tree stopped (exit status %d)", self._exit_code)
         return self._exit_code
 

@@ -14,6 +14,7 @@ from typing import Any
 from orchestra_sup.config import Settings
 from orchestra_sup.supervisor.core import Flags, Strategy
 from orchestra_sup.supervisor.spec import ChildSpec
+from orchestra_sup.system.cpupolicy import CpuPlan, machine_cpus, resolve_realtime, role_plans
 from orchestra_sup.system.isolation import IsolationSettings, effective
 
 SHARD_STOP_MARGIN_S = 3.0
@@ -62,7 +63,7 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 
 
 READS: dict[str, frozenset[str]] = {
-    "custodian": frozenset({"heartbeat_s", "isolation"}),  # who owns a sandbox: laneuser
+    "custodian": frozenset({"heartbeat_s", "isolation", "cpu"}),  # isolation: laneuser
     "coordinator": frozenset(
         {
             "heartbeat_s",
@@ -71,6 +72,7 @@ READS: dict[str, frozenset[str]] = {
             "lane_programs",
             "coordinator_programs",
             "quotas",
+            "cpu",
         }
     ),
     "shard": frozenset(
@@ -82,6 +84,8 @@ READS: dict[str, frozenset[str]] = {
             "lane_nice",
             "lane_programs",
             "isolation",
+            "cpu",
+            "lane_cpu",
         }
     ),
 }
@@ -94,7 +98,7 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
     """The `ChildArgs` fields a child of `role` gets from `settings` (keyword arguments; the
     rest, its name, generation, directories and endpoint, come from the tree): those it reads
     (`READS`), the others at their defaults. The isolation mode is the effective one ("auto"
-    resolved on this machine)."""
+    resolved on this machine), and so is the CPU policy (`cpu_plans`)."""
     sup = settings.supervisor
     every = {
         "lanes_per_shard": settings.shards.lanes_per_shard,
@@ -107,6 +111,7 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
         "lane_programs": list(settings.lanes.programs),
         "coordinator_programs": list(settings.coordinator.programs),
         "quotas": dict(settings.quotas),
+        "lane_cpu": settings.cpu.lanes,
     }
     reads = READS[role]
     told = {key: value for key, value in every.items() if key in reads}
@@ -114,5 +119,14 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
         told["isolation"] = resolved = effective(settings.isolation)
         if role == "custodian":  # who owns a sandbox: a limit's change must not restart it
             told["isolation"] = IsolationSettings(mode=resolved.mode, lane_user=resolved.lane_user)
+    if "cpu" in reads:  # whether real time is allowed is found by trying it
+        told["cpu"] = cpu_plans(settings)[role]
     told.setdefault("lanes_per_shard", 0)  # a field every ChildArgs has, read by shards only
     return told
+
+
+def cpu_plans(settings: Settings) -> dict[str, CpuPlan]:
+    """Each role's CPU plan under `[cpu]` on this machine ("supervisor" among them:
+    `cpupolicy.role_plans`, real time where `realtime` asks for it and it is allowed)."""
+    realtime, _refusal = resolve_realtime(settings.cpu)
+    return role_plans(settings.cpu, realtime, machine_cpus())

@@ -24,6 +24,7 @@ from orchestra_sup.protocol.connections import ConnectionGuard
 from orchestra_sup.protocol.curve import Gate
 from orchestra_sup.protocol.endpoint import Endpoint, Handler
 from orchestra_sup.protocol.keys import ServerKeys, load_server_keys
+from orchestra_sup.system import cpupolicy
 from orchestra_sup.system.descriptors import usage
 
 log = logging.getLogger("orchestra_sup.supervisor")
@@ -45,7 +46,7 @@ class RootSockets:
 
     def __init__(self, paths: Paths, remote_ctl: RemoteCtl | None):
         self.paths = paths
-        self.ctx = zmq.Context()
+        self.ctx = cpupolicy.context()  # its I/O threads in this process's class
         self.codec = Codec()
         self.remote_ctl = remote_ctl
         self.remote_keys: ServerKeys | None = None
@@ -125,7 +126,7 @@ class RootSockets:
         with its children (`ColocatedSeam`) once they run."""
         self.close_endpoints(linger_s)
         self.ctx.destroy(linger=round(linger_s * 1000))
-        self.ctx = zmq.Context()
+        self.ctx = cpupolicy.context()  # its I/O threads in this process's class
 
     def close_endpoints(self, linger_s: float) -> None:
         """Close the sockets and their guards, `ctx` left as it is."""

@@ -25,6 +25,7 @@ from orchestra_sup.runtime.looplag import LoopLag
 from orchestra_sup.supervisor.children import Children
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Supervisor
+from orchestra_sup.supervisor.cpu import SupervisorCpu
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.runlock import DirLock
 from orchestra_sup.supervisor.seam import ProcessSeam
@@ -101,12 +102,14 @@ class RolloverDesk(Protocol):
 
 class CtlHost(TreeHost, MetricsHost, Protocol):
     """What the ctl service needs besides: the directories, whether debug hooks are on, the
-    metrics' URL, a stop, the change `gate` (`ctl restart` is refused while a change is in
-    progress), and the `reloads` and `rollovers` it hands `ctl reload` and `ctl rollover` to."""
+    supervisor's CPU policy (its guard's count), the metrics' URL, a stop, the change `gate`
+    (`ctl restart` is refused while a change is in progress), and the `reloads` and
+    `rollovers` it hands `ctl reload` and `ctl rollover` to."""
 
     paths: Paths
     debug_hooks: bool
     gate: ChangeGate
+    cpu: SupervisorCpu
 
     @property
     def metrics_url(self) -> str: ...

@@ -267,3 +267,32 @@ class Asks:
     async def run(self, ctx: Any) -> Any:
         answer = await ctx.ask_human("ship it?")
         return {"verdict": answer["verdict"], "text": answer["text"]}
+
+
+class Spins:
+    """Writes its process's pid to `args["marker"]`, then spins on the coordinator's loop without
+    ever blocking: a runaway, which in real time holds its CPU until RLIMIT_RTTIME stops it."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.marker = Path(args["marker"])
+
+    async def run(self, ctx: Any) -> Any:
+        self.marker.write_text(str(os.getpid()))
+        while True:  # the mistake this program exists to make
+            pass
+
+
+class Hogs:
+    """Like `Spins`, but blocks for 0.1 ms every 50 ms (each block starts RLIMIT_RTTIME's
+    count again): it holds its CPU all the same, and only the real-time guard sees it."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.marker = Path(args["marker"])
+
+    async def run(self, ctx: Any) -> Any:
+        self.marker.write_text(str(os.getpid()))
+        while True:
+            end = time.monotonic() + 0.05
+            while time.monotonic() < end:
+                pass
+            time.sleep(0.0001)  # a real block (10 µs would not be: the timer fires first)

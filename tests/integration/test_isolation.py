@@ -19,8 +19,8 @@ import pytest
 
 from orchestra_sup.config import ISOLATION_ENV, LANE_USER_ENV
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.shards.limits import v1_controller
 from orchestra_sup.system.isolation import bwrap_problem
+from orchestra_sup.system.v1cgroups import v1_controller
 from tests.integration.harness import Tree, plan, task, wait_until
 
 TWICE = "tests.integration.lane_programs:Twice"

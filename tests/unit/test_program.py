@@ -487,6 +487,7 @@ def test_notes_count_as_output_and_are_capped_per_lane() -> None:
             node=None,  # type: ignore[arg-type]
             cgroups=None,  # type: ignore[arg-type]
             limits=None,  # type: ignore[arg-type]
+            cpu=None,  # type: ignore[arg-type]
             transcript=None,
             outbox=outbox,  # type: ignore[arg-type]
             budgets=watch,

@@ -254,6 +254,7 @@ def busy_status() -> f.StatusReply:
         supervisor_pid=4194000, version="0.1.0", run_dir="/run/orchestra-sup",
         state_dir=deep, workspace=f"{deep}/ws", children=children,
         loop_lag_ms=(0.25, 4.5, 9.0), release="/usr/bin/python3", isolation="bwrap",
+        cpu="fifo 5, cpus 0", lane_cpu="cpu.idle, nice 10",
         metrics_url="http://127.0.0.1:9464/metrics",
     )  # fmt: skip
 
@@ -293,6 +294,7 @@ def test_status_unbounded_keeps_each_line_whole() -> None:
     assert lines[0] == (
         "supervisor pid 4194000  orchestra-sup 0.1.0  isolation bwrap  loop lag ms "
         "p50/p99/max 0.2/4.5/9.0  refused frames stale/bad 0/0  internal errors 0  ctl refused 0"
+        "  cpu fifo 5, cpus 0  lanes' cpu cpu.idle, nice 10  real-time demotions 0"
     )
     assert lines[1:6] == [
         "run dir /run/orchestra-sup",

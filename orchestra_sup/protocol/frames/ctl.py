@@ -64,6 +64,14 @@ class StatusReply(Frame, tag="status_reply"):
     """Frames the supervisor refused as meant for another generation of it (`dest_gen`)."""
     isolation: str = ""
     """The isolation mode the shards' lanes run under ("bwrap", "none"; `system.isolation`)."""
+    cpu: str = ""
+    """The supervisor's CPU class and affinity as the kernel applies them (`ChildInfo.cpu`)."""
+    rt_demoted: int = 0
+    """Processes the real-time guard put back in SCHED_OTHER since the supervisor started
+    (`system.rtguard`)."""
+    lane_cpu: str = ""
+    """How lanes yield the CPU: `[cpu] lanes`' layer here and `[lanes] nice` ("cpu.idle, nice
+    10"; `system.lanecpu.layer_here`)."""
     metrics_url: str = ""
     """Where the supervisor serves Prometheus metrics (`start --metrics-port`); "" when off."""
     descriptors: Descriptors | None = None

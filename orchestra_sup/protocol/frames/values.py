@@ -271,6 +271,9 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Rows its write-behind queue held at its last heartbeat."""
     descriptors: Descriptors | None = None
     """Its file descriptors, from its last heartbeat (None before the first)."""
+    cpu: str = ""
+    """The CPU class and affinity the kernel applies to its process ("fifo 4, cpus 0", "other
+    nice 0, cpus 0-1": `system.cpupolicy.in_force`); "" when it has none."""
 
 
 class LaneInfo(msgspec.Struct, frozen=True, kw_only=True):

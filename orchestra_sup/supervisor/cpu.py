@@ -1,0 +1,60 @@
+"""The supervisor's side of the CPU policy (`[cpu]`, `system.cpupolicy`): its own class, applied
+as it starts, and the real-time guard over the whole control plane (`system.rtguard`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from orchestra_sup.config import Settings
+from orchestra_sup.supervisor.shape import cpu_plans
+from orchestra_sup.system import cpupolicy
+from orchestra_sup.system.cpupolicy import CpuSettings
+from orchestra_sup.system.rtguard import RtGuard
+
+log = logging.getLogger(__name__)
+
+
+class SupervisorCpu:
+    """Applies the supervisor's own CPU plan (`shape.cpu_plans`) at construction, before the
+    process starts a thread; a step the kernel refuses is logged and the tree runs without it.
+    `priority` is the SCHED_FIFO priority it runs at (0: not in real time)."""
+
+    def __init__(self, settings: Settings):
+        plan = cpu_plans(settings)["supervisor"]
+        try:
+            cpupolicy.apply(plan)
+        except OSError as exc:
+            log.warning("CPU policy not applied to the supervisor: %s", exc)
+        self.priority = cpupolicy.priority_here()
+        self.demoted = 0
+        """Processes the real-time guard put back in SCHED_OTHER (`RtGuard.demoted`)."""
+        self._guard: RtGuard | None = None
+        if settings.cpu != CpuSettings():
+            log.info("CPU policy: supervisor %s", cpupolicy.in_force(os.getpid()))
+
+    def start_guard(self, known_pids: Callable[[], set[int]]) -> None:
+        """Start the real-time guard over this process and `known_pids()` (called on the
+        guard's thread: it must only read), when the supervisor is in real time; `close` stops
+        it. Call it before the first child starts and `close` after the last is reaped: a reap
+        is one of the waits the guard exists for."""
+        if not self.priority:
+            return
+        self._guard = RtGuard(
+            lambda: [os.getpid(), *known_pids()], self.priority + 1, on_demote=self._count
+        )
+        try:
+            self._guard.start()
+        except OSError as exc:  # its priority is the supervisor's plus one: not seen refused
+            log.error("no real-time guard: %s", exc)
+            self._guard = None
+
+    def close(self) -> None:
+        """Stop the guard (blocks for at most one of its ticks)."""
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
+
+    def _count(self, _pid: int, _threads: int) -> None:
+        self.demoted += 1

@@ -1,0 +1,148 @@
+"""The CPU policy by role (`[cpu]`, `system.cpupolicy`) on real trees: what each process runs at,
+and a real-time runaway stopped while the rest of the machine runs on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.system.cpupolicy import format_cpus, machine_cpus, realtime_refusal
+from tests.integration.harness import Tree, plan, task, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAMS = "tests.integration.coordinator_programs"
+CPUS = sorted(os.sched_getaffinity(0))
+RESERVED, OTHER = CPUS[0], CPUS[-1]
+
+pytestmark = [
+    pytest.mark.skipif(realtime_refusal(5) is not None, reason="SCHED_FIFO is refused here"),
+    pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs: one reserved, one for the rest"),
+]
+
+
+def policy_tree(
+    factory: Callable[..., Tree], tmp_path: Path, watchdog_s: float = 10.0, **extra: str
+) -> Tree:
+    cfg = tmp_path / "cpu.toml"
+    lines = [
+        "[cpu]",
+        'realtime = "on"',
+        f'reserved_cpus = "{RESERVED}"',
+        'lanes = "idle"',
+        *(f"{k} = {v}" for k, v in extra.items()),
+        "[coordinator]",
+        f'programs = ["{PROGRAMS}:Spins", "{PROGRAMS}:Hogs"]',
+        "[supervisor]",
+        f"watchdog_s = {watchdog_s}",
+    ]
+    cfg.write_text("\n".join(lines) + "\n")
+    return factory(config=cfg, shards=1, lanes=2, extra_env={"PYTHONPATH": str(REPO)})
+
+
+def test_each_role_runs_in_its_class_and_lanes_below_the_hosts(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    tree = policy_tree(tree_factory, tmp_path)
+    status = tree.status()
+    assert status.cpu == f"fifo 5, cpus {RESERVED}"
+    machine = format_cpus(machine_cpus())
+    assert {c.name: c.cpu for c in status.children} == {
+        "custodian": f"other nice 0, threads fifo 4, cpus {RESERVED}",  # its front, its I/O
+        "coordinator": f"fifo 4, cpus {RESERVED}",
+        "shard-0": f"other nice 0, cpus {machine}",
+    }
+    probe = (
+        '"$ORCHESTRA_PYTHON" -c "import os; print(os.sched_getscheduler(0), '
+        'os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)))"; '
+        "grep -E '^[0-9]+:cpu(,|:)' /proc/self/cgroup"
+    )
+    report = tree.wait_plan(tree.submit(plan("probe", task("p", probe))))
+    out = report.tasks[0].output_tail.splitlines()
+    assert report.ok, report
+    if status.lane_cpu.startswith("cpu.idle") or status.lane_cpu.startswith("cpu.shares"):
+        assert out[0] == f"0 10 {sorted(machine_cpus())}"  # SCHED_OTHER, nice 10, every CPU
+        assert "/orchestra-sup/" in out[1]  # in the idle group
+    else:
+        assert out[0].startswith(f"{os.SCHED_IDLE} 10 ")
+
+
+def test_a_spinning_real_time_coordinator_is_stopped_and_restarted_while_the_machine_runs_on(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """The coordinator, in SCHED_FIFO on the reserved CPU, spins without blocking: RLIMIT_RTTIME
+    (0.2 s here) ends it with SIGXCPU and the supervisor starts it again, while a process of the
+    machine's on the other CPU kept counting throughout."""
+    tree = policy_tree(tree_factory, tmp_path, rttime_s="0.2")
+    counter_file = tmp_path / "count"
+    counter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            f"os.sched_setaffinity(0, {{{OTHER}}})\n"
+            "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)\n"
+            "n = 0\n"
+            "while True:\n"
+            "    n += 1\n"
+            "    os.pwrite(fd, b'%20d' % n, 0)\n"
+            "    time.sleep(0.001)\n",
+            str(counter_file),
+        ]
+    )
+    try:
+        wait_until(lambda: counter_file.exists() and counter_file.read_bytes().strip(), 10, "count")
+        marker = tmp_path / "spinning"
+        spin = f.PlanSpec(
+            name="spin", tasks=[], coordinator=f"{PROGRAMS}:Spins", args={"marker": str(marker)}
+        )
+        tree.submit(spin)
+        wait_until(marker.exists, 20, "the program to start spinning")
+        spinning = int(marker.read_text())
+        counted_at_spin = int(counter_file.read_bytes())
+
+        def restarted() -> f.ChildInfo | None:
+            child = tree.child("coordinator")
+            if child.pid not in (None, spinning) and child.state == "running":
+                return child
+            return None
+
+        child = wait_until(restarted, 30, "the coordinator to be restarted")
+        assert isinstance(child, f.ChildInfo)
+        assert child.restarts >= 1
+        # RLIMIT_RTTIME's soft limit (the watchdog would have sent SIGKILL, seconds later)
+        assert child.last_exit == f.ExitInfo(signal=signal.SIGXCPU), child.last_exit
+        assert int(counter_file.read_bytes()) > counted_at_spin  # the machine ran on
+        assert child.cpu == f"fifo 4, cpus {RESERVED}"  # back in its class
+        assert tree.status().rt_demoted == 0  # RLIMIT_RTTIME was enough: the guard stayed out
+    finally:
+        counter.kill()
+        counter.wait()
+
+
+def test_a_hog_that_dodges_rlimit_rttime_is_put_back_in_sched_other_by_the_guard(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """The coordinator holds its CPU but blocks for an instant every 50 ms, so RLIMIT_RTTIME
+    never fires: the supervisor's real-time guard demotes it (long before the watchdog, set
+    to 60 s here), and says so in `ctl status`."""
+    tree = policy_tree(tree_factory, tmp_path, watchdog_s=60.0)
+    marker = tmp_path / "hogging"
+    hog = f.PlanSpec(
+        name="hog", tasks=[], coordinator=f"{PROGRAMS}:Hogs", args={"marker": str(marker)}
+    )
+    tree.submit(hog)
+    wait_until(marker.exists, 20, "the program to start")
+    hogging = int(marker.read_text())
+    wait_until(lambda: os.sched_getscheduler(hogging) == os.SCHED_OTHER, 20, "the demotion")
+    status = tree.status()
+    assert status.rt_demoted == 1
+    assert status.cpu == f"fifo 5, cpus {RESERVED}"  # the supervisor kept its class
+    coordinator = next(c for c in status.children if c.name == "coordinator")
+    assert coordinator.pid == hogging and coordinator.cpu == f"other nice 0, cpus {RESERVED}"
