@@ -20,9 +20,11 @@ process of a Linux host, so they compare: reaction i = shard receipt of step i+1
 coordinator receipt of step i's result (`reactions`). No Context API and no code of the seat
 is involved: the program never sees the stamps.
 
-Two shapes, as `bench isolation` compares them: `separated` (one process per role) and
-`colocated` (`start --colocated`: every role in one process and one event loop). Each is a fresh
-private tree of `SHARDS` shards of `LANES_PER_SHARD` lanes, and runs two phases:
+Three shapes, as `bench isolation` compares them: `separated` (one process per role, under the
+CPU policy: `bench.policy`), `default` (the same, `[cpu]` at its defaults) and `colocated`
+(`start --colocated`: every role in one process and one event loop, `[cpu]` at its defaults).
+Each is a fresh private tree of `SHARDS` shards of `LANES_PER_SHARD` lanes, and runs two
+phases:
 
 1. Idle: `runs` sessions of `steps` steps, one after the other.
 2. Loaded: `bench isolation`'s load (`isolation.BURNER`: `LOADED_LANES` lanes that each burn CPU
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestra_sup.bench.isolation import BURNER, MODES
+from orchestra_sup.bench.policy import policy_config, write_config
 from orchestra_sup.bench.stats import nearest_rank
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree, wait_plan
@@ -207,11 +210,14 @@ def _load(client: CtlClient) -> list[str]:
         time.sleep(0.05)  # polling the shards' lanes, under the deadline above
 
 
-def measure(colocated: bool, steps: int, runs: int, work: Path) -> dict[str, Any]:
-    """One shape's figures (`shape_figures`), plus "steps": every session's raw stamps."""
-    mode = "colocated" if colocated else "separated"
-    config = work / f"{mode}.toml"
-    config.write_text(f'[coordinator]\nprograms = ["{STEPPER}"]\n')
+def measure(mode: str, steps: int, runs: int, work: Path, cpu: dict[str, Any]) -> dict[str, Any]:
+    """One shape's figures (`shape_figures`), plus "steps": every session's raw stamps. `cpu`
+    is the `[cpu]` table of `separated` (the others run at the defaults)."""
+    config = write_config(
+        work / f"{mode}.toml",
+        cpu if mode == "separated" else {},
+        f'[coordinator]\nprograms = ["{STEPPER}"]',
+    )
     raw: dict[str, list[list[tuple[int | None, int | None]]]] = {p: [] for p in PHASES}
     with private_tree(
         workspace=None,
@@ -219,7 +225,7 @@ def measure(colocated: bool, steps: int, runs: int, work: Path) -> dict[str, Any
         shards=SHARDS,
         lanes_per_shard=LANES_PER_SHARD,
         config=config,
-        colocated=colocated,
+        colocated=mode == "colocated",
     ) as client:
         raw["idle"] = [session_steps(client, steps) for _ in range(runs)]
         load = _load(client)
@@ -235,17 +241,22 @@ def measure(colocated: bool, steps: int, runs: int, work: Path) -> dict[str, Any
     return figures
 
 
-def run_reaction_bench(steps: int = STEPS, runs: int = RUNS) -> dict[str, Any]:
-    """Both shapes, separated first; see the module docstring for the figures and the JSON
-    shape. `steps` per session (at least 2), `runs` sessions per phase. Raises `ValueError` for
-    fewer than 2 steps or no run, `SupervisionError` when a tree does not start or a session
-    does not succeed."""
+def run_reaction_bench(
+    steps: int = STEPS, runs: int = RUNS, cpu_config: Path | None = None
+) -> dict[str, Any]:
+    """Every shape, separated first; see the module docstring for the figures and the JSON
+    shape. `steps` per session (at least 2), `runs` sessions per phase; `cpu_config` a TOML
+    file whose `[cpu]` separated runs with (None: `bench.policy.responsive`). Raises
+    `ValueError` for fewer than 2 steps or no run, `ConfigError` when that file cannot be read,
+    `SupervisionError` when a tree does not start or a session does not succeed."""
     if steps < 2 or runs < 1:
         raise ValueError("a reaction needs at least 2 steps and 1 run")
+    cpu = policy_config(cpu_config)
     with tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp:
         result: dict[str, Any] = {
-            mode: measure(mode == "colocated", steps, runs, Path(tmp)) for mode in MODES
+            mode: measure(mode, steps, runs, Path(tmp), cpu) for mode in MODES
         }
+    result["policy"] = cpu
     result["method"] = {
         "steps": steps,
         "runs": runs,
@@ -272,7 +283,7 @@ def _cells(shape: dict[str, Any], key: str) -> list[str]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The two shapes side by side, for people."""
+    """The shapes side by side, for people."""
     width = 26
     rows: list[tuple[str, list[str]]] = []
     for name in ("p50", "p99", "max"):
@@ -282,7 +293,7 @@ def format_table(result: dict[str, Any]) -> str:
             rows.append((f"runs' {name} min-max idle / loaded, ms", [c[1] for c in cells]))
     for name, key in (("p99", "ratio"), ("p50", "ratio_p50")):
         rows.append((f"slowdown under load ({name} ratio)", [str(result[m][key]) for m in MODES]))
-    lines = [f"{'':40}{'separated':>{width}}{'colocated':>{width}}"]
+    lines = [f"{'':40}" + "".join(f"{m:>{width}}" for m in MODES)]
     lines += [f"{label:40}" + "".join(f"{c:>{width}}" for c in cells) for label, cells in rows]
     method = result["method"]
     lines.append(

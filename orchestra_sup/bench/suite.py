@@ -113,15 +113,17 @@ def _headlines(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
         return rows
     if name == "isolation":
         rows = []
-        for mode in ("separated", "colocated"):
+        for mode in ("separated", "default", "colocated"):
             m = r[mode]
             rows.append(
                 (
                     f"{mode}: turn p99 idle -> loaded",
                     f"{m['idle_turn_p99_ms']} -> {m['loaded_turn_p99_ms']} ms "
-                    f"({m['ratio']}x); shard loop p99 {m['host_loop_p99_ms']} ms",
+                    f"({m['ratio']}x); shard loop p99 {m['host_loop_p99_ms']} ms; "
+                    f"lanes {m['lane_cpu_s_per_s']} CPU s/s",
                 )
             )
+        rows.append(("lanes' throughput under the policy", f"{r['throughput_ratio']}x"))
         return rows
     if name == "reaction":
         return [
@@ -131,7 +133,7 @@ def _headlines(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{r[mode]['loaded']['p50_ms']} / {r[mode]['loaded']['p99_ms']} ms "
                 f"({r[mode]['ratio']}x p99)",
             )
-            for mode in ("separated", "colocated")
+            for mode in ("separated", "default", "colocated")
         ]
     if name == "restart":
         fork, exe, base = r["restart"], r["restart_exec"], r["baseline"]
@@ -181,7 +183,7 @@ def _distributions(name: str, r: dict[str, Any]) -> dict[str, list[float]]:
     if name in ("isolation", "reaction"):
         return {
             f"{mode} {phase}": r[mode]["samples_ms"][phase]
-            for mode in ("separated", "colocated")
+            for mode in ("separated", "default", "colocated")
             for phase in ("idle", "loaded")
         }
     return {}

@@ -68,6 +68,16 @@ HoldCpuLatencyOpt = Annotated[
 ]
 
 
+CpuConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--cpu-config",
+        help="A TOML file whose [cpu] the policy trees run with (default: real time where "
+        "allowed, the control plane on the lowest CPU, lanes idle).",
+    ),
+]
+
+
 @benchmark()
 def relay(
     iterations: Annotated[
@@ -99,16 +109,21 @@ def isolation(
         int | None, typer.Option("--probes", min=2, help="Turns timed per phase (overrides).")
     ] = None,
     hold_cpu_latency: HoldCpuLatencyOpt = False,
+    cpu_config: CpuConfigOpt = None,
 ) -> Measured:
-    """Coordinator turn latency idle and under lane load, separated and colocated, in one run.
+    """Coordinator turn latency idle and under lane load, in one run: separated under the CPU
+    policy, separated at the defaults, colocated; and the lanes' throughput under the policy
+    against the defaults'.
 
-    Exits 2 before any tree starts when --hold-cpu-latency cannot open /dev/cpu_dma_latency.
+    Exits 2 before any tree starts when --hold-cpu-latency cannot open /dev/cpu_dma_latency,
+    or --cpu-config cannot be read.
     Example: orchestra-sup bench isolation --quick --json
     """
     from orchestra_sup.bench.isolation import format_table, run_isolation_bench
 
     return Measured(
-        guarded(lambda: run_isolation_bench(quick, probes, hold_cpu_latency)), _echo(format_table)
+        guarded(lambda: run_isolation_bench(quick, probes, hold_cpu_latency, cpu_config)),
+        _echo(format_table),
     )
 
 
@@ -118,15 +133,19 @@ def reaction(
         int, typer.Option("--steps", min=2, help="Lanes per session, one after the other.")
     ] = 20,
     runs: Annotated[int, typer.Option("--runs", min=1, help="Sessions per phase.")] = 3,
+    cpu_config: CpuConfigOpt = None,
 ) -> Measured:
     """A coordinator program's reaction time (a lane's result reaching the coordinator to its
-    next start_lane reaching a shard), idle and under lane load, separated and colocated.
+    next start_lane reaching a shard), idle and under lane load: separated under the CPU
+    policy, separated at the defaults, colocated.
 
     Example: orchestra-sup bench reaction --steps 20 --runs 2 --json
     """
     from orchestra_sup.bench.reaction import format_table, run_reaction_bench
 
-    return Measured(guarded(lambda: run_reaction_bench(steps, runs)), _echo(format_table))
+    return Measured(
+        guarded(lambda: run_reaction_bench(steps, runs, cpu_config)), _echo(format_table)
+    )
 
 
 @benchmark()

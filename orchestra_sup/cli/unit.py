@@ -41,6 +41,7 @@ from orchestra_sup.errors import ConfigError
 from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S
 from orchestra_sup.supervisor.shape import SHARD_STOP_MARGIN_S
 from orchestra_sup.system.cgroups import KILL_TIMEOUT_S
+from orchestra_sup.system.cpupolicy import RTTIME_HARD_MARGIN_S, format_cpus, parse_cpus
 from orchestra_sup.system.pathcheck import check_text, shown
 
 NAME = "orchestra-sup"
@@ -295,9 +296,7 @@ def render(spec: UnitSpec) -> str:
         "user namespaces).",
         "NoNewPrivileges=yes",
     )
-    directive(
-        "Lanes cannot claim real-time scheduling and starve the tree.", "RestrictRealtime=yes"
-    )
+    lines += _cpu_policy(spec)
     directive("Lanes cannot make setuid or setgid files.", "RestrictSUIDSGID=yes")
     directive("No execution-domain changes (personality(2)).", "LockPersonality=yes")
     if not spec.user:
@@ -364,4 +363,49 @@ def _system_sandbox(spec: UnitSpec) -> list[str]:
         )
     else:
         add("The tree's temporary files are its own, removed at stop.", "PrivateTmp=yes")
+    return lines
+
+
+def _cpu_policy(spec: UnitSpec) -> list[str]:
+    """The directives of `[cpu]` (`system.cpupolicy`): with real time off, lanes and tree alike
+    are kept out of it (`RestrictRealtime=`); with it on, the limits that let the tree take it."""
+    cpu = spec.settings.cpu
+    if cpu.realtime == "off":
+        return [
+            "# Nothing in the unit can claim real-time scheduling and starve the tree "
+            "([cpu] realtime is off).",
+            "RestrictRealtime=yes",
+        ]
+    lines = [
+        f"# [cpu] realtime = {cpu.realtime}: the supervisor takes SCHED_FIFO {cpu.rt_priority} "
+        "itself once started, its control plane one below (system/cpupolicy.py). Not "
+        "CPUSchedulingPolicy=: the interpreter's start-up would run in real time, under "
+        "RLIMIT_RTTIME. Not RestrictRealtime=: it forbids the tree's own class; lanes get "
+        "RLIMIT_RTPRIO 0 instead.",
+    ]
+    if spec.user:
+        lines.append(
+            "# No LimitRTPRIO=: a user manager cannot raise it; grant the user a hard "
+            "RLIMIT_RTPRIO (limits.conf) or realtime = auto runs without real time."
+        )
+    else:
+        lines += [
+            f"# Real time up to the real-time guard's priority ({cpu.rt_priority + 1}, one above "
+            "the tree) without CAP_SYS_NICE, should User= be set.",
+            f"LimitRTPRIO={cpu.rt_priority + 1}",
+        ]
+    soft = round(cpu.rttime_s * 1e6)
+    hard = soft + round(RTTIME_HARD_MARGIN_S * 1e6)
+    lines += [
+        f"# The runaway guard beside the watchdog: a real-time thread that runs {cpu.rttime_s:g} s "
+        f"without blocking gets SIGXCPU, SIGKILL {RTTIME_HARD_MARGIN_S:g} s later ([cpu] "
+        "rttime_s; the supervisor sets the same).",
+        f"LimitRTTIME={soft}:{hard}",
+    ]
+    if cpu.reserved_cpus:
+        lines += [
+            "# [cpu] reserved_cpus: the supervisor starts on the control plane's CPUs; shards, and "
+            "the lanes they start, widen back to the unit's cpuset (AllowedCPUs=).",
+            f"CPUAffinity={format_cpus(parse_cpus(cpu.reserved_cpus)).replace(',', ' ')}",
+        ]
     return lines

@@ -16,22 +16,12 @@ import msgspec
 
 from orchestra_sup.paths import default_state_dir
 from orchestra_sup.system.cgroups import cgroup2_root
+from orchestra_sup.system.doctorlayer import Layer
 from orchestra_sup.system.isolation import bwrap_problem, resolve, resolve_lane_user, uid_problem
 from orchestra_sup.system.laneuser import FIRST_UID, decide, lane_needs
 from orchestra_sup.system.v1cgroups import v1_controller
 
 __all__ = ["Layer", "Report", "diagnose"]
-
-
-class Layer(msgspec.Struct, frozen=True, kw_only=True):
-    """One layer: `name`, whether it is `available` here, `detail` (where it is, or why not)
-    and whether orchestra-sup `uses` it in the mode "auto" picks (False for a layer it does not
-    apply yet, such as Landlock)."""
-
-    name: str
-    available: bool
-    detail: str
-    used: bool
 
 
 class Report(msgspec.Struct, frozen=True, kw_only=True):

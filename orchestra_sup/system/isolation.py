@@ -274,11 +274,14 @@ def rlimits(settings: IsolationSettings, cpu_s: float | None) -> dict[int, int]:
     grant). RLIMIT_CPU is per process and a backstop: the lane's `BudgetWatch` stops the lane as
     a whole when it spends its grant (the `budget_exhaustion` the coordinator acts on), so the
     rlimit is one second past it (`CPU_MARGIN_S`; at least 1 s), for a process the watch could
-    not see; SIGXCPU at the soft limit, SIGKILL one second later (`set_rlimits_fn`)."""
+    not see; SIGXCPU at the soft limit, SIGKILL one second later (`set_rlimits_fn`).
+    RLIMIT_RTPRIO is 0: a lane without CAP_SYS_NICE cannot take a real-time class and starve
+    the control plane (`[cpu] realtime`; the unit's `RestrictRealtime=` cannot be kept then)."""
     limits = {
         resource.RLIMIT_AS: settings.max_memory_bytes,
         resource.RLIMIT_NOFILE: settings.max_open_files,
         resource.RLIMIT_FSIZE: settings.max_file_bytes,
+        resource.RLIMIT_RTPRIO: 0,
     }
     if cpu_s is not None:
         limits[resource.RLIMIT_CPU] = max(1, math.ceil(cpu_s + CPU_MARGIN_S))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.bench.isolation import MODES
+from orchestra_sup.bench.policy import responsive
 from tests.integration.harness import Tree, assert_no_leftovers, osup, plan, task
 
 pytestmark = pytest.mark.integration
@@ -38,14 +40,15 @@ def test_a_finished_task_reports_when_its_start_and_its_result_arrived(
 
 
 def test_bench_reaction_emits_well_formed_json() -> None:
-    """Both shapes, both phases: p50 <= p99 <= max over the pooled reactions (steps - 1 per
+    """Every shape, both phases: p50 <= p99 <= max over the pooled reactions (steps - 1 per
     run), the spread over the runs, the ratios, and every step's two stamps there and ordered;
     nothing is left running."""
     done = osup("bench", "reaction", "--steps", str(STEPS), "--runs", str(RUNS), "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["method"]["steps"] == STEPS and result["method"]["runs"] == RUNS
-    for mode in ("separated", "colocated"):
+    assert result["policy"] == responsive()
+    for mode in MODES:
         shape = result[mode]
         for phase in ("idle", "loaded"):
             figures = shape[phase]

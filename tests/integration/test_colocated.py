@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from orchestra_sup.bench.isolation import MODES
+from orchestra_sup.bench.policy import responsive
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree, wait_plan
 from orchestra_sup.protocol import frames as f
@@ -87,8 +88,9 @@ def _wait_generation(client: CtlClient, name: str, generation: int) -> None:
 
 
 def test_bench_isolation_emits_well_formed_json() -> None:
-    """Both modes with a handful of probes: every documented figure is present and positive, and
-    the machine it ran on is recorded, with --hold-cpu-latency held where this process may."""
+    """Every mode with a handful of probes: every documented figure is present and positive,
+    the lanes' throughput and its ratio, and the machine it ran on is recorded, with
+    --hold-cpu-latency held where this process may."""
     hold = cpu_latency_holdable()
     out = subprocess.run(
         [sys.executable, "-m", "orchestra_sup", "bench", "isolation", "--probes", "5", "--json"]
@@ -100,8 +102,9 @@ def test_bench_isolation_emits_well_formed_json() -> None:
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    for mode in ("separated", "colocated"):
+    for mode in MODES:
         figures = result[mode]
+        assert figures["lane_cpu_s_per_s"] > 0, mode  # the load ran
         for key in (
             "idle_turn_p50_ms",
             "idle_turn_p99_ms",
@@ -122,9 +125,11 @@ def test_bench_isolation_emits_well_formed_json() -> None:
     assert result["method"]["probes_per_phase"] == 5
     machine = result["machine"]
     assert_machine_record(machine, held=hold)
-    # the probe client runs at the coordinator's niceness (inherited here: both are ours)
-    assert machine["probe_nice"] == machine["coordinator_nice"]
-    assert machine["coordinator_nice"] == {m: os.getpriority(os.PRIO_PROCESS, 0) for m in MODES}
+    # the probe client runs at the coordinator's class, niceness and affinity, in every mode
+    assert machine["probe"] == machine["coordinator"] and set(machine["probe"]) == set(MODES)
+    assert machine["coordinator"]["default"] == result["default"]["cpu"]["coordinator"]
+    assert result["throughput_ratio"] > 0
+    assert machine["policy"] == responsive()
 
 
 def test_bench_isolation_refuses_an_unholdable_cpu_latency_in_one_line(tmp_path: Path) -> None:

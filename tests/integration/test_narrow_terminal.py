@@ -106,10 +106,11 @@ def test_piped_status_keeps_every_line_whole(busy_tree: tuple[Tree, str, str]) -
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"supervisor pid {tree.proc.pid}  orchestra-sup ")
     assert "  loop lag ms p50/p99/max " in lines[0] and "  ctl refused 0  " in lines[0]
-    assert lines[0].endswith(" of 32 (refused 0)")  # ctl connections, the last fact
+    assert " of 32 (refused 0)  cpu other nice 0, cpus " in lines[0]  # ctl connections
+    assert lines[0].endswith("  lanes' cpu nice, nice 10")  # the CPU policy, the last fact
     assert f"state dir {tree.state_dir}" in lines
     header = next(line for line in lines if line.startswith("name "))
-    assert header.split("  ")[0] == "name" and header.rstrip().endswith("internal")
+    assert header.split("  ")[0] == "name" and header.rstrip().endswith("internal  cpu")
     for child in tree.status().children:
         cells = row_of(lines, child.name)
         assert len(cells) == len(render.STATUS_FIELDS) and cells[2] == str(child.pid), cells

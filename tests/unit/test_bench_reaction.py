@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestra_sup.bench.isolation import MODES
 from orchestra_sup.bench.reaction import format_table, phase_figures, reactions, shape_figures
 
 MS = 1_000_000
@@ -74,9 +75,9 @@ def test_shape_figures_divide_loaded_by_idle() -> None:
 def test_the_table_shows_both_shapes_and_the_spread() -> None:
     shape = shape_figures([[1.0, 2.0], [3.0]], [[4.0, 6.0], [5.0]])
     method = {"runs": 2, "steps": 3, "loaded_lanes": 16}
-    text = format_table({"separated": shape, "colocated": shape, "method": method})
+    text = format_table({m: shape for m in MODES} | {"method": method})
     lines = text.splitlines()
-    assert lines[0].split() == ["separated", "colocated"]
+    assert lines[0].split() == ["separated", "default", "colocated"]
     assert (
         "runs' p99 min-max idle / loaded, ms" in text and "2.0-3.0 / 5.0-6.0" in text
     )  # each run's p99: 2, 3 idle; 6, 5 loaded

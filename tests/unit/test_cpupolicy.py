@@ -8,14 +8,17 @@ import pytest
 
 from orchestra_sup.config import settings_from_mapping
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.system.cpudoctor import LANE_LAYERS, cpu_layers
 from orchestra_sup.system.cpupolicy import (
     CpuPlan,
     CpuSettings,
     format_cpus,
     in_force,
     parse_cpus,
+    realtime_refusal,
     role_plans,
 )
+from orchestra_sup.system.lanecpu import layer_here
 
 
 @pytest.mark.parametrize(
@@ -83,3 +86,15 @@ def test_what_is_in_force_reads_the_kernel() -> None:
     assert line.endswith(f"cpus {format_cpus(frozenset(os.sched_getaffinity(0)))}")
     assert line.startswith("other nice ") or line.startswith("fifo ")
     assert in_force(2**22 + 1) == ""  # no such process
+
+
+def test_doctor_says_which_cpu_layers_work_here_and_which_auto_takes() -> None:
+    layers = {layer.name: layer for layer in cpu_layers()}
+    allowed = realtime_refusal(5) is None
+    assert layers["real time"].available is layers["real time"].used is allowed
+    lane_layers = [name for name in LANE_LAYERS if layers[name].used]
+    assert len(lane_layers) == 1  # exactly one layer puts lanes below the hosts
+    assert layers[lane_layers[0]].available
+    expected = {"cpu.idle": "cpu.idle cgroup", "cpu.shares": "cpu.shares cgroup"}
+    assert lane_layers[0] == expected.get(layer_here("idle"), "SCHED_IDLE")
+    assert not layers["affinity"].used  # reserved CPUs are the operator's choice

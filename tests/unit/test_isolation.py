@@ -204,13 +204,15 @@ def test_python_paths_name_this_release_s_package_directory(
 
 
 def test_rlimits_map_settings_and_the_cpu_grant() -> None:
-    """AS, NOFILE and FSIZE from the settings; CPU one second past the grant's seconds left
-    (the budget stop comes first), rounded up, at least 1; none without a grant."""
+    """AS, NOFILE and FSIZE from the settings, no real-time priority; CPU one second past the
+    grant's seconds left (the budget stop comes first), rounded up, at least 1; none without a
+    grant."""
     settings = IsolationSettings(max_memory_bytes=1 << 30, max_open_files=256, max_file_bytes=4096)
     assert rlimits(settings, None) == {
         resource.RLIMIT_AS: 1 << 30,
         resource.RLIMIT_NOFILE: 256,
         resource.RLIMIT_FSIZE: 4096,
+        resource.RLIMIT_RTPRIO: 0,
     }
     assert rlimits(settings, 2.1)[resource.RLIMIT_CPU] == 4
     assert rlimits(settings, -5.0)[resource.RLIMIT_CPU] == 1

@@ -24,7 +24,7 @@ from orchestra_sup.cli.unit import (
     unit_name,
     watchdog_sec,
 )
-from orchestra_sup.config import Settings, ShardSettings, SupervisorSettings
+from orchestra_sup.config import Settings, ShardSettings, SupervisorSettings, settings_from_mapping
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S, build_tree
 from orchestra_sup.system.cgroups import KILL_TIMEOUT_S
@@ -492,3 +492,37 @@ def test_cli_refuses_a_path_that_would_inject_a_directive(
         f"orchestra-sup: {option} {value!r}: holds a control character "
         f"(U+000A at index {value.index(chr(10))}); a path may not"
     ]
+
+
+REALTIME = settings_from_mapping(
+    {"cpu": {"realtime": "auto", "rt_priority": 7, "rttime_s": 0.5, "reserved_cpus": "0"}}
+)
+
+
+def test_the_cpu_policy_s_directives_follow_the_config() -> None:
+    """[cpu] realtime off: RestrictRealtime=yes, nothing else. On: the limits that let the
+    tree take real time (up to the guard's priority, one above the tree's), RLIMIT_RTTIME as
+    the supervisor sets it, the reserved CPUs; no RestrictRealtime=, which would forbid it."""
+    plain = directives(render(UnitSpec(command=OUTSIDE_TMP)))
+    assert one(plain, "RestrictRealtime") == "yes"
+    for key in ("LimitRTPRIO", "LimitRTTIME", "CPUAffinity", "CPUSchedulingPolicy"):
+        assert key not in plain, key
+    found = directives(render(UnitSpec(command=OUTSIDE_TMP, settings=REALTIME)))
+    assert one(found, "LimitRTPRIO") == "8"
+    assert one(found, "LimitRTTIME") == "500000:1500000"
+    assert one(found, "CPUAffinity") == "0"
+    assert "RestrictRealtime" not in found and "CPUSchedulingPolicy" not in found
+    user = directives(render(UnitSpec(command=OUTSIDE_TMP, user=True, settings=REALTIME)))
+    assert "LimitRTPRIO" not in user and one(user, "LimitRTTIME") == "500000:1500000"
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("user", [False, True], ids=["system", "user"])
+def test_systemd_analyze_verify_takes_the_cpu_policy(tmp_path: Path, user: bool) -> None:
+    spec = UnitSpec(command=installed_command(), user=user, settings=REALTIME)
+    path = tmp_path / unit_name(False)
+    path.write_text(render(spec))
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    argv = [ANALYZE, *(["--user"] if user else []), "verify", str(path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
