@@ -22,8 +22,9 @@ For each, in a fresh private tree with `SHARDS` shards of `LANES_PER_SHARD` lane
    thread (`bench.policy.probe_like`), and gives them back after the mode.
 2. Loaded: a plan of `SHARDS * LANES_PER_SHARD` lanes, each a Python program that burns CPU and
    streams its output as fast as its shard drains it (`BURNER`), until all are running; then the
-   same probes again, while the lanes' CPU seconds per second are read (`bench.policy.LaneCpu`:
-   every process under the shards, over the loaded probes). The lanes are cancelled afterwards.
+   same probes again, while the lanes' CPU seconds per second are read
+   (`bench.policy.LaneThroughput`: every process under the shards, over the loaded probes). The
+   lanes are cancelled afterwards.
 3. Event-loop lag of every process: from `ctl status` (each child's p99 over its sliding window of
    the last minute) after each phase.
 
@@ -50,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestra_sup.bench import machine
-from orchestra_sup.bench.policy import LaneCpu, policy_config, probe_like, write_config
+from orchestra_sup.bench.policy import LaneThroughput, policy_config, probe_like, write_config
 from orchestra_sup.bench.stats import summary
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree, wait_plan
@@ -149,7 +150,7 @@ def _phases(client: CtlClient, probes: int, lanes: int) -> dict[str, Any]:
     accepted = client.request(f.CtlSubmit(plan=load), timeout_s=30.0)
     assert isinstance(accepted, f.PlanAccepted)
     _wait_running(client, accepted.id, lanes)
-    throughput = LaneCpu(client)
+    throughput = LaneThroughput(client)
     throughput.start()
     loaded = _turns(client, probe_plan, probes)
     lane_cpu = throughput.stop()

@@ -4,11 +4,12 @@ probe client at the coordinator's class, and the lanes' throughput beside it.
 - `policy_config`: the `[cpu]` table a bench tree runs with. By default `RESPONSIVE`: real time
   where allowed, the control plane on the lowest CPU this process may use (when it may use two
   or more), lanes in the idle group. `--cpu-config FILE` replaces it with that file's `[cpu]`.
-- `probe_like(pid)`: this process, the probe client, takes the class, priority, niceness and
-  affinity of process `pid` (the coordinator), on every thread (its ZeroMQ I/O thread is on the
-  turn's path too), so each hop of a turn runs at one rank; `as_before` gives the old ones back.
-- `LaneCpu`: the CPU seconds per second the lanes under a tree's shards spent between two reads
-  (psutil, every descendant of every shard process).
+- `probe_like(client)`: this process, the probe client, takes the class, priority, niceness and
+  affinity of the tree's coordinator process, on every thread (its ZeroMQ I/O thread is on the
+  turn's path too), so each hop of a turn runs at one rank; the `Rank` it returns gives the old
+  ones back (`Rank.take`).
+- `LaneThroughput`: the CPU seconds per second the lanes under a tree's shards spent between two
+  reads (psutil, every descendant of every shard process).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def probe_like(client: CtlClient) -> tuple[Rank, dict[str, str]]:
     return before, {"probe": in_force(os.getpid()), "coordinator": in_force(coordinator)}
 
 
-class LaneCpu:
+class LaneThroughput:
     """CPU seconds per second of the lanes under a tree's shards, from `start()` to `stop()`."""
 
     def __init__(self, client: CtlClient):
