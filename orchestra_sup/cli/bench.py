@@ -72,7 +72,7 @@ CpuConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--cpu-config",
-        help="A TOML file whose [cpu] the policy trees run with (default: real time where "
+        help="A TOML file whose \\[cpu] table the policy tree runs with (default: real time where "
         "allowed, the control plane on the lowest CPU, lanes idle).",
     ),
 ]

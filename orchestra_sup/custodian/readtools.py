@@ -5,7 +5,10 @@ the first three on its front thread (`custodian/role.py`) and `search` in a chil
 history tools, `diff` and `log`, are in `custodian.history`). Every `path` argument is relative
 to the workspace root, slash-separated, a str as `os.fsdecode` makes it (any name the file system
 allows; `path_param` reads it from a request), and goes through `resolve`, which refuses anything
-that would leave the root or enter a `.git` directory by raising `PathEscape`. Every name in an
+that would leave the root or enter a `.git` directory by raising `PathEscape`. Every `root`
+argument is the root's realpath, as the custodian's `Workspace.root` is (`open_workspace`
+resolves it once): it is not resolved again per call, which cost a read's round trip a lstat
+per component of the root's own path. Every name in an
 answer is in the wire form of `protocol.names` (`display_path` names the path). Bad parameters
 (a bad regex, a limit out of range) raise `RemoteError(BAD_REQUEST, ...)` (`bad_request`). None
 of the tools writes anything.
@@ -61,15 +64,17 @@ def display_path(parts: tuple[str, ...]) -> str:
 def resolve(root: Path, path: str) -> Path:
     """Map a workspace-relative `path` to a filesystem path inside `root`.
 
-    `""` and `"."` mean the root itself. Returns the realpath of `root` joined with the normalised
-    `path`; its last component is not resolved, so a caller can still `lstat` a symlink.
+    `""` and `"."` mean the root itself. Returns `root` (a realpath: module docstring) joined
+    with the normalised `path`; its last component is not resolved, so a caller can still
+    `lstat` a symlink. Given a `root` that is not a realpath, the check still fails closed: a
+    symlink below it resolves outside it, so it is refused.
 
     Raises `PathEscape(path)` when `path`
       * is absolute, or contains a NUL byte;
       * has any `..` component (even one that would stay inside);
       * has a component named `.git` (any case);
-      * resolves, with every symlink followed, to a location outside the realpath of `root`, or
-        inside one of its `.git` directories.
+      * resolves, with every symlink followed, to a location outside `root`, or inside one of
+        its `.git` directories.
     The target need not exist (a missing file is the caller's `FileNotFoundError` to raise).
     """
     return Path(_resolve(root, path, _parts(path)))
@@ -81,7 +86,7 @@ def _resolve(root: Path, path: str, parts: tuple[str, ...]) -> str:
     # not exist ends the walk, as it ends os.path.realpath's (nothing below it exists either).
     # So walk with one lstat per component, and only a symlink pays for the full realpath check.
     # This is the reads' hot path: realpath on root and candidate cost ~20 us of a ~100 us trip.
-    real_root = os.path.realpath(root)
+    real_root = os.fspath(root)
     candidate = os.path.join(real_root, *parts)
     walked = real_root
     for part in parts:

@@ -12,7 +12,7 @@ import sys
 
 from orchestra_sup import logformat
 from orchestra_sup.errors import OrchestraError
-from orchestra_sup.node.roles import make_role
+from orchestra_sup.node.roles import loop_factory, make_role
 from orchestra_sup.protocol.childargs import ChildArgs, decode
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.system import cpupolicy
@@ -27,7 +27,8 @@ def run(args: ChildArgs) -> int:
     The child's CPU policy (`ChildArgs.cpu`) is applied first; a step the kernel refuses is
     logged and the child runs without it. Logging is configured afresh (`logformat.configure`
     replaces every handler): a forked child must not keep handlers it inherited. Its lines
-    carry `args.name` and `args.generation`.
+    carry `args.name` and `args.generation`. The node runs on the event loop its role's
+    `roles.loop_factory` makes (uvloop's or asyncio's).
     """
     logformat.configure(args.name, args.generation, args.log_format)
     try:  # first: before any thread (ZeroMQ's among them) starts, so they inherit it
@@ -40,7 +41,8 @@ def run(args: ChildArgs) -> int:
         log.error("%s: %s", args.name, exc)
         return 2
     try:
-        return asyncio.run(Node(args, role).run())
+        with asyncio.Runner(loop_factory=loop_factory(args.role)) as runner:
+            return runner.run(Node(args, role).run())
     except OrchestraError as exc:
         log.error("%s: %s", args.name, exc)
         return 2

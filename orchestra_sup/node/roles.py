@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
+import uvloop
+
 from orchestra_sup.runtime.node import Role
 
 ROLES = ("coordinator", "custodian", "shard")
+
+UVLOOP_ROLES = frozenset({"coordinator"})
+"""The roles whose own process runs on uvloop's event loop; the others run on asyncio's.
+
+The coordinator waits on its loop for every relayed reply, which uvloop wakes for sooner
+(`bench relay`, ADR 0001). The custodian answers the relay's reads on its front thread, off the
+loop: its loop measured no gain there, so its git and search children stay asyncio's. A shard
+cannot: uvloop's `subprocess_exec` refuses `process_group`, with which `shards.shell` makes each
+lane's command the leader of the group it kills. A colocated tree runs every role on the
+supervisor's loop, asyncio's (docs/adr/0001-loop-driven-zeromq.md, issue 20)."""
+
+
+def loop_factory(role: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the event loop of a child playing `role` (for `asyncio.Runner`): uvloop's for
+    the roles in `UVLOOP_ROLES`, None (asyncio's default) for the others."""
+    return uvloop.new_event_loop if role in UVLOOP_ROLES else None
 
 
 def make_role(role: str) -> Role:

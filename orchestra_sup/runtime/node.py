@@ -105,6 +105,12 @@ class Role(Protocol):
         """Stop the role's work and flush its state; called once on SIGTERM."""
 
 
+def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
+    """Which event loop implementation `loop` is, by its top-level package: "uvloop" or
+    "asyncio" (another's package name for any other)."""
+    return type(loop).__module__.partition(".")[0]
+
+
 async def debug_raise(name: str) -> f.Body:
     """The work of a `raise_in_task` debug hook: a task serving a request that raises."""
     await asyncio.sleep(0)
@@ -162,6 +168,7 @@ class Node:
     async def run(self) -> int:
         if not self.hosting.arm(self.stopping.set, self.args.supervisor_pid):
             return 1  # orphaned before the death signal was armed
+        log.info("%s: event loop %s", self.name, loop_kind(asyncio.get_running_loop()))
         self.retitle()
         await self.role.open(self)
         self.retitle()  # what the role opened with (the coordinator's plans not done)

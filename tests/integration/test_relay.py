@@ -132,6 +132,26 @@ def bench_relay(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.parametrize("spawn", ["fork", "exec"])
+def test_the_coordinator_runs_on_uvloop_and_the_others_on_asyncio(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path, spawn: str
+) -> None:
+    """The relay's waiting side, the coordinator, runs on uvloop; the custodian and the shards
+    on asyncio's loop (node.roles.UVLOOP_ROLES, ADR 0001). Each child names the loop it is
+    running on when it starts, forked from the template or exec'd alike."""
+    config = tmp_path / "spawn.toml"
+    config.write_text(f'[supervisor]\nspawn = "{spawn}"\n')
+    tree = tree_factory(workspace=repo, shards=1, config=config)
+    expected = {"coordinator": "uvloop", "custodian": "asyncio", "shard-0": "asyncio"}
+
+    def said() -> bool:
+        log = tree.log()
+        return all(f"{name}: event loop {kind}" in log for name, kind in expected.items())
+
+    wait_until(said, 10.0, "every child's event-loop line")
+    assert call(tree, "stat", path="README")["type"] == "file"  # type: ignore[index]
+
+
 def test_bench_relay_emits_well_formed_json() -> None:
     """`bench relay` with tiny counts: a floor, three relays (message_lane to a live lane among
     them), ratios, p99.9 and max, every sample, the machine, and how it was measured."""
