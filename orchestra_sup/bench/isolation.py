@@ -32,7 +32,8 @@ Figures: `idle_turn_p50_ms`, `idle_turn_p99_ms`, `loaded_turn_p50_ms`, `loaded_t
 (each p99 with its `_p999_ms` and `_max_ms` beside it), `ratio` (loaded p99 / idle p99: how much
 the load slowed the coordinator down), `host_loop_p99_ms` (the worst shard loop-lag p99 under
 load), `coordinator_loop_p99_ms` (the coordinator's, under load), `lane_cpu_s_per_s` (the
-lanes' throughput under load), `cpu` (each process's class as `ctl status` shows it). Top level:
+lanes' throughput under load), `cpu` (each process's class as `ctl status` shows it),
+`rt_demoted` (processes the real-time guard put back in SCHED_OTHER: 0 in a clean run). Top level:
 `throughput_ratio`, separated's lane CPU seconds per second over default's: what the policy
 costs the lanes. Target (issues 6, 20): separated ratio <= 1.2 while colocated degrades by an
 order of magnitude, and `throughput_ratio` >= 0.9.
@@ -185,6 +186,7 @@ def _phases(client: CtlClient, probes: int, lanes: int) -> dict[str, Any]:
         "lane_cpu_s_per_s": lane_cpu,
         "cpu": {"supervisor": status.cpu, "lanes": status.lane_cpu}
         | {c.name: c.cpu for c in status.children},
+        "rt_demoted": status.rt_demoted,
         "samples_ms": {
             "idle": [round(x, 4) for x in idle],
             "loaded": [round(x, 4) for x in loaded],

@@ -37,7 +37,8 @@ reaction of the phase's runs pooled (`steps - 1` per run; nearest rank: with few
 reactions the p99 is the maximum), and `spread`: the median, min and max over the runs of each
 run's own p50 and p99, as `bench plan` reports its runs. `ratio` is loaded p99 / idle p99 and
 `ratio_p50` loaded p50 / idle p50, as `bench isolation` divides. `samples_ms` keeps every
-reaction, for plots (`bench all`).
+reaction, for plots (`bench all`). `cpu` is each process's class as `ctl status` shows it at
+the end, and `rt_demoted` the processes the real-time guard demoted (0 in a clean run).
 """
 
 from __future__ import annotations
@@ -234,10 +235,16 @@ def measure(mode: str, steps: int, runs: int, work: Path, cpu: dict[str, Any]) -
         finally:
             for lane in load:
                 client.request(f.CtlCancel(lane=lane), timeout_s=30.0)
+        status = client.request(f.CtlStatus(), timeout_s=30.0)
+        assert isinstance(status, f.StatusReply)
     figures = shape_figures(
         [reactions(s) for s in raw["idle"]], [reactions(s) for s in raw["loaded"]]
     )
     figures["steps"] = {p: [[list(s) for s in run] for run in raw[p]] for p in PHASES}
+    figures["cpu"] = {"supervisor": status.cpu, "lanes": status.lane_cpu} | {
+        c.name: c.cpu for c in status.children
+    }
+    figures["rt_demoted"] = status.rt_demoted
     return figures
 
 

@@ -4,12 +4,16 @@ What a turn of the coordinator waits for, when every lane burns CPU, is the kern
 processes on its path against busy lanes on two vCPUs (issue 20 measured 11x at p99). The policy
 ranks the tree's processes by what the machine allows, in this order:
 
-1. Real time (`realtime`): the supervisor in SCHED_FIFO at `rt_priority`, the coordinator and the
-   custodian one below it (a supervisor must be able to stop a child that spins), each with
+1. Real time (`realtime`): the supervisor in SCHED_FIFO at `rt_priority`, the coordinator one
+   below it (a supervisor must be able to stop a child that spins), and the custodian's front
+   and I/O threads one below too (its loop runs git and reaps it: `CpuPlan.loop`), each with
    `SCHED_RESET_ON_FORK` so nothing it spawns (git, bubblewrap, a release probe, the fork
    template) inherits the class, and with `RLIMIT_RTTIME` (`rttime_s`) as the runaway guard
    beside the watchdog: a real-time thread that runs that long without blocking gets SIGXCPU,
-   and SIGKILL one second later (setrlimit(2)), so a spin cannot hold a CPU for longer.
+   and SIGKILL one second later (setrlimit(2)). What RLIMIT_RTTIME cannot stop (a thread
+   looping in the kernel, or one that blocks for an instant now and then) the supervisor's
+   real-time guard demotes (`system.rtguard`); and a wait that may loop in the kernel on work
+   done at a lower priority, a reap, runs in SCHED_OTHER (`ordinary`).
 2. Affinity (`reserved_cpus`): the control plane pinned to those CPUs, so the hops of a turn
    wake one another on one warm CPU; the hosts (and the lanes they spawn) keep every CPU of the
    machine (`machine_cpus`: the cpuset, not the mask the supervisor was started with).
@@ -21,7 +25,7 @@ The shards (hosts) stay in SCHED_OTHER at nice 0: above the lanes, below the con
 Threads: a scheduling class is per thread, and a thread created by one in a class with
 `SCHED_RESET_ON_FORK` starts in SCHED_OTHER. A real-time process therefore applies its class to
 the threads on a turn's path itself: libzmq's I/O threads (`zmq_options`, set on the context
-before its first socket) and a front thread (`enter_thread`). Other threads (asyncio's executor,
+before its first socket) and a front thread (`same_class`). Other threads (asyncio's executor,
 LMDB's write-behind) do slow work and stay in SCHED_OTHER.
 
 `realtime = "off"` and `lanes = "nice"` (the defaults) keep the tree as it was before `[cpu]`:
@@ -57,9 +61,9 @@ class CpuSettings(msgspec.Struct, frozen=True, kw_only=True):
     """`[cpu]` (see the module docstring).
 
     - `realtime`: "off" (default), "auto" (real time where this process may take it, else off),
-      "on" (refused at start where it may not: `refusal`).
+      "on" (refused at start where it may not: `check_realtime`).
     - `rt_priority`: the supervisor's SCHED_FIFO priority (2..97, default 5); the coordinator
-      and the custodian run one below.
+      and the custodian's front run one below, the real-time guard one above.
     - `rttime_s`: RLIMIT_RTTIME's soft limit, CPU seconds a real-time thread may run without
       blocking (0.05..60, default 1.0); SIGKILL `RTTIME_HARD_MARGIN_S` later.
     - `reserved_cpus`: CPUs the control plane is pinned to, as `taskset -c` writes them ("0",
