@@ -146,3 +146,22 @@ def test_a_hog_that_dodges_rlimit_rttime_is_put_back_in_sched_other_by_the_guard
     assert status.cpu == f"fifo 5, cpus {RESERVED}"  # the supervisor kept its class
     coordinator = next(c for c in status.children if c.name == "coordinator")
     assert coordinator.pid == hogging and coordinator.cpu == f"other nice 0, cpus {RESERVED}"
+
+
+def test_a_supervisor_in_real_time_re_executes_itself_and_takes_its_class_again(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """`ctl rollover supervisor` under a short RLIMIT_RTTIME (50 ms): the new image imports
+    itself as a fresh start does, in SCHED_OTHER (a class and an rlimit survive execve, and an
+    interpreter's start-up runs that long without blocking: SIGXCPU took the tree down), then
+    takes its class again; every child stays the same process."""
+    tree = policy_tree(tree_factory, tmp_path, rttime_s="0.05")
+    before = tree.status()
+    argv = [sys.executable, "-m", "orchestra_sup", "ctl", "rollover", "supervisor"]
+    argv += ["--run-dir", str(tree.run_dir), "--timeout", "20"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = tree.status()
+    assert after.supervisor_pid == before.supervisor_pid
+    assert after.cpu == f"fifo 5, cpus {RESERVED}"
+    assert {c.name: c.pid for c in after.children} == {c.name: c.pid for c in before.children}
