@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.system.cgroups import TOP, tree_id
 from orchestra_sup.system.cpupolicy import format_cpus, machine_cpus, realtime_refusal
+from orchestra_sup.system.v1cgroups import v1_controller
 from tests.integration.harness import Tree, plan, task, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,3 +167,33 @@ def test_a_supervisor_in_real_time_re_executes_itself_and_takes_its_class_again(
     assert after.supervisor_pid == before.supervisor_pid
     assert after.cpu == f"fifo 5, cpus {RESERVED}"
     assert {c.name: c.pid for c in after.children} == {c.name: c.pid for c in before.children}
+
+
+def test_a_killed_shards_lane_cgroups_are_removed_from_the_v1_hierarchies(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """SIGKILL to a shard whose lane runs: once the supervisor has killed what the lane left,
+    the dead generation's directories in the v1 cpu (the idle group), memory and pids
+    hierarchies are gone too, not left behind for good (a next generation makes its own)."""
+    tree = policy_tree(tree_factory, tmp_path)
+    if tree.status().lane_cpu.split(",")[0] not in ("cpu.idle", "cpu.shares"):
+        pytest.skip("no v1 cpu controller for the lanes' group here")
+    tree.submit(plan("long", task("long", "sleep 60")))
+
+    def running() -> bool:
+        reply = tree.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        return any(lane.state == "running" for lane in reply.lanes)
+
+    wait_until(running, 20, "the lane to run")
+    dirs = [
+        own / TOP / tree_id(tree.run_dir) / "shard-0.1"
+        for own in map(v1_controller, ("cpu", "memory", "pids"))
+        if own is not None
+    ]
+    assert all(d.is_dir() for d in dirs), dirs
+    shard = tree.child("shard-0")
+    assert shard.pid is not None
+    os.kill(shard.pid, signal.SIGKILL)
+    wait_until(lambda: tree.child("shard-0").generation == 2, 20, "the next generation")
+    wait_until(lambda: not any(d.exists() for d in dirs), 20, "the dead generation's cgroups")
