@@ -63,7 +63,7 @@ from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.children import Children
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import ExitCause, Seam, Supervisor, Worker
-from orchestra_sup.supervisor.cpu import SupervisorCpu
+from orchestra_sup.supervisor.cpu import SupervisorCpu, previous_exit
 from orchestra_sup.supervisor.ctl import CtlService
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.metrics import MetricsServer, start_server
@@ -412,7 +412,7 @@ class RootSupervisor:
             workspace=str(self.paths.workspace) if self.paths.workspace else None,
             supervisor_pid=os.getpid(),
             boot=self.boot,
-            previous_exit=str(worker.last_cause or ""),
+            previous_exit=previous_exit(worker),
             **settings_args(self.settings, worker.spec.role),
             log_format=self.log_format,
             keys_dir=remote.keys_dir if (remote := self.sockets.remote_ctl) is not None else None,

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.coordinator.seat import MAX_WEDGES
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.system.cgroups import TOP, tree_id
 from orchestra_sup.system.cpupolicy import format_cpus, machine_cpus, realtime_refusal
 from orchestra_sup.system.v1cgroups import v1_controller
-from tests.integration.harness import Tree, plan, task, wait_until
+from tests.integration.harness import Tree, plan, settled, task, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = "tests.integration.coordinator_programs"
@@ -197,3 +198,24 @@ def test_a_killed_shards_lane_cgroups_are_removed_from_the_v1_hierarchies(
     os.kill(shard.pid, signal.SIGKILL)
     wait_until(lambda: tree.child("shard-0").generation == 2, 20, "the next generation")
     wait_until(lambda: not any(d.exists() for d in dirs), 20, "the dead generation's cgroups")
+
+
+def test_a_program_that_rlimit_rttime_stops_every_run_fails_its_plan_and_the_tree_serves_on(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """SIGXCPU from RLIMIT_RTTIME is the coordinator's own death, as the watchdog's kill of a
+    blocked loop is: the spinning program is blamed and its plan fails after `MAX_WEDGES` runs,
+    instead of running again on every restart until the restart intensity stopped the tree."""
+    tree = policy_tree(tree_factory, tmp_path, rttime_s="0.2")
+    spin = f.PlanSpec(
+        name="spin",
+        tasks=[],
+        coordinator=f"{PROGRAMS}:Spins",
+        args={"marker": str(tmp_path / "spinning")},
+    )
+    report = settled(tree, tree.submit(spin), timeout_s=20)
+    assert not report.ok
+    assert report.error is not None and f"steps {MAX_WEDGES} times" in report.error, report
+    coordinator = tree.child("coordinator")
+    assert coordinator.state == "running" and coordinator.restarts == MAX_WEDGES
+    assert coordinator.last_exit == f.ExitInfo(signal=signal.SIGXCPU)
