@@ -14,7 +14,7 @@ from orchestra_sup.system.doctorlayer import Layer
 
 def doctor(as_json: JsonOpt = False) -> None:
     """Say which isolation layers lanes get on this machine, why not, and what mode auto picks;
-    then which layers of the CPU policy ([cpu]) work here, and which `realtime = "auto"` and
+    then which layers of the CPU policy (\\[cpu]) work here, and which `realtime = "auto"` and
     `lanes = "idle"` take.
 
     Example: orchestra-sup doctor --json

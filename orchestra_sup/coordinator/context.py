@@ -43,18 +43,18 @@ what it did before its last checkpoint. Lanes keep running while the coordinator
 their results wait in its durable inbox.
 
 The loop: a program runs on the coordinator's event loop, beside everything else the coordinator
-does. It must await, never block: a program that blocks the loop shows in the coordinator's
-loop-lag figures (`ctl status`, `orchestra_sup_loop_lag_seconds`) and, past the tree's
-`watchdog_s`, the coordinator is restarted like any wedged child; the session then resumes from
-its checkpoint. The seat knows whose step was running when the process died
-(`coordinator.stepping`; its constructor and the call of `run` are steps too): a program
-during whose steps it died of its own `seat.MAX_WEDGES` (2) times (the watchdog's kill of a
-blocked loop, an `os._exit`; an operator's SIGKILL blames nobody) fails its plan instead of
-running again. Tasks and callbacks a program schedules itself run outside its steps and are
-not guarded: a `SystemExit` raised in one ends the process like any. Run CPU work or
-blocking IO in a lane, or in `asyncio.to_thread`. Once the plan has ended (its program returned,
-or `ctl cancel PLAN`), every call of the context raises `RuntimeError`; a task the program
-spawned and left running is stopped no other way.
+does. It must await, never block: a program that blocks the loop shows in the coordinator's loop-lag
+figures (`ctl status`, `orchestra_sup_loop_lag_seconds`) and, past the tree's `watchdog_s`, the
+coordinator is restarted like any wedged child; the session then resumes from its checkpoint. The
+seat knows whose step was running when the process died (`coordinator.stepping`; its constructor and
+the call of `run` are steps too): a program during whose steps it died of its own `seat.MAX_WEDGES`
+(2) times (the watchdog's kill of a blocked loop, RLIMIT_RTTIME's SIGXCPU under `[cpu] realtime`, an
+`os._exit`; an operator's SIGKILL blames nobody) fails its plan instead of running again. Tasks and
+callbacks a program schedules itself run outside its steps and are not guarded: a `SystemExit`
+raised in one ends the process like any. Run CPU work or blocking IO in a lane, or in
+`asyncio.to_thread`. Once the plan has ended (its program returned, or `ctl cancel PLAN`), every
+call of the context raises `RuntimeError`; a task the program spawned and left running is stopped no
+other way.
 """
 
 from __future__ import annotations

@@ -56,10 +56,11 @@ MAX_WEDGES = 2
 before its plan fails instead of running it again. The supervisor's restart intensity would
 never stop a program that wedges once a run, a run every `watchdog_s`, and every other plan
 waits while it does."""
-BLAMED_EXITS = frozenset({"watchdog", "exit_code", "clean"})
+BLAMED_EXITS = frozenset({"watchdog", "rttime", "exit_code", "clean"})
 """The previous process's ends (`ChildArgs.previous_exit`) a session whose step was running is
-blamed for: the watchdog's kill of a silent loop, and an exit of the process's own. A signal from
-outside (an operator's SIGKILL, the OOM killer) or a stop blames nobody."""
+blamed for: the watchdog's kill of a silent loop, RLIMIT_RTTIME's SIGXCPU (a step that held a CPU
+in real time), and an exit of the process's own. Any other signal (an operator's SIGKILL, the OOM
+killer) or a stop blames nobody."""
 ERROR_MAX_CHARS = 4096
 """The longest error a failed session keeps (characters): it is stored and shown."""
 RETRY_UNTIL_UP_S = (0.05, 1.0)

@@ -60,7 +60,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     coordinator_programs: list[str] = []
     previous_exit: str = ""
     """Why this child's previous process ended (`supervisor.core.ExitCause`: "watchdog",
-    "exit_code", "signal", "stopped", ...; "" for its first): the coordinator's seat blames a
+    "exit_code", "signal", "stopped", ...; "rttime" for a death by SIGXCPU, RLIMIT_RTTIME's; ""
+    for its first): the coordinator's seat blames a
     program only for a death that was the process's own (`coordinator.seat.BLAMED_EXITS`)."""
     """`[coordinator] programs`: the `module:Class` coordinator programs a plan may name."""
     endpoint: str = ""

@@ -1,13 +1,16 @@
 """The supervisor's side of the CPU policy (`[cpu]`, `system.cpupolicy`): its own class, applied
-as it starts, and the real-time guard over the whole control plane (`system.rtguard`)."""
+as it starts, the real-time guard over the whole control plane (`system.rtguard`), and a child's
+death by RLIMIT_RTTIME named to its next process (`previous_exit`)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable
 
 from orchestra_sup.config import Settings
+from orchestra_sup.supervisor.core import ExitCause, Worker
 from orchestra_sup.supervisor.shape import cpu_plans
 from orchestra_sup.system import cpupolicy
 from orchestra_sup.system.cpupolicy import CpuSettings
@@ -58,3 +61,12 @@ class SupervisorCpu:
 
     def _count(self, _pid: int, _threads: int) -> None:
         self.demoted += 1
+
+
+def previous_exit(worker: Worker) -> str:
+    """`ChildArgs.previous_exit`: the `ExitCause` of `worker`'s last process, "rttime" for a
+    death by SIGXCPU (RLIMIT_RTTIME: it held a CPU in real time, `[cpu] rttime_s`)."""
+    last = worker.last_exit
+    if worker.last_cause is ExitCause.SIGNAL and last is not None and last.signal == signal.SIGXCPU:
+        return "rttime"
+    return str(worker.last_cause or "")

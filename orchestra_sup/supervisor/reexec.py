@@ -206,7 +206,10 @@ def _exec(sup: ReexecHost, release: str, carry: bytes) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
         for each in (fd, *locks):
             os.set_inheritable(each, True)
-        os.execv(release, [release, "-m", "orchestra_sup", "start", "--adopt", str(fd)])
+        # A class and RLIMIT_RTTIME survive execve: the new image imports itself in
+        # SCHED_OTHER, as a fresh start does, and takes its class again (`SupervisorCpu`).
+        with cpupolicy.ordinary():
+            os.execv(release, [release, "-m", "orchestra_sup", "start", "--adopt", str(fd)])
     except OSError as exc:
         for each in locks:
             os.set_inheritable(each, False)

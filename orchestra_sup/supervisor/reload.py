@@ -65,6 +65,11 @@ IMMUTABLE = {
     "[supervisor] spawn": "the fork template is made once, when the tree starts",
     "[supervisor] metrics_port": "the metrics endpoint is bound once, when the tree starts",
     "[supervisor] metrics_host": "the metrics endpoint is bound once, when the tree starts",
+    **{
+        f"[cpu] {key}": "the supervisor takes its CPU class, affinity and RLIMIT_RTTIME once, "
+        "when the tree starts, and ranks its children below its own (system/cpupolicy.py)"
+        for key in ("realtime", "rt_priority", "rttime_s", "reserved_cpus")
+    },
 }
 """Settings a running tree cannot take on, and why; a reload that changes one is refused."""
 

@@ -63,7 +63,7 @@ from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.children import Children
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import ExitCause, Seam, Supervisor, Worker
-from orchestra_sup.supervisor.cpu import SupervisorCpu
+from orchestra_sup.supervisor.cpu import SupervisorCpu, previous_exit
 from orchestra_sup.supervisor.ctl import CtlService
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.metrics import MetricsServer, start_server
@@ -91,7 +91,7 @@ from orchestra_sup.supervisor.sockets import RemoteCtl, RootSockets
 from orchestra_sup.supervisor.source import ConfigSource
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
-from orchestra_sup.system import descriptors
+from orchestra_sup.system import descriptors, v1cgroups
 from orchestra_sup.system.cgroups import kill_tree_sync, tree_path
 
 log = logging.getLogger("orchestra_sup.supervisor")
@@ -211,6 +211,7 @@ class RootSupervisor:
         self.children.retitle()
         if self._cgroups is not None and self.handoff is None:
             kill_tree_sync(self._cgroups)  # what a crashed tree on this run dir left running
+            v1cgroups.sweep(self._cgroups.name)
         loop = asyncio.get_running_loop()
         try:
             self.open_sockets()
@@ -253,6 +254,7 @@ class RootSupervisor:
             await self.seam.close()
             if self._cgroups is not None:
                 kill_tree_sync(self._cgroups)
+                v1cgroups.sweep(self._cgroups.name)
             self.seam.kill_orphans()
             self.seam.on_sigchld()
         finally:
@@ -410,7 +412,7 @@ class RootSupervisor:
             workspace=str(self.paths.workspace) if self.paths.workspace else None,
             supervisor_pid=os.getpid(),
             boot=self.boot,
-            previous_exit=str(worker.last_cause or ""),
+            previous_exit=previous_exit(worker),
             **settings_args(self.settings, worker.spec.role),
             log_format=self.log_format,
             keys_dir=remote.keys_dir if (remote := self.sockets.remote_ctl) is not None else None,
@@ -431,7 +433,7 @@ class RootSupervisor:
             control.fail_pending(routing_id(worker.name, generation), PeerDown(worker.name))
         if worker.spec.role == "shard" and self._cgroups is not None:
             subtree = self._cgroups / f"{worker.name}.{generation}"
-            self.spawn(asyncio.to_thread(kill_tree_sync, subtree))
+            self.spawn(asyncio.to_thread(_bury, subtree))
         # (while a helper is being spawned, an unknown child may be that helper)
         if worker.state is not ChildState.STOPPING and not self.seam.spawning_helper():
             self.seam.kill_orphans()
@@ -582,4 +584,12 @@ def resume(fd: int) -> int:
         cgroups = tree_path(run_dir) if run_dir is not None else None
         if cgroups is not None:
             kill_tree_sync(cgroups)
+            v1cgroups.sweep(cgroups.name)
         return EXIT_FAILED_START
+
+
+def _bury(subtree: Path) -> None:
+    """Kill what a dead shard generation's lanes left (its cgroup `subtree`), then remove its
+    directories in the v1 hierarchies (blocking: run off the loop)."""
+    kill_tree_sync(subtree)
+    v1cgroups.sweep(subtree.parent.name, subtree.name)

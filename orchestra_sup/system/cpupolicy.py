@@ -101,13 +101,18 @@ def parse_cpus(text: str) -> frozenset[int]:
         if not part:
             continue
         low, sep, high = part.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
+        if not _is_number(low) or (sep and not _is_number(high)):
             raise ValueError(f"{part!r} is not a CPU number or range")
         first, last = int(low), int(high) if sep else int(low)
         if last < first or last > 4095:
             raise ValueError(f"{part!r} is not a CPU range")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
+
+
+def _is_number(text: str) -> bool:
+    """Whether `text` is a CPU number: ASCII digits only (`str.isdigit` also takes "²" and "٣")."""
+    return text.isascii() and text.isdigit()
 
 
 def format_cpus(cpus: frozenset[int] | set[int] | tuple[int, ...]) -> str:

@@ -15,7 +15,8 @@ the tree, that every `tick_s` reads how long each real-time thread of the tree's
 more than `share` of the last `window_s` seconds is a runaway: every real-time thread of its
 process goes to SCHED_OTHER, the process goes on (a child that stays wedged is then the
 watchdog's), and the demotion is logged and counted (`demoted`). A child restarted later takes
-its class again as it starts (`ChildArgs.cpu`).
+its class again as it starts (`ChildArgs.cpu`). The guard's own thread is neither sampled nor
+demoted: when the supervisor is the runaway, the guard stays above the tree for the next one.
 """
 
 from __future__ import annotations
@@ -64,12 +65,12 @@ def _ran_ns(pid: int, tid: int) -> int | None:
         return None
 
 
-def demote(pid: int) -> int:
-    """Put every real-time thread of process `pid` in SCHED_OTHER; returns how many were.
-    Never raises (a thread gone meanwhile is skipped)."""
+def demote(pid: int, keep: int | None = None) -> int:
+    """Put every real-time thread of process `pid` but `keep` (a thread id) in SCHED_OTHER;
+    returns how many were. Never raises (a thread gone meanwhile is skipped)."""
     count = 0
     for tid in _threads(pid):
-        if _is_realtime(tid):
+        if tid != keep and _is_realtime(tid):
             with contextlib.suppress(OSError):
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
                 count += 1
@@ -144,9 +145,10 @@ class RtGuard:
             return []
         seen: set[tuple[int, int]] = set()
         runaways: list[int] = []
+        own = threading.get_native_id()  # the guard's: it watches, it is not watched
         for pid in pids:
             for tid in _threads(pid):
-                if not _is_realtime(tid):
+                if tid == own or not _is_realtime(tid):
                     continue
                 ran = _ran_ns(pid, tid)
                 if ran is None:
@@ -160,7 +162,7 @@ class RtGuard:
         for key in set(self._samples) - seen:
             del self._samples[key]
         for pid in runaways:
-            threads = demote(pid)
+            threads = demote(pid, keep=own)
             self.demoted += 1
             for key in [k for k in self._samples if k[0] == pid]:
                 del self._samples[key]

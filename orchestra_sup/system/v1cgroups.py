@@ -3,15 +3,17 @@
 On hybrid machines (these ones: notes/isolation.md) the v1 hierarchies hold the controllers that
 limit (memory, pids) and rank (cpu) a lane; cgroup v2 only tracks (`system.cgroups`). A cgroup
 made for a lane is nested under this process's own cgroup of that controller, read from
-`/proc/self/cgroup` (the memory one differs per machine).
+`/proc/self/cgroup` (the memory one differs per machine). A shard removes its own directories
+as it stops; what a killed one (or a killed tree) leaves the supervisor removes (`sweep`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
-from orchestra_sup.system.cgroups import ENV_SWITCH
+from orchestra_sup.system.cgroups import ENV_SWITCH, TOP
 
 
 def _own_path(controller: str) -> str | None:
@@ -60,3 +62,26 @@ def v1_controller(controller: str) -> Path | None:
         return None
     path = point / inner
     return path if os.access(path, os.W_OK | os.X_OK) else None
+
+
+SWEPT = ("cpu", "memory", "pids")
+"""The v1 controllers lanes get directories in (`system.lanecpu`, `shards.limits`)."""
+
+
+def sweep(tree_id: str, shard: str | None = None) -> None:
+    """Remove what a dead shard generation (`shard`: "<name>.<generation>") or, with None, a
+    whole tree left in the v1 hierarchies (`SWEPT`), deepest first, where it is empty: a shard
+    that is SIGKILLed (or a tree whose supervisor is) never removes its own, and its next
+    generation makes directories of its own beside them. Call once their processes are gone
+    (`system.cgroups.kill_tree_sync`); a directory still in use stays. Never raises."""
+    for controller in SWEPT:
+        own = v1_controller(controller)
+        if own is None:
+            continue
+        tree = own / TOP / tree_id
+        top = tree / shard if shard is not None else tree
+        with contextlib.suppress(OSError):
+            below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+            for path in [*below, top, *([tree] if shard is not None else [])]:
+                with contextlib.suppress(OSError):
+                    path.rmdir()

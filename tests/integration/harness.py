@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.supervisor import notify
@@ -338,6 +339,24 @@ def assert_machine_record(machine: dict[str, Any], *, held: bool) -> None:
     assert machine["cpu_dma_latency_held"] in (True, False, "unknown")
     if held:
         assert target == 0 and machine["cpu_dma_latency_held"] is True
+
+
+def settled(tree: Tree, plan: str, timeout_s: float = 90.0) -> f.PlanReport:
+    """`plan`'s final report, asked again while the coordinator is down (being restarted)."""
+
+    def report() -> f.PlanReport | None:
+        try:
+            reply = tree.ctl(f.CtlPlan(id=plan, wait_s=2.0), timeout_s=10)
+        except RemoteError as exc:
+            if exc.code != ErrorCode.PEER_DOWN:
+                raise
+            return None
+        assert isinstance(reply, f.PlanReport)
+        return reply if reply.done else None
+
+    found = wait_until(report, timeout_s, f"plan {plan} to end")
+    assert isinstance(found, f.PlanReport)
+    return found
 
 
 def plan(name: str, *tasks: f.TaskSpec) -> f.PlanSpec:

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestra_sup.coordinator.seat import MAX_WEDGES
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.system.cgroups import TOP, tree_id
 from orchestra_sup.system.cpupolicy import format_cpus, machine_cpus, realtime_refusal
-from tests.integration.harness import Tree, plan, task, wait_until
+from orchestra_sup.system.v1cgroups import v1_controller
+from tests.integration.harness import Tree, plan, settled, task, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = "tests.integration.coordinator_programs"
@@ -146,3 +149,73 @@ def test_a_hog_that_dodges_rlimit_rttime_is_put_back_in_sched_other_by_the_guard
     assert status.cpu == f"fifo 5, cpus {RESERVED}"  # the supervisor kept its class
     coordinator = next(c for c in status.children if c.name == "coordinator")
     assert coordinator.pid == hogging and coordinator.cpu == f"other nice 0, cpus {RESERVED}"
+
+
+def test_a_supervisor_in_real_time_re_executes_itself_and_takes_its_class_again(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """`ctl rollover supervisor` under a short RLIMIT_RTTIME (50 ms): the new image imports
+    itself as a fresh start does, in SCHED_OTHER (a class and an rlimit survive execve, and an
+    interpreter's start-up runs that long without blocking: SIGXCPU took the tree down), then
+    takes its class again; every child stays the same process."""
+    tree = policy_tree(tree_factory, tmp_path, rttime_s="0.05")
+    before = tree.status()
+    argv = [sys.executable, "-m", "orchestra_sup", "ctl", "rollover", "supervisor"]
+    argv += ["--run-dir", str(tree.run_dir), "--timeout", "20"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = tree.status()
+    assert after.supervisor_pid == before.supervisor_pid
+    assert after.cpu == f"fifo 5, cpus {RESERVED}"
+    assert {c.name: c.pid for c in after.children} == {c.name: c.pid for c in before.children}
+
+
+def test_a_killed_shards_lane_cgroups_are_removed_from_the_v1_hierarchies(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """SIGKILL to a shard whose lane runs: once the supervisor has killed what the lane left,
+    the dead generation's directories in the v1 cpu (the idle group), memory and pids
+    hierarchies are gone too, not left behind for good (a next generation makes its own)."""
+    tree = policy_tree(tree_factory, tmp_path)
+    if tree.status().lane_cpu.split(",")[0] not in ("cpu.idle", "cpu.shares"):
+        pytest.skip("no v1 cpu controller for the lanes' group here")
+    tree.submit(plan("long", task("long", "sleep 60")))
+
+    def running() -> bool:
+        reply = tree.ctl(f.CtlLanes())
+        assert isinstance(reply, f.LaneList)
+        return any(lane.state == "running" for lane in reply.lanes)
+
+    wait_until(running, 20, "the lane to run")
+    dirs = [
+        own / TOP / tree_id(tree.run_dir) / "shard-0.1"
+        for own in map(v1_controller, ("cpu", "memory", "pids"))
+        if own is not None
+    ]
+    assert all(d.is_dir() for d in dirs), dirs
+    shard = tree.child("shard-0")
+    assert shard.pid is not None
+    os.kill(shard.pid, signal.SIGKILL)
+    wait_until(lambda: tree.child("shard-0").generation == 2, 20, "the next generation")
+    wait_until(lambda: not any(d.exists() for d in dirs), 20, "the dead generation's cgroups")
+
+
+def test_a_program_that_rlimit_rttime_stops_every_run_fails_its_plan_and_the_tree_serves_on(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """SIGXCPU from RLIMIT_RTTIME is the coordinator's own death, as the watchdog's kill of a
+    blocked loop is: the spinning program is blamed and its plan fails after `MAX_WEDGES` runs,
+    instead of running again on every restart until the restart intensity stopped the tree."""
+    tree = policy_tree(tree_factory, tmp_path, rttime_s="0.2")
+    spin = f.PlanSpec(
+        name="spin",
+        tasks=[],
+        coordinator=f"{PROGRAMS}:Spins",
+        args={"marker": str(tmp_path / "spinning")},
+    )
+    report = settled(tree, tree.submit(spin), timeout_s=20)
+    assert not report.ok
+    assert report.error is not None and f"steps {MAX_WEDGES} times" in report.error, report
+    coordinator = tree.child("coordinator")
+    assert coordinator.state == "running" and coordinator.restarts == MAX_WEDGES
+    assert coordinator.last_exit == f.ExitInfo(signal=signal.SIGXCPU)

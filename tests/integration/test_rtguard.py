@@ -73,3 +73,23 @@ def test_a_thread_that_holds_its_cpu_is_demoted_and_a_busy_one_is_not(
         assert os.sched_getscheduler(worker) == os.SCHED_FIFO
     finally:
         guard.close()
+
+
+def test_the_guard_demoting_its_own_process_keeps_its_own_class() -> None:
+    """The supervisor is in the pids the guard watches (a reap can hold it in the kernel): when
+    it is the runaway, its threads go to SCHED_OTHER but the guard's own stays in SCHED_FIFO,
+    above every thread of the tree, to catch the next one. (`share` 0 here: any real-time
+    thread that ran counts, so this test's own thread, put in SCHED_FIFO, is one.)"""
+    guard = RtGuard(lambda: [os.getpid()], 6, tick_s=0.05, window_s=0.1, share=0.0)
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(3))
+    try:
+        guard.start()
+        tid = guard._thread.native_id
+        assert tid is not None
+        wait_until(lambda: os.sched_getscheduler(0) == os.SCHED_OTHER, 10, "the demotion")
+        assert guard.demoted >= 1
+        assert os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK == os.SCHED_FIFO
+        assert os.sched_getparam(tid).sched_priority == 6
+    finally:
+        guard.close()
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))

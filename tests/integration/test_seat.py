@@ -15,9 +15,9 @@ import msgspec
 import pytest
 
 from orchestra_sup.coordinator.seat import MAX_WEDGES
-from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.errors import RemoteError
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, wait_until
+from tests.integration.harness import Tree, settled, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,24 +59,6 @@ def seat(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> Tree:
 
 def session(name: str, program: str, **args: object) -> f.PlanSpec:
     return f.PlanSpec(name=name, tasks=[], coordinator=program, args=dict(args))
-
-
-def settled(tree: Tree, plan: str, timeout_s: float = 90.0) -> f.PlanReport:
-    """`plan`'s final report, asked again while the coordinator is down (being restarted)."""
-
-    def report() -> f.PlanReport | None:
-        try:
-            reply = tree.ctl(f.CtlPlan(id=plan, wait_s=2.0), timeout_s=10)
-        except RemoteError as exc:
-            if exc.code != ErrorCode.PEER_DOWN:
-                raise
-            return None
-        assert isinstance(reply, f.PlanReport)
-        return reply if reply.done else None
-
-    found = wait_until(report, timeout_s, f"plan {plan} to end")
-    assert isinstance(found, f.PlanReport)
-    return found
 
 
 def ctl(tree: Tree, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -30,7 +30,7 @@ def test_cpu_lists_read_as_taskset_writes_them(text: str, cpus: set[int]) -> Non
     assert parse_cpus(format_cpus(frozenset(cpus))) == cpus
 
 
-@pytest.mark.parametrize("text", ["x", "1-", "-1", "3-1", "0,a", "1-9999"])
+@pytest.mark.parametrize("text", ["x", "1-", "-1", "3-1", "0,a", "1-9999", "²", "0-²", "٣"])
 def test_a_cpu_list_that_is_not_one_is_refused_naming_the_part(text: str) -> None:
     with pytest.raises(ValueError, match="is not a CPU"):
         parse_cpus(text)

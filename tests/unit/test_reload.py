@@ -122,6 +122,22 @@ def test_a_key_that_cannot_change_live_is_refused() -> None:
     assert "\n" not in step.refusal
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("realtime", "on"), ("rt_priority", 20), ("rttime_s", 0.5), ("reserved_cpus", "0")],
+)
+def test_the_supervisors_own_cpu_class_cannot_change_live(key: str, value: object) -> None:
+    """The supervisor takes its class, its affinity and its RLIMIT_RTTIME once, as it starts:
+    a reload that moved only its children (real time on under a SCHED_OTHER supervisor with no
+    guard; a coordinator at rt_priority 19 above a supervisor and a guard at 5 and 6) is refused.
+    `[cpu] lanes` restarts only the shards."""
+    step = plan(settings(), settings(cpu={key: value}))
+    assert step.refusal is not None
+    assert step.refusal.startswith(f"[cpu] {key} cannot change while the tree runs")
+    lanes = plan(settings(), settings(cpu={"lanes": "idle"}))
+    assert lanes.refusal is None and lanes.restart == SHARDS3
+
+
 def test_changed_settings_name_nested_tables() -> None:
     """Quotas and per-shard tables are named as the TOML file spells them."""
     old = settings()
