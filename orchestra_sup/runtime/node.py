@@ -117,6 +117,15 @@ async def debug_raise(name: str) -> f.Body:
     raise RuntimeError(f"debug hook: a task of {name} serving a request raises")
 
 
+def debug_spin(name: str, seconds: float) -> None:
+    """The work of a `spin_loop` debug hook: hold the calling thread on the CPU for `seconds`,
+    never blocking (a runaway: in real time, RLIMIT_RTTIME's SIGXCPU comes first)."""
+    log.warning("%s: debug hook spins on the CPU for %g s", name, seconds)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 class Node:
     """The child side of the tree. See the module docstring for the lifecycle."""
 
@@ -438,6 +447,8 @@ class Node:
         if hook.action == "ignore_sigterm":
             asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif hook.action == "spin_loop":
+            debug_spin(self.name, hook.seconds)
         else:
             log.warning("%s: debug hook blocks the event loop for %g s", self.name, hook.seconds)
             time.sleep(hook.seconds)  # the whole point: a wedged loop, heartbeats stop

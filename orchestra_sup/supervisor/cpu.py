@@ -14,7 +14,7 @@ from orchestra_sup.supervisor.core import ExitCause, Worker
 from orchestra_sup.supervisor.shape import cpu_plans
 from orchestra_sup.system import cpupolicy
 from orchestra_sup.system.cpupolicy import CpuSettings
-from orchestra_sup.system.rtguard import RtGuard
+from orchestra_sup.system.rtguard import RtGuard, demote
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +22,16 @@ log = logging.getLogger(__name__)
 class SupervisorCpu:
     """Applies the supervisor's own CPU plan (`shape.cpu_plans`) at construction, before the
     process starts a thread; a step the kernel refuses is logged and the tree runs without it.
-    `priority` is the SCHED_FIFO priority it runs at (0: not in real time)."""
+    `priority` is the SCHED_FIFO priority it runs at (0: not in real time).
+
+    In real time, RLIMIT_RTTIME's SIGXCPU to the supervisor (its loop ran `rttime_s` without
+    blocking) is handled, not fatal: the supervisor leaves real time (every thread but the
+    guard's), logs it and counts it in `demoted`, and goes on serving its tree in SCHED_OTHER,
+    as the guard does with a child. Its default action would take every child and lane down."""
 
     def __init__(self, settings: Settings):
         plan = cpu_plans(settings)["supervisor"]
+        self._rttime_s = settings.cpu.rttime_s
         try:
             cpupolicy.apply(plan)
         except OSError as exc:
@@ -34,6 +40,8 @@ class SupervisorCpu:
         self.demoted = 0
         """Processes the real-time guard put back in SCHED_OTHER (`RtGuard.demoted`)."""
         self._guard: RtGuard | None = None
+        if self.priority:
+            signal.signal(signal.SIGXCPU, self._on_rttime)
         if settings.cpu != CpuSettings():
             log.info("CPU policy: supervisor %s", cpupolicy.in_force(os.getpid()))
 
@@ -61,6 +69,17 @@ class SupervisorCpu:
 
     def _count(self, _pid: int, _threads: int) -> None:
         self.demoted += 1
+
+    def _on_rttime(self, _signum: int, _frame: object) -> None:
+        keep = self._guard.thread_id if self._guard is not None else None
+        threads = demote(os.getpid(), keep=keep)
+        self.demoted += 1
+        log.error(
+            "the supervisor ran %g s in real time without blocking (RLIMIT_RTTIME): "
+            "%d of its threads put back in SCHED_OTHER",
+            self._rttime_s,
+            threads,
+        )
 
 
 def previous_exit(worker: Worker) -> str:

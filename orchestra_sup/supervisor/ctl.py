@@ -47,7 +47,7 @@ from orchestra_sup.protocol.endpoint import (
     routing_id,
 )
 from orchestra_sup.release import version
-from orchestra_sup.runtime.node import debug_raise
+from orchestra_sup.runtime.node import debug_raise, debug_spin
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.gate import Busy
 from orchestra_sup.supervisor.spec import ChildState
@@ -213,6 +213,9 @@ class CtlService:
                 raise RuntimeError("debug hook: the supervisor's ctl handler raises")
             case f.CtlDebug(name="supervisor", action="raise_in_task") if host.debug_hooks:
                 return debug_raise("supervisor")
+            case f.CtlDebug(name="supervisor", action="spin_loop") if host.debug_hooks:
+                debug_spin("supervisor", body.seconds)
+                return f.Ack()
             case f.CtlDebug(name="supervisor") if host.debug_hooks:
                 message = f"debug action {body.action} is for children, not the supervisor"
                 return f.Error(code=ErrorCode.BAD_REQUEST, message=message)

@@ -111,6 +111,11 @@ class RtGuard:
         self.demoted = 0
         """Processes demoted since the guard started."""
 
+    @property
+    def thread_id(self) -> int | None:
+        """The guard thread's id (None before `start`)."""
+        return self._thread.native_id
+
     def start(self) -> None:
         self._thread.start()
         self._ready.wait()

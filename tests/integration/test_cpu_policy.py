@@ -31,7 +31,11 @@ pytestmark = [
 
 
 def policy_tree(
-    factory: Callable[..., Tree], tmp_path: Path, watchdog_s: float = 10.0, **extra: str
+    factory: Callable[..., Tree],
+    tmp_path: Path,
+    watchdog_s: float = 10.0,
+    extra_env: dict[str, str] | None = None,
+    **extra: str,
 ) -> Tree:
     cfg = tmp_path / "cpu.toml"
     lines = [
@@ -46,7 +50,8 @@ def policy_tree(
         f"watchdog_s = {watchdog_s}",
     ]
     cfg.write_text("\n".join(lines) + "\n")
-    return factory(config=cfg, shards=1, lanes=2, extra_env={"PYTHONPATH": str(REPO)})
+    env = {"PYTHONPATH": str(REPO), **(extra_env or {})}
+    return factory(config=cfg, shards=1, lanes=2, extra_env=env)
 
 
 def test_each_role_runs_in_its_class_and_lanes_below_the_hosts(
@@ -219,3 +224,25 @@ def test_a_program_that_rlimit_rttime_stops_every_run_fails_its_plan_and_the_tre
     coordinator = tree.child("coordinator")
     assert coordinator.state == "running" and coordinator.restarts == MAX_WEDGES
     assert coordinator.last_exit == f.ExitInfo(signal=signal.SIGXCPU)
+
+
+def test_a_supervisor_that_spins_in_real_time_leaves_it_and_keeps_its_tree(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """The supervisor's own loop held on the CPU past `rttime_s` (a debug hook): its SIGXCPU is
+    handled, not fatal (the default action would end the whole tree): the supervisor goes on
+    in SCHED_OTHER, says so, and its children keep their class."""
+    tree = policy_tree(
+        tree_factory, tmp_path, rttime_s="0.2", extra_env={"ORCHESTRA_SUP_DEBUG_HOOKS": "1"}
+    )
+    before = tree.pids()
+    spin = f.CtlDebug(name="supervisor", action="spin_loop", seconds=1.0)
+    assert tree.ctl(spin, timeout_s=30.0) == f.Ack()
+    status = tree.status()
+    assert status.supervisor_pid == tree.proc.pid and tree.proc.poll() is None
+    # its guard stays above the tree, in real time
+    assert status.cpu == f"other nice 0, threads fifo 6, cpus {RESERVED}"
+    assert status.rt_demoted == 1
+    assert tree.pids() == before  # no child was restarted
+    assert tree.child("coordinator").cpu == f"fifo 4, cpus {RESERVED}"
+    assert "without blocking (RLIMIT_RTTIME)" in tree.log()
