@@ -4,8 +4,8 @@ The claim the project exists for (seeds/000): a coordinator that shares a proces
 loop with its workers slows down with them. One run measures it twice on the same work:
 
 - `separated`: the tree as it runs in production, one OS process per role, under the CPU policy
-  (`[cpu]`: `bench.policy.policy_config`, by default real time where allowed, the control
-  plane on one reserved CPU, lanes in the idle group; `--cpu-config FILE` for another).
+  (`[cpu]`: `bench.policy.policy_config`, by default real time where allowed and the control
+  plane on one reserved CPU; `--cpu-config FILE` for another).
 - `default`: the same, with `[cpu]` at its defaults (no real time, no reserved CPU, lanes at
   `[lanes] nice` only): the reference the policy's cost to the lanes is taken against.
 - `colocated`: the same roles and code paths as components of one process and one event loop,

@@ -1,9 +1,11 @@
 """The CPU policy as the benchmarks run it (`[cpu]`, `system.cpupolicy`): the trees' config, the
 probe client at the coordinator's class, and the lanes' throughput beside it.
 
-- `policy_config`: the `[cpu]` table a bench tree runs with. By default `RESPONSIVE`: real time
-  where allowed, the control plane on the lowest CPU this process may use (when it may use two
-  or more), lanes in the idle group. `--cpu-config FILE` replaces it with that file's `[cpu]`.
+- `policy_config`: the `[cpu]` table a bench tree runs with. By default `responsive()`: real
+  time where allowed and the control plane on the lowest CPU this process may use (when it may
+  use two or more); lanes at `[lanes] nice`, as measured best here (README, "Performance": the
+  idle group cost the lanes 13-17% of their CPU). `--cpu-config FILE` replaces it with that
+  file's `[cpu]`.
 - `probe_like(client)`: this process, the probe client, takes the class, priority, niceness and
   affinity of the tree's coordinator process, on every thread (its ZeroMQ I/O thread is on the
   turn's path too), so each hop of a turn runs at one rank; the `Rank` it returns gives the old
@@ -32,7 +34,7 @@ from orchestra_sup.system.cpupolicy import in_force
 def responsive() -> dict[str, Any]:
     """The bench's default `[cpu]` table (see the module docstring)."""
     cpus = sorted(os.sched_getaffinity(0))
-    table: dict[str, Any] = {"realtime": "auto", "lanes": "idle"}
+    table: dict[str, Any] = {"realtime": "auto"}
     if len(cpus) > 1:
         table["reserved_cpus"] = str(cpus[0])
     return table

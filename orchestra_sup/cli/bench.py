@@ -73,7 +73,7 @@ CpuConfigOpt = Annotated[
     typer.Option(
         "--cpu-config",
         help="A TOML file whose \\[cpu] table the policy tree runs with (default: real time where "
-        "allowed, the control plane on the lowest CPU, lanes idle).",
+        "allowed, the control plane on the lowest CPU).",
     ),
 ]
 
