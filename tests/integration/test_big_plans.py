@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pytest
 from orchestra_sup.coordinator.plan import MAX_TASKS
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, plan, task
+from tests.integration.harness import Tree, osup, plan, task
 
 pytestmark = pytest.mark.integration
 
@@ -53,16 +51,6 @@ def test_a_5000_task_chain_whose_first_task_fails_settles_without_a_watchdog_kil
     )
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def limit_plan_file(path: Path, tasks: int) -> Path:
     """A plan file of `tasks` independent tasks."""
     path.write_text(
@@ -79,7 +67,7 @@ def test_a_plan_over_the_task_limit_is_refused_in_one_line(tree: Tree, tmp_path:
     expected = f"{MAX_TASKS + 1:,} tasks: a plan holds at most {MAX_TASKS:,}"
     run_dir = str(tree.run_dir)
     for argv in (("ctl", "--run-dir", run_dir, "submit", str(over)), ("run", str(over))):
-        proc = cli(*argv)
+        proc = osup(*argv)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], proc.stderr
