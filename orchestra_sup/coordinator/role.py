@@ -52,6 +52,7 @@ from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.patterns import DAG, SHELL
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
+from orchestra_sup.system import cpupolicy
 
 __all__ = ["FREEZE_TASKS", "MSG_ID_MAX_BYTES", "Coordinator"]
 
@@ -115,7 +116,13 @@ class Coordinator:
             lane_shard=self._lane_shard,
             deadline_s=node.args.relay_deadline_s,
         )
-        store = Store(node.paths.state_dir / "coordinator", ["inbox", *DBS, *SESSION_DBS])
+        # Its synced commits (an inbox message, a placement) are on a reaction's path: the
+        # write-behind thread runs in the loop's class (`cpupolicy`, "Threads").
+        store = Store(
+            node.paths.state_dir / "coordinator",
+            ["inbox", *DBS, *SESSION_DBS],
+            thread_start=cpupolicy.same_class(),
+        )
         store.start()
         self.attach(node, store)
         assert self.book is not None and self.placer is not None and self.answers is not None

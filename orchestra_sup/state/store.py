@@ -78,6 +78,8 @@ class Store:
     is retried after `retry_initial_s`, doubling up to `retry_max_s`. A batch holds at most
     `max_batch` writes. `on_commit`, if given, is called on the persistence thread after every
     commit with the number of writes committed so far (for measurement; it must be quick).
+    `thread_start`, if given, is called first thing on the persistence thread (the coordinator
+    puts it in its own real-time class there: `cpupolicy.same_class`).
     `on_degraded`, an attribute an owner may set, is called on the store's loop whenever
     `degraded` changes: with the `StateError` when commits start failing, with None when one
     succeeds again (an owner that refused work can resume it then).
@@ -102,6 +104,7 @@ class Store:
         retry_max_s: float = 5.0,
         max_batch: int = MAX_BATCH,
         on_commit: Callable[[int], None] | None = None,
+        thread_start: Callable[[], None] | None = None,
     ):
         if _META_DB in dbs:
             raise ValueError(f"{_META_DB!r} is reserved")
@@ -131,6 +134,7 @@ class Store:
         self._retry_max_s = retry_max_s
         self._max_batch = max_batch
         self._on_commit = on_commit
+        self._thread_start = thread_start
         # set_mapsize must not run while this process has a transaction open (it remaps): reads
         # hold `_remap`, the write transaction holds `_writing`; adopting a size takes both,
         # always `_writing` first.
@@ -296,6 +300,8 @@ class Store:
     # --- the persistence thread ------------------------------------------------------------------
 
     def _drain(self) -> None:
+        if self._thread_start is not None:
+            self._thread_start()
         get, get_nowait, max_batch = self._queue.get, self._queue.get_nowait, self._max_batch
         stop = False
         while not stop:

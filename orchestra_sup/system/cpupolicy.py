@@ -25,8 +25,11 @@ The shards (hosts) stay in SCHED_OTHER at nice 0: above the lanes, below the con
 Threads: a scheduling class is per thread, and a thread created by one in a class with
 `SCHED_RESET_ON_FORK` starts in SCHED_OTHER. A real-time process therefore applies its class to
 the threads on a turn's path itself: libzmq's I/O threads (`zmq_options`, set on the context
-before its first socket) and a front thread (`same_class`). Other threads (asyncio's executor,
-LMDB's write-behind) do slow work and stay in SCHED_OTHER.
+before its first socket), a front thread and the coordinator's write-behind thread, whose
+synced commits (an inbox message, a placement) a reaction waits for (`same_class`; it blocks in
+fsync, and the guard demotes it if it ever spins). Other threads (asyncio's executor, the
+shards' write-behind) do slow work and stay in SCHED_OTHER (ADR 0020, "The write-behind
+thread").
 
 `realtime = "off"` and `lanes = "nice"` (the defaults) keep the tree as it was before `[cpu]`:
 real time needs root, CAP_SYS_NICE or a `LimitRTPRIO=` a user may not grant.

@@ -66,6 +66,15 @@ def test_each_role_runs_in_its_class_and_lanes_below_the_hosts(
         "coordinator": f"fifo 4, cpus {RESERVED}",
         "shard-0": f"other nice 0, cpus {machine}",
     }
+    # Every thread of the coordinator: its loop, libzmq's, and its write-behind (whose synced
+    # commits a reaction waits for), none left in SCHED_OTHER among the lanes.
+    pid = tree.child("coordinator").pid
+    assert pid is not None
+    classes = {
+        int(tid): (os.sched_getscheduler(int(tid)) & ~os.SCHED_RESET_ON_FORK)
+        for tid in os.listdir(f"/proc/{pid}/task")
+    }
+    assert len(classes) >= 4 and set(classes.values()) == {os.SCHED_FIFO}, classes
     probe = (
         '"$ORCHESTRA_PYTHON" -c "import os; print(os.sched_getscheduler(0), '
         'os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)))"; '
