@@ -117,11 +117,11 @@ class Coordinator:
             deadline_s=node.args.relay_deadline_s,
         )
         # Its synced commits (an inbox message, a placement) are on a reaction's path: the
-        # write-behind thread runs in the loop's class (`cpupolicy`, "Threads").
+        # write-behind thread runs in real time, one below the loop (`cpupolicy`, "Threads").
         store = Store(
             node.paths.state_dir / "coordinator",
             ["inbox", *DBS, *SESSION_DBS],
-            thread_start=cpupolicy.same_class(),
+            thread_start=cpupolicy.same_class(below=1),
         )
         store.start()
         self.attach(node, store)

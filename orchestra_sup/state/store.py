@@ -79,7 +79,7 @@ class Store:
     `max_batch` writes. `on_commit`, if given, is called on the persistence thread after every
     commit with the number of writes committed so far (for measurement; it must be quick).
     `thread_start`, if given, is called first thing on the persistence thread (the coordinator
-    puts it in its own real-time class there: `cpupolicy.same_class`).
+    puts it in real time there, one below its loop: `cpupolicy.same_class`).
     `on_degraded`, an attribute an owner may set, is called on the store's loop whenever
     `degraded` changes: with the `StateError` when commits start failing, with None when one
     succeeds again (an owner that refused work can resume it then).

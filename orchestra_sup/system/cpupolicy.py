@@ -25,11 +25,11 @@ The shards (hosts) stay in SCHED_OTHER at nice 0: above the lanes, below the con
 Threads: a scheduling class is per thread, and a thread created by one in a class with
 `SCHED_RESET_ON_FORK` starts in SCHED_OTHER. A real-time process therefore applies its class to
 the threads on a turn's path itself: libzmq's I/O threads (`zmq_options`, set on the context
-before its first socket), a front thread and the coordinator's write-behind thread, whose
-synced commits (an inbox message, a placement) a reaction waits for (`same_class`; it blocks in
-fsync, and the guard demotes it if it ever spins). Other threads (asyncio's executor, the
-shards' write-behind) do slow work and stay in SCHED_OTHER (ADR 0020, "The write-behind
-thread").
+before its first socket), a front thread, and one priority below the loop the coordinator's
+write-behind thread, whose synced commits (an inbox message, a placement) a reaction waits for
+(`same_class`; it blocks in fsync, and the guard demotes it if it ever spins). Other threads
+(asyncio's executor, the shards' write-behind) do slow work and stay in SCHED_OTHER (ADR 0020,
+"The write-behind thread").
 
 `realtime = "off"` and `lanes = "nice"` (the defaults) keep the tree as it was before `[cpu]`:
 real time needs root, CAP_SYS_NICE or a `LimitRTPRIO=` a user may not grant.
@@ -283,12 +283,15 @@ def priority_here() -> int:
     return os.sched_getparam(0).sched_priority
 
 
-def same_class() -> Callable[[], None]:
+def same_class(below: int = 0) -> Callable[[], None]:
     """A function that puts the thread calling it in this process's real-time class (`apply`'s
-    plan, whether or not the calling thread is in it): made where a thread on a turn's path is
-    created (`runtime.front`), called first thing on that thread. Nothing when the process
-    has no real-time class; never raises."""
-    plan = CpuPlan(priority=_applied.priority)
+    plan, whether or not the calling thread is in it), `below` priorities under it (at least
+    priority 1): made where a thread on a turn's path is created (`runtime.front`), called
+    first thing on that thread. A thread that serves the loop (the coordinator's write-behind)
+    runs one below it, so the loop preempts it on a shared CPU and it still preempts the hosts
+    and lanes. Nothing when the process has no real-time class; never raises."""
+    priority = _applied.priority
+    plan = CpuPlan(priority=max(1, priority - below) if priority else 0)
 
     def enter() -> None:
         with contextlib.suppress(OSError):
