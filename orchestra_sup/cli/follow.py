@@ -7,8 +7,9 @@ restarted, stopped or died: not a verdict on the work, which its task runs again
 the follow: the coordinator is asked for the lane's task (a lane id is PLAN-TASK-ATTEMPT,
 `coordinator.runner.PlanRecord.place`) until the task has another lane, which is then followed
 from its first row (`LogSink.moved` says so), or the task ends without one. A tree that goes
-away before the task runs again is an error that says so: the follower is never left believing
-the work is done when it is not.
+away before the task runs again, or before the lane's end reached the follower (the tree stopped
+between two exchanges), is an error that says so: the follower is never left believing the work
+is done when it is not.
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def _transcript(
     client: CtlClient, lane: str, sink: LogSink, *, follow: bool, timeout_s: float
 ) -> f.LogRow | None:
     """Write one lane's rows to `sink` (as they come, with `follow`, until its end); returns
-    its last event row (None when it has none). Raises `RemoteError` (`not_found` at once)."""
+    its last event row (None when it has none). Raises `RemoteError` (`not_found` at once) and
+    `TreeUnreachable` (with `follow`: saying the lane's end never reached the follower)."""
     wait_s = POLL_S if follow else 0.0
     after = -1
     last: f.LogRow | None = None
@@ -149,6 +151,16 @@ def _transcript(
         ask = f.CtlLogs(lane=lane, after_seq=after, wait_s=wait_s)
         try:
             chunk = client.request(ask, timeout_s=wait_s + timeout_s)
+        except TreeUnreachable as exc:
+            if not follow:
+                raise
+            # The tree stopped between two exchanges: the lane's end event may be on disk,
+            # but it never reached this follower. A lane the tree did not finish runs again.
+            raise TreeUnreachable(
+                f"lane {lane}: the tree stopped answering before its end reached this follower "
+                f"({exc}); a lane the tree did not finish runs again when a tree starts on its "
+                "state directory"
+            ) from None
         except RemoteError as exc:
             # Following a lane whose shard died: its next generation comes back within seconds
             # and closes the transcript with a `lost:` event; wait for that.

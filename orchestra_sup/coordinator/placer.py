@@ -120,6 +120,7 @@ class Placer:
         self.answers.send()
         self._loads()
         now = time.time()  # stored (a placement's time, a pause's); intervals are monotonic
+        clock = self.backoffs.now()  # one reading for every backoff question of this pump
         waits: set[Need] = set()  # needs no shard can take now: their tasks wait
         for plan in list(self.book.active.values()):
             self._resend_starts(plan)
@@ -130,7 +131,7 @@ class Placer:
                 self.book.commit(plan)
             for spec in plan.iter_ready():
                 retry_at = plan.tasks[spec.id].retry_at
-                if retry_at is not None and self.backoffs.holds(plan.id, spec.id, retry_at):
+                if retry_at is not None and self.backoffs.holds(plan.id, spec.id, retry_at, clock):
                     continue
                 need = need_of(plan.spec, spec)
                 if not any(view.open for view in self.roster.shards.values()):
@@ -140,7 +141,7 @@ class Placer:
                     break
                 if need not in waits and not self._place(plan, spec, need, now):
                     waits.add(need)
-        self._wake_in(self.backoffs.wake_in(self.book.active.values()))
+        self._wake_in(self.backoffs.wake_in(self.book.active.values(), clock))
 
     def _wake_in(self, delay: float | None) -> None:
         """Pump again in `delay` seconds (the earliest retry backoff's end), or never."""
