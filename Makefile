@@ -6,15 +6,20 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint clean
 
-# Lanes run under bubblewrap where it is installed (README, "Isolation"): installed here,
-# best-effort, when running as root with apt-get; setup never fails for it.
-$(STAMP): pyproject.toml
-	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-	  && { apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+# Best-effort system packages, installed when running as root with apt-get; setup never fails
+# for them. $(call apt_install,COMMAND,PACKAGE,WHAT IT GIVES,WHAT GOES WITHOUT IT)
+apt_install = command -v $(1) >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && { apt-get install -y -qq $(2) >/dev/null 2>&1 \
 	       || { apt-get update -qq >/dev/null 2>&1 \
-	            && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; } \
-	  && echo "setup: installed bubblewrap: lanes run sandboxed"; } \
-	  || echo "setup: bubblewrap not installed: lanes run without it (README, Isolation)"
+	            && apt-get install -y -qq $(2) >/dev/null 2>&1; }; } \
+	  && echo "setup: installed $(2): $(3)"; } \
+	  || echo "setup: $(2) not installed: $(4)"
+
+# Lanes run under bubblewrap where it is installed (README, "Isolation"); the cluster tests run
+# a real etcd cluster (README, "Hosts on other machines").
+$(STAMP): pyproject.toml
+	@$(call apt_install,bwrap,bubblewrap,lanes run sandboxed,lanes run without it (README Isolation))
+	@$(call apt_install,etcd,etcd-server,the cluster tests run,the cluster tests skip)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'

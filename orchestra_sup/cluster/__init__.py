@@ -1,0 +1,1 @@
+"""A tree across machines: membership, leases and fencing on etcd (issue 21, ADR 0021)."""

@@ -1,0 +1,144 @@
+"""A host's membership: its registration in etcd under a lease it keeps alive, and the moment
+by which it must have stopped its own lanes when it cannot (ARCHITECTURE.md §12, invariant 15;
+ADR 0021).
+
+etcd ends a lease `ttl_s` seconds after the last keep-alive its leader took, and deletes the
+keys attached to it; the root watches them go and places the host's lanes elsewhere. The host
+cannot know when the leader took its last keep-alive, only that it was after the host sent it.
+So it counts from the send time of the last keep-alive etcd answered: etcd's side of the lease
+ends no earlier than `sent + ttl_s`. The host calls `on_lost` (which stops its lanes) at
+`sent + ttl_s - margin_s`, at the latest, and at once when etcd answers that the lease is gone.
+`margin_s` (default: one keep-alive interval) is the time left for the stop itself, so no lane
+runs in two places for longer than that.
+
+After a loss the host joins again: a new lease, the registration put again under it. Times are
+on the monotonic clock (seconds, float).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable
+
+log = logging.getLogger(__name__)
+
+TTL_S = 10
+"""A host's lease, in seconds (etcd counts leases in whole seconds)."""
+KEEPALIVE_S = 1.0
+"""Seconds between two keep-alives of a host's lease."""
+
+
+class HostLease:
+    """Keeps `key` = `value` registered in `etcd` under a lease of `ttl_s` seconds, renewed
+    every `every_s` seconds (module docstring). `on_lost()` is called, on the loop, each time
+    the lease is lost or can no longer be known to be held; `on_joined(lease_id)` each time a
+    new lease holds the registration. `margin_s` defaults to `every_s`.
+
+    Raises `ValueError` when `ttl_s - margin_s` leaves no time for a keep-alive to be answered
+    (it must exceed `every_s`)."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        key: bytes,
+        value: bytes,
+        *,
+        on_lost: Callable[[], None],
+        on_joined: Callable[[int], None] = lambda lease: None,
+        ttl_s: int = TTL_S,
+        every_s: float = KEEPALIVE_S,
+        margin_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.margin_s = every_s if margin_s is None else margin_s
+        if ttl_s - self.margin_s <= every_s:
+            raise ValueError(
+                f"a lease of {ttl_s} s less a margin of {self.margin_s:g} s leaves no room for a "
+                f"keep-alive every {every_s:g} s"
+            )
+        self.etcd = etcd
+        self.key = key
+        self.value = value
+        self.on_lost = on_lost
+        self.on_joined = on_joined
+        self.ttl_s = ttl_s
+        self.every_s = every_s
+        self.clock = clock
+        self.lease: int | None = None
+        """The lease held now, or None (not joined yet, or lost)."""
+        self.renewed_at: float | None = None
+        """When the last keep-alive etcd answered was sent (the monotonic clock)."""
+
+    @property
+    def stop_by(self) -> float | None:
+        """When the host must have stopped its lanes unless a keep-alive is answered first
+        (monotonic seconds), or None while no lease is held."""
+        if self.renewed_at is None:
+            return None
+        return self.renewed_at + self.ttl_s - self.margin_s
+
+    async def run(self) -> None:
+        """Join, keep the lease alive, and after a loss join again; until cancelled, when the
+        lease is revoked (etcd deletes the registration at once, not `ttl_s` later)."""
+        try:
+            while True:
+                await self._join()
+                await self._keep()
+                self.lease = self.renewed_at = None
+                self.on_lost()
+        finally:
+            lease, self.lease = self.lease, None
+            if lease is not None:
+                with contextlib.suppress(EtcdUnavailable, EtcdRefused):
+                    await asyncio.shield(self.etcd.revoke(lease))
+
+    async def _join(self) -> None:
+        """A new lease, and the registration under it; tried every `every_s` until it holds."""
+        while True:
+            sent = self.clock()
+            try:
+                lease = await self.etcd.grant(self.ttl_s)
+                await self.etcd.put(self.key, self.value, lease=lease)
+            except (EtcdUnavailable, EtcdRefused) as exc:
+                log.warning("cannot join the cluster yet: %s", exc)
+                await asyncio.sleep(self.every_s)
+                continue
+            self.lease, self.renewed_at = lease, sent
+            log.info("joined under lease %x (%d s)", lease, self.ttl_s)
+            self.on_joined(lease)
+            return
+
+    async def _keep(self) -> None:
+        """Renew the lease every `every_s` until it is lost: etcd says it is gone, or
+        `stop_by` comes with no answered keep-alive."""
+        assert self.lease is not None
+        while True:
+            await asyncio.sleep(self._left(self.every_s))
+            if self._past():
+                log.error("lease %x not renewed in time: its lanes stop", self.lease)
+                return
+            sent = self.clock()
+            try:
+                ttl = await asyncio.wait_for(self.etcd.keepalive(self.lease), self._left())
+            except (EtcdUnavailable, EtcdRefused, TimeoutError) as exc:
+                log.warning("lease %x keep-alive failed: %s", self.lease, exc or "timed out")
+                continue
+            if ttl <= 0:
+                log.error("lease %x is gone at etcd: its lanes stop", self.lease)
+                return
+            self.renewed_at = sent
+
+    def _left(self, cap: float | None = None) -> float:
+        """Seconds until `stop_by` (>= 0), at most `cap`."""
+        assert self.stop_by is not None
+        left = max(0.0, self.stop_by - self.clock())
+        return left if cap is None else min(cap, left)
+
+    def _past(self) -> bool:
+        assert self.stop_by is not None
+        return self.clock() >= self.stop_by

@@ -1,0 +1,75 @@
+"""The hosts of a tree as the root sees them: the registrations under a prefix in etcd, read
+once and then watched from the revision after that read, so no join or leave is missed or seen
+twice (ADR 0021).
+
+A host's registration lives under its lease (`cluster.lease`). When the lease ends, by expiry
+or revocation, etcd deletes the key and the watch delivers a DELETE: the host has left, and its
+lanes are the root's to place again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from orchestra_sup.cluster.etcd import Etcd, KeyValue
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    """The registrations under `prefix` (`hosts`: name, the key less the prefix, -> its
+    `KeyValue`). `on_join(name, kv)` is called when a host registers, `on_leave(name)` when its
+    registration goes; a registration put again under a new lease is a leave, then a join."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        prefix: bytes,
+        *,
+        on_join: Callable[[str, KeyValue], None] = lambda name, kv: None,
+        on_leave: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self.etcd = etcd
+        self.prefix = prefix
+        self.on_join = on_join
+        self.on_leave = on_leave
+        self.hosts: dict[str, KeyValue] = {}
+
+    async def run(self) -> None:
+        """Read the registrations, then follow their changes until cancelled. Raises
+        `EtcdUnavailable` when no endpoint answers the read or takes the watch, `EtcdRefused`
+        when the watch's revision was compacted away (the caller reads again)."""
+        revision, kvs = await self.etcd.get_prefix(self.prefix)
+        seen = {self._name(kv.key): kv for kv in kvs}
+        for name in [n for n in self.hosts if n not in seen]:
+            self._leave(name)
+        for name, kv in seen.items():
+            self._join(name, kv)
+        async for event in self.etcd.watch_prefix(self.prefix, revision + 1):
+            name = self._name(event.kv.key)
+            if event.kind == "DELETE":
+                self._leave(name)
+            else:
+                self._join(name, event.kv)
+
+    def _join(self, name: str, kv: KeyValue) -> None:
+        known = self.hosts.get(name)
+        if known is not None and known.lease == kv.lease:
+            self.hosts[name] = kv  # the same membership, its registration updated
+            return
+        if known is not None:
+            # Registered again under a new lease: the host lost the old one and stopped its
+            # lanes (`cluster.lease`), whether or not etcd has ended that lease yet.
+            self._leave(name)
+        self.hosts[name] = kv
+        log.info("host %s joined (lease %x)", name, kv.lease)
+        self.on_join(name, kv)
+
+    def _leave(self, name: str) -> None:
+        if self.hosts.pop(name, None) is not None:
+            log.warning("host %s left: its lease ended", name)
+            self.on_leave(name)
+
+    def _name(self, key: bytes) -> str:
+        return key[len(self.prefix) :].decode("utf-8", "replace")

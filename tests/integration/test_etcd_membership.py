@@ -1,0 +1,226 @@
+"""Membership and leases on a real three-member etcd cluster (issue 21, ADR 0021;
+`cluster.etcd`, `cluster.lease`, `cluster.membership`): members SIGKILLed one and two at a
+time, a host process SIGKILLed, and what the host and the root each see."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.cluster.etcd import Etcd, EtcdUnavailable
+from orchestra_sup.cluster.lease import HostLease
+from orchestra_sup.cluster.membership import Membership
+from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
+
+pytestmark = [pytest.mark.integration, needs_etcd]
+
+PREFIX = b"/orchestra-sup/test/hosts/"
+TTL_S = 3
+EVERY_S = 0.5
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    members = EtcdCluster(tmp_path / "etcd")
+    members.root.mkdir()
+    members.start()
+    try:
+        yield members
+    finally:
+        members.stop()
+
+
+async def until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+def test_a_watch_from_a_read_sees_each_change_once_across_a_killed_member(
+    cluster: EtcdCluster,
+) -> None:
+    """Read a prefix, watch from the revision after the read at m0, SIGKILL m0 mid-watch: the
+    watch goes on at the next member, every change after the read seen once, in order."""
+
+    async def main() -> list[tuple[str, bytes]]:
+        async with Etcd(cluster.endpoints) as watcher, Etcd(cluster.endpoints[1:]) as writer:
+            await writer.put(PREFIX + b"a", b"1")
+            revision, kvs = await watcher.get_prefix(PREFIX)
+            assert [(kv.key, kv.value) for kv in kvs] == [(PREFIX + b"a", b"1")]
+            seen: list[tuple[str, bytes]] = []
+
+            async def follow() -> None:
+                async for event in watcher.watch_prefix(PREFIX, revision + 1):
+                    seen.append((event.kind, event.kv.key[len(PREFIX) :]))
+
+            task = asyncio.create_task(follow())
+            await writer.put(PREFIX + b"b", b"2")
+            await until(lambda: len(seen) == 1, 10, "the first change")
+            cluster.kill("m0")
+            await writer.delete(PREFIX + b"a")
+            await writer.put(PREFIX + b"c", b"3")
+            await until(lambda: len(seen) == 3, 20, f"three changes, seen {seen}")
+            await asyncio.sleep(0.5)  # a repeat, if any, would arrive now
+            task.cancel()
+            return seen
+
+    assert asyncio.run(main()) == [("PUT", b"b"), ("DELETE", b"a"), ("PUT", b"c")]
+
+
+def test_one_member_killed_the_lease_holds(cluster: EtcdCluster) -> None:
+    """A host's lease through m0 first: m0 SIGKILLed, the keep-alives go to the others; for two
+    leases' time nothing is lost and the registration stays under the same lease."""
+
+    async def main() -> None:
+        lost: list[float] = []
+        async with Etcd(cluster.endpoints) as etcd, Etcd(cluster.endpoints[1:]) as root:
+            lease = HostLease(
+                etcd, PREFIX + b"host-a", b"{}", on_lost=lambda: lost.append(time.monotonic()),
+                ttl_s=TTL_S, every_s=EVERY_S,
+            )  # fmt: skip
+            task = asyncio.create_task(lease.run())
+            await until(lambda: lease.lease is not None, 10, "joined")
+            held = lease.lease
+            cluster.kill("m0")
+            await asyncio.sleep(2 * TTL_S)
+            kv = await root.get(PREFIX + b"host-a")
+            assert lost == [] and lease.lease == held
+            assert kv is not None and kv.lease == held
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert await root.get(PREFIX + b"host-a") is None  # revoked on the way out
+
+    asyncio.run(main())
+
+
+def test_quorum_lost_the_host_stops_in_time_and_joins_again_when_it_is_back(
+    cluster: EtcdCluster,
+) -> None:
+    """Two of three members SIGKILLed: no keep-alive is answered, and the host calls `on_lost`
+    before etcd's side of its lease could end (the send time of its last answered keep-alive
+    plus the TTL). The members back: the host joins under a new lease, and the root's watch
+    sees the old registration leave and the new one join."""
+
+    async def main() -> None:
+        events: list[str] = []
+        lost: list[tuple[float, float]] = []
+        joined: list[int] = []
+        async with Etcd(cluster.endpoints) as etcd, Etcd(cluster.endpoints) as root_etcd:
+            lease: HostLease
+
+            def on_lost() -> None:
+                assert lease.renewed_at is None  # it says no lease is held before the call
+                lost.append((time.monotonic(), last_renewed[0]))
+
+            last_renewed = [0.0]
+            lease = HostLease(
+                etcd, PREFIX + b"host-a", b"{}", on_lost=on_lost, on_joined=joined.append,
+                ttl_s=TTL_S, every_s=EVERY_S,
+            )  # fmt: skip
+            membership = Membership(
+                root_etcd, PREFIX,
+                on_join=lambda name, kv: events.append(f"join {name} {kv.lease}"),
+                on_leave=lambda name: events.append(f"leave {name}"),
+            )  # fmt: skip
+            tasks = [asyncio.create_task(lease.run())]
+            await until(lambda: joined, 10, "joined")
+            tasks.append(asyncio.create_task(_watching(membership)))
+            await until(lambda: events == [f"join host-a {joined[0]}"], 10, f"seen: {events}")
+
+            async def track() -> None:
+                while True:
+                    if lease.renewed_at is not None:
+                        last_renewed[0] = lease.renewed_at
+                    await asyncio.sleep(0.01)
+
+            tasks.append(asyncio.create_task(track()))
+            cluster.kill("m1")
+            cluster.kill("m2")
+            await until(lambda: lost, 3 * TTL_S, "on_lost")
+            lost_at, renewed = lost[0]
+            assert lost_at < renewed + TTL_S, (lost_at - renewed, TTL_S)
+            await asyncio.to_thread(cluster.start, "m1", "m2")
+            await until(lambda: len(joined) == 2, 30, f"joined again: {joined}")
+            assert joined[1] != joined[0]
+            want = [f"join host-a {joined[0]}", "leave host-a", f"join host-a {joined[1]}"]
+            await until(lambda: events == want, 30, f"seen: {events}")
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+async def _watching(membership: Membership) -> None:
+    """`membership.run()`, read again after each time no endpoint answered (what the root's
+    side does)."""
+    while True:
+        try:
+            await membership.run()
+        except EtcdUnavailable:
+            await asyncio.sleep(EVERY_S)
+
+
+HOST = """
+import asyncio, sys
+from orchestra_sup.cluster.etcd import Etcd
+from orchestra_sup.cluster.lease import HostLease
+
+async def main():
+    async with Etcd(sys.argv[1].split(",")) as etcd:
+        lease = HostLease(etcd, sys.argv[2].encode(), b"{}", on_lost=lambda: None,
+                          on_joined=lambda lease: print(lease, flush=True), ttl_s=3, every_s=0.5)
+        await lease.run()
+
+asyncio.run(main())
+"""
+
+
+def test_a_host_sigkilled_leaves_within_its_lease(cluster: EtcdCluster) -> None:
+    """A host process SIGKILLed, so nothing revokes its lease: etcd ends it and the root's watch
+    sees the host leave within the TTL (plus the time an expiry takes to be seen)."""
+
+    async def main() -> None:
+        events: list[str] = []
+        host = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                HOST,
+                ",".join(cluster.endpoints),
+                (PREFIX + b"host-b").decode(),
+            ],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        )
+        try:
+            assert host.stdout is not None
+            lease_id = int(await asyncio.to_thread(host.stdout.readline))
+            async with Etcd(cluster.endpoints) as etcd:
+                membership = Membership(
+                    etcd, PREFIX,
+                    on_join=lambda name, kv: events.append(f"join {name} {kv.lease}"),
+                    on_leave=lambda name: events.append(f"leave {name}"),
+                )  # fmt: skip
+                task = asyncio.create_task(_watching(membership))
+                await until(lambda: events == [f"join host-b {lease_id}"], 10, f"seen {events}")
+                host.send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                await until(lambda: "leave host-b" in events, TTL_S + 5, f"seen {events}")
+                assert time.monotonic() - killed >= 1.0  # the lease ran out: not a revoke
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        finally:
+            host.kill()
+            host.communicate()
+
+    asyncio.run(main())
