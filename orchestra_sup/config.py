@@ -77,6 +77,11 @@ rttime_s = 1.0            # RLIMIT_RTTIME: CPU seconds a real-time thread may ru
                           # blocking before SIGXCPU (SIGKILL one second later)
 reserved_cpus = ""        # CPUs the control plane is pinned to ("0", "0,2-3"); "": not pinned
 lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE; "nice": as before
+
+[cluster]                 # a tree past one machine (cluster/settings.py has every key, ADR 0021)
+etcd = []                 # etcd endpoints, "https://10.0.0.5:2379", ...; []: one host, no etcd
+lease_ttl_s = 10          # a host's lease, whole seconds
+keepalive_s = 1.0         # seconds between two keep-alives of a host's lease
 ```
 """
 
@@ -91,6 +96,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from orchestra_sup.cluster.settings import ClusterSettings, cluster_section
 from orchestra_sup.errors import ConfigError, did_you_mean
 from orchestra_sup.protocol.childargs import Quota
 from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN
@@ -213,6 +219,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """`[isolation]`: how lanes' commands are confined (`system.isolation`)."""
     cpu: CpuSettings = CpuSettings()
     """`[cpu]`: the CPU policy by role (`system.cpupolicy`)."""
+    cluster: ClusterSettings = ClusterSettings()
+    """`[cluster]`: the etcd cluster of a tree past one machine (`cluster.settings`)."""
 
 
 _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
@@ -251,7 +259,10 @@ _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "realtime"): REALTIME,
     ("cpu", "lanes"): LANE_CLASSES,
 }
-_SECTIONS = ("supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation", "cpu")
+_SECTIONS = (
+    "supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation", "cpu",
+    "cluster",
+)  # fmt: skip
 _CHECKED_APART = {
     "supervisor": ("metrics_host",),
     "shards": ("capabilities", "tenants", "[shards.shard-N] tables"),
@@ -388,6 +399,8 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             raise ConfigError(f"[{section}] must be a table, got {_toml_value(body)}")
         if section == "shards":
             sections[section] = _shards_section(body)
+        elif section == "cluster":
+            continue  # checked as a whole below (`cluster_section`)
         elif section == "quotas":
             sections[section] = _quotas_section(body)
         elif section == "supervisor" and "metrics_host" in body:
@@ -426,6 +439,7 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         quotas=sections.get("quotas", {}),
         isolation=IsolationSettings(**sections.get("isolation", {})),
         cpu=CpuSettings(**sections.get("cpu", {})),
+        cluster=cluster_section(data.get("cluster", {})),
     )
 
 

@@ -1,31 +1,47 @@
-"""`orchestra-sup doctor`: which isolation layers lanes get on this machine, and which layers of
-the CPU policy work here."""
+"""`orchestra-sup doctor`: which isolation layers lanes get on this machine, which layers of the
+CPU policy work here, and, given a config with `[cluster] etcd`, how its etcd cluster is."""
 
 from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import typer
 
-from orchestra_sup.cli.options import JsonOpt
+from orchestra_sup.cli.exits import guarded
+from orchestra_sup.cli.options import ConfigOpt, JsonOpt
 from orchestra_sup.cli.output import print_json
 from orchestra_sup.system.cpudoctor import LANE_LAYERS
 from orchestra_sup.system.doctorlayer import Layer
 
+if TYPE_CHECKING:  # aiohttp, which etcd's client needs, is imported only when it is used
+    from orchestra_sup.cluster.health import ClusterHealth
 
-def doctor(as_json: JsonOpt = False) -> None:
+
+def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Say which isolation layers lanes get on this machine, why not, and what mode auto picks;
     then which layers of the CPU policy (\\[cpu]) work here, and which `realtime = "auto"` and
-    `lanes = "idle"` take.
+    `lanes = "idle"` take; then, when `--config` names an etcd cluster (\\[cluster] etcd),
+    whether each member answers and whether the cluster has a quorum.
 
-    Example: orchestra-sup doctor --json
+    Example: orchestra-sup doctor --config /etc/orchestra-sup/tree.toml --json
     """
     from orchestra_sup.shards.doctor import diagnose
     from orchestra_sup.system.cpudoctor import cpu_layers
 
+    cluster = guarded(lambda: _cluster(config))
     report = diagnose()
     cpu = cpu_layers()
     if as_json:
-        print_json({**msgspec.to_builtins(report), "cpu": msgspec.to_builtins(cpu)})
+        print_json(
+            {
+                **msgspec.to_builtins(report),
+                "cpu": msgspec.to_builtins(cpu),
+                "cluster": msgspec.to_builtins(cluster),
+            }
+        )
         return
     for layer in report.layers:
         _line(layer)
@@ -37,6 +53,34 @@ def doctor(as_json: JsonOpt = False) -> None:
     idle = next(layer.name for layer in cpu if layer.used and layer.name in LANE_LAYERS)
     typer.echo(f'[cpu] realtime = "auto" runs the control plane in: {realtime}')
     typer.echo(f'[cpu] lanes = "idle" puts lanes below it with: {idle}')
+    if cluster is not None:
+        typer.echo("")
+        for member in cluster.members:
+            typer.echo(
+                f"{'yes' if member.ok else 'no '} etcd {member.endpoint:<27} {member.detail}"
+            )
+        quorum = "yes" if cluster.quorum else "no "
+        typer.echo(f"{quorum} etcd quorum {'':<21} {cluster.detail}")
+
+
+def _cluster(config: Path | None) -> ClusterHealth | None:
+    """The health of `config`'s etcd cluster, or None without a config or an etcd there.
+    Raises `ConfigError` for a config that cannot be read or is invalid."""
+    from orchestra_sup.cluster import health
+    from orchestra_sup.cluster.settings import connect
+    from orchestra_sup.config import load_settings
+
+    if config is None:
+        return None
+    settings = load_settings(config).cluster
+    if not settings.etcd:
+        return None
+
+    async def ask() -> ClusterHealth:
+        async with connect(settings) as etcd:
+            return await health.check(etcd, settings.prefix)
+
+    return asyncio.run(ask())
 
 
 def _line(layer: Layer) -> None:

@@ -21,6 +21,7 @@ both `OrchestraError`s with one-line messages.
 from __future__ import annotations
 
 import base64
+import os
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -223,9 +224,10 @@ class Etcd:
     # --- the cluster ----------------------------------------------------------------------------
 
     async def status(self, endpoint: str) -> Status:
-        """`endpoint`'s own status (one member, no failover). Raises `EtcdUnavailable` when it
-        does not answer."""
-        return await self._one(endpoint, "/v3/maintenance/status", {}, Status)
+        """`endpoint`'s own status (one member, no failover, no leader required: a member cut
+        off from the quorum says so, `leader` 0). Raises `EtcdUnavailable` when it does not
+        answer."""
+        return await self._one(endpoint, "/v3/maintenance/status", {}, Status, leader=False)
 
     # --- watches --------------------------------------------------------------------------------
 
@@ -303,7 +305,9 @@ class Etcd:
             return reply
         raise EtcdUnavailable(f"etcd did not answer {path}: {'; '.join(problems)}")
 
-    async def _one(self, url: str, path: str, body: dict[str, Any], kind: type[Any]) -> Any:
+    async def _one(
+        self, url: str, path: str, body: dict[str, Any], kind: type[Any], *, leader: bool = True
+    ) -> Any:
         session = self._open()
         try:
             if self._auth is not None and self._token is None:
@@ -311,11 +315,17 @@ class Etcd:
             async with session.post(
                 url + path,
                 json=body,
-                headers=self._headers(),
+                headers=self._headers(leader),
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             ) as reply:
                 data = await reply.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except TimeoutError:
+            raise EtcdUnavailable(f"{url}: no answer within {self.timeout_s:g} s") from None
+        except aiohttp.ClientConnectorError as exc:
+            code = exc.os_error.errno
+            why = os.strerror(code).lower() if code else str(exc.os_error)
+            raise EtcdUnavailable(f"{url}: cannot connect ({why})") from None
+        except aiohttp.ClientError as exc:
             raise EtcdUnavailable(f"{url}: {type(exc).__name__} {exc}".strip()) from None
         if reply.status >= 500 or reply.status == 408:
             raise EtcdUnavailable(f"{url} answered {reply.status}: {_message(data)}")
@@ -336,10 +346,11 @@ class Etcd:
             raise EtcdRefused(f"etcd refused user {user!r}: {_message(data)}")
         self._token = msgspec.json.decode(data, type=dict[str, Any]).get("token")
 
-    def _headers(self) -> dict[str, str]:
-        if self._token is None:
-            return REQUIRE_LEADER
-        return {**REQUIRE_LEADER, "Authorization": self._token}
+    def _headers(self, leader: bool = True) -> dict[str, str]:
+        headers = dict(REQUIRE_LEADER) if leader else {}
+        if self._token is not None:
+            headers["Authorization"] = self._token
+        return headers
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:

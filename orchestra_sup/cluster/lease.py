@@ -24,13 +24,9 @@ import time
 from collections.abc import Callable
 
 from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable
+from orchestra_sup.cluster.settings import KEEPALIVE_S, TTL_S
 
 log = logging.getLogger(__name__)
-
-TTL_S = 10
-"""A host's lease, in seconds (etcd counts leases in whole seconds)."""
-KEEPALIVE_S = 1.0
-"""Seconds between two keep-alives of a host's lease."""
 
 
 class HostLease:

@@ -1,4 +1,5 @@
-"""Fixtures for integration tests: a subreaping test process, a git repo, real trees."""
+"""Fixtures for integration tests: a subreaping test process, a git repo, real trees, a real
+three-member etcd cluster."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import psutil
 import pytest
 
 from orchestra_sup.system import linux
+from tests.integration.etcd_cluster import EtcdCluster
 from tests.integration.harness import Tree, leftovers, make_repo, reap_zombies
 
 
@@ -77,6 +79,19 @@ def tree_factory(tmp_path: Path) -> Iterator[Callable[..., Tree]]:
 @pytest.fixture
 def tree(tree_factory: Callable[..., Tree], repo: Path) -> Tree:
     return tree_factory(workspace=repo)
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """Three etcd members on loopback ports, healthy; each SIGKILLed at the end (a test that
+    needs etcd is marked `etcd_cluster.needs_etcd`, and skips where it is not installed)."""
+    members = EtcdCluster(tmp_path / "etcd")
+    members.root.mkdir()
+    members.start()
+    try:
+        yield members
+    finally:
+        members.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,8 @@ EVERY_S = 0.5
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
-    members = EtcdCluster(tmp_path / "etcd")
-    members.root.mkdir()
-    members.start()
-    try:
-        yield members
-    finally:
-        members.stop()
+def cluster(etcd_cluster: EtcdCluster) -> EtcdCluster:
+    return etcd_cluster
 
 
 async def until(check, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,127 @@
+"""`[cluster]`: the etcd cluster a tree of more than one machine keeps its membership in, and the
+lease its hosts hold (ADR 0021). A tree whose `etcd` is empty (the default) is one host and
+needs no etcd.
+
+```toml
+[cluster]
+etcd = ["https://10.0.0.5:2379", "https://10.0.0.6:2379", "https://10.0.0.7:2379"]
+etcd_ca = "/etc/orchestra-sup/etcd-ca.pem"       # the CA that signed the members' certificates
+etcd_cert = "/etc/orchestra-sup/etcd-client.pem" # a client certificate, where etcd asks for one
+etcd_key = "/etc/orchestra-sup/etcd-client.key"  #   (--client-cert-auth), and its key
+etcd_user = "orchestra"                          # etcd's own users (`etcdctl auth enable`),
+etcd_password_file = "/etc/orchestra-sup/etcd-password"  # the password alone in a file
+prefix = "/orchestra-sup/"                       # where this tree's keys live in etcd
+lease_ttl_s = 10                                 # a host's lease, whole seconds
+keepalive_s = 1.0                                # seconds between two keep-alives
+```
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from orchestra_sup.errors import ConfigError
+
+if TYPE_CHECKING:  # aiohttp is imported by the processes that talk to etcd, not by every one
+    from orchestra_sup.cluster.etcd import Etcd
+
+PREFIX = "/orchestra-sup/"
+TTL_S = 10
+"""A host's lease by default, in seconds (etcd counts leases in whole seconds)."""
+KEEPALIVE_S = 1.0
+"""Seconds between two keep-alives of a host's lease by default."""
+FILES = ("etcd_ca", "etcd_cert", "etcd_key", "etcd_password_file")
+KEYS = ("etcd", *FILES, "etcd_user", "prefix", "lease_ttl_s", "keepalive_s")
+
+
+class ClusterSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """`[cluster]` (module docstring). Paths are as given (absolute or relative to where the
+    tree starts); `lease_ttl_s` in whole seconds, `keepalive_s` in seconds."""
+
+    etcd: tuple[str, ...] = ()
+    etcd_ca: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password_file: str | None = None
+    prefix: str = PREFIX
+    lease_ttl_s: int = TTL_S
+    keepalive_s: float = KEEPALIVE_S
+
+
+def cluster_section(body: dict[str, Any]) -> ClusterSettings:
+    """`[cluster]` checked: URLs, files that exist, options that need each other, and a lease
+    long enough to be kept alive. Raises `ConfigError` naming the key."""
+    for key in body:
+        if key not in KEYS:
+            raise ConfigError(f"[cluster] unknown key {key!r} (known: {', '.join(KEYS)})")
+    out: dict[str, Any] = {}
+    endpoints = body.get("etcd", [])
+    if not isinstance(endpoints, list) or not all(isinstance(u, str) for u in endpoints):
+        raise ConfigError(f"[cluster] etcd = {endpoints!r}: expected an array of URLs")
+    for url in endpoints:
+        if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
+            raise ConfigError(f"[cluster] etcd: {url!r} is not an http:// or https:// URL")
+    out["etcd"] = tuple(dict.fromkeys(endpoints))
+    for key in (*FILES, "etcd_user", "prefix"):
+        if key in body:
+            if not isinstance(body[key], str) or not body[key]:
+                raise ConfigError(f"[cluster] {key} = {body[key]!r}: expected a non-empty string")
+            out[key] = body[key]
+    for key in FILES:
+        if key in out and not Path(out[key]).is_file():
+            raise ConfigError(f"[cluster] {key} = {out[key]!r}: no such file")
+    if ("etcd_cert" in out) != ("etcd_key" in out):
+        raise ConfigError("[cluster] etcd_cert and etcd_key go together: give both or neither")
+    if ("etcd_user" in out) != ("etcd_password_file" in out):
+        raise ConfigError(
+            "[cluster] etcd_user and etcd_password_file go together: give both or neither"
+        )
+    prefix = out.get("prefix", PREFIX)
+    if not prefix.startswith("/") or not prefix.endswith("/"):
+        raise ConfigError(f"[cluster] prefix = {prefix!r}: must begin and end with /")
+    ttl = body.get("lease_ttl_s", TTL_S)
+    every = body.get("keepalive_s", KEEPALIVE_S)
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 2 <= ttl <= 3600:
+        raise ConfigError(f"[cluster] lease_ttl_s = {ttl!r}: expected whole seconds, 2 to 3600")
+    if isinstance(every, bool) or not isinstance(every, int | float) or not 0.05 <= every <= 60:
+        raise ConfigError(f"[cluster] keepalive_s = {every!r}: expected seconds, 0.05 to 60")
+    if ttl <= 2 * every:
+        raise ConfigError(
+            f"[cluster] lease_ttl_s = {ttl} must be more than twice keepalive_s = {every:g}: a "
+            "host stops its lanes one keep-alive before its lease ends, and needs one to renew it"
+        )
+    out["lease_ttl_s"], out["keepalive_s"] = ttl, float(every)
+    return ClusterSettings(**out)
+
+
+def connect(settings: ClusterSettings, *, timeout_s: float | None = None) -> Etcd:
+    """An `Etcd` client of `settings`' cluster (use with `async with`), its TLS context made
+    from `etcd_ca`, `etcd_cert` and `etcd_key`, its password read from `etcd_password_file`
+    (the file's first line). Raises `ConfigError` when `etcd` is empty or a file cannot be
+    read as what it should be."""
+    from orchestra_sup.cluster.etcd import Etcd
+
+    if not settings.etcd:
+        raise ConfigError("[cluster] etcd is empty: this tree is one host and uses no etcd")
+    context = None
+    if settings.etcd_ca is not None or settings.etcd_cert is not None:
+        try:
+            context = ssl.create_default_context(cafile=settings.etcd_ca)
+            if settings.etcd_cert is not None:
+                context.load_cert_chain(settings.etcd_cert, settings.etcd_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"[cluster] TLS files: {exc}") from None
+    password = None
+    if settings.etcd_password_file is not None:
+        try:
+            text = Path(settings.etcd_password_file).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"[cluster] etcd_password_file: {exc}") from None
+        password = text.splitlines()[0] if text else ""
+    extra = {} if timeout_s is None else {"timeout_s": timeout_s}
+    return Etcd(settings.etcd, ssl=context, user=settings.etcd_user, password=password, **extra)
