@@ -34,6 +34,10 @@ from orchestra_sup.errors import OrchestraError
 TIMEOUT_S = 2.0
 """How long one request waits for one endpoint before the next is tried (seconds)."""
 REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
+READ_BUFSIZE = 8 << 20
+"""The longest line a watch may send (bytes): a response of events, each at most etcd's 1.5 MiB
+request limit (`--max-request-bytes`). aiohttp's default, 64 KiB, would end a watch at the
+first larger one."""
 
 
 class EtcdUnavailable(OrchestraError):
@@ -113,6 +117,10 @@ class _WatchReply(msgspec.Struct):
     error: dict[str, Any] | None = None
 
 
+class _Token(msgspec.Struct):
+    token: str
+
+
 class Status(msgspec.Struct, frozen=True):
     """One member's answer to `status`: its version, and the member id of the leader it
     follows (0: none)."""
@@ -168,7 +176,7 @@ class Etcd:
 
     async def __aenter__(self) -> Etcd:
         connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
-        self._session = aiohttp.ClientSession(connector=connector)
+        self._session = aiohttp.ClientSession(connector=connector, read_bufsize=READ_BUFSIZE)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -280,7 +288,10 @@ class Etcd:
             async for line in reply.content:
                 if not line.strip():
                     continue
-                message = msgspec.json.decode(line, type=_WatchReply, strict=False)
+                try:
+                    message = msgspec.json.decode(line, type=_WatchReply, strict=False)
+                except msgspec.DecodeError:  # ValidationError included
+                    raise EtcdUnavailable(f"{url} sent what is not etcd's JSON") from None
                 if message.error is not None:
                     raise EtcdUnavailable(f"{url}: {message.error.get('message', '')}")
                 if message.result is not None:
@@ -329,9 +340,16 @@ class Etcd:
             raise EtcdUnavailable(f"{url}: {type(exc).__name__} {exc}".strip()) from None
         if reply.status >= 500 or reply.status == 408:
             raise EtcdUnavailable(f"{url} answered {reply.status}: {_message(data)}")
+        if reply.status == 401 and self._token is not None:
+            # etcd's tokens expire (--auth-token-ttl, 300 s by default): authenticate again
+            self._token = None
+            raise EtcdUnavailable(f"{url}: auth token expired ({_message(data)})")
         if reply.status != 200:
             raise EtcdRefused(f"etcd refused {path}: {_message(data)}")
-        return msgspec.json.decode(data, type=kind, strict=False)
+        try:
+            return msgspec.json.decode(data, type=kind, strict=False)
+        except msgspec.DecodeError:  # ValidationError included
+            raise EtcdUnavailable(f"{url} answered what is not etcd's JSON") from None
 
     async def _authenticate(self, url: str) -> None:
         assert self._auth is not None
@@ -344,7 +362,10 @@ class Etcd:
             data = await reply.read()
         if reply.status != 200:
             raise EtcdRefused(f"etcd refused user {user!r}: {_message(data)}")
-        self._token = msgspec.json.decode(data, type=dict[str, Any]).get("token")
+        try:
+            self._token = msgspec.json.decode(data, type=_Token).token
+        except msgspec.DecodeError:
+            raise EtcdUnavailable(f"{url} answered an authentication with no token") from None
 
     def _headers(self, leader: bool = True) -> dict[str, str]:
         headers = dict(REQUIRE_LEADER) if leader else {}
@@ -359,9 +380,12 @@ class Etcd:
 
 
 def _message(data: bytes) -> str:
-    """etcd's error text from a gateway error body ({"error": ..., "message": ...})."""
+    """etcd's error text from a gateway error body ({"error": ..., "message": ...}), else the
+    body's first 200 bytes."""
     try:
-        body = msgspec.json.decode(data, type=dict[str, Any])
+        body = msgspec.json.decode(data)
     except msgspec.DecodeError:
-        return data[:200].decode("utf-8", "replace")
-    return str(body.get("message") or body.get("error") or body)
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("message") or body.get("error"), str):
+        return str(body.get("message") or body.get("error"))
+    return data[:200].decode("utf-8", "replace")

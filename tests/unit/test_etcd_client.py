@@ -1,0 +1,136 @@
+"""The etcd client's answers to a member that misbehaves (`cluster.etcd`): HTTP servers on
+loopback that answer what a broken or hostile member might, beside one that answers as etcd's
+gateway does. Each bad answer is an `EtcdUnavailable` that moves to the next endpoint, or an
+`EtcdRefused` with etcd's own text, never a decoding traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiohttp import web
+
+from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable, prefix_end
+
+Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def serve(answer: Answer) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_route("POST", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+async def good(request: web.Request) -> web.Response:
+    """What etcd's gateway answers to a range of one key: header, kvs, int64s as strings."""
+    kv = {"key": "YQ==", "value": "MQ==", "create_revision": "7", "mod_revision": "9"}
+    return web.json_response({"header": {"revision": "9"}, "kvs": [kv], "count": "1"})
+
+
+async def garbage(request: web.Request) -> web.Response:
+    return web.Response(body=b"\x00<html>not etcd", content_type="text/html")
+
+
+async def wrong_shape(request: web.Request) -> web.Response:
+    return web.json_response({"kvs": "not a list", "header": []})
+
+
+async def refused(request: web.Request) -> web.Response:
+    body = {
+        "error": "etcdserver: permission denied",
+        "code": 7,
+        "message": "etcdserver: permission denied",
+    }
+    return web.json_response(body, status=403)
+
+
+async def no_leader(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"error": "etcdserver: no leader", "message": "etcdserver: no leader"}, status=503
+    )
+
+
+def run(answers: list[Answer], body: Callable[[Etcd], Awaitable[object]]) -> object:
+    async def main() -> object:
+        served = [await serve(a) for a in answers]
+        try:
+            async with Etcd([url for _, url in served], timeout_s=2.0) as etcd:
+                return await body(etcd)
+        finally:
+            for runner, _ in served:
+                await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", [garbage, wrong_shape, no_leader], ids=["garbage", "shape", "503"])
+def test_a_bad_answer_moves_to_the_next_endpoint(bad: Answer) -> None:
+    async def body(etcd: Etcd) -> object:
+        return await etcd.get(b"a")
+
+    kv = run([bad, good], body)
+    assert kv is not None and (kv.value, kv.create_revision) == (b"1", 7)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bad", [garbage, wrong_shape, no_leader], ids=["garbage", "shape", "503"])
+def test_every_endpoint_bad_is_unavailable_in_one_line(bad: Answer) -> None:
+    async def body(etcd: Etcd) -> object:
+        with pytest.raises(EtcdUnavailable) as caught:
+            await etcd.get(b"a")
+        return str(caught.value)
+
+    message = run([bad, bad], body)
+    assert isinstance(message, str) and "\n" not in message
+    assert message.startswith("etcd did not answer /v3/kv/range: http://127.0.0.1:")
+
+
+def test_a_refusal_carries_etcds_words_and_is_not_retried_elsewhere() -> None:
+    async def body(etcd: Etcd) -> object:
+        with pytest.raises(
+            EtcdRefused, match="etcd refused /v3/kv/put: etcdserver: permission denied"
+        ):
+            await etcd.put(b"a", b"1")
+        return True
+
+    assert run([refused, good], body)
+
+
+async def garbled_watch(request: web.Request) -> web.StreamResponse:
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    await reply.write(b'{"result": {"created": true}}\n{"result": {"events": 12}}\n')
+    await reply.write_eof()
+    return reply
+
+
+async def good_watch(request: web.Request) -> web.StreamResponse:
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    start = int(json.loads(await request.read())["create_request"]["start_revision"])
+    event = {"kv": {"key": "YQ==", "value": "MQ==", "mod_revision": str(start)}}
+    await reply.write(b'{"result": {"created": true}}\n')
+    await reply.write(json.dumps({"result": {"events": [event]}}).encode() + b"\n")
+    await asyncio.sleep(1.0)  # a watch stays open (long enough for the client to read)
+    return reply
+
+
+def test_a_garbled_watch_goes_on_at_the_next_endpoint_from_the_same_revision() -> None:
+    async def body(etcd: Etcd) -> object:
+        async for event in etcd.watch_prefix(b"a", 42):
+            return (event.kind, event.kv.key, event.kv.mod_revision)
+        return None
+
+    assert run([garbled_watch, good_watch], body) == ("PUT", b"a", 42)
+
+
+def test_prefix_end() -> None:
+    assert prefix_end(b"/hosts/") == b"/hosts0"
+    assert prefix_end(b"a\xff") == b"b"
+    assert prefix_end(b"\xff\xff") == b"\0"  # every key
