@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "system": 1,  # OS seams: Linux calls, descriptors, titles, cgroups, isolation, lane uids
     "logformat": 1,  # how every process writes its log
     "protocol": 2,  # the wire: frames, codec, endpoints, keys, names, a child's arguments
+    "cluster": 2,  # etcd: its client, a host's lease, the root's view of the hosts, [cluster]
     "histogram": 3,  # latency buckets (their wire form is a frame)
     "release": 3,  # what a release is and which protocols it speaks
     "config": 3,  # the tree's config file
