@@ -63,6 +63,9 @@ class PlanBook:
         """Plans whose final record is written (or being written) durably."""
         self.waiters: dict[str, list[asyncio.Future[None]]] = {}
         """Plan id -> the futures of the `ctl plan --wait` calls waiting for it to end."""
+        self.accepting: dict[str, asyncio.Future[None]] = {}
+        """Plan id -> the commit of its record, for plans accepted and not yet durable
+        (`Coordinator._submit`): no submitter hears of them before it."""
         self.on_done: Callable[[PlanRecord], None] = lambda plan: None
         """Told of each plan that ends, once its final record is queued (`coordinator.seat`:
         a lane a session started ended)."""

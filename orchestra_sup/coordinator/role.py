@@ -337,13 +337,22 @@ class Coordinator:
         self, spec: f.PlanSpec, key: str | None = None, ticket: str | None = None
     ) -> f.Body:
         """Validate and durably record a plan, then start what is ready. With an idempotency
-        `key` already used, nothing new happens and the earlier plan's id is the answer. A
-        `ticket` is every task's first affinity ticket (`start_lane ticket=`). A big plan is
-        checked off the loop (`coordinator.accept`)."""
+        `key` already used, nothing new happens and the earlier plan's id is the answer, once
+        that plan is durable. A `ticket` is every task's first affinity ticket (`start_lane
+        ticket=`). A big plan is checked off the loop (`coordinator.accept`).
+
+        The plan is kept, and what is ready placed (of a task graph; a session starts once
+        durable), before its record is durable, so that the record and the first placements
+        share a commit (one fsync less on a lane's start, the
+        reaction of ADR 0019) and a second submission of its key finds it at once (two at once
+        made two plans while the first awaited its commit). No one hears of the plan before
+        that commit: not its submitter (the answer waits for it), not a second submitter of
+        its key (`_accepted`), not a shard (`Placer._send_start` waits for the placement's own
+        durable write, queued behind the plan's). `ctl plans` may list it meanwhile."""
         assert self.store is not None and self.book is not None and self.node is not None
         book = self.book
         if key is not None and key in book.keys:
-            return f.PlanAccepted(id=book.keys[key])
+            return await self._accepted(book.keys[key])
         try:
             self.store.check_writable()  # a full disk refuses new work, in one clear line
         except StateError as exc:
@@ -363,20 +372,35 @@ class Coordinator:
             )
         )
         if key is not None and key in book.keys:  # the same key, accepted meanwhile
-            return f.PlanAccepted(id=book.keys[key])
-        await book.planstore.write_durable(plan, new=True)
+            return await self._accepted(book.keys[key])
+        book.planstore.write(plan, new=True)
         book.add(plan)
         if len(plan.tasks) >= FREEZE_TASKS:
             gc.freeze()
         self.node.retitle()
+        if spec.coordinator == DAG:
+            log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
+            book.schedule()  # the placements' writes queue behind the plan's record
+        durable = book.accepting[plan.id] = book.planstore.write_durable(plan)
+        durable.add_done_callback(lambda _: book.accepting.pop(plan.id, None))
+        await asyncio.shield(durable)
         if spec.coordinator != DAG:
+            # A session's program starts once its submitter can be answered, never before: a
+            # program that ends the process in its first step must not take the answer along.
             assert self.seat is not None
             log.info("plan %s (%s): session of %s accepted", plan.id, spec.name, spec.coordinator)
             self.seat.started(plan)
-        else:
-            log.info("plan %s (%s): %d tasks accepted", plan.id, spec.name, len(spec.tasks))
-        book.schedule()
+            book.schedule()
         return f.PlanAccepted(id=plan.id)
+
+    async def _accepted(self, plan_id: str) -> f.PlanAccepted:
+        """The answer to a submission whose idempotency key plan `plan_id` holds: once that
+        plan's record is durable."""
+        assert self.book is not None
+        pending = self.book.accepting.get(plan_id)
+        if pending is not None:
+            await asyncio.shield(pending)
+        return f.PlanAccepted(id=plan_id)
 
     def _summary(self, plan: PlanRecord) -> f.PlanSummary:
         """`ctl plans`' line of `plan`: a session's counts its lanes (`Seat.summary`)."""
