@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import typer
 
-from orchestra_sup.cli.exits import guarded
+from orchestra_sup.cli.exits import EXIT_FAILED, guarded
 from orchestra_sup.cli.options import ConfigOpt, JsonOpt
 from orchestra_sup.cli.output import print_json
 from orchestra_sup.system.cpudoctor import LANE_LAYERS
@@ -24,7 +24,8 @@ def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Say which isolation layers lanes get on this machine, why not, and what mode auto picks;
     then which layers of the CPU policy (\\[cpu]) work here, and which `realtime = "auto"` and
     `lanes = "idle"` take; then, when `--config` names an etcd cluster (\\[cluster] etcd),
-    whether each member answers and whether the cluster has a quorum.
+    whether each member answers and whether the cluster has a quorum. Exits 1 when that
+    cluster has no quorum (a tree across machines could not keep its hosts), else 0.
 
     Example: orchestra-sup doctor --config /etc/orchestra-sup/tree.toml --json
     """
@@ -42,6 +43,7 @@ def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
                 "cluster": msgspec.to_builtins(cluster),
             }
         )
+        _exit_for(cluster)
         return
     for layer in report.layers:
         _line(layer)
@@ -61,6 +63,12 @@ def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
             )
         quorum = "yes" if cluster.quorum else "no "
         typer.echo(f"{quorum} etcd quorum {'':<21} {cluster.detail}")
+    _exit_for(cluster)
+
+
+def _exit_for(cluster: ClusterHealth | None) -> None:
+    if cluster is not None and not cluster.quorum:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _cluster(config: Path | None) -> ClusterHealth | None:

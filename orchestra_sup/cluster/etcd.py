@@ -345,7 +345,7 @@ class Etcd:
             self._token = None
             raise EtcdUnavailable(f"{url}: auth token expired ({_message(data)})")
         if reply.status != 200:
-            raise EtcdRefused(f"etcd refused {path}: {_message(data)}")
+            raise EtcdRefused(f"etcd refused {path} ({reply.status}): {_message(data)}")
         try:
             return msgspec.json.decode(data, type=kind, strict=False)
         except msgspec.DecodeError:  # ValidationError included
@@ -379,13 +379,21 @@ class Etcd:
         return self._session
 
 
+MESSAGE_MAX = 200
+"""Characters of an error body a message keeps."""
+
+
 def _message(data: bytes) -> str:
     """etcd's error text from a gateway error body ({"error": ..., "message": ...}), else the
-    body's first 200 bytes."""
+    start of the body (whatever answered may not be etcd: an HTML page), on one line."""
     try:
         body = msgspec.json.decode(data)
     except msgspec.DecodeError:
         body = None
-    if isinstance(body, dict) and isinstance(body.get("message") or body.get("error"), str):
-        return str(body.get("message") or body.get("error"))
-    return data[:200].decode("utf-8", "replace")
+    text = body.get("message") or body.get("error") if isinstance(body, dict) else None
+    if not isinstance(text, str):
+        text = data[: MESSAGE_MAX * 4].decode("utf-8", "replace")
+    text = " ".join(text.split())
+    if len(text) > MESSAGE_MAX:
+        text = text[:MESSAGE_MAX] + "..."
+    return text or "no reason given"

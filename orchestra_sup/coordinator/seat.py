@@ -142,7 +142,10 @@ class Seat:
         except BaseException as exc:  # the program's own check of its args, whatever it raises
             raise RemoteError(
                 ErrorCode.BAD_REQUEST,
-                _one_line(f"coordinator {spec.coordinator!r} refused its [args]: {exc}"),
+                _one_line(
+                    f"coordinator {spec.coordinator!r} refused its [args]: "
+                    f"{type(exc).__name__}: {exc}"
+                ),
             ) from exc
 
     # --- lifecycle -------------------------------------------------------------------------------

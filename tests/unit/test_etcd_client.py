@@ -94,12 +94,34 @@ def test_every_endpoint_bad_is_unavailable_in_one_line(bad: Answer) -> None:
 def test_a_refusal_carries_etcds_words_and_is_not_retried_elsewhere() -> None:
     async def body(etcd: Etcd) -> object:
         with pytest.raises(
-            EtcdRefused, match="etcd refused /v3/kv/put: etcdserver: permission denied"
+            EtcdRefused, match=r"etcd refused /v3/kv/put \(403\): etcdserver: permission denied"
         ):
             await etcd.put(b"a", b"1")
         return True
 
     assert run([refused, good], body)
+
+
+async def html_page(request: web.Request) -> web.Response:
+    page = "<!DOCTYPE HTML>\n<html>\n<body>\n" + "Not Found " * 100 + "</body></html>"
+    return web.Response(text=page, status=404, content_type="text/html")
+
+
+async def empty_404(request: web.Request) -> web.Response:
+    return web.Response(status=404)
+
+
+@pytest.mark.parametrize("bad", [html_page, empty_404], ids=["html", "empty"])
+def test_what_is_not_etcd_is_refused_in_one_short_line_with_its_status(bad: Answer) -> None:
+    async def body(etcd: Etcd) -> object:
+        with pytest.raises(EtcdRefused) as caught:
+            await etcd.get(b"a")
+        return str(caught.value)
+
+    message = run([bad], body)
+    assert isinstance(message, str) and "\n" not in message and len(message) < 260, message
+    assert message.startswith("etcd refused /v3/kv/range (404): "), message
+    assert message.endswith(("...", "no reason given")), message
 
 
 async def garbled_watch(request: web.Request) -> web.StreamResponse:
