@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from aiohttp.http_exceptions import LineTooLong
 
 from orchestra_sup.errors import OrchestraError
 
@@ -35,9 +36,12 @@ TIMEOUT_S = 2.0
 """How long one request waits for one endpoint before the next is tried (seconds)."""
 REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
 READ_BUFSIZE = 8 << 20
-"""The longest line a watch may send (bytes): a response of events, each at most etcd's 1.5 MiB
-request limit (`--max-request-bytes`). aiohttp's default, 64 KiB, would end a watch at the
-first larger one."""
+"""The longest line a watch may send (bytes). A response batches up to 1,000 events, each up to
+etcd's request limit (1.5 MiB): the tree's own values are small (a registration, a lane's key),
+and a longer response is an `EtcdRefused` that sends the reader back to a fresh read, never a
+watch that dies. aiohttp's default, 64 KiB, would refuse far smaller ones."""
+WATCH_QUIET_S = 5.0
+"""Seconds a watch stream may send nothing before it is taken again, at the next endpoint."""
 
 
 class EtcdUnavailable(OrchestraError):
@@ -84,6 +88,10 @@ class _Grant(msgspec.Struct):
 
 class _Put(msgspec.Struct):
     header: _Header = msgspec.field(default_factory=_Header)
+
+
+class _Txn(msgspec.Struct):
+    succeeded: bool = False
 
 
 class _Delete(msgspec.Struct):
@@ -147,7 +155,9 @@ class Etcd:
     least one). `timeout_s` bounds one request at one endpoint (seconds, default `TIMEOUT_S`).
     `ssl` is the TLS context for https endpoints (CA, and a client certificate where etcd asks
     for one); `user` and `password` authenticate (etcd's `/v3/auth/authenticate`, once, the
-    token sent with every request). Use as `async with Etcd(...) as etcd:`.
+    token sent with every request). A watch stream silent for `watch_quiet_s` seconds is
+    taken again at the next endpoint (default `WATCH_QUIET_S`). Use as
+    `async with Etcd(...) as etcd:`.
 
     Raises `ValueError` at construction for no endpoints or one that is not http(s)://.
     """
@@ -160,6 +170,7 @@ class Etcd:
         ssl: ssl.SSLContext | None = None,
         user: str | None = None,
         password: str | None = None,
+        watch_quiet_s: float = WATCH_QUIET_S,
     ) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoint given")
@@ -168,6 +179,7 @@ class Etcd:
                 raise ValueError(f"etcd endpoint {url!r} is not an http:// or https:// URL")
         self.endpoints = [url.rstrip("/") for url in endpoints]
         self.timeout_s = timeout_s
+        self.watch_quiet_s = watch_quiet_s
         self._ssl = ssl
         self._auth = (user, password) if user is not None else None
         self._token: str | None = None
@@ -192,6 +204,19 @@ class Etcd:
         if lease:
             body["lease"] = str(lease)
         return (await self._call("/v3/kv/put", body, _Put)).header.revision
+
+    async def put_if_lease(
+        self, key: bytes, value: bytes, *, lease: int, expected_lease: int
+    ) -> bool:
+        """Set `key` to `value` under `lease`, only if `key` is attached to `expected_lease`
+        now (0: absent, or under no lease), in one transaction; returns whether it was set. A
+        registration made this way cannot be undone by an older request of the same host that
+        etcd applies late (a member frozen with it queued): that one expected another lease."""
+        put = {"key": _b64(key), "value": _b64(value), "lease": str(lease)}
+        compare = {"key": _b64(key), "target": "LEASE", "result": "EQUAL"}
+        compare["lease"] = str(expected_lease)
+        body = {"compare": [compare], "success": [{"requestPut": put}]}
+        return (await self._call("/v3/kv/txn", body, _Txn)).succeeded
 
     async def get_prefix(self, prefix: bytes) -> tuple[int, list[KeyValue]]:
         """Every key starting with `prefix`, in key order, and the revision they were read at
@@ -218,12 +243,13 @@ class Etcd:
             raise EtcdRefused(f"etcd refused a lease of {ttl_s} s: {reply.error}")
         return reply.ID
 
-    async def keepalive(self, lease: int) -> int:
+    async def keepalive(self, lease: int, *, timeout_s: float | None = None) -> int:
         """Renew `lease`; returns the seconds it now has left, 0 when it is gone (expired or
-        revoked: etcd has deleted its keys)."""
-        return (
-            await self._call("/v3/lease/keepalive", {"ID": str(lease)}, _KeepAliveReply)
-        ).result.TTL
+        revoked: etcd has deleted its keys). `timeout_s` bounds each endpoint's try (default
+        the client's): a lease's keep-alive must reach the next member well within its TTL."""
+        body = {"ID": str(lease)}
+        reply = await self._call("/v3/lease/keepalive", body, _KeepAliveReply, timeout_s)
+        return reply.result.TTL
 
     async def revoke(self, lease: int) -> None:
         """End `lease` now: etcd deletes every key attached to it."""
@@ -243,8 +269,11 @@ class Etcd:
         """The changes to keys starting with `prefix` from `start_revision` on, in revision
         order, for as long as the caller reads. A member that goes (or loses its leader) ends
         its stream: the watch goes on at the next endpoint from the revision after the last
-        one seen, so nothing is missed or repeated. Raises `EtcdUnavailable` when no endpoint
-        takes the watch, `EtcdRefused` when `start_revision` was compacted away."""
+        one seen, so nothing is missed or repeated. So does a stream that sends nothing for
+        `watch_quiet_s` (a member frozen, or cut off behind a connection the kernel still
+        holds open): a healthy member answers the new watch at once. Raises `EtcdUnavailable`
+        when no endpoint takes the watch, `EtcdRefused` when the revision to go on from was
+        compacted away, or one response is over `READ_BUFSIZE` (read afresh, then watch)."""
         body = {
             "create_request": {
                 "key": _b64(prefix),
@@ -260,14 +289,13 @@ class Etcd:
             try:
                 async for result in self._stream(url, body):
                     failures = 0
-                    if result.compact_revision:
-                        raise EtcdRefused(
-                            f"etcd compacted revision {next_revision} away (oldest kept: "
-                            f"{result.compact_revision}): watch from a fresh read"
-                        )
                     for event in result.events:
                         next_revision = event.kv.mod_revision + 1
                         yield Event(kind=event.type, kv=event.kv)
+            except LineTooLong:
+                raise EtcdRefused(
+                    f"a watch response over {READ_BUFSIZE >> 20} MiB from {url}: read afresh"
+                ) from None
             except (TimeoutError, aiohttp.ClientError, EtcdUnavailable):
                 pass
             failures += 1
@@ -279,7 +307,9 @@ class Etcd:
 
     async def _stream(self, url: str, body: dict[str, Any]) -> AsyncIterator[_WatchResult]:
         session = self._open()
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.timeout_s, sock_read=self.watch_quiet_s
+        )
         async with session.post(
             url + "/v3/watch", json=body, headers=self._headers(), timeout=timeout
         ) as reply:
@@ -295,6 +325,11 @@ class Etcd:
                 if message.error is not None:
                     raise EtcdUnavailable(f"{url}: {message.error.get('message', '')}")
                 if message.result is not None:
+                    if message.result.compact_revision:  # before `canceled`, which it sets
+                        raise EtcdRefused(
+                            f"etcd compacted the revisions asked for away (oldest kept: "
+                            f"{message.result.compact_revision}): read afresh, then watch"
+                        )
                     if message.result.canceled:
                         raise EtcdUnavailable(
                             f"{url} ended the watch: {message.result.cancel_reason}"
@@ -303,12 +338,14 @@ class Etcd:
 
     # --- one request, with failover -------------------------------------------------------------
 
-    async def _call(self, path: str, body: dict[str, Any], kind: type[Any]) -> Any:
+    async def _call(
+        self, path: str, body: dict[str, Any], kind: type[Any], timeout_s: float | None = None
+    ) -> Any:
         problems = []
         for step in range(len(self.endpoints)):
             at = (self._at + step) % len(self.endpoints)
             try:
-                reply = await self._one(self.endpoints[at], path, body, kind)
+                reply = await self._one(self.endpoints[at], path, body, kind, timeout_s=timeout_s)
             except EtcdUnavailable as exc:
                 problems.append(str(exc))
                 continue
@@ -317,9 +354,17 @@ class Etcd:
         raise EtcdUnavailable(f"etcd did not answer {path}: {'; '.join(problems)}")
 
     async def _one(
-        self, url: str, path: str, body: dict[str, Any], kind: type[Any], *, leader: bool = True
+        self,
+        url: str,
+        path: str,
+        body: dict[str, Any],
+        kind: type[Any],
+        *,
+        leader: bool = True,
+        timeout_s: float | None = None,
     ) -> Any:
         session = self._open()
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             if self._auth is not None and self._token is None:
                 await self._authenticate(url)
@@ -327,11 +372,11 @@ class Etcd:
                 url + path,
                 json=body,
                 headers=self._headers(leader),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as reply:
                 data = await reply.read()
         except TimeoutError:
-            raise EtcdUnavailable(f"{url}: no answer within {self.timeout_s:g} s") from None
+            raise EtcdUnavailable(f"{url}: no answer within {timeout_s:g} s") from None
         except aiohttp.ClientConnectorError as exc:
             code = exc.os_error.errno
             why = os.strerror(code).lower() if code else str(exc.os_error)

@@ -11,8 +11,14 @@ ends no earlier than `sent + ttl_s`. The host calls `on_lost` (which stops its l
 `margin_s` (default: one keep-alive interval) is the time left for the stop itself, so no lane
 runs in two places for longer than that.
 
-After a loss the host joins again: a new lease, the registration put again under it. Times are
-on the monotonic clock (seconds, float).
+After a loss the host joins again: a new lease, the registration put again under it, in a
+transaction that expects the lease the key had when the host read it, so an older registration
+request that etcd applies late (a member frozen with it queued) cannot move the key back to a
+lease no one renews. Each keep-alive gives each endpoint at most one keep-alive interval, so a
+frozen member costs one interval, not the client's whole timeout.
+
+Times are on CLOCK_BOOTTIME (seconds, float), which goes on while the machine is suspended:
+etcd's clock does, and a host that slept through its lease must not think it still holds it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable
 from orchestra_sup.cluster.settings import KEEPALIVE_S, TTL_S
 
 log = logging.getLogger(__name__)
+
+
+def boottime() -> float:
+    """Seconds on CLOCK_BOOTTIME: monotonic, and counting while the machine is suspended."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 class HostLease:
@@ -49,7 +60,7 @@ class HostLease:
         ttl_s: int = TTL_S,
         every_s: float = KEEPALIVE_S,
         margin_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boottime,
     ) -> None:
         self.margin_s = every_s if margin_s is None else margin_s
         if ttl_s - self.margin_s <= every_s:
@@ -68,12 +79,12 @@ class HostLease:
         self.lease: int | None = None
         """The lease held now, or None (not joined yet, or lost)."""
         self.renewed_at: float | None = None
-        """When the last keep-alive etcd answered was sent (the monotonic clock)."""
+        """When the last keep-alive etcd answered was sent (`clock`)."""
 
     @property
     def stop_by(self) -> float | None:
         """When the host must have stopped its lanes unless a keep-alive is answered first
-        (monotonic seconds), or None while no lease is held."""
+        (`clock` seconds), or None while no lease is held."""
         if self.renewed_at is None:
             return None
         return self.renewed_at + self.ttl_s - self.margin_s
@@ -94,14 +105,25 @@ class HostLease:
                     await asyncio.shield(self.etcd.revoke(lease))
 
     async def _join(self) -> None:
-        """A new lease, and the registration under it; tried every `every_s` until it holds."""
+        """A new lease, and the registration under it (module docstring); tried every
+        `every_s` until it holds."""
         while True:
             sent = self.clock()
+            lease = None
             try:
                 lease = await self.etcd.grant(self.ttl_s)
-                await self.etcd.put(self.key, self.value, lease=lease)
+                now = await self.etcd.get(self.key)
+                held = now.lease if now is not None else 0
+                joined = await self.etcd.put_if_lease(
+                    self.key, self.value, lease=lease, expected_lease=held
+                )
             except (EtcdUnavailable, EtcdRefused) as exc:
                 log.warning("cannot join the cluster yet: %s", exc)
+                joined = False
+            if not joined or lease is None:
+                if lease is not None:  # not ours to keep: let it end now, not a TTL later
+                    with contextlib.suppress(EtcdUnavailable, EtcdRefused):
+                        await self.etcd.revoke(lease)
                 await asyncio.sleep(self.every_s)
                 continue
             self.lease, self.renewed_at = lease, sent
@@ -120,7 +142,8 @@ class HostLease:
                 return
             sent = self.clock()
             try:
-                ttl = await asyncio.wait_for(self.etcd.keepalive(self.lease), self._left())
+                renewal = self.etcd.keepalive(self.lease, timeout_s=self.every_s)
+                ttl = await asyncio.wait_for(renewal, self._left())
             except (EtcdUnavailable, EtcdRefused, TimeoutError) as exc:
                 log.warning("lease %x keep-alive failed: %s", self.lease, exc or "timed out")
                 continue

@@ -9,18 +9,24 @@ lanes are the root's to place again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
-from orchestra_sup.cluster.etcd import Etcd, KeyValue
+from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable, KeyValue
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 1.0
+"""Seconds between two reads of the hosts while etcd does not answer."""
 
 
 class Membership:
     """The registrations under `prefix` (`hosts`: name, the key less the prefix, -> its
-    `KeyValue`). `on_join(name, kv)` is called when a host registers, `on_leave(name)` when its
-    registration goes; a registration put again under a new lease is a leave, then a join."""
+    `KeyValue`; a key that names no host is ignored, with a warning). `on_join(name, kv)` is
+    called when a host registers, `on_leave(name)` when its registration goes; a registration
+    put again under a new lease is a leave, then a join. `retry_s`: seconds between two reads
+    while etcd does not answer (default `RETRY_S`)."""
 
     def __init__(
         self,
@@ -29,7 +35,9 @@ class Membership:
         *,
         on_join: Callable[[str, KeyValue], None] = lambda name, kv: None,
         on_leave: Callable[[str], None] = lambda name: None,
+        retry_s: float = RETRY_S,
     ) -> None:
+        self.retry_s = retry_s
         self.etcd = etcd
         self.prefix = prefix
         self.on_join = on_join
@@ -37,17 +45,30 @@ class Membership:
         self.hosts: dict[str, KeyValue] = {}
 
     async def run(self) -> None:
-        """Read the registrations, then follow their changes until cancelled. Raises
-        `EtcdUnavailable` when no endpoint answers the read or takes the watch, `EtcdRefused`
-        when the watch's revision was compacted away (the caller reads again)."""
+        """Read the registrations, then follow their changes, until cancelled. A watch etcd
+        cannot go on with (its revision compacted away, a response too long) is replaced by a
+        fresh read at once; a cluster that does not answer, every `retry_s` seconds. What
+        changed meanwhile is told as joins and leaves, once each."""
+        while True:
+            try:
+                await self._follow()
+            except EtcdRefused as exc:
+                log.warning("the hosts are read afresh: %s", exc)
+            except EtcdUnavailable as exc:
+                log.warning("the hosts cannot be read now: %s", exc)
+                await asyncio.sleep(self.retry_s)
+
+    async def _follow(self) -> None:
         revision, kvs = await self.etcd.get_prefix(self.prefix)
-        seen = {self._name(kv.key): kv for kv in kvs}
+        seen = {name: kv for kv in kvs if (name := self._name(kv.key)) is not None}
         for name in [n for n in self.hosts if n not in seen]:
             self._leave(name)
         for name, kv in seen.items():
             self._join(name, kv)
         async for event in self.etcd.watch_prefix(self.prefix, revision + 1):
             name = self._name(event.kv.key)
+            if name is None:
+                continue
             if event.kind == "DELETE":
                 self._leave(name)
             else:
@@ -71,5 +92,14 @@ class Membership:
             log.warning("host %s left: its lease ended", name)
             self.on_leave(name)
 
-    def _name(self, key: bytes) -> str:
-        return key[len(self.prefix) :].decode("utf-8", "replace")
+    def _name(self, key: bytes) -> str | None:
+        """The host name `key` registers, or None for a key that is no host's: not UTF-8 (two
+        such keys must not read as one name), or empty."""
+        try:
+            name = key[len(self.prefix) :].decode("utf-8")
+        except UnicodeDecodeError:
+            name = ""
+        if not name:
+            log.warning("%r under the hosts' prefix is no host's registration: ignored", key)
+            return None
+        return name

@@ -5,12 +5,14 @@ time, a host process SIGKILLed, and what the host and the root each see."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +219,73 @@ def test_a_host_sigkilled_leaves_within_its_lease(cluster: EtcdCluster) -> None:
             host.communicate()
 
     asyncio.run(main())
+
+
+class Recording(Etcd):
+    """An `Etcd` that keeps each write request it sends, to send one again later: what a
+    member frozen with the request queued does when it wakes."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        super().__init__(endpoints)
+        self.writes: list[tuple[str, dict[str, Any], type[Any]]] = []
+
+    async def _call(self, path, body, kind, timeout_s=None):  # type: ignore[no-untyped-def]
+        if path in ("/v3/kv/put", "/v3/kv/txn"):
+            self.writes.append((path, copy.deepcopy(body), kind))
+        return await super()._call(path, body, kind, timeout_s)
+
+
+def test_a_late_registration_request_cannot_move_the_key_off_the_lease_kept(
+    cluster: EtcdCluster,
+) -> None:
+    """The host joins under L1, loses it, joins under L2. Its first join's registration
+    request, applied by etcd only now (seen with a member SIGSTOPped with it queued), changes
+    nothing: the key stays under L2, the lease the host keeps alive. A plain put there moved
+    the key to L1, which no one renews: etcd deleted it while the host went on, and the root
+    placed its lanes elsewhere."""
+
+    async def main() -> None:
+        joined: list[int] = []
+        async with Recording(cluster.endpoints) as etcd:
+            key = PREFIX + b"host-a"
+            lease = HostLease(
+                etcd, key, b"{}", on_lost=lambda: None, on_joined=joined.append,
+                ttl_s=TTL_S, every_s=EVERY_S,
+            )  # fmt: skip
+            task = asyncio.create_task(lease.run())
+            await until(lambda: joined, 10, "joined")
+            first_join = etcd.writes[0]
+            await etcd.revoke(joined[0])  # the first lease gone: the host joins again
+            await until(lambda: len(joined) == 2, 10, "joined again")
+            await etcd._call(*first_join)  # the late request
+            kv = await etcd.get(key)
+            assert kv is not None and kv.lease == joined[1], (kv, joined)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_keys_that_name_no_host_are_ignored_not_merged(cluster: EtcdCluster) -> None:
+    """Two registrations whose names are not UTF-8 must not read as one host (decoded with
+    replacement they were both "\\ufffd", and one's leave took the other's away)."""
+
+    async def main() -> list[str]:
+        events: list[str] = []
+        async with Etcd(cluster.endpoints) as etcd:
+            for name in (b"\xff", b"\xfe", b"host-c"):
+                await etcd.put(PREFIX + name, b"{}")
+            membership = Membership(
+                etcd, PREFIX, on_join=lambda name, kv: events.append(f"join {name}"),
+                on_leave=lambda name: events.append(f"leave {name}"),
+            )  # fmt: skip
+            task = asyncio.create_task(membership.run())
+            await until(lambda: events == ["join host-c"], 10, f"seen {events}")
+            await etcd.delete(PREFIX + b"\xff")
+            await etcd.put(PREFIX + b"host-d", b"{}")
+            await until(lambda: len(events) == 2, 10, f"seen {events}")
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return events
+
+    assert asyncio.run(main()) == ["join host-c", "join host-d"]

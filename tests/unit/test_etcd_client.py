@@ -61,7 +61,8 @@ def run(answers: list[Answer], body: Callable[[Etcd], Awaitable[object]]) -> obj
     async def main() -> object:
         served = [await serve(a) for a in answers]
         try:
-            async with Etcd([url for _, url in served], timeout_s=2.0) as etcd:
+            urls = [url for _, url in served]
+            async with Etcd(urls, timeout_s=2.0, watch_quiet_s=0.5) as etcd:
                 return await body(etcd)
         finally:
             for runner, _ in served:
@@ -156,3 +157,48 @@ def test_prefix_end() -> None:
     assert prefix_end(b"/hosts/") == b"/hosts0"
     assert prefix_end(b"a\xff") == b"b"
     assert prefix_end(b"\xff\xff") == b"\0"  # every key
+
+
+async def compacted_watch(request: web.Request) -> web.StreamResponse:
+    """What etcd sends a watch from a compacted revision: created, then canceled with the
+    oldest revision it keeps."""
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    await reply.write(b'{"result": {"created": true}}\n')
+    await reply.write(b'{"result": {"canceled": true, "compact_revision": "6"}}\n')
+    await reply.write_eof()
+    return reply
+
+
+def test_a_compacted_watch_is_refused_at_once_not_retried_for_ever() -> None:
+    async def body(etcd: Etcd) -> object:
+        with pytest.raises(EtcdRefused, match=r"compacted .* \(oldest kept: 6\): read afresh"):
+            async for _ in etcd.watch_prefix(b"a", 2):
+                pass
+        return True
+
+    assert run([compacted_watch, compacted_watch], body)
+
+
+async def frozen_watch(request: web.Request) -> web.StreamResponse:
+    """A member that takes the connection and never says a word (SIGSTOPped: the kernel still
+    accepts for it)."""
+    reply = web.StreamResponse()
+    await reply.prepare(request)
+    await asyncio.sleep(4)
+    return reply
+
+
+def test_a_watch_on_a_silent_member_goes_on_at_the_next() -> None:
+    """Quiet for 0.5 s here: the next member's event arrives long before the frozen one would
+    let its connection go (4 s)."""
+
+    async def first(etcd: Etcd) -> object:
+        async for event in etcd.watch_prefix(b"a", 42):
+            return event.kv.mod_revision
+        return None
+
+    async def body(etcd: Etcd) -> object:
+        return await asyncio.wait_for(first(etcd), 2.5)
+
+    assert run([frozen_watch, good_watch], body) == 42
