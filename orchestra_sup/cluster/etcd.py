@@ -20,9 +20,11 @@ both `OrchestraError`s with one-line messages.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import ssl
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -40,6 +42,8 @@ READ_BUFSIZE = 8 << 20
 etcd's request limit (1.5 MiB): the tree's own values are small (a registration, a lane's key),
 and a longer response is an `EtcdRefused` that sends the reader back to a fresh read, never a
 watch that dies. aiohttp's default, 64 KiB, would refuse far smaller ones."""
+RESUME_S = 0.1
+"""Seconds before a watch is taken again after a stream that ended this soon."""
 WATCH_QUIET_S = 5.0
 """Seconds a watch stream may send nothing before it is taken again, at the next endpoint."""
 
@@ -282,13 +286,15 @@ class Etcd:
             }
         }
         next_revision = start_revision
-        failures = 0
+        failures = 0  # endpoints in a row that did not take the watch
         while True:
             body["create_request"]["start_revision"] = str(next_revision)
             url = self.endpoints[self._at]
+            took = False  # the member answered this watch (it ended quiet or cut, not refused)
+            began = time.monotonic()
             try:
                 async for result in self._stream(url, body):
-                    failures = 0
+                    took = True
                     for event in result.events:
                         next_revision = event.kv.mod_revision + 1
                         yield Event(kind=event.type, kv=event.kv)
@@ -296,14 +302,18 @@ class Etcd:
                 raise EtcdRefused(
                     f"a watch response over {READ_BUFSIZE >> 20} MiB from {url}: read afresh"
                 ) from None
-            except (TimeoutError, aiohttp.ClientError, EtcdUnavailable):
+            except EtcdUnavailable:
+                took = False
+            except (TimeoutError, aiohttp.ClientError):
                 pass
-            failures += 1
-            self._at = (self._at + 1) % len(self.endpoints)
+            failures = 0 if took else failures + 1
             if failures >= len(self.endpoints):
                 raise EtcdUnavailable(
                     f"no etcd endpoint takes a watch of {prefix!r} ({', '.join(self.endpoints)})"
                 )
+            self._at = (self._at + 1) % len(self.endpoints)
+            if took and time.monotonic() - began < RESUME_S:
+                await asyncio.sleep(RESUME_S)  # a member that ends each watch at once: no spin
 
     async def _stream(self, url: str, body: dict[str, Any]) -> AsyncIterator[_WatchResult]:
         session = self._open()

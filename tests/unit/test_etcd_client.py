@@ -202,3 +202,28 @@ def test_a_watch_on_a_silent_member_goes_on_at_the_next() -> None:
         return await asyncio.wait_for(first(etcd), 2.5)
 
     assert run([frozen_watch, good_watch], body) == 42
+
+
+def test_a_quiet_watch_on_its_only_endpoint_is_taken_again_not_given_up() -> None:
+    """One endpoint, a watch with nothing to say for longer than the quiet period (0.5 s
+    here): it is taken again at the same member, and the change that comes next is seen."""
+    watches: list[int] = []
+
+    async def quiet_then_event(request: web.Request) -> web.StreamResponse:
+        watches.append(1)
+        reply = web.StreamResponse()
+        await reply.prepare(request)
+        await reply.write(b'{"result": {"created": true}}\n')
+        if len(watches) >= 3:
+            event = {"kv": {"key": "YQ==", "value": "MQ==", "mod_revision": "7"}}
+            await reply.write(json.dumps({"result": {"events": [event]}}).encode() + b"\n")
+        await asyncio.sleep(1.0)
+        return reply
+
+    async def body(etcd: Etcd) -> object:
+        async for event in etcd.watch_prefix(b"a", 7):
+            return event.kv.mod_revision
+        return None
+
+    assert run([quiet_then_event], body) == 7
+    assert len(watches) == 3
