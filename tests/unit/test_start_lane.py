@@ -31,11 +31,14 @@ from tests.unit.test_coordinator_scaling import Shards, ended
 Steps = Callable[[Coordinator, Shards], Awaitable[Any]]
 
 
-def with_coordinator(tmp_path: Path, steps: Steps) -> Any:
-    """Run `steps` against a coordinator with one shard of room."""
+def with_coordinator(
+    tmp_path: Path, steps: Steps, on_commit: Callable[[int], None] | None = None
+) -> Any:
+    """Run `steps` against a coordinator with one shard of room; `on_commit` is its store's
+    (`Store`: called after each commit)."""
 
     async def main() -> Any:
-        store = Store(tmp_path / "coordinator", ["inbox", *DBS])
+        store = Store(tmp_path / "coordinator", ["inbox", *DBS], on_commit=on_commit)
         store.start()
         try:
             node = Shards()

@@ -6,47 +6,28 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
-from orchestra_sup.coordinator.placement import ShardView
-from orchestra_sup.coordinator.planstore import DBS
 from orchestra_sup.coordinator.role import Coordinator
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.state.store import Store
 from tests.unit.test_coordinator_scaling import Shards
+from tests.unit.test_start_lane import with_coordinator
 
 
 def spec() -> f.PlanSpec:
     return f.PlanSpec(name="p", tasks=[f.TaskSpec(id="a", run="true")])
 
 
-def with_coordinator(tmp_path: Path, body):  # type: ignore[no-untyped-def]
-    async def main():  # type: ignore[no-untyped-def]
-        commits: list[int] = []
-        store = Store(tmp_path / "coordinator", ["inbox", *DBS], on_commit=commits.append)
-        store.start()
-        try:
-            node = Shards()
-            coordinator = Coordinator()
-            coordinator.attach(node, store)  # type: ignore[arg-type]
-            coordinator.shards["shard-0"] = ShardView(
-                name="shard-0", generation=1, up=True, capacity=8
-            )
-            return await body(coordinator, node, store, commits)
-        finally:
-            store.close()
-
-    return asyncio.run(main())
-
-
 def test_two_submissions_of_one_key_at_once_make_one_plan(tmp_path: Path) -> None:
     """Two `start_lane key=k` at once (a program's retry racing its first try): one plan, one
     lane started, both answered with its id."""
 
-    async def body(coordinator, node, store, commits):  # type: ignore[no-untyped-def]
+    async def body(coordinator: Coordinator, node: Shards) -> Any:
         answers = await asyncio.gather(
             coordinator._submit(spec(), key="k"), coordinator._submit(spec(), key="k")
         )
         await node.settle()
+        assert coordinator.book is not None
         return answers, len(coordinator.book.plans), len(node.started)
 
     (first, second), plans, started = with_coordinator(tmp_path, body)
@@ -56,9 +37,10 @@ def test_two_submissions_of_one_key_at_once_make_one_plan(tmp_path: Path) -> Non
 
 def test_a_submission_is_answered_only_once_its_plan_is_committed(tmp_path: Path) -> None:
     """The answer to a submission, and to a second one of its key, come after the commit that
-    holds the plan; the shard's `LaneStart` too."""
+    holds the plan."""
+    commits: list[int] = []
 
-    async def body(coordinator, node, store, commits):  # type: ignore[no-untyped-def]
+    async def body(coordinator: Coordinator, node: Shards) -> Any:
         seen: list[tuple[str, int]] = []
 
         async def submit(tag: str) -> None:
@@ -69,6 +51,6 @@ def test_a_submission_is_answered_only_once_its_plan_is_committed(tmp_path: Path
         await node.settle()
         return seen
 
-    seen = with_coordinator(tmp_path, body)
+    seen = with_coordinator(tmp_path, body, on_commit=commits.append)
     assert sorted(tag for tag, _ in seen) == ["first", "second"]
     assert all(count >= 1 for _, count in seen), seen
