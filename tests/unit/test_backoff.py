@@ -4,7 +4,9 @@ step neither fires a retry early nor holds it back; wall time is only what the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from orchestra_sup.coordinator.backoff import Backoffs
@@ -100,29 +102,41 @@ def test_a_new_backoff_of_the_same_task_is_read_again() -> None:
     assert backoffs.wake_in([], clocks.monotonic()) is None
 
 
+@contextlib.asynccontextmanager
+async def failed_once(
+    tmp_path: Path, clocks: Clocks, backoff_s: float
+) -> AsyncIterator[tuple[Coordinator, Shards]]:
+    """A coordinator with one shard of room, its backoffs on `clocks`, whose one task (one
+    retry, `backoff_s` seconds of backoff) has just failed its first attempt: the pump that
+    failure ran has seen the backoff."""
+    store = Store(tmp_path / "coordinator", ["inbox", *DBS])
+    store.start()
+    try:
+        node = Shards()
+        coordinator = Coordinator()
+        coordinator.attach(node, store)  # type: ignore[arg-type]
+        assert coordinator.placer is not None
+        clocks.wall_s = time.time()  # the runner stores what the system's clock says
+        coordinator.placer.backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
+        coordinator.shards["shard-0"] = ShardView(name="shard-0", generation=1, up=True, capacity=8)
+        task = f.TaskSpec(id="a", run="false", retries=1, backoff_s=backoff_s)
+        accepted = await coordinator._submit(f.PlanSpec(name="p", tasks=[task]))
+        assert isinstance(accepted, f.PlanAccepted)
+        await node.settle()
+        clocks.wall_s = time.time()
+        coordinator._apply(ended(node.started.pop(0), "failed"))  # pumps: it backs off
+        yield coordinator, node
+    finally:
+        store.close()
+
+
 def test_the_coordinator_retries_on_the_monotonic_clock(tmp_path: Path) -> None:
     """Through the coordinator: a failed lane's retry is not placed when the wall clock jumps an
     hour ahead, and is once the monotonic clock has passed its backoff."""
 
     async def main() -> list[int]:
-        store = Store(tmp_path / "coordinator", ["inbox", *DBS])
-        store.start()
-        try:
-            node = Shards()
-            coordinator = Coordinator()
-            coordinator.attach(node, store)  # type: ignore[arg-type]
-            assert coordinator.placer is not None
-            clocks = Clocks()
-            clocks.wall_s = time.time()  # the runner stores what the system's clock says
-            coordinator.placer.backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
-            coordinator.shards["shard-0"] = ShardView(
-                name="shard-0", generation=1, up=True, capacity=8
-            )
-            task = f.TaskSpec(id="a", run="false", retries=1, backoff_s=30.0)
-            accepted = await coordinator._submit(f.PlanSpec(name="p", tasks=[task]))
-            assert isinstance(accepted, f.PlanAccepted)
-            await node.settle()
-            coordinator._apply(ended(node.started.pop(0), "failed"))  # pumps: it backs off
+        clocks = Clocks()
+        async with failed_once(tmp_path, clocks, backoff_s=30.0) as (coordinator, node):
             await node.settle()
             attempts = [len(node.started)]
             clocks.wall_s += 3600.0
@@ -134,8 +148,6 @@ def test_the_coordinator_retries_on_the_monotonic_clock(tmp_path: Path) -> None:
             await node.settle()
             attempts.append(len(node.started))
             return attempts
-        finally:
-            store.close()
 
     assert asyncio.run(main()) == [0, 0, 1]
 
@@ -159,31 +171,11 @@ def test_a_backoff_that_ends_while_the_pump_runs_still_wakes_a_pump(tmp_path: Pa
     never done). The clock moves 1 s at every reading here, past the 0.5 s backoff."""
 
     async def main() -> int:
-        store = Store(tmp_path / "coordinator", ["inbox", *DBS])
-        store.start()
-        try:
-            node = Shards()
-            coordinator = Coordinator()
-            coordinator.attach(node, store)  # type: ignore[arg-type]
-            assert coordinator.placer is not None
-            clocks = Ticking(step=1.0)
-            clocks.wall_s = time.time()
-            coordinator.placer.backoffs = Backoffs(wall=clocks.wall, monotonic=clocks.monotonic)
-            coordinator.shards["shard-0"] = ShardView(
-                name="shard-0", generation=1, up=True, capacity=8
-            )
-            task = f.TaskSpec(id="a", run="false", retries=1, backoff_s=0.5)
-            accepted = await coordinator._submit(f.PlanSpec(name="p", tasks=[task]))
-            assert isinstance(accepted, f.PlanAccepted)
-            await node.settle()
-            clocks.wall_s = time.time()
-            coordinator._apply(ended(node.started.pop(0), "failed"))  # pumps: it backs off
+        async with failed_once(tmp_path, Ticking(step=1.0), backoff_s=0.5) as (_, node):
             deadline = time.monotonic() + 10.0
             while not node.started and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # nothing but the wake-up may pump now
             await node.settle()
             return len(node.started)
-        finally:
-            store.close()
 
     assert asyncio.run(main()) == 1
