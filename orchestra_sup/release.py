@@ -102,6 +102,18 @@ def compatible_with(info: ReleaseInfo) -> bool:
     return info.proto_min <= high and info.proto_max >= low
 
 
+def skew(name: str, version_said: str, proto_min: int, proto_max: int) -> str | None:
+    """None when a peer `name` speaking protocol `proto_min..proto_max` (its `Hello`) shares a
+    version with this process; else the one line that refuses it, naming both versions."""
+    low, high = protocol_range()
+    if proto_min <= high and proto_max >= low:
+        return None
+    return (
+        f"{name} (orchestra-sup {version_said or 'unknown'}) speaks protocol "
+        f"{proto_min}..{proto_max}, the supervisor (orchestra-sup {version()}) {low}..{high}"
+    )
+
+
 def refusal(info: ReleaseInfo) -> str:
     """The one line that refuses an incompatible release, naming both versions."""
     low, high = protocol_range()

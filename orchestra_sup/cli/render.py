@@ -11,6 +11,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from orchestra_sup.cli.columns import Field, dropped_line, fit, pack
+from orchestra_sup.cli.hosts_view import add_hosts, cluster_json, cluster_parts
 from orchestra_sup.cli.session_view import session_view
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.patterns import DAG
@@ -41,6 +42,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "ctl_connections_max": reply.ctl_connections_max,
         },
         "children": msgspec.to_builtins(reply.children),
+        "cluster": cluster_json(reply),
     }
 
 
@@ -111,7 +113,9 @@ WORKER_KEYS = ("name", "role", "pid", "generation", "state")
 
 def tree_json(reply: f.StatusReply) -> dict[str, Any]:
     """The tree nested: {"name", "strategy", "max_restarts", "max_seconds", "children": [...]},
-    a worker being {"name", "role", "pid", "generation", "state"}."""
+    a worker being {"name", "role", "pid", "generation", "state"}; the root also has "hosts",
+    each {"name", "state", "pid", "boot", "lease", "shards": [{"name", "pid", "generation",
+    "state"}, ...]} (`hosts_view`)."""
     workers = {c.name: c for c in reply.children}
     sups = {s.name: s for s in reply.supervisors}
 
@@ -122,7 +126,14 @@ def tree_json(reply: f.StatusReply) -> dict[str, Any]:
         return _fields(workers[name], WORKER_KEYS)
 
     roots = [s.name for s in reply.supervisors if s.parent is None]
-    return node(roots[0]) if roots else {}
+    if not roots:
+        return {}
+    return node(roots[0]) | {"hosts": [_host_node(h) for h in reply.hosts]}
+
+
+def _host_node(host: f.HostInfo) -> dict[str, Any]:
+    shards = [_fields(s, ("name", "pid", "generation", "state")) for s in host.shards]
+    return _fields(host, ("name", "state", "pid", "boot", "lease")) | {"shards": shards}
 
 
 def _fields(struct: object, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -149,6 +160,7 @@ def tree_text(reply: f.StatusReply, console: Console) -> None:
         return
     root = Tree(f"orchestra-sup pid={reply.supervisor_pid} {reply.version} / {label(tree)}")
     add(root, tree)
+    add_hosts(root, reply)
     console.print(root)
 
 
@@ -220,6 +232,7 @@ def status_view(reply: f.StatusReply, width: int | None) -> Group:
     parts.append(fitted.table)
     if fitted.dropped:
         parts.append(Text(dropped_line(fitted.dropped, WIDE_HINT), style="dim"))
+    parts += cluster_parts(reply, width, WIDE_HINT)
     return Group(*parts)
 
 

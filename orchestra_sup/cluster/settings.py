@@ -1,9 +1,11 @@
-"""`[cluster]`: the etcd cluster a tree of more than one machine keeps its membership in, and the
-lease its hosts hold (ADR 0021). A tree whose `etcd` is empty (the default) is one host and
-needs no etcd.
+"""`[cluster]`: where the root listens for hosts (ADR 0022), the etcd cluster a tree of more than
+one machine keeps its membership in, and the lease its hosts hold (ADR 0021). A tree whose
+`etcd` is empty and that has no `listen` (the defaults) is one host and needs neither.
 
 ```toml
 [cluster]
+listen = "tcp://10.0.0.2:7450"                   # hosts' agents join here, with CURVE only
+keys = "/var/lib/orchestra-sup/keys"             # what it serves and admits (default STATE/keys)
 etcd = ["https://10.0.0.5:2379", "https://10.0.0.6:2379", "https://10.0.0.7:2379"]
 etcd_ca = "/etc/orchestra-sup/etcd-ca.pem"       # the CA that signed the members' certificates
 etcd_cert = "/etc/orchestra-sup/etcd-client.pem" # a client certificate, where etcd asks for one
@@ -35,13 +37,16 @@ TTL_S = 10
 KEEPALIVE_S = 1.0
 """Seconds between two keep-alives of a host's lease by default."""
 FILES = ("etcd_ca", "etcd_cert", "etcd_key", "etcd_password_file")
-KEYS = ("etcd", *FILES, "etcd_user", "prefix", "lease_ttl_s", "keepalive_s")
+KEYS = ("listen", "keys", "etcd", *FILES, "etcd_user", "prefix", "lease_ttl_s", "keepalive_s")
 
 
 class ClusterSettings(msgspec.Struct, frozen=True, kw_only=True):
     """`[cluster]` (module docstring). Paths are as given (absolute or relative to where the
-    tree starts); `lease_ttl_s` in whole seconds, `keepalive_s` in seconds."""
+    tree starts); `lease_ttl_s` in whole seconds, `keepalive_s` in seconds. `keys` None is
+    `<state_dir>/keys` (`protocol.keys.default_keys_dir`)."""
 
+    listen: str | None = None
+    keys: str | None = None
     etcd: tuple[str, ...] = ()
     etcd_ca: str | None = None
     etcd_cert: str | None = None
@@ -67,7 +72,7 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
         if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
             raise ConfigError(f"[cluster] etcd: {url!r} is not an http:// or https:// URL")
     out["etcd"] = tuple(dict.fromkeys(endpoints))
-    for key in (*FILES, "etcd_user", "prefix"):
+    for key in ("listen", "keys", *FILES, "etcd_user", "prefix"):
         if key in body:
             if not isinstance(body[key], str) or not body[key]:
                 raise ConfigError(f"[cluster] {key} = {body[key]!r}: expected a non-empty string")
@@ -75,6 +80,9 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
     for key in FILES:
         if key in out and not Path(out[key]).is_file():
             raise ConfigError(f"[cluster] {key} = {out[key]!r}: no such file")
+    listen = out.get("listen")
+    if listen is not None and not _is_tcp(listen):
+        raise ConfigError(f"[cluster] listen = {listen!r}: give a tcp://HOST:PORT address")
     if ("etcd_cert" in out) != ("etcd_key" in out):
         raise ConfigError("[cluster] etcd_cert and etcd_key go together: give both or neither")
     if ("etcd_user" in out) != ("etcd_password_file" in out):
@@ -97,6 +105,12 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
         )
     out["lease_ttl_s"], out["keepalive_s"] = ttl, float(every)
     return ClusterSettings(**out)
+
+
+def _is_tcp(address: str) -> bool:
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    digits = port.isascii() and port.isdigit()
+    return address.startswith("tcp://") and bool(host) and digits and 0 < int(port) < 65536
 
 
 def connect(settings: ClusterSettings, *, timeout_s: float | None = None) -> Etcd:

@@ -9,10 +9,12 @@ keys are given.
 
 A CURVE server socket admits a client only if the context's ZAP handler says so. `Gate` is that
 handler for one context: bound at `inproc://zeromq.zap.01` before any CURVE socket is, it admits
-exactly the public keys in `ServerKeys.clients` and tells libzmq the client's name as its user
-id, `key:<name>`, which every message from that connection then carries as its `User-Id`
-property (`endpoint.frame_caller`). A peer without CURVE fails the ZMTP greeting (mechanism
-mismatch), a peer with an unknown key is denied by the gate: neither gets a frame through, and
+exactly the public keys in `ServerKeys.clients`, hosts' keys only on a socket bound in the
+`CLUSTER_DOMAIN` and operators' keys only on the others (ADR 0022: a host's key steers nothing),
+and tells libzmq the client's name as its user id, `key:<name>`, which every message from that
+connection then carries as its `User-Id` property (`endpoint.frame_caller`). A peer without
+CURVE fails the ZMTP greeting (mechanism mismatch), a peer with an unknown key (or a key on the
+wrong endpoint) is denied by the gate: neither gets a frame through, and
 both are counted (`Gate.refused`, from the socket's monitor) and logged, at most once every
 `LOG_EVERY_S` seconds (a refused libzmq client reconnects every 100 ms by default).
 """
@@ -34,6 +36,8 @@ from orchestra_sup.protocol.keys import ClientKeys, ServerKeys
 log = logging.getLogger(__name__)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+CLUSTER_DOMAIN = "cluster"
+"""The ZAP domain of the root's cluster endpoint, where hosts' keys, and only they, are admitted."""
 KEY_USER_PREFIX = "key:"
 """A connection admitted by the gate carries `User-Id` `key:<client name>`."""
 LOG_EVERY_S = 10.0
@@ -49,13 +53,16 @@ def needs_curve(addr: str) -> bool:
     return addr.startswith("tcp://")
 
 
-def bind(sock: zmq.Socket, addr: str, keys: ServerKeys | None = None) -> None:
-    """Bind `sock` at `addr`, serving CURVE with `keys` when given. The context must already
+def bind(sock: zmq.Socket, addr: str, keys: ServerKeys | None = None, domain: str = "") -> None:
+    """Bind `sock` at `addr`, serving CURVE with `keys` when given, its handshakes put to the
+    `Gate` in ZAP `domain` ("": operators; `CLUSTER_DOMAIN`: hosts). The context must already
     have a `Gate` started, or libzmq admits every CURVE client.
 
     Raises `ConfigError` for a `tcp://` address without `keys`; `zmq.ZMQError` when the
     address cannot be bound."""
     if keys is not None:
+        if domain:  # libzmq refuses an empty one; unset is the "" domain
+            sock.zap_domain = domain.encode()
         sock.curve_server = True
         sock.curve_secretkey = keys.server.secret
         sock.curve_publickey = keys.server.public
@@ -82,7 +89,8 @@ class Gate:
 
     `start()` binds the handler and must come before binding any CURVE socket on `ctx`; both
     run on the calling thread's event loop (`start` and `watch` are called from it). Counters:
-    `admitted` (handshakes the handler allowed), `denied` (unknown keys the handler refused),
+    `admitted` (handshakes the handler allowed), `denied` (keys the handler refused: unknown,
+    or a host's and an operator's each on the other's endpoint),
     `refused` (every failed handshake the monitors saw: no CURVE, an unknown key, garbage).
     Raises `zmq.ZMQError` from `start` when another ZAP handler is bound on `ctx`.
     """
@@ -147,15 +155,23 @@ class Gate:
         # mechanism, credentials...; for CURVE the one credential is the client's public key.
         # A REP socket must answer before it can receive again, so even a short request is.
         request_id = request[1] if len(request) > 1 else b""
+        cluster = len(request) > 2 and request[2] == CLUSTER_DOMAIN.encode()
         address = request[3].decode(errors="replace") if len(request) > 3 else "?"
         mechanism, credentials = (request[5], request[6:]) if len(request) > 5 else (b"", [])
         key = credentials[0] if mechanism == b"CURVE" and len(credentials) == 1 else b""
         name = self.keys.clients.get(z85.encode(key)) if len(key) == 32 else None
+        refusal = None
         if name is None:
-            self.denied += 1
             offered = z85.encode(key).decode() if len(key) == 32 else "none"
-            self._log(f"unknown client key {offered} from {address}")
-            self._zap.send_multipart([b"1.0", request_id, b"400", b"unknown key", b"", b""])
+            refusal = f"unknown client key {offered}"
+        elif cluster and name not in self.keys.hosts:
+            refusal = f"operator key {name!r} on the cluster endpoint (a host's is made --host)"
+        elif not cluster and name in self.keys.hosts:
+            refusal = f"host key {name!r} on the ctl endpoint (a host's key steers nothing)"
+        if refusal is not None:
+            self.denied += 1
+            self._log(f"{refusal} from {address}")
+            self._zap.send_multipart([b"1.0", request_id, b"400", b"refused", b"", b""])
             return
         self.admitted += 1
         user = f"{KEY_USER_PREFIX}{name}".encode()

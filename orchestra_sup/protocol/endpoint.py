@@ -204,11 +204,11 @@ class Endpoint:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    def bind(self, addr: str, keys: ServerKeys | None = None) -> None:
-        """Bind at `addr`, serving CURVE with `keys` (`curve.bind`: a `tcp://` address needs
-        them, and a started `curve.Gate` on the context). Raises `ConfigError` for `tcp://`
-        without keys, `zmq.ZMQError` when the address cannot be bound."""
-        curve.bind(self.sock, addr, keys)
+    def bind(self, addr: str, keys: ServerKeys | None = None, domain: str = "") -> None:
+        """Bind at `addr`, serving CURVE with `keys` in ZAP `domain` (`curve.bind`: a `tcp://`
+        address needs them, and a started `curve.Gate` on the context). Raises `ConfigError`
+        for `tcp://` without keys, `zmq.ZMQError` when the address cannot be bound."""
+        curve.bind(self.sock, addr, keys, domain)
 
     def connect(self, addr: str, keys: ClientKeys | None = None) -> None:
         """Connect to `addr`, as a CURVE client with `keys` (`curve.connect`). Raises

@@ -8,7 +8,9 @@ Layout of a keys directory (mode 0700, every file 0600), each file TOML with Z85
   with. Stays on the tree's host.
 - `server.public`: its public half (`public`): what a client pins; copy it to a remote operator.
 - `clients/<name>.public`: one allowed client (`public`): the server admits exactly these keys,
-  and `<name>` is who the client is (`key:<name>`, ADR 0012).
+  and `<name>` is who the client is (`key:<name>`, ADR 0012). `role = "host"` marks a host's key
+  (`keys init --client NAME --host`): admitted only on the cluster endpoint, where its `Hello`
+  must name host `<name>`; every other key is an operator's, admitted only on ctl's (ADR 0022).
 - `<name>.secret`: a client keypair (`public`, `secret`); copy it, with `server.public`, to the
   host that connects as `<name>`.
 
@@ -31,6 +33,8 @@ from orchestra_sup.errors import ConfigError
 
 SERVER = "server"
 DEFAULT_CLIENT = "operator"
+HOST_ROLE = "host"
+"""`role` in `clients/<name>.public` for a host's key."""
 KEY_CHARS = 40
 """Length of a Z85-encoded CURVE key (32 bytes)."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -46,11 +50,12 @@ class Keypair:
 
 @dataclass(frozen=True, slots=True)
 class ServerKeys:
-    """What a binding side needs: its keypair, and the client keys it admits (public key ->
-    the client's name)."""
+    """What a binding side needs: its keypair, the client keys it admits (public key -> the
+    client's name), and which of those names are hosts' keys (`HOST_ROLE`)."""
 
     server: Keypair
     clients: dict[bytes, str]
+    hosts: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +73,10 @@ def default_keys_dir(state_dir: Path) -> Path:
     return state_dir / "keys"
 
 
-def init_keys(directory: Path, clients: list[str]) -> list[Path]:
+def init_keys(directory: Path, clients: list[str], *, host: bool = False) -> list[Path]:
     """Create a tree's keys in `directory` (made 0700 if missing): the server keypair and one
-    keypair per name in `clients`, each allowed (`clients/<name>.public`). In a directory that
+    keypair per name in `clients`, each allowed (`clients/<name>.public`), as hosts' keys when
+    `host` (`HOST_ROLE`; default: operators'). In a directory that
     already holds the server key, only the clients are added (a second operator): the server key
     is never replaced, since a new one would lock every client out. Returns the files written,
     in order. Files are created 0600 and never overwritten.
@@ -100,7 +106,8 @@ def init_keys(directory: Path, clients: list[str]) -> list[Path]:
             keypair = _keypair()
             written.append(_write(directory / f"{name}.secret", keypair))
             allowed = Keypair(keypair.public, b"")
-            written.append(_write(directory / "clients" / f"{name}.public", allowed))
+            role = HOST_ROLE if host else None
+            written.append(_write(directory / "clients" / f"{name}.public", allowed, role))
     except OSError as exc:
         raise ConfigError(f"keys directory {directory}: {exc.strerror}") from exc
     return written
@@ -110,16 +117,20 @@ def load_server_keys(directory: Path) -> ServerKeys:
     """Read the server keypair and the allowed clients from `directory`.
 
     Raises `ConfigError` when the directory or `server.secret` is missing or unreadable, a
-    file is not a keys file, or no client is allowed (a server nobody may reach is a mistake).
+    file is not a keys file or names a role other than `HOST_ROLE`, or no client is allowed (a
+    server nobody may reach is a mistake).
     """
     create = f"; run `orchestra-sup keys init --dir {directory}`"
     server = _read(directory / f"{SERVER}.secret", secret=True, missing=create)
-    clients = {}
+    clients, hosts = {}, set()
     for path in sorted((directory / "clients").glob("*.public")):
-        clients[_read(path, secret=False).public] = path.stem
+        allowed, role = _read_with_role(path, secret=False)
+        clients[allowed.public] = path.stem
+        if role == HOST_ROLE:
+            hosts.add(path.stem)
     if not clients:
         raise ConfigError(f"keys directory {directory} allows no client (clients/*.public)")
-    return ServerKeys(server=server, clients=clients)
+    return ServerKeys(server=server, clients=clients, hosts=frozenset(hosts))
 
 
 def load_client_keys(directory: Path, name: str) -> ClientKeys:
@@ -147,10 +158,12 @@ def _keypair() -> Keypair:
     return Keypair(public=public, secret=secret)
 
 
-def _write(path: Path, keypair: Keypair) -> Path:
+def _write(path: Path, keypair: Keypair, role: str | None = None) -> Path:
     text = f'public = "{keypair.public.decode()}"\n'
     if keypair.secret:
         text += f'secret = "{keypair.secret.decode()}"\n'
+    if role is not None:
+        text += f'role = "{role}"\n'
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(text)
@@ -158,6 +171,11 @@ def _write(path: Path, keypair: Keypair) -> Path:
 
 
 def _read(path: Path, *, secret: bool, missing: str = "") -> Keypair:
+    return _read_with_role(path, secret=secret, missing=missing)[0]
+
+
+def _read_with_role(path: Path, *, secret: bool, missing: str = "") -> tuple[Keypair, str | None]:
+    """The keypair in `path` and its `role` (None when it says none)."""
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -171,8 +189,11 @@ def _read(path: Path, *, secret: bool, missing: str = "") -> Keypair:
     if not all(_is_key(v) for v in values):
         fields = " and ".join(wanted)
         raise ConfigError(f"key file {path} needs {fields} as {KEY_CHARS}-character Z85 text")
+    role = data.get("role")
+    if role is not None and role != HOST_ROLE:
+        raise ConfigError(f"key file {path}: role = {role!r}; the one role is {HOST_ROLE!r}")
     public, *rest = (v.encode() for v in values)  # type: ignore[union-attr]
-    return Keypair(public=public, secret=rest[0] if rest else b"")
+    return Keypair(public=public, secret=rest[0] if rest else b""), role
 
 
 def _is_key(value: object) -> bool:

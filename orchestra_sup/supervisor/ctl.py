@@ -256,6 +256,9 @@ class CtlService:
             descriptors=sockets.descriptors(),
             ctl_connections=sockets.ctl_connections(),
             ctl_connections_max=host.settings.supervisor.ctl_connections,
+            cluster_listen=sockets.cluster_listen or "",
+            hosts=host.hosts.infos(),
+            hosts_refused=host.hosts.refused,
         )
 
     async def _reload(self) -> f.Body:

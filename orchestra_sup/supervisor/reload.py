@@ -65,6 +65,8 @@ IMMUTABLE = {
     "[supervisor] spawn": "the fork template is made once, when the tree starts",
     "[supervisor] metrics_port": "the metrics endpoint is bound once, when the tree starts",
     "[supervisor] metrics_host": "the metrics endpoint is bound once, when the tree starts",
+    "[cluster] listen": "the hosts' endpoint is bound once, when the tree starts",
+    "[cluster] keys": "its keys are read once, when the tree starts",
     **{
         f"[cpu] {key}": "the supervisor takes its CPU class, affinity and RLIMIT_RTTIME once, "
         "when the tree starts, and ranks its children below its own (system/cpupolicy.py)"

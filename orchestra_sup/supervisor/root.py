@@ -11,7 +11,8 @@ only the root has:
   `Roster` pushed to every child whenever a child's state changes;
 - the watchdog: a child silent for `watchdog_s` is SIGKILLed, and its exit is handled like any;
 - `ctl.ipc` (`supervisor.ctl`), and, with `RemoteCtl`, the same service on a CURVE `tcp://`
-  endpoint for a remote operator (ADR 0012);
+  endpoint for a remote operator (ADR 0012); with `[cluster] listen`, the hosts' agents'
+  endpoint (`supervisor.hosts`, ADR 0022);
 - what a dead child leaves behind: orphans reparented here and, for a shard, its lanes' cgroups;
 - re-executing itself onto another release with its children left running (`supervisor.reexec`):
   a `RootSupervisor` given a `Handoff` adopts the tree instead of starting it, and `resume` is
@@ -57,7 +58,7 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.connections import shut_path, watch
 from orchestra_sup.protocol.endpoint import Endpoint, routing_id
-from orchestra_sup.release import describe, protocol_range
+from orchestra_sup.release import skew
 from orchestra_sup.runtime.looplag import LoopLag
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.children import Children
@@ -66,6 +67,7 @@ from orchestra_sup.supervisor.core import ExitCause, Seam, Supervisor, Worker
 from orchestra_sup.supervisor.cpu import SupervisorCpu, previous_exit
 from orchestra_sup.supervisor.ctl import CtlService
 from orchestra_sup.supervisor.gate import ChangeGate
+from orchestra_sup.supervisor.hosts import Hosts
 from orchestra_sup.supervisor.metrics import MetricsServer, start_server
 from orchestra_sup.supervisor.reexec import (
     HELD_SIGNALS,
@@ -152,7 +154,13 @@ class RootSupervisor:
         self.paths = paths
         self.settings = settings
         self.cpu = SupervisorCpu(settings)  # before its first thread: ZeroMQ's take its class
-        self.sockets = RootSockets(paths, handoff.remote_ctl if handoff is not None else remote_ctl)
+        self.sockets = RootSockets(
+            paths,
+            handoff.remote_ctl if handoff is not None else remote_ctl,
+            settings.cluster.listen,
+            settings.cluster.keys,
+        )
+        self.hosts = Hosts(lambda: self.settings.supervisor.watchdog_s)
         self.seam: ProcessSeam | ColocatedSeam
         """Processes, or, `colocated`, every role a component of this process and loop
         (`supervisor/colocated.py`)."""
@@ -284,6 +292,7 @@ class RootSupervisor:
             self.ctl_service.handle,
             self.ctl_service.guard,
             self.seam.endpoint("supervisor"),
+            self.hosts.handle,
         )
 
     def _serve_metrics(self) -> None:
@@ -507,16 +516,10 @@ class RootSupervisor:
 
     def _on_hello(self, ep: Endpoint, peer: bytes | None, env: f.Envelope, hello: f.Hello) -> None:
         worker = self.children.by_name.get(hello.name)
-        low, high = protocol_range()
-        if not (hello.proto_min <= high and hello.proto_max >= low):
-            reason: str | None = (
-                f"{hello.name} (orchestra-sup {hello.version or 'unknown'}) speaks protocol "
-                f"{hello.proto_min}..{hello.proto_max}, the supervisor (orchestra-sup "
-                f"{describe().version}) {low}..{high}"
-            )
-        elif peer != routing_id(hello.name, hello.generation):
+        reason = skew(hello.name, hello.version, hello.proto_min, hello.proto_max)
+        if reason is None and peer != routing_id(hello.name, hello.generation):
             reason = f"{hello.name} must connect as {hello.name}.{hello.generation}"
-        else:
+        elif reason is None:
             reason = self.seam.welcome(hello.name, hello.generation, hello.pid, worker)
         if reason is not None or worker is None:
             ep.reply(env, peer, f.Reject(reason=reason or f"no child named {hello.name!r}"))

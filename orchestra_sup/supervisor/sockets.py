@@ -3,7 +3,10 @@
 Both are ROUTERs on one ZeroMQ context, each made mode 0600 and watched by a
 `protocol.connections.ConnectionGuard`; with `RemoteCtl` (ADR 0012) the ctl service is also
 served on a CURVE `tcp://` endpoint, behind a ZAP handler that admits the tree's client keys.
-What is served on them is the root supervisor's (its control channel) and `supervisor.ctl`'s.
+With `[cluster] listen` a third CURVE ROUTER serves hosts' agents (`supervisor.hosts`, ADR
+0022), behind the same handler, which admits hosts' keys there and only there. The two tcp
+endpoints serve with one server key, so they read one keys directory. What is served on them
+is the root supervisor's (its control channel), `supervisor.ctl`'s and `supervisor.hosts`'.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from orchestra_sup.paths import Paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard
-from orchestra_sup.protocol.curve import Gate
+from orchestra_sup.protocol.curve import CLUSTER_DOMAIN, Gate
 from orchestra_sup.protocol.endpoint import Endpoint, Handler
-from orchestra_sup.protocol.keys import ServerKeys, load_server_keys
+from orchestra_sup.protocol.keys import ServerKeys, default_keys_dir, load_server_keys
 from orchestra_sup.system import cpupolicy
 from orchestra_sup.system.descriptors import usage
 
@@ -41,27 +44,50 @@ class RemoteCtl(msgspec.Struct, frozen=True, kw_only=True):
 
 class RootSockets:
     """The sockets of the root supervisor under `paths.run_dir`, on `ctx`. `remote_ctl` also
-    serves ctl on its CURVE endpoint; its keys are read now (raises `ConfigError` when they
-    cannot be)."""
+    serves ctl on its CURVE endpoint, `cluster_listen` (`tcp://HOST:PORT`) the hosts' agents
+    with the keys in `cluster_keys` (None: `<state_dir>/keys`). Their keys are read now: raises
+    `ConfigError` when they cannot be, or when the two name different directories."""
 
-    def __init__(self, paths: Paths, remote_ctl: RemoteCtl | None):
+    def __init__(
+        self,
+        paths: Paths,
+        remote_ctl: RemoteCtl | None,
+        cluster_listen: str | None = None,
+        cluster_keys: str | None = None,
+    ):
         self.paths = paths
         self.ctx = cpupolicy.context()  # its I/O threads in this process's class
         self.codec = Codec()
         self.remote_ctl = remote_ctl
+        self.cluster_listen = cluster_listen
         self.remote_keys: ServerKeys | None = None
+        """The server key both tcp endpoints serve with, and the clients the gate admits."""
+        dirs = set()
         if remote_ctl is not None:
-            self.remote_keys = load_server_keys(Path(remote_ctl.keys_dir))
+            dirs.add(Path(remote_ctl.keys_dir).absolute())
+        if cluster_listen is not None:
+            dirs.add(Path(cluster_keys or default_keys_dir(paths.state_dir)).absolute())
+        if len(dirs) > 1:
+            ctl_dir, cluster_dir = (str(d) for d in dirs)
+            raise ConfigError(
+                f"--keys and [cluster] keys name two directories ({ctl_dir}, {cluster_dir}); "
+                "the tree serves one server key, so give them one"
+            )
+        if dirs:
+            self.remote_keys = load_server_keys(dirs.pop())
         self.control: Endpoint | None = None
         """`supervisor.ipc`, the children's control socket, while the sockets are open."""
         self.ctl: Endpoint | None = None
         """`ctl.ipc`, while the sockets are open."""
         self.remote: Endpoint | None = None
         """The ctl service on `remote_ctl.endpoint`, while the sockets are open."""
+        self.cluster: Endpoint | None = None
+        """The hosts' endpoint at `cluster_listen`, while the sockets are open."""
         self.guards: dict[Endpoint, ConnectionGuard] = {}
         """The guards of `control` and `ctl` (`protocol.connections`), while they are open."""
         self.gate: Gate | None = None
-        """The ZAP handler that admits `remote_keys`' clients, while `remote` is open."""
+        """The ZAP handler that admits `remote_keys`' clients, while `remote` or `cluster` is
+        open."""
 
     def open(
         self,
@@ -69,13 +95,15 @@ class RootSockets:
         on_ctl: Handler,
         ctl_guard: Callable[[zmq.Socket, Path], ConnectionGuard],
         children_reach: str,
+        on_cluster: Handler | None = None,
     ) -> None:
         """Bind and start `control` (served by `on_control`; also bound at `children_reach`,
         where the children are told it is, when that is not its `ipc://` path) and `ctl`
-        (served by `on_ctl`, guarded by `ctl_guard(sock, path)`), and with `remote_ctl` the ZAP
-        `gate` and `remote` (served by `on_ctl`). On the loop. Raises `zmq.ZMQError` when an
-        ipc socket cannot be bound, `ConfigError` when the tcp endpoint cannot (what was opened
-        stays open: `close` closes it)."""
+        (served by `on_ctl`, guarded by `ctl_guard(sock, path)`), then the ZAP `gate` with
+        `remote` (served by `on_ctl`) for `remote_ctl` and `cluster` (served by `on_cluster`)
+        for `cluster_listen`. On the loop. Raises `zmq.ZMQError` when an ipc socket cannot be
+        bound, `ConfigError` when a tcp endpoint cannot (what was opened stays open: `close`
+        closes it)."""
 
         def router(handler: Handler) -> Endpoint:
             return Endpoint(
@@ -105,19 +133,30 @@ class RootSockets:
             ep.start()
         if children_reach != self.paths.endpoint("supervisor"):
             self.control.bind(children_reach)
-        if self.remote_ctl is not None and self.remote_keys is not None:
-            self.gate = Gate(self.ctx, self.remote_keys)
-            self.gate.start()  # before the bind: a CURVE socket with no ZAP handler admits all
-            self.remote = router(on_ctl)
-            try:
-                self.remote.bind(self.remote_ctl.endpoint, self.remote_keys)
-            except zmq.ZMQError as exc:
-                raise ConfigError(
-                    f"ctl endpoint {self.remote_ctl.endpoint}: cannot bind it: {exc}"
-                ) from exc
-            self.gate.watch(self.remote.sock)
-            self.remote.start()
+        if self.remote_keys is None:
+            return
+        self.gate = Gate(self.ctx, self.remote_keys)
+        self.gate.start()  # before the binds: a CURVE socket with no ZAP handler admits all
+        if self.remote_ctl is not None:
+            self.remote = self._serve_tcp(router(on_ctl), self.remote_ctl.endpoint, "ctl", "")
             log.info("ctl also served on %s (CURVE)", self.remote_ctl.endpoint)
+        if self.cluster_listen is not None:
+            assert on_cluster is not None, "a cluster endpoint needs its handler"
+            self.cluster = router(on_cluster)
+            self.cluster.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted agent's, at once
+            self._serve_tcp(self.cluster, self.cluster_listen, "cluster", CLUSTER_DOMAIN)
+            log.info("hosts join at %s (CURVE, hosts' keys only)", self.cluster_listen)
+
+    def _serve_tcp(self, ep: Endpoint, address: str, what: str, domain: str) -> Endpoint:
+        assert self.gate is not None and self.remote_keys is not None
+        try:
+            ep.bind(address, self.remote_keys, domain)
+        except zmq.ZMQError as exc:
+            ep.close()
+            raise ConfigError(f"{what} endpoint {address}: cannot bind it: {exc}") from exc
+        self.gate.watch(ep.sock)
+        ep.start()
+        return ep
 
     def close(self, linger_s: float) -> None:
         """Close the sockets and terminate `ctx`, giving frames already sent `linger_s`
@@ -132,7 +171,7 @@ class RootSockets:
         """Close the sockets and their guards, `ctx` left as it is."""
         if self.gate is not None:
             self.gate.close()
-        for ep in (self.control, self.ctl, self.remote):
+        for ep in (self.control, self.ctl, self.remote, self.cluster):
             if ep is not None:
                 ep.close(linger_s)
         for guard in self.guards.values():  # once their sockets are closed
@@ -149,14 +188,16 @@ class RootSockets:
 
     def internal_errors(self) -> int:
         """Requests answered `internal` on any of the sockets."""
-        return sum(ep.internal_errors for ep in (self.control, self.ctl, self.remote) if ep)
+        endpoints = (self.control, self.ctl, self.remote, self.cluster)
+        return sum(ep.internal_errors for ep in endpoints if ep)
 
     def ctl_connections(self) -> int:
         """Ctl connections served now."""
         return sum(g.served for g in self.guards.values() if g.answers)
 
     def refused_at_handshake(self) -> int:
-        """Remote peers the ZAP `gate` refused (0 with no remote ctl)."""
+        """tcp peers the ZAP `gate` refused at the handshake, on ctl's and the hosts' endpoints
+        (0 with neither)."""
         return self.gate.refused if self.gate is not None else 0
 
     def descriptors(self) -> f.Descriptors:

@@ -27,6 +27,7 @@ from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Supervisor
 from orchestra_sup.supervisor.cpu import SupervisorCpu
 from orchestra_sup.supervisor.gate import ChangeGate
+from orchestra_sup.supervisor.hosts import Hosts
 from orchestra_sup.supervisor.runlock import DirLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.sockets import RootSockets
@@ -103,13 +104,14 @@ class RolloverDesk(Protocol):
 class CtlHost(TreeHost, MetricsHost, Protocol):
     """What the ctl service needs besides: the directories, whether debug hooks are on, the
     supervisor's CPU policy (its guard's count), the metrics' URL, a stop, the change `gate`
-    (`ctl restart` is refused while a change is in progress), and the `reloads` and
-    `rollovers` it hands `ctl reload` and `ctl rollover` to."""
+    (`ctl restart` is refused while a change is in progress), the `hosts` that joined, and
+    the `reloads` and `rollovers` it hands `ctl reload` and `ctl rollover` to."""
 
     paths: Paths
     debug_hooks: bool
     gate: ChangeGate
     cpu: SupervisorCpu
+    hosts: Hosts
 
     @property
     def metrics_url(self) -> str: ...

@@ -38,7 +38,10 @@ def test_a_full_table(tmp_path: Path) -> None:
         prefix="/trees/a/",
         lease_ttl_s=15,
         keepalive_s=2,
+        listen="tcp://10.0.0.2:7450",
+        keys="/var/lib/orchestra-sup/keys",
     )
+    assert (got.listen, got.keys) == ("tcp://10.0.0.2:7450", "/var/lib/orchestra-sup/keys")
     assert got.etcd == ("https://10.0.0.5:2379", "https://10.0.0.6:2379")  # once each
     assert (got.lease_ttl_s, got.keepalive_s, got.prefix) == (15, 2.0, "/trees/a/")
 
@@ -56,7 +59,12 @@ def test_a_full_table(tmp_path: Path) -> None:
         ({"lease_ttl_s": 2.5}, r"lease_ttl_s = 2.5: expected whole seconds"),
         ({"keepalive_s": True}, r"keepalive_s = True: expected seconds"),
         ({"lease_ttl_s": 4, "keepalive_s": 2}, r"must be more than twice keepalive_s = 2"),
-        ({"lease": 10}, r"\[cluster\] unknown key 'lease' \(known: etcd, etcd_ca"),
+        ({"lease": 10}, r"\[cluster\] unknown key 'lease' \(known: listen, keys, etcd, etcd_ca"),
+        ({"listen": "ipc:///tmp/x"}, r"listen = 'ipc:///tmp/x': give a tcp://HOST:PORT address"),
+        ({"listen": "tcp://h:0"}, r"listen = 'tcp://h:0': give a tcp://HOST:PORT"),
+        ({"listen": "tcp://:7450"}, r"give a tcp://HOST:PORT"),
+        ({"listen": "tcp://h:\uff17"}, r"give a tcp://HOST:PORT"),
+        ({"keys": ""}, r"keys = '': expected a non-empty string"),
     ],
 )
 def test_refusals_name_the_key(table: dict[str, object], message: str) -> None:

@@ -70,6 +70,23 @@ def test_init_never_replaces_a_key_but_adds_a_client(tmp_path: Path) -> None:
     assert set(load_server_keys(tmp_path).clients.values()) == {"operator", "other"}
 
 
+def test_a_hosts_key_says_so_and_any_other_role_is_refused(tmp_path: Path) -> None:
+    """`keys init --client host-a --host` marks the allowed key `role = "host"`; the server
+    reads which clients are hosts, and a key file with another role is one line."""
+    init_keys(tmp_path, ["operator"])
+    init_keys(tmp_path, ["host-a"], host=True)
+    assert 'role = "host"' in (tmp_path / "clients" / "host-a.public").read_text()
+    assert "role" not in (tmp_path / "host-a.secret").read_text()
+    server = load_server_keys(tmp_path)
+    assert set(server.clients.values()) == {"operator", "host-a"}
+    assert server.hosts == {"host-a"}
+    assert load_client_keys(tmp_path, "host-a").name == "host-a"
+    allowed = tmp_path / "clients" / "host-a.public"
+    allowed.write_text(allowed.read_text().replace('"host"', '"admin"'))
+    with pytest.raises(ConfigError, match=r"role = 'admin'; the one role is 'host'"):
+        load_server_keys(tmp_path)
+
+
 @pytest.mark.parametrize("name", ["server", "", "../x", "a b", "-x", "x" * 65])
 def test_a_bad_client_name_is_refused(tmp_path: Path, name: str) -> None:
     """Names become file names: nothing that is not a plain short name is accepted."""

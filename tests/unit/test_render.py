@@ -7,6 +7,7 @@ import io
 import re
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -356,3 +357,26 @@ def test_answer_hints_offer_only_what_each_pause_takes() -> None:
         "answer with: orchestra-sup ctl approve|reject|redirect|accept-partial p-a-1"
     ]
     assert render.answer_hints([]) == []
+
+
+def test_status_shows_the_hosts_under_the_children_and_says_none_for_one_host() -> None:
+    """A tree with `[cluster] listen`: one line for where hosts join, how many did and how many
+    were refused, then a row per host that fits 80 columns; a tree without: no cluster line."""
+    shards = [
+        f.HostShard(name=f"shard-{i}", state="running", generation=1, pid=900 + i, capacity=8)
+        for i in range(2)
+    ]
+    host = f.HostInfo(
+        name="host-a", state="joined", boot="0f3c9a", version="0.1.0", pid=4194301,
+        heard_s=0.42, joined_s=61.0, shards=shards, capabilities=["gpu", "remote"], lease=0x7F3A,
+    )  # fmt: skip
+    reply = msgspec.structs.replace(
+        busy_status(), cluster_listen="tcp://10.0.0.2:7450", hosts=[host], hosts_refused=2
+    )
+    text = printed(lambda c: render.status_table(reply, c, 80), width=80)
+    assert "cluster tcp://10.0.0.2:7450: 1 of 1 hosts joined, 2 refused" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("host-a ")]
+    assert " joined " in row and " 4194301 " in row and " 2/2 " in row
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert render.status_json(reply)["cluster"]["hosts"][0]["lease"] == 0x7F3A
+    assert "cluster" not in printed(lambda c: render.status_table(busy_status(), c, 80), width=80)

@@ -9,7 +9,8 @@ rules).
 Frames carry no behaviour. Each channel's vocabulary is a union alias in its module: `Control`
 (`control`: supervisor <-> child), `Sandbox` (`sandbox`: shard -> custodian), `Relay` (`relay`:
 coordinator -> custodian), `LanePlane` (`lanes`: coordinator -> shard), `Inbox` (`inbox`: shard
-outbox -> coordinator inbox), `Ctl` (`ctl`: operator -> supervisor), `Rollover` (`rollover`);
+outbox -> coordinator inbox), `Ctl` (`ctl`: operator -> supervisor), `Rollover` (`rollover`),
+`Cluster` (`hosts`: a host's agent -> the root);
 `frame` holds the base `Frame` and the answers every channel shares (`Ack`, `Error`), `values`
 the Structs carried by more than one. A receiver that gets a body it does not serve answers
 `Error(code="unexpected")` (`protocol.channel`).
@@ -79,6 +80,13 @@ from orchestra_sup.protocol.frames.frame import (
     Error,
     Frame,
 )
+from orchestra_sup.protocol.frames.hosts import (
+    HOST_ROLE,
+    Cluster,
+    HostInfo,
+    HostReport,
+    HostShard,
+)
 from orchestra_sup.protocol.frames.inbox import (
     Inbox,
     InboxAck,
@@ -143,6 +151,7 @@ from orchestra_sup.protocol.frames.values import (
 
 __all__ = [
     "ENVELOPE_ID_MAX",
+    "HOST_ROLE",
     "MESSAGE_MAX_BYTES",
     "Ack",
     "Answer",
@@ -150,6 +159,7 @@ __all__ = [
     "Body",
     "Budget",
     "ChildInfo",
+    "Cluster",
     "CommitDone",
     "Control",
     "Ctl",
@@ -187,6 +197,9 @@ __all__ = [
     "HitlPause",
     "HitlRecorded",
     "HitlRespond",
+    "HostInfo",
+    "HostReport",
+    "HostShard",
     "Inbox",
     "InboxAck",
     "InboxPut",

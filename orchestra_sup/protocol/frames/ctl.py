@@ -11,6 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from orchestra_sup.protocol.frames.frame import Frame
+from orchestra_sup.protocol.frames.hosts import HostInfo
 from orchestra_sup.protocol.frames.values import (
     Budget,
     ChildInfo,
@@ -81,6 +82,13 @@ class StatusReply(Frame, tag="status_reply"):
     """Ctl connections served now on `ctl.ipc`."""
     ctl_connections_max: int = 0
     """At most this many at once (`[supervisor] ctl_connections`)."""
+    cluster_listen: str = ""
+    """Where hosts' agents join (`[cluster] listen`); "" for a tree of one host."""
+    hosts: list[HostInfo] = []
+    """The hosts that joined, by name (`supervisor.hosts`)."""
+    hosts_refused: int = 0
+    """Host `Hello`s refused since the supervisor started: a key not the host's own, a wrong
+    routing id, another role, a protocol the root does not speak."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):

@@ -1,0 +1,73 @@
+"""The cluster channel: a host's agent <-> the root supervisor (`Cluster`), over the root's CURVE
+`[cluster] listen` endpoint (ADR 0022).
+
+A host's agent opens as a child does, with `Hello(role="host", name=<host>, generation=1, ...)`
+answered `Welcome` or `Reject`. The root welcomes it only from the connection whose CURVE key
+is the one allowed under the host's own name, so a host cannot speak for another. Then the agent
+sends a `HostReport` every heartbeat and whenever one of its shards changes state: what it runs
+and under which etcd lease. Only control crosses this channel (ARCHITECTURE.md §2: the
+supervisor is off the data path); lanes' frames go to the host's data address.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from orchestra_sup.protocol.frames.control import Hello, Reject, Welcome
+from orchestra_sup.protocol.frames.frame import Frame
+
+HOST_ROLE = "host"
+"""The role a host's agent says in its `Hello`."""
+
+
+class HostShard(msgspec.Struct, frozen=True, kw_only=True):
+    """One shard of a host as its agent's supervisor has it: its name on the host ("shard-0"),
+    state (a `supervisor.spec.ChildState` value), generation, process id (None when down),
+    live lanes and the lanes it takes at most."""
+
+    name: str
+    state: str
+    generation: int
+    pid: int | None = None
+    lanes: int = 0
+    capacity: int = 0
+
+
+class HostReport(Frame, tag="host_report"):
+    """A host's agent to the root, one-way: what the host runs now.
+
+    `boot` is the agent's run (a new one after every start of it: work placed under an older
+    boot is not this run's). `lease` is the etcd lease its registration is under (0 while it
+    holds none). `data` is the address its lanes are reached at ("" until it serves one).
+    `loop_lag_ms` is the agent's event-loop lag, (p50, p99, max) in milliseconds."""
+
+    boot: str
+    shards: list[HostShard]
+    capabilities: list[str] = []
+    tenants: list[str] = []
+    lease: int = 0
+    data: str = ""
+    loop_lag_ms: tuple[float, float, float] | None = None
+
+
+class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One host as the root has it, for `ctl status` and `ctl tree`: `state` is "joined" while
+    its reports arrive, "silent" once none came for the root's `watchdog_s`; `heard_s` is
+    seconds since its last frame, `joined_s` seconds since its `Hello` was welcomed. The rest is
+    its last `HostReport` and its `Hello`'s version and process id."""
+
+    name: str
+    state: str
+    boot: str
+    version: str
+    pid: int
+    heard_s: float
+    joined_s: float
+    shards: list[HostShard] = []
+    capabilities: list[str] = []
+    tenants: list[str] = []
+    lease: int = 0
+    data: str = ""
+
+
+Cluster = Hello | Welcome | Reject | HostReport
