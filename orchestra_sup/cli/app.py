@@ -15,6 +15,7 @@ from orchestra_sup.cli.bench import bench_app
 from orchestra_sup.cli.ctl import ctl_app
 from orchestra_sup.cli.doctor import doctor
 from orchestra_sup.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
+from orchestra_sup.cli.host import host
 from orchestra_sup.cli.keys import keys_app
 from orchestra_sup.cli.options import JsonOpt
 from orchestra_sup.cli.output import print_json
@@ -43,6 +44,7 @@ def version(as_json: JsonOpt = False) -> None:
 
 
 app.command()(start)
+app.command()(host)
 app.command()(run)
 app.command("systemd-unit")(systemd_unit)
 app.command()(doctor)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from orchestra_sup.cli.exits import guarded
+from orchestra_sup.cli.options import LanesOpt, ShardsOpt
 from orchestra_sup.config import load_settings
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.system.pathcheck import check_paths
@@ -42,19 +43,67 @@ def systemd_unit(
             "is written %%).",
         ),
     ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            help="A host's agent's unit instead (orchestra-sup-host.service): `host --name "
+            "NAME`, with --join and --keys, and --shards, --lanes-per-shard, --capabilities, "
+            "--tenants as `host` takes them.",
+        ),
+    ] = None,
+    join: Annotated[
+        str | None, typer.Option("--join", help="With --host: the root's tcp://HOST:PORT.")
+    ] = None,
+    keys: Annotated[
+        str | None, typer.Option("--keys", help="With --host: the host's keys directory.")
+    ] = None,
+    shards: ShardsOpt = None,
+    lanes_per_shard: LanesOpt = None,
+    capabilities: Annotated[
+        str | None, typer.Option("--capabilities", help="With --host: what its shards offer.")
+    ] = None,
+    tenants: Annotated[
+        str | None, typer.Option("--tenants", help="With --host: whom its shards serve.")
+    ] = None,
 ) -> None:
     """Print a systemd unit that runs `start` with this installation (Type=notify, watchdog,
-    reload on SIGHUP, hardening); every directive carries a comment saying why.
+    reload on SIGHUP, hardening); every directive carries a comment saying why. With --host,
+    one that runs a host's agent (`orchestra-sup host`) instead.
 
     Example: orchestra-sup systemd-unit --workspace /srv/project > orchestra-sup.service
+
+    Example: orchestra-sup systemd-unit --host host-a --join tcp://10.0.0.2:7450 --keys
+    /etc/orchestra-sup/keys
     """
     from orchestra_sup.cli.unit import UnitSpec, installed_command, render
 
+    def host_words() -> tuple[str, ...]:
+        given = {
+            "--shards": shards,
+            "--lanes-per-shard": lanes_per_shard,
+            "--capabilities": capabilities,
+            "--tenants": tenants,
+        }
+        if host is None:
+            extra = [k for k, v in {"--join": join, "--keys": keys, **given}.items() if v]
+            if extra:
+                raise ConfigError(f"{extra[0]} is for a host's unit: give --host NAME too")
+            return ()
+        if join is None or keys is None:
+            raise ConfigError("--host needs --join tcp://ROOT:PORT and --keys DIR")
+        words = ["--join", join, "--keys", _unit_path(keys) or keys, "--name", host]
+        for option, value in given.items():
+            if value is not None:
+                words += [option, str(value)]
+        return tuple(words)
+
     def spec() -> UnitSpec:
         check_paths({"--config": config, "--workspace": workspace})
-        settings = load_settings(None)
+        sizes = {"shards": shards, "lanes_per_shard": lanes_per_shard}
+        settings = load_settings(None, **sizes)
         if config is not None and "%" not in config:
-            settings = load_settings(Path(config))
+            settings = load_settings(Path(config), **sizes)
         if workspace is not None and "%" not in workspace and not Path(workspace).is_dir():
             raise ConfigError(f"workspace {workspace} is not a directory")
         return UnitSpec(
@@ -64,6 +113,7 @@ def systemd_unit(
             workspace=_unit_path(workspace),
             config=_unit_path(config),
             settings=settings,
+            host=host_words(),
         )
 
     sys.stdout.write(guarded(lambda: render(spec())))

@@ -83,6 +83,11 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
     listen = out.get("listen")
     if listen is not None and not _is_tcp(listen):
         raise ConfigError(f"[cluster] listen = {listen!r}: give a tcp://HOST:PORT address")
+    if listen is not None and not out["etcd"]:
+        raise ConfigError(
+            "[cluster] listen needs etcd: hosts' membership and their lanes' fencing are kept "
+            "in etcd (ADR 0021)"
+        )
     if ("etcd_cert" in out) != ("etcd_key" in out):
         raise ConfigError("[cluster] etcd_cert and etcd_key go together: give both or neither")
     if ("etcd_user" in out) != ("etcd_password_file" in out):

@@ -21,10 +21,9 @@ On top of OTP, a worker's repeated restarts back off (`intensity.Backoff`): the 
 immediate, later ones wait, and the wait resets once the child stayed up for `max_seconds`.
 Restarts an operator asks for (`restart_worker`) are not failures: no intensity, no backoff.
 
-Everything that touches the OS goes through `Seam`, so this module is tested as a matrix over a
-fake seam and a fake clock (tests/unit/test_supervision_matrix.py) and again on real processes.
-All methods run on one event loop; there are no locks besides the one that serialises a
-supervisor's restarts, the way a supervisor process handles one message at a time.
+All OS work goes through `Seam`: this module is tested over a fake seam and clock
+(tests/unit/test_supervision_matrix.py) and on real processes. All methods run on one loop; the
+one lock serialises a supervisor's restarts, as a supervisor process takes one message at a time.
 """
 
 from __future__ import annotations
@@ -88,6 +87,7 @@ class ExitCause(enum.StrEnum):
       group restart (one_for_all, rest_for_one) or an escalation.
     - `unknown`: no status was seen (a process gone while a re-executed supervisor took its
       children back).
+    - `lease`: its host lost its etcd lease, and the agent killed it (`supervisor.hostlink`).
     """
 
     CLEAN = "clean"
@@ -96,6 +96,7 @@ class ExitCause(enum.StrEnum):
     WATCHDOG = "watchdog"
     STOPPED = "stopped"
     UNKNOWN = "unknown"
+    LEASE = "lease"
 
 
 def exit_cause(exit_info: ExitInfo, *, stopping: bool, killed_for: ExitCause | None) -> ExitCause:

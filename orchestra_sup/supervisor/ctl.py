@@ -298,7 +298,9 @@ class CtlService:
         None: `DEFAULT_FORWARD_TIMEOUT_S`), or `wait_s` seconds when that is sooner. Returns
         its reply, its `Error` as a body; raises `RemoteError(peer_down)` when it is not
         running, `PeerDown`/`CallTimeout` when it cannot be reached or does not answer."""
-        child = self.host.children.by_name[name]
+        child = self.host.children.by_name.get(name)
+        if child is None:  # a host's agent runs no coordinator or custodian
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no {name} here: this is a host; ask its root")
         control = self.host.sockets.control
         assert control is not None
         if child.state is not ChildState.RUNNING:

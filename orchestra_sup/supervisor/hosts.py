@@ -9,15 +9,16 @@ name=...)`, and `Hosts.handle` welcomes it only when
 - its routing id is its name, so the root's requests reach the connection that said it, and
 - its protocol range meets the root's (`release.skew`).
 
-Anything else is refused with `Reject` and counted (`refused`). Its `HostReport`s then keep its
-entry: shards, capabilities, tenants, lease, data address. A report from a connection that was
-not welcomed, or from a name whose key it does not hold, changes nothing. A host whose agent
-restarts says `Hello` again and replaces its entry (a new `boot`); the listener hands the name's
-routing id to the newest connection (`ROUTER_HANDOVER`).
+Anything else is refused with `Reject` and counted (`refused`). The welcome (`HostWelcome`)
+tells the host where to register: the root's etcd cluster, prefix and lease. Its
+`HostReport`s then keep its entry: shards, capabilities, tenants, data address. A report from
+a connection that was not welcomed, or from a name whose key it does not hold, changes nothing
+and is answered `not_found`, which makes an agent say `Hello` again (the root restarted). A
+host whose agent restarts says `Hello` again and replaces its entry (a new `boot`); the
+listener hands the name's routing id to the newest connection (`ROUTER_HANDOVER`).
 
-Whether a host is alive for placement is its etcd lease's to say (ADR 0021); what is here is
-what `ctl status` and `ctl tree` show of it, "silent" once nothing came from it for
-`silent_after()` seconds.
+Whether a host holds its lease is etcd's to say (ADR 0021): `follow` watches the hosts'
+registrations (`cluster.membership`), and a host whose registration is gone is "unregistered".
 """
 
 from __future__ import annotations
@@ -26,13 +27,21 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from orchestra_sup.cluster.settings import ClusterSettings, connect
 from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint, KeyIdentity, needs_caller
 from orchestra_sup.release import skew
 
+if TYPE_CHECKING:  # aiohttp is imported by a root that follows etcd, not by every one
+    from orchestra_sup.cluster.etcd import KeyValue
+
 log = logging.getLogger("orchestra_sup.supervisor")
+
+HOSTS_KEY = "hosts/"
+"""Where, under `[cluster] prefix`, each host registers as its name."""
 
 
 @dataclass(slots=True)
@@ -49,13 +58,40 @@ class Host:
 class Hosts:
     """The root's table of hosts, served on the cluster endpoint by `handle` (a `needs_caller`
     handler). `silent_after` gives the seconds of silence after which a host shows "silent"
-    (the root's `watchdog_s`, read at each look: a reload changes it). `refused` counts the
-    `Hello`s refused."""
+    (the root's `watchdog_s`), `cluster` the `[cluster]` settings in force; both are read at
+    each use. `refused` counts the `Hello`s refused; `registered` is what etcd holds under the
+    hosts' prefix, by host name (`follow`)."""
 
-    def __init__(self, silent_after: Callable[[], float]):
+    def __init__(self, silent_after: Callable[[], float], cluster: Callable[[], ClusterSettings]):
         self.silent_after = silent_after
+        self.cluster = cluster
         self.by_name: dict[str, Host] = {}
+        self.registered: dict[str, KeyValue] = {}
         self.refused = 0
+
+    async def follow(self) -> None:
+        """Keep `registered` as etcd has it, until cancelled (`cluster.membership.Membership`:
+        it reads again and retries by itself). Returns at once for a tree without etcd."""
+        from orchestra_sup.cluster.membership import Membership  # aiohttp: only with etcd
+
+        settings = self.cluster()
+        if not settings.etcd:
+            return
+        async with connect(settings) as etcd:
+            membership = Membership(
+                etcd,
+                f"{settings.prefix}{HOSTS_KEY}".encode(),
+                on_join=self._registered,
+                on_leave=self._unregistered,
+            )
+            self.registered = membership.hosts  # the same dict: Membership keeps it
+            await membership.run()
+
+    def _registered(self, name: str, kv: KeyValue) -> None:
+        log.info("cluster: host %s registered under lease %x", name, kv.lease)
+
+    def _unregistered(self, name: str) -> None:
+        log.warning("cluster: host %s's registration is gone (its lease ended)", name)
 
     @needs_caller
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
@@ -66,12 +102,14 @@ class Hosts:
                 self._hello(ep, peer, env, hello, name)
             case f.HostReport() as report if name is not None and peer == name.encode():
                 host = self.by_name.get(name)
-                if host is not None:
-                    host.report, host.heard_at = report, time.monotonic()
-            case f.HostReport():
-                pass  # from a connection never welcomed, or not the one its key names
-            case body:
-                message = f"the cluster endpoint does not serve {type(body).__name__}"
+                if host is None:
+                    message = f"host {name!r} has not said Hello to this root"
+                    ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
+                    return
+                host.report, host.heard_at = report, time.monotonic()
+                ep.reply(env, peer, f.Ack())
+            case body:  # a report from a connection its key does not name, or another frame
+                message = f"the cluster endpoint does not serve {type(body).__name__} here"
                 ep.reply(env, peer, f.Error(code=ErrorCode.UNEXPECTED, message=message))
 
     def _hello(
@@ -96,7 +134,14 @@ class Hosts:
         self.by_name[hello.name] = Host(hello=hello, joined_at=now, heard_at=now)
         again = f", again (pid {was.hello.pid} before)" if was is not None else ""
         log.info("cluster: host %s joined (pid %d)%s", hello.name, hello.pid, again)
-        ep.reply(env, peer, f.Welcome(generation=hello.generation))
+        cluster = self.cluster()
+        welcome = f.HostWelcome(
+            etcd=list(cluster.etcd),
+            prefix=f"{cluster.prefix}{HOSTS_KEY}",
+            lease_ttl_s=cluster.lease_ttl_s,
+            keepalive_s=cluster.keepalive_s,
+        )
+        ep.reply(env, peer, welcome)
 
     def infos(self) -> list[f.HostInfo]:
         """Every host that joined, by name, as `ctl status` shows it."""
@@ -104,10 +149,12 @@ class Hosts:
         out = []
         for name, host in sorted(self.by_name.items()):
             report = host.report or f.HostReport(boot="", shards=[])
+            registration = self.registered.get(name)
+            state = "joined" if now - host.heard_at <= limit else "silent"
             out.append(
                 f.HostInfo(
                     name=name,
-                    state="silent" if now - host.heard_at > limit else "joined",
+                    state=state if registration is not None else "unregistered",
                     boot=report.boot,
                     version=host.hello.version,
                     pid=host.hello.pid,
@@ -116,7 +163,7 @@ class Hosts:
                     shards=report.shards,
                     capabilities=report.capabilities,
                     tenants=report.tenants,
-                    lease=report.lease,
+                    lease=registration.lease if registration is not None else 0,
                     data=report.data,
                 )
             )

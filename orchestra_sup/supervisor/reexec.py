@@ -141,7 +141,7 @@ async def reexec(sup: ReexecHost, release: str, carry: bytes = b"") -> None:
     main thread's, or the exec itself fails (`release` changed since it was checked: no
     longer a program, for example)."""
     if sup.seam.unmovable is not None:
-        raise ReleaseError("a colocated tree cannot re-execute its supervisor")
+        raise ReleaseError(f"{sup.seam.unmovable}: it cannot re-execute its supervisor")
     if not os.path.isfile(release) or not os.access(release, os.X_OK):
         raise ReleaseError(f"release {release}: not an executable file")
     if threading.current_thread() is not threading.main_thread():

@@ -25,7 +25,8 @@ sockets `supervisor.sockets`, and a reload and a rollover exclude each other thr
 `supervisor.gate`.
 
 Exit statuses: `EXIT_OK` after a requested stop, `EXIT_FAILED_START` when the tree could not
-start, `EXIT_INTENSITY` when the root's restart intensity was exceeded.
+start, `EXIT_REFUSED` when a host's agent was refused by its root, `EXIT_INTENSITY` when the
+root's restart intensity was exceeded.
 """
 
 from __future__ import annotations
@@ -63,10 +64,11 @@ from orchestra_sup.runtime.looplag import LoopLag
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.children import Children
 from orchestra_sup.supervisor.colocated import ColocatedSeam
-from orchestra_sup.supervisor.core import ExitCause, Seam, Supervisor, Worker
+from orchestra_sup.supervisor.core import ExitCause, Worker
 from orchestra_sup.supervisor.cpu import SupervisorCpu, previous_exit
 from orchestra_sup.supervisor.ctl import CtlService
 from orchestra_sup.supervisor.gate import ChangeGate
+from orchestra_sup.supervisor.hostlink import HostJoin, HostLink
 from orchestra_sup.supervisor.hosts import Hosts
 from orchestra_sup.supervisor.metrics import MetricsServer, start_server
 from orchestra_sup.supervisor.reexec import (
@@ -84,10 +86,8 @@ from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.shape import (
     FIXED,
     SHARD_STOP_MARGIN_S,
-    child_spec,
-    flags,
+    build_tree,
     settings_args,
-    shard_names,
 )
 from orchestra_sup.supervisor.sockets import RemoteCtl, RootSockets
 from orchestra_sup.supervisor.source import ConfigSource
@@ -100,29 +100,13 @@ log = logging.getLogger("orchestra_sup.supervisor")
 
 EXIT_OK = 0
 EXIT_FAILED_START = 1
+EXIT_REFUSED = 2
+"""Exit status of a host's agent its root refused (its key, its name): bad input, as `start`'s."""
 EXIT_INTENSITY = 3
 """Exit status when restart intensity was exceeded at the root (documented in the README)."""
 
 STOP_ANNOUNCE_S = 2.0
 """Seconds a stop waits for the coordinator to hear the tree is stopping (`_announce_stop`)."""
-
-
-def build_tree(settings: Settings, seam: Seam, on_give_up: Any) -> Supervisor:
-    """The tree in start order: custodian, coordinator, then the shards' sub-supervisor
-    (`supervisor.shape` says what each child is under `settings`)."""
-    tree_flags = flags(settings)
-
-    def worker(name: str) -> Worker:
-        return Worker(child_spec(settings, name), tree_flags, seam)
-
-    shards = Supervisor("shards", tree_flags, [worker(n) for n in shard_names(settings)], seam)
-    return Supervisor(
-        "root",
-        tree_flags,
-        [*(worker(name) for name in FIXED), shards],
-        seam,
-        on_give_up=on_give_up,
-    )
 
 
 class RootSupervisor:
@@ -135,9 +119,10 @@ class RootSupervisor:
     is how the children write their logs, as this process does; `generation` counts this
     supervisor's images (1, one more after each re-exec), for its log lines. `config` (or the
     hand-off's) is where `settings` came from, read again on SIGHUP and `ctl reload`
-    (`supervisor.reload`; None: nothing to re-read). Raises `SupervisionError` when the
-    hand-off's children are not this tree's, `ConfigError` when `remote_ctl`'s keys cannot be
-    read.
+    (`supervisor.reload`; None: nothing to re-read). With `join` it is a host's agent: its tree
+    is only shards, and it joins the root `join` names (`supervisor.hostlink`). Raises
+    `SupervisionError` when the hand-off's children are not this tree's, `ConfigError` when
+    `remote_ctl`'s or `join`'s keys cannot be read.
     """
 
     def __init__(
@@ -150,6 +135,7 @@ class RootSupervisor:
         remote_ctl: RemoteCtl | None = None,
         log_format: LogFormat = LogFormat.TEXT,
         config: ConfigSource | None = None,
+        join: HostJoin | None = None,
     ):
         self.paths = paths
         self.settings = settings
@@ -160,7 +146,9 @@ class RootSupervisor:
             settings.cluster.listen,
             settings.cluster.keys,
         )
-        self.hosts = Hosts(lambda: self.settings.supervisor.watchdog_s)
+        self.hosts = Hosts(
+            lambda: self.settings.supervisor.watchdog_s, lambda: self.settings.cluster
+        )
         self.seam: ProcessSeam | ColocatedSeam
         """Processes, or, `colocated`, every role a component of this process and loop
         (`supervisor/colocated.py`)."""
@@ -176,7 +164,11 @@ class RootSupervisor:
                 template_for(settings.supervisor),
                 paths=paths,
             )
-        self.tree = build_tree(settings, self.seam, lambda: self.request_stop(EXIT_INTENSITY))
+        self.tree = build_tree(
+            settings, self.seam, lambda: self.request_stop(EXIT_INTENSITY), () if join else FIXED
+        )
+        self.link = HostLink(self, join) if join is not None else None
+        """A host's agent's link to its root (`supervisor.hostlink`); None for a root."""
         self.children = Children(list(self.tree.workers()), self.seam, self.sockets)
         self.lag = LoopLag()
         self.ctl_service = CtlService(self)
@@ -232,6 +224,7 @@ class RootSupervisor:
         if self.handoff is not None:
             adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
         self.spawn(self.lag.run())
+        self.spawn(self.hosts.follow())
         self.spawn(watch(lambda: self.sockets.guards.values()))
         self.cpu.start_guard(self.seam.known_pids)
         if (ping := notify.watchdog_interval()) is not None:  # a re-exec's new image too
@@ -347,6 +340,8 @@ class RootSupervisor:
             self._stop.set()
         else:
             self.spawn(self._watchdog())
+            if self.link is not None:
+                self.spawn(self.link.run())
             log.info(
                 "tree ready: %d children, run dir %s",
                 len(self.children.workers),
@@ -370,9 +365,9 @@ class RootSupervisor:
 
     async def _announce_stop(self) -> None:
         """Tell the coordinator the tree is stopping (bounded: a wedged one is not waited for)."""
-        coordinator = self.children.by_name["coordinator"]
+        coordinator = self.children.by_name.get("coordinator")  # none on a host's agent
         control = self.sockets.control
-        if control is None or coordinator.state is not ChildState.RUNNING:
+        if control is None or coordinator is None or coordinator.state is not ChildState.RUNNING:
             return
         with contextlib.suppress(Exception):
             await control.request(
@@ -392,6 +387,13 @@ class RootSupervisor:
         if exit_code != EXIT_OK:
             self._exit_code = exit_code
         self._stop.set()
+
+    def refuse(self, reason: str) -> None:
+        """Stop with `EXIT_REFUSED`, `reason` in the log and on stderr (a host's agent that its
+        root refused: only its operator can mend that)."""
+        log.error("%s; stopping", reason)
+        print(f"orchestra-sup: {reason}", file=sys.stderr)
+        self.request_stop(EXIT_REFUSED)
 
     def report_status(self) -> None:
         """Send systemd `STATUS=` with `summary()` when it differs from the last one sent."""

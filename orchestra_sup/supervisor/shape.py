@@ -9,10 +9,11 @@ cannot be added here and missed by the reload.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from orchestra_sup.config import Settings
-from orchestra_sup.supervisor.core import Flags, Strategy
+from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildSpec
 from orchestra_sup.system.cpupolicy import CpuPlan, machine_cpus, resolve_realtime, role_plans
 from orchestra_sup.system.isolation import IsolationSettings, effective
@@ -22,6 +23,26 @@ SHARD_STOP_MARGIN_S = 3.0
 and it then hands the coordinator what they were interrupted at."""
 FIXED = ("custodian", "coordinator")
 """The children every tree has, in start order, before its shards."""
+
+
+def build_tree(
+    settings: Settings,
+    seam: Seam,
+    on_give_up: Callable[[], None],
+    fixed: tuple[str, ...] = FIXED,
+) -> Supervisor:
+    """The tree in start order: the `fixed` children (a tree's custodian and coordinator; none
+    on a host's agent), then the shards' sub-supervisor, its children shard-0 .. shard-N-1.
+    `on_give_up` is called when the root's restart intensity is exceeded."""
+    tree_flags = flags(settings)
+
+    def worker(name: str) -> Worker:
+        return Worker(child_spec(settings, name), tree_flags, seam)
+
+    shards = Supervisor("shards", tree_flags, [worker(n) for n in shard_names(settings)], seam)
+    return Supervisor(
+        "root", tree_flags, [*(worker(name) for name in fixed), shards], seam, on_give_up=on_give_up
+    )
 
 
 def flags(settings: Settings) -> Flags:

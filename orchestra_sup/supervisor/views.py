@@ -4,8 +4,8 @@ The root supervisor (`supervisor.root`) owns the tree, its seam, its sockets and
 table, and hands each collaborator only the view it needs, as a `Protocol` the root satisfies:
 `TreeHost` to a config reload (`supervisor.reload`), `ReexecHost` to the re-exec and to a
 rollover, whose last step may be one (`supervisor.reexec`, `supervisor.rollover`),
-`MetricsHost` to the metrics (`supervisor.metrics`) and `CtlHost` to the ctl service
-(`supervisor.ctl`).
+`MetricsHost` to the metrics (`supervisor.metrics`), `CtlHost` to the ctl service
+(`supervisor.ctl`) and `AgentHost` to a host's link to its root (`supervisor.hostlink`).
 No collaborator imports the root, and none reaches another through it: a reload and a rollover
 exclude each other through the `gate.ChangeGate` both hold, and the ctl service is given the two
 as `ReloadDesk` and `RolloverDesk`, what it asks of them.
@@ -72,6 +72,15 @@ class ReexecHost(TreeHost, Protocol):
     def open_sockets(self) -> None: ...
 
     def request_stop(self, exit_code: int = ...) -> None: ...
+
+
+class AgentHost(TreeHost, Protocol):
+    """What a host's link to its root needs besides (`supervisor.hostlink`): this run's `boot`,
+    and `refuse`, which stops the agent for a reason only its operator can mend."""
+
+    boot: str
+
+    def refuse(self, reason: str) -> None: ...
 
 
 class MetricsHost(Protocol):

@@ -19,10 +19,11 @@ from orchestra_sup.protocol.curve import connect
 from orchestra_sup.protocol.keys import load_client_keys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.release import describe
+from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
 from tests.integration.harness import Tree, wait_until
 from tests.integration.test_ctl_access import cli, free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, needs_etcd]
 
 REPLY_WAIT_MS = 10_000
 CODEC = Codec()
@@ -100,7 +101,7 @@ def status_json(tree: Tree) -> dict:
 
 
 def test_hosts_join_only_with_their_own_key_and_steer_nothing(
-    tree_factory: Callable[..., Tree], tmp_path: Path
+    tree_factory: Callable[..., Tree], etcd_cluster: EtcdCluster, tmp_path: Path
 ) -> None:
     """One tree with `[cluster] listen` and `--ctl-tcp` on one keys directory:
 
@@ -114,7 +115,8 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
         assert cli("keys", "init", "--dir", str(keys), *argv).returncode == 0
     listen, ctl_tcp = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     config = tmp_path / "tree.toml"
-    config.write_text(f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\n')
+    etcd = json.dumps(etcd_cluster.endpoints)
+    config.write_text(f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\netcd = {etcd}\n')
     tree = tree_factory(
         shards=1, config=config, extra_args=["--ctl-tcp", ctl_tcp, "--keys", str(keys)]
     )
@@ -140,7 +142,10 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
         assert tree.status().hosts_refused == 1 and tree.status().hosts == []
 
         agent = peer(listen, keys, "host-a", "host-a")
-        assert isinstance(agent.hello("host-a", pid=3), f.Welcome)
+        welcome = agent.hello("host-a", pid=3)
+        assert isinstance(welcome, f.HostWelcome), welcome
+        assert welcome.etcd == etcd_cluster.endpoints
+        assert welcome.prefix == "/orchestra-sup/hosts/"
         shards = [f.HostShard(name="shard-0", state="running", generation=1, pid=77, capacity=4)]
         agent.send(f.HostReport(boot="b00t", shards=shards, capabilities=["remote"], lease=255))
 
@@ -150,11 +155,12 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
 
         host = wait_until(joined, 10, "host-a's report in ctl status")
         assert isinstance(host, dict)
-        assert (host["name"], host["state"], host["pid"]) == ("host-a", "joined", 3)
-        assert host["capabilities"] == ["remote"] and host["lease"] == 255
+        # welcomed, but registered in no etcd: its lanes would not be its own
+        assert (host["name"], host["state"], host["pid"]) == ("host-a", "unregistered", 3)
+        assert host["capabilities"] == ["remote"] and host["lease"] == 0
         assert status_json(tree)["cluster"]["listen"] == listen
         drawn = cli("ctl", "--run-dir", str(tree.run_dir), "tree")
-        assert "host-a (host, pid 3, boot b00t, lease ff, joined)" in drawn.stdout, drawn.stdout
+        assert "host-a (host, pid 3, boot b00t, no lease, unregistered)" in drawn.stdout
         assert "shard-0 pid=77 gen=1 running" in drawn.stdout
 
         before = refused_at_handshake()
@@ -166,7 +172,7 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
         assert as_operator.returncode == 0, as_operator.stderr
 
         again = peer(listen, keys, "host-a", "host-a")
-        assert isinstance(again.hello("host-a", pid=os.getpid()), f.Welcome)
+        assert isinstance(again.hello("host-a", pid=os.getpid()), f.HostWelcome)
         wait_until(
             lambda: [h.pid for h in tree.status().hosts] == [os.getpid()],
             10,

@@ -15,6 +15,7 @@ from orchestra_sup.cli.app import app
 
 NO_JSON = {
     "start": "prints nothing but the tree's log (stderr) while it runs",
+    "host": "prints nothing but the agent's log (stderr) while it runs",
     "systemd-unit": "prints a unit file, itself the format systemd and tools read",
 }
 """Commands exempt from --json, and why."""

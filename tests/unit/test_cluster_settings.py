@@ -64,6 +64,7 @@ def test_a_full_table(tmp_path: Path) -> None:
         ({"listen": "tcp://h:0"}, r"listen = 'tcp://h:0': give a tcp://HOST:PORT"),
         ({"listen": "tcp://:7450"}, r"give a tcp://HOST:PORT"),
         ({"listen": "tcp://h:\uff17"}, r"give a tcp://HOST:PORT"),
+        ({"listen": "tcp://h:7450"}, r"listen needs etcd: hosts' membership"),
         ({"keys": ""}, r"keys = '': expected a non-empty string"),
     ],
 )

@@ -26,7 +26,8 @@ from orchestra_sup.cli.unit import (
 )
 from orchestra_sup.config import Settings, ShardSettings, SupervisorSettings, settings_from_mapping
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S, build_tree
+from orchestra_sup.supervisor.root import STOP_ANNOUNCE_S
+from orchestra_sup.supervisor.shape import build_tree
 from orchestra_sup.system.cgroups import KILL_TIMEOUT_S
 from tests.unit.test_supervision_matrix import FakeSeam
 
@@ -526,3 +527,35 @@ def test_systemd_analyze_verify_takes_the_cpu_policy(tmp_path: Path, user: bool)
     argv = [ANALYZE, *(["--user"] if user else []), "verify", str(path)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+
+
+HOST_WORDS = ("--join", "tcp://10.0.0.2:7450", "--keys", "/etc/orchestra-sup/keys", "--name", "a")
+
+
+@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("user", [False, True], ids=["system", "user"])
+def test_a_hosts_unit_runs_its_agent_and_verifies(tmp_path: Path, user: bool) -> None:
+    """`systemd-unit --host`: `orchestra-sup host` with its options, after the network is
+    configured, no reload, its own state and run directories; systemd-analyze says nothing."""
+    spec = UnitSpec(command=installed_command(), user=user, host=HOST_WORDS)
+    text = render(spec)
+    (start,) = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+    assert start.endswith(" host " + " ".join(HOST_WORDS))
+    assert "Wants=network-online.target" in text and "\nExecReload=" not in text
+    assert "StateDirectory=orchestra-sup-host\n" in text
+    assert "RuntimeDirectory=orchestra-sup-host\n" in text
+    path = tmp_path / unit_name(False, host=True)
+    path.write_text(text)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    argv = [ANALYZE, *(["--user"] if user else []), "verify", str(path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+
+
+def test_a_hosts_unit_keeps_its_keys_out_of_a_private_tmp() -> None:
+    """Keys under /tmp: no PrivateTmp=, which would hide them from the agent."""
+    words = ("--join", "tcp://r:1", "--keys", "/tmp/k", "--name", "a")
+    text = render(UnitSpec(command=installed_command(), host=words))
+    assert "PrivateTmp=" not in text.replace("# No PrivateTmp=", "")
+    with pytest.raises(ConfigError, match="a host's unit has no --template"):
+        render(UnitSpec(command=installed_command(), host=words, template=True))

@@ -86,6 +86,7 @@ from orchestra_sup.protocol.frames.hosts import (
     HostInfo,
     HostReport,
     HostShard,
+    HostWelcome,
 )
 from orchestra_sup.protocol.frames.inbox import (
     Inbox,
@@ -200,6 +201,7 @@ __all__ = [
     "HostInfo",
     "HostReport",
     "HostShard",
+    "HostWelcome",
     "Inbox",
     "InboxAck",
     "InboxPut",

@@ -2,10 +2,12 @@
 `[cluster] listen` endpoint (ADR 0022).
 
 A host's agent opens as a child does, with `Hello(role="host", name=<host>, generation=1, ...)`
-answered `Welcome` or `Reject`. The root welcomes it only from the connection whose CURVE key
-is the one allowed under the host's own name, so a host cannot speak for another. Then the agent
-sends a `HostReport` every heartbeat and whenever one of its shards changes state: what it runs
-and under which etcd lease. Only control crosses this channel (ARCHITECTURE.md §2: the
+answered `HostWelcome` or `Reject`. The root welcomes it only from the connection whose CURVE
+key is the one allowed under the host's own name, so a host cannot speak for another, and tells
+it the etcd cluster, prefix and lease its registration goes under. Then the agent sends a
+`HostReport` every report interval: what it runs and under which etcd lease. The root answers
+`Ack`, or `Error(not_found)` when it does not know the host (it restarted since): the agent
+then says `Hello` again. Only control crosses this channel (ARCHITECTURE.md §2: the
 supervisor is off the data path); lanes' frames go to the host's data address.
 """
 
@@ -13,11 +15,22 @@ from __future__ import annotations
 
 import msgspec
 
-from orchestra_sup.protocol.frames.control import Hello, Reject, Welcome
+from orchestra_sup.protocol.frames.control import Hello, Reject
 from orchestra_sup.protocol.frames.frame import Frame
 
 HOST_ROLE = "host"
 """The role a host's agent says in its `Hello`."""
+
+
+class HostWelcome(Frame, tag="host_welcome"):
+    """The root accepts a host's `Hello`: register under `prefix` + "hosts/" + the host's name in
+    the etcd cluster at `etcd`, under a lease of `lease_ttl_s` seconds (whole) kept alive every
+    `keepalive_s` seconds (ADR 0021)."""
+
+    etcd: list[str]
+    prefix: str
+    lease_ttl_s: int
+    keepalive_s: float
 
 
 class HostShard(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,7 +47,8 @@ class HostShard(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HostReport(Frame, tag="host_report"):
-    """A host's agent to the root, one-way: what the host runs now.
+    """A host's agent to the root: what the host runs now (answered `Ack`, or
+    `Error(not_found)` when the root does not know the host).
 
     `boot` is the agent's run (a new one after every start of it: work placed under an older
     boot is not this run's). `lease` is the etcd lease its registration is under (0 while it
@@ -51,10 +65,12 @@ class HostReport(Frame, tag="host_report"):
 
 
 class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One host as the root has it, for `ctl status` and `ctl tree`: `state` is "joined" while
-    its reports arrive, "silent" once none came for the root's `watchdog_s`; `heard_s` is
-    seconds since its last frame, `joined_s` seconds since its `Hello` was welcomed. The rest is
-    its last `HostReport` and its `Hello`'s version and process id."""
+    """One host as the root has it, for `ctl status` and `ctl tree`. `state`: "unregistered"
+    while etcd holds no registration of it (not yet, or its lease ended: its lanes are not its
+    own any more); else "silent" once no report came for the root's `watchdog_s`; else
+    "joined". `heard_s` is seconds since its last frame, `joined_s` seconds
+    since its `Hello` was welcomed; `lease` is the etcd lease its registration is under (0:
+    none). The rest is its last `HostReport` and its `Hello`'s version and process id."""
 
     name: str
     state: str
@@ -70,4 +86,4 @@ class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
     data: str = ""
 
 
-Cluster = Hello | Welcome | Reject | HostReport
+Cluster = Hello | HostWelcome | Reject | HostReport

@@ -1,0 +1,240 @@
+"""A host's agent's link to its root: the join over CURVE, the etcd lease, the reports (ADR 0022).
+
+`orchestra-sup host --join tcp://ROOT:PORT --name NAME` runs a supervisor whose tree is only its
+shards (`shape.build_tree` with no fixed children): it restarts them under its own intensity,
+as a root does. `HostLink` is what makes that supervisor a host of another tree:
+
+1. It connects a DEALER to the root's cluster endpoint as CURVE client NAME (routing id NAME)
+   and says `Hello(role="host")`, again every `RETRY_S` until it is answered. A `Reject` is a
+   mistake only the operator can mend (a key not allowed as this host, another protocol): the
+   agent stops with `root.EXIT_REFUSED` and the reason on stderr.
+2. On the first `HostWelcome` it takes its etcd lease (`cluster.lease.HostLease`) and keeps it
+   for as long as it runs, whatever becomes of the link: the registration at the welcome's
+   prefix + NAME holds its name, this run's boot id, its shards, capabilities and tenants.
+3. Every `REPORT_S` it sends a `HostReport` of its shards. A `not_found` answer means the root
+   does not know it (the root restarted): it says `Hello` again.
+
+When the lease is lost (`on_lost`: etcd said so, or the host can no longer know it holds it),
+every running shard is SIGKILLed at once, so its lanes stop before etcd's side of the lease can
+end and the root places them again (ARCHITECTURE.md §12, invariant 15). The shards' supervisor
+restarts them, lane-less, and the host joins again under a new lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from orchestra_sup.cluster.settings import ClusterSettings, connect
+from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.protocol.keys import ClientKeys, load_client_keys
+from orchestra_sup.release import describe
+from orchestra_sup.supervisor.core import ExitCause
+from orchestra_sup.supervisor.spec import ChildState
+from orchestra_sup.supervisor.views import AgentHost
+
+log = logging.getLogger("orchestra_sup.supervisor")
+
+RETRY_S = 1.0
+"""Seconds between two `Hello`s the root did not answer."""
+REPORT_S = 1.0
+"""Seconds between two `HostReport`s."""
+ANSWER_S = 5.0
+"""Seconds a `Hello` or a report waits for the root's answer."""
+LOG_EVERY_S = 10.0
+"""At most one "cannot reach the root" line this often."""
+
+
+class HostJoin(msgspec.Struct, frozen=True, kw_only=True):
+    """`orchestra-sup host`'s own options: the root's cluster endpoint (`tcp://HOST:PORT`),
+    the keys directory holding `server.public` and `<name>.secret`, and the host's name."""
+
+    root: str
+    keys_dir: str
+    name: str
+
+
+class HostLink:
+    """The link of the agent `sup` to the root `join` names (module docstring). The keys are
+    read now: raises `ConfigError` when they cannot be. The agent's processes cannot then move
+    onto another release in place (`seam.unmovable`): an exec would drop the lease this
+    process holds, and with it the host's lanes. It is rolled over by restarting it."""
+
+    def __init__(self, sup: AgentHost, join: HostJoin):
+        sup.seam.unmovable = "a host's agent holds its etcd lease in its own process"
+        self.sup = sup
+        self.join = join
+        self.keys: ClientKeys = load_client_keys(Path(join.keys_dir), join.name)
+        self.lease_id = 0
+        """The etcd lease the registration is under now (0: none)."""
+        self._lease: asyncio.Task[None] | None = None
+        self._unreached_logged = -LOG_EVERY_S
+
+    async def run(self) -> None:
+        """Join, report, join again when the root forgets the host; until cancelled (the
+        agent stopping), when the lease is revoked."""
+        ep = Endpoint(
+            self.sup.sockets.ctx,
+            zmq.DEALER,
+            name=self.join.name,
+            generation=1,
+            codec=Codec(),
+            identity=self.join.name,
+        )
+        ep.connect(self.join.root, self.keys)
+        ep.start()
+        try:
+            while True:
+                welcome = await self._hello(ep)
+                if welcome is None:
+                    return
+                if self._lease is None:
+                    self._lease = asyncio.create_task(self._hold(welcome))
+                await self._report(ep)
+        finally:
+            if self._lease is not None:
+                self._lease.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._lease
+            ep.close()
+
+    async def _hello(self, ep: Endpoint) -> f.HostWelcome | None:
+        """The root's welcome, asked for until it comes; None once it refused (the agent is
+        then stopping)."""
+        info = describe()
+        hello = f.Hello(
+            role=f.HOST_ROLE,
+            name=self.join.name,
+            generation=1,
+            release=info.python,
+            proto_min=info.proto_min,
+            proto_max=info.proto_max,
+            pid=os.getpid(),
+            version=info.version,
+        )
+        while True:
+            try:
+                answer = await ep.request(hello, timeout_s=ANSWER_S)
+            except (PeerDown, CallTimeout, RemoteError) as exc:
+                self._unreached(exc)
+                await asyncio.sleep(RETRY_S)
+                continue
+            if isinstance(answer, f.HostWelcome):
+                log.info("joined the root at %s as host %s", self.join.root, self.join.name)
+                return answer
+            reason = answer.reason if isinstance(answer, f.Reject) else type(answer).__name__
+            self.sup.refuse(f"the root at {self.join.root} refused host {self.join.name}: {reason}")
+            return None
+
+    async def _report(self, ep: Endpoint) -> None:
+        """Report every `REPORT_S` until the root answers that it does not know this host."""
+        while True:
+            try:
+                await ep.request(self.report(), timeout_s=ANSWER_S)
+            except RemoteError as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    log.warning("the root forgot this host (%s); saying Hello again", exc.message)
+                    return
+                log.warning("the root refused a report: %s", exc.message)
+            except (PeerDown, CallTimeout) as exc:
+                self._unreached(exc)
+            await asyncio.sleep(REPORT_S)
+
+    async def _hold(self, welcome: f.HostWelcome) -> None:
+        """Hold the lease the welcome says, for as long as the agent runs."""
+        from orchestra_sup.cluster.lease import HostLease  # aiohttp: only on a host
+
+        settings = ClusterSettings(
+            etcd=tuple(welcome.etcd),
+            lease_ttl_s=welcome.lease_ttl_s,
+            keepalive_s=welcome.keepalive_s,
+        )
+        async with connect(settings) as etcd:
+            lease = HostLease(
+                etcd,
+                f"{welcome.prefix}{self.join.name}".encode(),
+                msgspec.json.encode(self.registration()),
+                on_lost=self._lost,
+                on_joined=self._joined,
+                ttl_s=welcome.lease_ttl_s,
+                every_s=welcome.keepalive_s,
+            )
+            await lease.run()
+
+    def _joined(self, lease: int) -> None:
+        self.lease_id = lease
+
+    def _lost(self) -> None:
+        """Stop every lane now: SIGKILL each running shard (its supervisor restarts it)."""
+        self.lease_id = 0
+        shards = [w for w in self.sup.children.workers if w.spec.role == "shard"]
+        running = [w for w in shards if w.state is ChildState.RUNNING]
+        log.error("lease lost: stopping %d shards' lanes (SIGKILL) before it can end", len(running))
+        for worker in running:
+            worker.killed_for = ExitCause.LEASE
+            self.sup.seam.signal(worker, signal.SIGKILL)
+
+    def registration(self) -> dict[str, Any]:
+        """What etcd holds for this host: {"name", "boot", "shards", "capabilities", "tenants",
+        "lanes_per_shard", "data"}."""
+        shards = self.sup.settings.shards
+        return {
+            "name": self.join.name,
+            "boot": self.sup.boot,
+            "shards": [w.name for w in self.sup.children.workers if w.spec.role == "shard"],
+            "capabilities": list(shards.capabilities),
+            "tenants": list(shards.tenants),
+            "lanes_per_shard": shards.lanes_per_shard,
+            "data": "",
+        }
+
+    def report(self) -> f.HostReport:
+        """The host's shards as its supervisor has them now."""
+        shards = []
+        for worker in self.sup.children.workers:
+            if worker.spec.role != "shard":
+                continue
+            beat = self.sup.children.liveness[worker.name].beat
+            running = worker.state is ChildState.RUNNING
+            shards.append(
+                f.HostShard(
+                    name=worker.name,
+                    state=str(worker.state),
+                    generation=worker.generation,
+                    pid=worker.pid if running else None,
+                    lanes=sum(beat.lanes.values()) if beat is not None else 0,
+                    capacity=worker.spec.capacity,
+                )
+            )
+        settings = self.sup.settings.shards
+        return f.HostReport(
+            boot=self.sup.boot,
+            shards=shards,
+            capabilities=list(settings.capabilities),
+            tenants=list(settings.tenants),
+            lease=self.lease_id,
+        )
+
+    def _unreached(self, exc: Exception) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self._unreached_logged >= LOG_EVERY_S:
+            self._unreached_logged = now
+            log.warning(
+                "cannot reach the root at %s yet (%s); is server.public its key, and is %s "
+                "allowed as a host there (keys init --client %s --host)?",
+                self.join.root,
+                exc,
+                self.join.name,
+                self.join.name,
+            )

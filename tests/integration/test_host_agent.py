@@ -1,0 +1,198 @@
+"""A host's agent on real processes (issue 21, ADR 0022): `orchestra-sup host` joins a root
+over CURVE, registers in a real three-member etcd under a lease, supervises its own shards, and
+stops them when it can no longer know it holds its lease."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
+from tests.integration.harness import Tree, wait_until
+from tests.integration.test_ctl_access import cli, free_port
+
+pytestmark = [pytest.mark.integration, needs_etcd]
+
+PREFIX = "/osup-test/"
+TTL_S = 3
+EVERY_S = 0.5
+
+
+class Agent:
+    """`orchestra-sup host` as an operator runs it on another machine, in its own directories."""
+
+    def __init__(self, base: Path, join: str, keys: Path, name: str, *extra: str):
+        self.base = base
+        base.mkdir(parents=True, exist_ok=True)
+        self.log_path = base / "agent.log"
+        self.run_dir = Path(tempfile.mkdtemp(prefix="osup-h", dir="/tmp"))
+        argv = [sys.executable, "-m", "orchestra_sup", "host", "--join", join]
+        argv += ["--keys", str(keys), "--name", name, "--state-dir", str(base / "state")]
+        argv += ["--run-dir", str(self.run_dir), *extra]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def agents() -> Iterator[Callable[..., Agent]]:
+    made: list[Agent] = []
+
+    def make(*args: object) -> Agent:
+        made.append(Agent(*args))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for agent in made:
+        agent.stop()
+
+
+def registration(cluster: EtcdCluster, name: str) -> dict | None:
+    """What etcd holds for host `name` (its JSON and its lease), or None."""
+    key = base64.b64encode(f"{PREFIX}hosts/{name}".encode()).decode()
+    for url in cluster.endpoints:
+        try:
+            request = urllib.request.Request(
+                f"{url}/v3/kv/range", data=json.dumps({"key": key}).encode(), method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=2) as reply:
+                kvs = json.loads(reply.read()).get("kvs", [])
+        except OSError:
+            continue
+        if not kvs:
+            return None
+        value = json.loads(base64.b64decode(kvs[0]["value"]))
+        return value | {"lease": int(kvs[0].get("lease", 0))}
+    return None
+
+
+def host_of(tree: Tree, name: str) -> f.HostInfo | None:
+    return next((h for h in tree.status().hosts if h.name == name), None)
+
+
+def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """A root with `[cluster]` and an agent for host-a with two shards:
+
+    - the root shows host-a joined, with its shards, capabilities and etcd lease, and etcd holds
+      its registration (name, boot, shards, capabilities) under that lease;
+    - `ctl` on the host's run directory shows its shards, and refuses in one line what only a
+      root does (plans) and a rollover in place;
+    - a host shard SIGKILLed is restarted by the agent, and the root's own children are not;
+    - two etcd members of three SIGKILLed: the agent stops its shards (their lanes with them)
+      before the lease could end; with the members back it registers under a new lease;
+    - the agent SIGKILLed: etcd ends its lease, and the root shows host-a unregistered."""
+    keys = tmp_path / "keys"
+    for argv in (["--client", "operator"], ["--client", "host-a", "--host"]):
+        assert cli("keys", "init", "--dir", str(keys), *argv).returncode == 0
+    listen = f"tcp://127.0.0.1:{free_port()}"
+    config = tmp_path / "tree.toml"
+    config.write_text(
+        f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\n'
+        f"etcd = {json.dumps(etcd_cluster.endpoints)}\n"
+        f'prefix = "{PREFIX}"\nlease_ttl_s = {TTL_S}\nkeepalive_s = {EVERY_S}\n'
+    )
+    tree = tree_factory(shards=1, config=config)
+    root_pids = tree.pids()
+    agent = agents(tmp_path / "host-a", listen, keys, "host-a", "--shards", "2",
+                   "--lanes-per-shard", "3", "--capabilities", "remote")  # fmt: skip
+
+    def joined() -> f.HostInfo | None:
+        host = host_of(tree, "host-a")
+        running = host is not None and [s.state for s in host.shards] == ["running"] * 2
+        return host if running and host.state == "joined" and host.lease else None
+
+    host = wait_until(joined, 30, f"host-a joined with 2 shards; agent log:\n{agent.log()}")
+    assert isinstance(host, f.HostInfo)
+    assert host.pid == agent.proc.pid and host.capabilities == ["remote"]
+    assert [s.capacity for s in host.shards] == [3, 3]
+    held = registration(etcd_cluster, "host-a")
+    assert held is not None
+    assert (held["name"], held["boot"], held["lease"]) == ("host-a", host.boot, host.lease)
+    assert held["shards"] == ["shard-0", "shard-1"] and held["capabilities"] == ["remote"]
+    local = cli("ctl", "--run-dir", str(agent.run_dir), "status", "--json")
+    assert local.returncode == 0, local.stderr
+    assert [c["name"] for c in json.loads(local.stdout)["children"]] == ["shard-0", "shard-1"]
+    for ask in (["plans"], ["rollover", "shard-0"]):
+        refused = cli("ctl", "--run-dir", str(agent.run_dir), *ask)
+        assert refused.returncode == 2, (ask, refused.stdout, refused.stderr)
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert (
+        "this is a host; ask its root"
+        in cli("ctl", "--run-dir", str(agent.run_dir), "plans").stderr
+    )
+
+    shard = host.shards[0]
+    assert shard.pid is not None
+    os.kill(shard.pid, signal.SIGKILL)
+    wait_until(
+        lambda: (
+            (h := host_of(tree, "host-a")) is not None
+            and h.shards[0].generation == shard.generation + 1
+            and h.shards[0].state == "running"
+        ),
+        30,
+        "the agent to restart its shard-0",
+    )
+    assert tree.pids() == root_pids
+
+    before = host_of(tree, "host-a")
+    assert before is not None
+    pids = [s.pid for s in before.shards]
+    etcd_cluster.kill("m0")
+    etcd_cluster.kill("m1")
+    wait_until(
+        lambda: not any(psutil.pid_exists(p) and _alive(p) for p in pids if p is not None),
+        TTL_S,
+        f"the agent to stop its shards within the lease; agent log:\n{agent.log()}",
+    )
+    assert "lease lost: stopping 2 shards' lanes" in agent.log()
+    etcd_cluster.start("m0", "m1")
+    wait_until(
+        lambda: (h := joined()) is not None and h.lease != before.lease,
+        30,
+        "host-a registered under a new lease",
+    )
+
+    agent.proc.send_signal(signal.SIGKILL)
+    agent.proc.wait()
+    wait_until(
+        lambda: (h := host_of(tree, "host-a")) is not None and h.state == "unregistered",
+        TTL_S + 5,
+        "etcd to end the dead agent's lease, and the root to see it",
+    )
+    assert registration(etcd_cluster, "host-a") is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
