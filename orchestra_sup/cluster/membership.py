@@ -43,6 +43,9 @@ class Membership:
         self.on_join = on_join
         self.on_leave = on_leave
         self.hosts: dict[str, KeyValue] = {}
+        self.answering: bool | None = None
+        """Whether etcd, with a quorum, answered the last read or kept the watch (every request
+        requires a leader: `etcd.Etcd`); None before the first answer or failure."""
 
     async def run(self) -> None:
         """Read the registrations, then follow their changes, until cancelled. A watch etcd
@@ -55,11 +58,13 @@ class Membership:
             except EtcdRefused as exc:
                 log.warning("the hosts are read afresh: %s", exc)
             except EtcdUnavailable as exc:
+                self.answering = False
                 log.warning("the hosts cannot be read now: %s", exc)
                 await asyncio.sleep(self.retry_s)
 
     async def _follow(self) -> None:
         revision, kvs = await self.etcd.get_prefix(self.prefix)
+        self.answering = True
         seen = {name: kv for kv in kvs if (name := self._name(kv.key)) is not None}
         for name in [n for n in self.hosts if n not in seen]:
             self._leave(name)

@@ -259,6 +259,7 @@ class CtlService:
             cluster_listen=sockets.cluster_listen or "",
             hosts=host.hosts.infos(),
             hosts_refused=host.hosts.refused,
+            etcd_quorum=host.hosts.quorum(),
         )
 
     async def _reload(self) -> f.Body:

@@ -37,6 +37,7 @@ from orchestra_sup.release import skew
 
 if TYPE_CHECKING:  # aiohttp is imported by a root that follows etcd, not by every one
     from orchestra_sup.cluster.etcd import KeyValue
+    from orchestra_sup.cluster.membership import Membership
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -68,6 +69,7 @@ class Hosts:
         self.by_name: dict[str, Host] = {}
         self.registered: dict[str, KeyValue] = {}
         self.refused = 0
+        self._membership: Membership | None = None
 
     async def follow(self) -> None:
         """Keep `registered` as etcd has it, until cancelled (`cluster.membership.Membership`:
@@ -85,7 +87,13 @@ class Hosts:
                 on_leave=self._unregistered,
             )
             self.registered = membership.hosts  # the same dict: Membership keeps it
+            self._membership = membership
             await membership.run()
+
+    def quorum(self) -> bool | None:
+        """Whether the root reaches an etcd quorum now (`Membership.answering`); None for a
+        tree without etcd, or before the first answer."""
+        return self._membership.answering if self._membership is not None else None
 
     def _registered(self, name: str, kv: KeyValue) -> None:
         log.info("cluster: host %s registered under lease %x", name, kv.lease)

@@ -107,7 +107,8 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
       root does (plans) and a rollover in place;
     - a host shard SIGKILLed is restarted by the agent, and the root's own children are not;
     - two etcd members of three SIGKILLed: the agent stops its shards (their lanes with them)
-      before the lease could end; with the members back it registers under a new lease;
+      before the lease could end, and the root says it has no etcd quorum while its own
+      children go on; with the members back it registers under a new lease;
     - the agent SIGKILLed: etcd ends its lease, and the root shows host-a unregistered."""
     keys = tmp_path / "keys"
     for argv in (["--client", "operator"], ["--client", "host-a", "--host"]):
@@ -137,6 +138,7 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
     assert held is not None
     assert (held["name"], held["boot"], held["lease"]) == ("host-a", host.boot, host.lease)
     assert held["shards"] == ["shard-0", "shard-1"] and held["capabilities"] == ["remote"]
+    assert tree.status().etcd_quorum is True
     local = cli("ctl", "--run-dir", str(agent.run_dir), "status", "--json")
     assert local.returncode == 0, local.stderr
     assert [c["name"] for c in json.loads(local.stdout)["children"]] == ["shard-0", "shard-1"]
@@ -174,7 +176,10 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
         f"the agent to stop its shards within the lease; agent log:\n{agent.log()}",
     )
     assert "lease lost: stopping 2 shards' lanes" in agent.log()
+    wait_until(lambda: tree.status().etcd_quorum is False, 15, "the root to see no etcd quorum")
+    assert tree.pids() == root_pids  # its own lanes' shards go on
     etcd_cluster.start("m0", "m1")
+    wait_until(lambda: tree.status().etcd_quorum is True, 15, "the root to see the quorum back")
     wait_until(
         lambda: (h := joined()) is not None and h.lease != before.lease,
         30,

@@ -86,6 +86,9 @@ class StatusReply(Frame, tag="status_reply"):
     """Where hosts' agents join (`[cluster] listen`); "" for a tree of one host."""
     hosts: list[HostInfo] = []
     """The hosts that joined, by name (`supervisor.hosts`)."""
+    etcd_quorum: bool | None = None
+    """Whether the root reaches an etcd quorum (None: no etcd, or no answer yet). Without one
+    no lane is placed on a host; the root's own lanes go on."""
     hosts_refused: int = 0
     """Host `Hello`s refused since the supervisor started: a key not the host's own, a wrong
     routing id, another role, a protocol the root does not speak."""
