@@ -84,6 +84,14 @@ def relay(
         int, typer.Option("--iterations", min=10, help="Timed round trips per variant.")
     ] = 5000,
     hold_cpu_latency: HoldCpuLatencyOpt = False,
+    remote: Annotated[
+        bool,
+        typer.Option(
+            "--remote",
+            help="Instead: a host's shard through its agent's data port (tcp+CURVE), beside "
+            "the same shard over ipc and a raw pyzmq tcp+CURVE echo.",
+        ),
+    ] = False,
 ) -> Measured:
     """The relay's round trip next to raw pyzmq between two processes, in one run.
 
@@ -92,6 +100,13 @@ def relay(
     """
     from orchestra_sup.bench.relay import format_text, run_relay_bench
 
+    if remote:
+        from orchestra_sup.bench import remote as hop
+
+        return Measured(
+            guarded(lambda: hop.run_remote_bench(iterations, max(10, iterations // 10))),
+            _echo(hop.format_text),
+        )
     return Measured(
         guarded(
             lambda: run_relay_bench(

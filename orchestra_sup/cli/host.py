@@ -33,6 +33,14 @@ def host(
         typer.Option("--keys", help="A directory with the root's server.public and NAME.secret."),
     ],
     name: Annotated[str, typer.Option("--name", help="This host's name: its key's name.")],
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            help="The host's data port, tcp://HOST:PORT, where the root's processes reach its "
+            "shards (CURVE: the root's key only).",
+        ),
+    ] = None,
     shards: ShardsOpt = None,
     lanes_per_shard: LanesOpt = None,
     capabilities: Annotated[
@@ -70,6 +78,8 @@ def host(
 
     def prepare() -> tuple[Any, Any, HostJoin]:
         check_paths({"--keys": keys, "--state-dir": state_dir, "--run-dir": run_dir})
+        if listen is not None and not listen.startswith("tcp://"):
+            raise ConfigError(f"--listen {listen}: give this host's tcp://HOST:PORT")
         if not join.startswith("tcp://"):
             raise ConfigError(
                 f"--join {join}: give the root's tcp://HOST:PORT, its [cluster] listen"
@@ -83,7 +93,8 @@ def host(
         )
         paths = resolve_paths(state_dir, run_dir, None)
         refuse_owned(paths.state_dir, paths.run_dir)
-        return settings, paths, HostJoin(root=join, keys_dir=str(keys.absolute()), name=name)
+        where = str(keys.absolute())
+        return settings, paths, HostJoin(root=join, keys_dir=where, name=name, listen=listen)
 
     settings, paths, joined = guarded(prepare)
     code = guarded(

@@ -58,6 +58,9 @@ def systemd_unit(
     keys: Annotated[
         str | None, typer.Option("--keys", help="With --host: the host's keys directory.")
     ] = None,
+    listen: Annotated[
+        str | None, typer.Option("--listen", help="With --host: its data port, tcp://HOST:PORT.")
+    ] = None,
     shards: ShardsOpt = None,
     lanes_per_shard: LanesOpt = None,
     capabilities: Annotated[
@@ -80,6 +83,7 @@ def systemd_unit(
 
     def host_words() -> tuple[str, ...]:
         given = {
+            "--listen": listen,
             "--shards": shards,
             "--lanes-per-shard": lanes_per_shard,
             "--capabilities": capabilities,

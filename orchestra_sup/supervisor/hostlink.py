@@ -4,6 +4,8 @@
 shards (`shape.build_tree` with no fixed children): it restarts them under its own intensity,
 as a root does. `HostLink` is what makes that supervisor a host of another tree:
 
+0. With `listen`, it opens the host's data port there (`supervisor.hostdata`), which the
+   registration names as `data`.
 1. It connects a DEALER to the root's cluster endpoint as CURVE client NAME (routing id NAME)
    and says `Hello(role="host")`, again every `RETRY_S` until it is answered. A `Reject` is a
    mistake only the operator can mend (a key not allowed as this host, another protocol): the
@@ -41,8 +43,10 @@ from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.keys import ClientKeys, load_client_keys
 from orchestra_sup.release import describe
 from orchestra_sup.supervisor.core import ExitCause
+from orchestra_sup.supervisor.hostdata import DataPort
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.views import AgentHost
+from orchestra_sup.system import cpupolicy
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -58,11 +62,13 @@ LOG_EVERY_S = 10.0
 
 class HostJoin(msgspec.Struct, frozen=True, kw_only=True):
     """`orchestra-sup host`'s own options: the root's cluster endpoint (`tcp://HOST:PORT`),
-    the keys directory holding `server.public` and `<name>.secret`, and the host's name."""
+    the keys directory holding `server.public` and `<name>.secret`, the host's name, and its
+    data port (`tcp://HOST:PORT`, `supervisor.hostdata`; None: none)."""
 
     root: str
     keys_dir: str
     name: str
+    listen: str | None = None
 
 
 class HostLink:
@@ -76,6 +82,9 @@ class HostLink:
         self.sup = sup
         self.join = join
         self.keys: ClientKeys = load_client_keys(Path(join.keys_dir), join.name)
+        self.ctx = cpupolicy.context()
+        """The link's and the data port's own context, terminated when `run` ends: the agent's
+        is terminated before its tasks are cancelled, and would wait for these sockets."""
         self.lease_id = 0
         """The etcd lease the registration is under now (0: none)."""
         self._lease: asyncio.Task[None] | None = None
@@ -85,7 +94,7 @@ class HostLink:
         """Join, report, join again when the root forgets the host; until cancelled (the
         agent stopping), when the lease is revoked."""
         ep = Endpoint(
-            self.sup.sockets.ctx,
+            self.ctx,
             zmq.DEALER,
             name=self.join.name,
             generation=1,
@@ -94,7 +103,12 @@ class HostLink:
         )
         ep.connect(self.join.root, self.keys)
         ep.start()
+        port = None
         try:
+            if self.join.listen is not None:
+                port = self._data_port(self.join.listen)
+                if port is None:
+                    return
             while True:
                 welcome = await self._hello(ep)
                 if welcome is None:
@@ -107,7 +121,23 @@ class HostLink:
                 self._lease.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._lease
+            if port is not None:
+                port.close()
             ep.close()
+            self.ctx.term()
+
+    def _data_port(self, address: str) -> DataPort | None:
+        """The host's data port at `address`, open; None once the agent is refusing to go on
+        (the address cannot be bound)."""
+        shards = [w.name for w in self.sup.children.workers if w.spec.role == "shard"]
+        endpoints = {name: self.sup.paths.endpoint(name) for name in shards}
+        port = DataPort(self.ctx, address, self.keys, endpoints)
+        try:
+            port.open()
+        except zmq.ZMQError as exc:
+            self.sup.refuse(f"data port {address}: cannot bind it: {exc}")
+            return None
+        return port
 
     async def _hello(self, ep: Endpoint) -> f.HostWelcome | None:
         """The root's welcome, asked for until it comes; None once it refused (the agent is
@@ -196,7 +226,7 @@ class HostLink:
             "capabilities": list(shards.capabilities),
             "tenants": list(shards.tenants),
             "lanes_per_shard": shards.lanes_per_shard,
-            "data": "",
+            "data": self.join.listen or "",
         }
 
     def report(self) -> f.HostReport:
@@ -224,6 +254,7 @@ class HostLink:
             capabilities=list(settings.capabilities),
             tenants=list(settings.tenants),
             lease=self.lease_id,
+            data=self.join.listen or "",
         )
 
     def _unreached(self, exc: Exception) -> None:

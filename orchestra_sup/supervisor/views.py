@@ -76,9 +76,11 @@ class ReexecHost(TreeHost, Protocol):
 
 class AgentHost(TreeHost, Protocol):
     """What a host's link to its root needs besides (`supervisor.hostlink`): this run's `boot`,
-    and `refuse`, which stops the agent for a reason only its operator can mend."""
+    the directories (where its shards listen), and `refuse`, which stops the agent for a
+    reason only its operator can mend."""
 
     boot: str
+    paths: Paths
 
     def refuse(self, reason: str) -> None: ...
 

@@ -17,8 +17,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+import zmq
 
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.curve import connect
+from orchestra_sup.protocol.keys import ClientKeys, load_client_keys, load_server_keys
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
 from tests.integration.harness import Tree, wait_until
 from tests.integration.test_ctl_access import cli, free_port
@@ -201,3 +206,97 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+def call_through(port: str, keys: ClientKeys | None, ident: str, body: f.Body) -> f.Body | str:
+    """`body` sent to the data port `port` as CURVE client `keys` (None: no CURVE) with routing
+    id `ident`: the answer, or "refused" once the client's own monitor sees its handshake fail
+    (nothing can then be answered)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.setsockopt(zmq.IDENTITY, ident.encode())
+    monitor = sock.get_monitor_socket(REFUSED)
+    try:
+        if keys is None:
+            sock.connect(port)
+        else:
+            connect(sock, port, keys)
+        env = f.Envelope(
+            v=PROTOCOL_VERSION, id=f"{ident}.1", corr=None, sender="coordinator", gen=1,
+            ttl_s=10.0, dest_gen=None, body=body,
+        )  # fmt: skip
+        sock.send(Codec().encode(env), zmq.NOBLOCK)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        ready = dict(poller.poll(15_000))
+        if monitor in ready:
+            assert sock not in ready
+            return "refused"
+        assert sock in ready, "neither an answer nor a refusal within 15 s"
+        reply = Codec().decode(sock.recv())
+        assert reply.corr == f"{ident}.1"
+        return reply.body
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+        ctx.term()
+
+
+def test_the_root_reaches_a_hosts_shards_through_its_data_port_only_with_its_key(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """`host --listen`: a caller with the root's server keypair and routing id
+    `coordinator.1>shard-1` is answered by the host's real shard-1; a shard the host does not
+    have is answered peer_down; host-b's key, or no CURVE, is refused at the handshake. The
+    registration and `ctl status` name the data port. SIGTERM ends the agent with status 0."""
+    keys = tmp_path / "keys"
+    for argv in (["--client", "operator"], ["--client", "host-a", "--client", "host-b", "--host"]):
+        assert cli("keys", "init", "--dir", str(keys), *argv).returncode == 0
+    listen, data = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    config = tmp_path / "tree.toml"
+    config.write_text(
+        f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\n'
+        f"etcd = {json.dumps(etcd_cluster.endpoints)}\n"
+        f'prefix = "{PREFIX}"\nlease_ttl_s = {TTL_S}\nkeepalive_s = {EVERY_S}\n'
+    )
+    tree = tree_factory(shards=1, config=config)
+    agent = agents(tmp_path / "host-a", listen, keys, "host-a", "--listen", data)
+    wait_until(
+        lambda: (h := host_of(tree, "host-a")) is not None and h.state == "joined",
+        30,
+        f"host-a joined; agent log:\n{agent.log()}",
+    )
+    assert host_of(tree, "host-a").data == data  # type: ignore[union-attr]
+    held = registration(etcd_cluster, "host-a")
+    assert held is not None and held["data"] == data
+
+    server = load_server_keys(keys)
+    host_a = load_client_keys(keys, "host-a")
+    root = ClientKeys(server_public=host_a.client.public, client=server.server, name="root")
+    answer = call_through(data, root, "coordinator.1>shard-1", f.ListLanes())
+    assert isinstance(answer, f.LaneList) and answer.lanes == [], answer
+    missing = call_through(data, root, "coordinator.1>shard-7", f.ListLanes())
+    assert isinstance(missing, f.Error) and missing.code == "peer_down", missing
+    assert "no shard 'shard-7'" in missing.message
+
+    host_b = load_client_keys(keys, "host-b")
+    posing = ClientKeys(server_public=host_a.client.public, client=host_b.client, name="host-b")
+    assert call_through(data, posing, "coordinator.1>shard-1", f.ListLanes()) == "refused"
+    assert call_through(data, None, "coordinator.1>shard-1", f.ListLanes()) == "refused"
+
+    agent.proc.send_signal(signal.SIGTERM)  # systemctl stop: the agent ends, its lease revoked
+    assert agent.proc.wait(30) == 0, agent.log()
+    wait_until(lambda: registration(etcd_cluster, "host-a") is None, 10, "the lease revoked")
