@@ -83,16 +83,17 @@ def _git_env(extra: dict[str, str] | None) -> dict[str, str]:
 
 
 async def _start_git(
-    cwd: Path, args: tuple[str, ...], env: dict[str, str] | None
+    cwd: Path, args: tuple[str, ...], env: dict[str, str] | None, stdin: bool = False
 ) -> asyncio.subprocess.Process:
-    """`git -C cwd <hardening config> args...` started with piped output and no stdin."""
+    """`git -C cwd <hardening config> args...` started with piped output, and a piped stdin
+    when `stdin` (else none)."""
     return await asyncio.create_subprocess_exec(
         "git",
         "-C",
         str(cwd),
         *_GIT_CONFIG,
         *args,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=_git_env(env),
@@ -104,15 +105,17 @@ async def run(
     *args: str,
     check: bool = True,
     env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
 ) -> Result:
-    """Run `git -C cwd <hardening config> args...` and return its exit code and output.
+    """Run `git -C cwd <hardening config> args...`, `stdin` (None: nothing) on its standard
+    input, and return its exit code and output.
 
     Raises `GitError(list(args), returncode, stderr)` when `check` is true and git exits non-zero.
     Cancelling the caller lets the running git command finish (its output is still drained) before
     the cancellation propagates, so no single git command is ever killed half-way.
     """
-    proc = await _start_git(cwd, args, env)
-    communicate = asyncio.ensure_future(proc.communicate())
+    proc = await _start_git(cwd, args, env, stdin=stdin is not None)
+    communicate = asyncio.ensure_future(proc.communicate(stdin))
     try:
         out, err = await asyncio.shield(communicate)
     except asyncio.CancelledError:

@@ -27,6 +27,7 @@ from typing import Any, assert_never
 
 from orchestra_sup.custodian import history, readtools, searchproc
 from orchestra_sup.custodian.owners import SandboxOwners
+from orchestra_sup.custodian.quarantine import land_bundle
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
@@ -52,7 +53,7 @@ INLINE_TOOLS: dict[str, Callable[[Path, str], Any]] = {
 work, no subprocess. Each takes the workspace root and the request's path
 (`readtools.path_param`; `list_dir`'s may be empty)."""
 
-Serves = f.SandboxCreate | f.SandboxCommit | f.ToolCall | f.Quiesce | f.Resume
+Serves = f.SandboxCreate | f.SandboxCommit | f.SandboxLand | f.ToolCall | f.Quiesce | f.Resume
 """What the custodian's `handle` takes: sandbox requests from shards, the coordinator's read
 tools, and a rollover's quiet point from the supervisor."""
 SERVES = Channel[Serves](Serves, "the custodian does not serve {}")
@@ -139,6 +140,10 @@ class Custodian:
                 self.node.answer(ep, peer, env, self._create(body))
             case f.SandboxCommit():
                 self.node.answer(ep, peer, env, self._commit(body))
+            case f.SandboxLand() if peer is not None and peer.startswith(b"coordinator."):
+                ep.reply(env, peer, NO_SANDBOX)
+            case f.SandboxLand():
+                self.node.answer(ep, peer, env, self._land(body))
             case f.ToolCall():
                 self.node.answer(ep, peer, env, self._tool(body))
             case f.Quiesce():
@@ -202,6 +207,15 @@ class Custodian:
         sandbox = self._sandbox_path(req.lane)
         async with self._writing():
             commit = await self.workspace.commit_sandbox(req.lane, sandbox, req.message)
+        return f.CommitDone(lane=req.lane, commit=commit)
+
+    async def _land(self, req: f.SandboxLand) -> f.Body:
+        """A host's lane's commit, from its bundle (`quarantine.land_bundle`), in order with
+        every other write. Raises `WorkspaceError` when the bundle is refused (answered
+        `workspace`), `CommitConflict` when its change conflicts."""
+        assert self.workspace is not None
+        async with self._writing():
+            commit = await land_bundle(self.workspace, req.lane, req.bundle, req.base)
         return f.CommitDone(lane=req.lane, commit=commit)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:

@@ -137,12 +137,12 @@ def _base_record(sandbox: Path) -> Path:
     return sandbox.with_name(f".{sandbox.name}.base")
 
 
-def _trailer(lane: str) -> str:
+def trailer(lane: str) -> str:
     """The line every lane commit carries: the lane id is the commit's idempotency key."""
     return f"Orchestra-Lane: {lane}"
 
 
-def _has_git_component(path: str) -> bool:
+def has_git_component(path: str) -> bool:
     """True if any component of the slash-separated `path` is `.git` (any case, as git compares)."""
     return any(part.lower() == ".git" for part in PurePosixPath(path).parts)
 
@@ -299,7 +299,7 @@ class Workspace:
             raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is a symlink")
         base = await self._base(lane, sandbox)
 
-        landed = await self._landed(lane)
+        landed = await self.landed(lane)
         if landed is not None:
             return landed  # a retry after the custodian died mid-commit: it is already there
 
@@ -317,7 +317,7 @@ class Workspace:
             )
             if not raw.stdout:
                 return None
-            self._refuse_new_gitlinks(lane, sandbox, raw.stdout)
+            self.refuse_new_gitlinks(lane, f"sandbox {sandbox}", raw.stdout)
             tree_sha = (await git.run(self.root, "write-tree", env=env)).stdout.strip()
         text = message if message.strip() else f"lane {lane}"
         commit = await git.run(
@@ -327,10 +327,10 @@ class Workspace:
             "-p",
             base,
             "-m",
-            f"{text}\n\n{_trailer(lane)}",
+            f"{text}\n\n{trailer(lane)}",
             env=_AUTHOR_ENV | _COMMITTER_ENV,
         )
-        return await self._land(lane, commit.stdout.strip())
+        return await self.land(lane, commit.stdout.strip())
 
     async def _base(self, lane: str, sandbox: Path) -> str:
         """The commit `sandbox` was made at: its record, or for a sandbox made before records
@@ -353,18 +353,18 @@ class Workspace:
             )
         raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is not a git checkout")
 
-    async def _landed(self, lane: str) -> str | None:
+    async def landed(self, lane: str) -> str | None:
         """The workspace commit that carries `lane`'s trailer, if one has landed."""
         out = await git.run(
             self.root,
             "log",
             "--fixed-strings",
-            f"--grep={_trailer(lane)}",
+            f"--grep={trailer(lane)}",
             "--format=%H%x00%B%x00",
         )
         fields = out.stdout.split("\0")
         for sha, body in zip(fields[0::2], fields[1::2], strict=False):
-            if _trailer(lane) in body.splitlines():
+            if trailer(lane) in body.splitlines():
                 return sha.strip()
         return None
 
@@ -372,7 +372,7 @@ class Workspace:
     def _refuse_git_paths(lane: str, sandbox: Path, entries: list[tuple[str, str]]) -> None:
         """Raise `WorkspaceError` for a `.git` path or an untracked nested repository."""
         for xy, name in entries:
-            if _has_git_component(name):
+            if has_git_component(name):
                 raise WorkspaceError(
                     f"lane {lane} tries to commit the .git path {name!r} from sandbox {sandbox}"
                 )
@@ -385,21 +385,22 @@ class Workspace:
                 )
 
     @staticmethod
-    def _refuse_new_gitlinks(lane: str, sandbox: Path, raw: str) -> None:
+    def refuse_new_gitlinks(lane: str, source: str, raw: str) -> None:
         """Raise `WorkspaceError` if `raw` (`git diff --raw -z --no-renames` output) adds a gitlink
-        (mode 160000)."""
+        (mode 160000); `source` says where the change came from ("sandbox /x")."""
         fields = raw.split("\0")
         for meta, name in zip(fields[0::2], fields[1::2], strict=False):
             modes = meta.lstrip(":").split()
             if len(modes) >= 2 and modes[1] == "160000" and modes[0] != "160000":
                 raise WorkspaceError(
-                    f"lane {lane} tries to commit the nested git repository {name!r} "
-                    f"from sandbox {sandbox}"
+                    f"lane {lane} tries to commit the nested git repository {name!r} from {source}"
                 )
 
-    async def _land(self, lane: str, fetched: str) -> str:
-        """Bring commit `fetched` (in the workspace's object store) onto the workspace's branch;
-        return the new HEAD."""
+    async def land(self, lane: str, fetched: str) -> str:
+        """Bring commit `fetched` (in the workspace's object store) onto the workspace's branch:
+        a fast-forward when HEAD is its ancestor, else a cherry-pick; return the new HEAD.
+        Raises `CommitConflict` (the cherry-pick aborted, the workspace as it was) or
+        `GitError`."""
         ancestor = await git.run(
             self.root, "merge-base", "--is-ancestor", "HEAD", fetched, check=False
         )

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_bench_relay_remote_reports_three_series_and_their_ratios() -> None:
+    argv = ["bench", "relay", "--remote", "--iterations", "50", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "orchestra_sup", "bench", "relay", "--remote"]
-        + ["--iterations", "50", "--json"],
+        [sys.executable, "-m", "orchestra_sup", *argv],
         capture_output=True,
         text=True,
         timeout=180,

@@ -65,6 +65,8 @@ def _sample(tp: Any, name: str) -> Any:
             return 2.5
         if issubclass(tp, str):
             return f"{name}-sample"
+        if issubclass(tp, bytes):
+            return f"{name}-sample".encode() + b"\x00\xff"
         if issubclass(tp, msgspec.Struct):
             return _build(tp, every_field=True)
     raise TypeError(f"no sample for field {name!r} of type {tp!r}: extend _sample")

@@ -543,5 +543,5 @@ def test_a_new_gitlink_in_the_staged_change_is_refused() -> None:
     """The second line behind the nested-repository check: a staged change that adds a gitlink
     is refused; one that changes a gitlink the base already had is not new."""
     with pytest.raises(WorkspaceError, match="vendored"):
-        Workspace._refuse_new_gitlinks("a", Path("/sb"), ":000000 160000 0000 9e1d A\0vendored\0")
-    Workspace._refuse_new_gitlinks("a", Path("/sb"), ":160000 160000 aaaa bbbb M\0kept\0")
+        Workspace.refuse_new_gitlinks("a", "sandbox /sb", ":000000 160000 0000 9e1d A\0vendored\0")
+    Workspace.refuse_new_gitlinks("a", "sandbox /sb", ":160000 160000 aaaa bbbb M\0kept\0")

@@ -126,6 +126,7 @@ from orchestra_sup.protocol.frames.sandbox import (
     Sandbox,
     SandboxCommit,
     SandboxCreate,
+    SandboxLand,
     SandboxReady,
 )
 from orchestra_sup.protocol.frames.values import (
@@ -247,6 +248,7 @@ __all__ = [
     "Sandbox",
     "SandboxCommit",
     "SandboxCreate",
+    "SandboxLand",
     "SandboxReady",
     "SessionLaneReport",
     "Spend",

@@ -39,4 +39,14 @@ class CommitDone(Frame, tag="commit_done"):
     commit: str | None
 
 
-Sandbox = SandboxCreate | SandboxReady | SandboxCommit | CommitDone
+class SandboxLand(Frame, tag="sandbox_land"):
+    """Land the lane's commit that comes as `bundle`, the bytes of a `git bundle` of one commit
+    on `base` (a host's lane, whose sandbox the custodian never sees: `custodian.quarantine`).
+    Answered `CommitDone`."""
+
+    lane: str
+    base: str
+    bundle: bytes
+
+
+Sandbox = SandboxCreate | SandboxReady | SandboxCommit | SandboxLand | CommitDone
