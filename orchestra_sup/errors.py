@@ -175,6 +175,14 @@ class WorkspaceError(OrchestraError):
     """The workspace is not usable: missing, not a directory, not a git repository, or no commit."""
 
 
+class BundleRefused(WorkspaceError):
+    """A host's lane's commit, come as a git bundle, is refused before it lands (not a bundle,
+    a missing base, an object git's fsck refuses, more than one commit, no lane trailer, a `.git`
+    path): bad input from the host, answered `bad_request` (`custodian.quarantine`)."""
+
+    code = ErrorCode.BAD_REQUEST
+
+
 class PathEscape(OrchestraError):
     """A read tool's path would leave the workspace (`..`, an absolute path, a symlink whose
     target resolves outside it) or reach into its `.git`."""

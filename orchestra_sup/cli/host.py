@@ -14,9 +14,11 @@ import typer
 from orchestra_sup import logformat
 from orchestra_sup.cli.exits import guarded
 from orchestra_sup.cli.options import ConfigOpt, LanesOpt, ShardsOpt, StateOpt
+from orchestra_sup.cluster.settings import is_tcp_address
 from orchestra_sup.config import load_settings
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.paths import resolve_paths
+from orchestra_sup.protocol.keys import check_name
 from orchestra_sup.protocol.patterns import NAME_PATTERN
 from orchestra_sup.system.pathcheck import check_paths
 
@@ -78,15 +80,10 @@ def host(
 
     def prepare() -> tuple[Any, Any, HostJoin]:
         check_paths({"--keys": keys, "--state-dir": state_dir, "--run-dir": run_dir})
-        if listen is not None and not listen.startswith("tcp://"):
-            raise ConfigError(f"--listen {listen}: give this host's tcp://HOST:PORT")
-        if not join.startswith("tcp://"):
-            raise ConfigError(
-                f"--join {join}: give the root's tcp://HOST:PORT, its [cluster] listen"
-            )
+        check_host_options(name, join, listen)
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
-        offers = {"capabilities": _names("--capabilities", capabilities)}
-        offers["tenants"] = _names("--tenants", tenants)
+        offers = {"capabilities": parse_names("--capabilities", capabilities)}
+        offers["tenants"] = parse_names("--tenants", tenants)
         given = {key: tuple(names) for key, names in offers.items() if names}
         settings = msgspec.structs.replace(
             settings, shards=msgspec.structs.replace(settings.shards, **given)
@@ -103,7 +100,19 @@ def host(
     raise typer.Exit(code)
 
 
-def _names(option: str, text: str) -> list[str]:
+def check_host_options(name: str, join: str, listen: str | None) -> None:
+    """Raise `ConfigError` for a host name that is no key's name, or a `--join` or `--listen`
+    that is not `tcp://HOST:PORT` (so a unit made for it is refused now, not at its start)."""
+    check_name(name)
+    if not is_tcp_address(join):
+        raise ConfigError(f"--join {join!r}: give the root's [cluster] listen, tcp://HOST:PORT")
+    if listen is not None and not is_tcp_address(listen):
+        raise ConfigError(f"--listen {listen!r}: give this host's tcp://HOST:PORT")
+
+
+def parse_names(option: str, text: str) -> list[str]:
+    """The comma-separated names of `option` (`--capabilities`, `--tenants`). Raises
+    `ConfigError` for one that is not a name."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     for n in names:
         if not NAME_PATTERN.fullmatch(n):

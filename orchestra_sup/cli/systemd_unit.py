@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from orchestra_sup.cli.exits import guarded
+from orchestra_sup.cli.host import check_host_options, parse_names
 from orchestra_sup.cli.options import LanesOpt, ShardsOpt
 from orchestra_sup.config import load_settings
 from orchestra_sup.errors import ConfigError
@@ -96,6 +97,11 @@ def systemd_unit(
             return ()
         if join is None or keys is None:
             raise ConfigError("--host needs --join tcp://ROOT:PORT and --keys DIR")
+        check_host_options(host, join, listen)
+        for option, names in (("--capabilities", capabilities), ("--tenants", tenants)):
+            parse_names(option, names or "")
+        if "%" not in keys and not Path(keys).is_dir():
+            raise ConfigError(f"--keys {keys}: no such directory (server.public, NAME.secret)")
         words = ["--join", join, "--keys", _unit_path(keys) or keys, "--name", host]
         for option, value in given.items():
             if value is not None:

@@ -258,9 +258,10 @@ def render(spec: UnitSpec) -> str:
             "After=network.target",
         )
     lines += ["", "[Service]"]
+    reloading = "" if spec.host else "RELOADING=1, "
     directive(
         "The supervisor says READY=1 once every child has completed its handshake, STATUS= "
-        "lines, RELOADING=1, STOPPING=1 and WATCHDOG=1.",
+        f"lines, {reloading}STOPPING=1 and WATCHDOG=1.",
         "Type=notify",
     )
     directive(
@@ -303,19 +304,21 @@ def render(spec: UnitSpec) -> str:
         "grace); SIGKILL to whatever is left in the unit's cgroup afterwards.",
         "KillMode=mixed",
     )
+    stopped = "each shard" if spec.host else "the stop announcement, each shard and a retiring one"
+    others = "" if spec.host else " coordinator and custodian,"
     directive(
-        "Above the longest stop: the stop announcement, each shard and a retiring one "
-        "(shutdown_timeout_s + margin), coordinator and custodian, the lanes' cgroups, slack; "
-        f"sized from {sized}.",
+        f"Above the longest stop: {stopped} (shutdown_timeout_s + margin),{others} the lanes' "
+        f"cgroups, slack; sized from {sized}.",
         f"TimeoutStopSec={stop_budget_s(spec.settings)}",
     )
+    verb = "host" if spec.host else "start"
     directive(
-        "The durable state (LMDB, sandboxes, keys): $STATE_DIRECTORY, which start uses.",
+        f"The durable state (LMDB, sandboxes, keys): $STATE_DIRECTORY, which {verb} uses.",
         f"StateDirectory={dirs}{instance}",
     )
     directive("Private to the tree's user.", "StateDirectoryMode=0700")
     directive(
-        "Sockets and the run lock: $RUNTIME_DIRECTORY, which start uses; removed at stop.",
+        f"Sockets and the run lock: $RUNTIME_DIRECTORY, which {verb} uses; removed at stop.",
         f"RuntimeDirectory={dirs}{instance}",
     )
     directive("ctl's socket is guarded by this directory's mode.", "RuntimeDirectoryMode=0700")
@@ -371,9 +374,9 @@ def _system_sandbox(spec: UnitSpec) -> list[str]:
         "Lanes cannot change the host name (the unit gets its own UTS namespace).",
         "ProtectHostname=yes",
     )
+    below = ", and so does the workspace below" if spec.workspace is not None else ""
     add(
-        "The OS read-only; the state and run directories stay writable, and so does the "
-        "workspace below.",
+        f"The OS read-only; the state and run directories stay writable{below}.",
         "ProtectSystem=strict",
     )
     if spec.workspace is not None:

@@ -11,10 +11,13 @@ ends no earlier than `sent + ttl_s`. The host calls `on_lost` (which stops its l
 `margin_s` (default: one keep-alive interval) is the time left for the stop itself, so no lane
 runs in two places for longer than that.
 
-After a loss the host joins again: a new lease, the registration put again under it, in a
-transaction that expects the lease the key had when the host read it, so an older registration
-request that etcd applies late (a member frozen with it queued) cannot move the key back to a
-lease no one renews. Each keep-alive gives each endpoint at most one keep-alive interval, so a
+After a loss the host revokes the lost lease where etcd answers, and joins again: a new lease,
+the registration put again under it, in a transaction that expects the lease the key had when
+the host read it, so an older registration request that etcd applies late (a member frozen with
+it queued) cannot move the key back to a lease no one renews. A key under a lease this process
+never took is not taken: another agent of the same name holds it, or this host's last run,
+until its lease ends. The new lease counts from a keep-alive sent once the key is under it.
+Each keep-alive gives each endpoint at most one keep-alive interval, so a
 frozen member costs one interval, not the client's whole timeout.
 
 Times are on CLOCK_BOOTTIME (seconds, float), which goes on while the machine is suspended:
@@ -33,6 +36,9 @@ from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable
 from orchestra_sup.cluster.settings import KEEPALIVE_S, TTL_S
 
 log = logging.getLogger(__name__)
+
+WAIT_LOG_S = 10.0
+"""At most one "registered under another lease" line this often."""
 
 
 def boottime() -> float:
@@ -80,6 +86,9 @@ class HostLease:
         """The lease held now, or None (not joined yet, or lost)."""
         self.renewed_at: float | None = None
         """When the last keep-alive etcd answered was sent (`clock`)."""
+        self._mine: set[int] = set()
+        """Every lease this process took: only a key under one of them is its own to move."""
+        self._waited_logged = -WAIT_LOG_S
 
     @property
     def stop_by(self) -> float | None:
@@ -96,8 +105,10 @@ class HostLease:
             while True:
                 await self._join()
                 await self._keep()
-                self.lease = self.renewed_at = None
+                lost, self.lease, self.renewed_at = self.lease, None, None
                 self.on_lost()
+                with contextlib.suppress(EtcdUnavailable, EtcdRefused):  # its key goes at once
+                    await self.etcd.revoke(lost)
         finally:
             lease, self.lease = self.lease, None
             if lease is not None:
@@ -108,28 +119,52 @@ class HostLease:
         """A new lease, and the registration under it (module docstring); tried every
         `every_s` until it holds."""
         while True:
-            sent = self.clock()
             lease = None
+            joined = False
             try:
-                lease = await self.etcd.grant(self.ttl_s)
                 now = await self.etcd.get(self.key)
                 held = now.lease if now is not None else 0
-                joined = await self.etcd.put_if_lease(
-                    self.key, self.value, lease=lease, expected_lease=held
-                )
+                if held and held not in self._mine:
+                    self._held_elsewhere(held)
+                else:
+                    lease = await self.etcd.grant(self.ttl_s)
+                    self._mine.add(lease)
+                    joined = await self.etcd.put_if_lease(
+                        self.key, self.value, lease=lease, expected_lease=held
+                    )
+                    # Counted from a keep-alive sent now, not from before the grant: a join
+                    # slow enough (etcd regaining its quorum) would otherwise be past its
+                    # `stop_by` before its first keep-alive.
+                    sent = self.clock()
+                    joined = joined and await self.etcd.keepalive(lease, timeout_s=self.every_s) > 0
             except (EtcdUnavailable, EtcdRefused) as exc:
                 log.warning("cannot join the cluster yet: %s", exc)
                 joined = False
-            if not joined or lease is None:
+            if not joined:
                 if lease is not None:  # not ours to keep: let it end now, not a TTL later
                     with contextlib.suppress(EtcdUnavailable, EtcdRefused):
                         await self.etcd.revoke(lease)
                 await asyncio.sleep(self.every_s)
                 continue
+            assert lease is not None
             self.lease, self.renewed_at = lease, sent
             log.info("joined under lease %x (%d s)", lease, self.ttl_s)
             self.on_joined(lease)
             return
+
+    def _held_elsewhere(self, held: int) -> None:
+        """The key is registered under a lease this process never took: another agent of the
+        same name, or this host's previous run, whose lease ends within its TTL. Not taken:
+        two agents of one name would each believe their shards are the host's."""
+        now = self.clock()
+        if now - self._waited_logged >= WAIT_LOG_S:
+            self._waited_logged = now
+            log.warning(
+                "%s is registered under lease %x, which is not this agent's: another agent of "
+                "this name, or this host's last run until its lease ends; waiting",
+                self.key.decode(errors="replace"),
+                held,
+            )
 
     async def _keep(self) -> None:
         """Renew the lease every `every_s` until it is lost: etcd says it is gone, or

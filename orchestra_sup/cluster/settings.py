@@ -81,7 +81,7 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
         if key in out and not Path(out[key]).is_file():
             raise ConfigError(f"[cluster] {key} = {out[key]!r}: no such file")
     listen = out.get("listen")
-    if listen is not None and not _is_tcp(listen):
+    if listen is not None and not is_tcp_address(listen):
         raise ConfigError(f"[cluster] listen = {listen!r}: give a tcp://HOST:PORT address")
     if listen is not None and not out["etcd"]:
         raise ConfigError(
@@ -112,7 +112,8 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
     return ClusterSettings(**out)
 
 
-def _is_tcp(address: str) -> bool:
+def is_tcp_address(address: str) -> bool:
+    """True for `tcp://HOST:PORT`, the port a number 1..65535."""
     host, _, port = address.removeprefix("tcp://").rpartition(":")
     digits = port.isascii() and port.isdigit()
     return address.startswith("tcp://") and bool(host) and digits and 0 < int(port) < 65536

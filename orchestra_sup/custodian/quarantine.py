@@ -35,7 +35,7 @@ from pathlib import Path
 
 from orchestra_sup.custodian import git
 from orchestra_sup.custodian.workspace import Workspace, has_git_component, trailer
-from orchestra_sup.errors import WorkspaceError
+from orchestra_sup.errors import BundleRefused, WorkspaceError
 from orchestra_sup.protocol.codec import MAX_FRAME_BYTES
 
 MAX_BUNDLE_BYTES = MAX_FRAME_BYTES - 64 * 1024
@@ -51,7 +51,8 @@ async def land_bundle(ws: Workspace, lane: str, bundle: bytes, base: str) -> str
     """Land lane `lane`'s commit from `bundle` (the bytes of a `git bundle`), made on commit
     `base`, in workspace `ws`; return the workspace's new HEAD (module docstring).
 
-    Raises `WorkspaceError` naming the lane when the bundle is refused: over
+    Raises `BundleRefused` (a `WorkspaceError`, answered `bad_request`) naming the lane when
+    the bundle is refused: over
     `MAX_BUNDLE_BYTES`, not a bundle, not exactly one head, a prerequisite the workspace does
     not have, an object that fails git's fsck, a commit that is not one commit on `base`, no
     lane trailer, a `.git` path or a new gitlink, or a lane id that cannot name a ref. Raises
@@ -59,9 +60,9 @@ async def land_bundle(ws: Workspace, lane: str, bundle: bytes, base: str) -> str
     `GitError` for any other git failure. The caller runs it in the custodian's serial queue,
     as it does `commit_sandbox`."""
     if not _LANE.fullmatch(lane):
-        raise WorkspaceError(f"lane {lane!r}: not a lane id a bundle can be taken for")
+        raise BundleRefused(f"lane {lane!r}: not a lane id a bundle can be taken for")
     if len(bundle) > MAX_BUNDLE_BYTES:
-        raise WorkspaceError(
+        raise BundleRefused(
             f"lane {lane}: its bundle is {len(bundle):,} bytes, over {MAX_BUNDLE_BYTES:,}"
         )
     landed = await ws.landed(lane)
@@ -88,13 +89,13 @@ async def _one_head(ws: Workspace, lane: str, path: Path) -> str:
     listed = await git.run(ws.root, "bundle", "list-heads", str(path), check=False)
     heads = [line.split(" ", 1) for line in listed.stdout.splitlines() if line.strip()]
     if listed.returncode != 0 or len(heads) != 1 or len(heads[0]) != 2:
-        raise WorkspaceError(
+        raise BundleRefused(
             f"lane {lane}: its bundle is not a git bundle of one head "
             f"({_first_line(listed.stderr) or f'{len(heads)} heads'})"
         )
     verified = await git.run(ws.root, "bundle", "verify", "--quiet", str(path), check=False)
     if verified.returncode != 0:
-        raise WorkspaceError(
+        raise BundleRefused(
             f"lane {lane}: its bundle needs commits the workspace does not have "
             f"({_first_line(verified.stderr)})"
         )
@@ -106,7 +107,7 @@ async def _fsck(ws: Workspace, lane: str, bundle: bytes, scratch: Path) -> None:
     own: git's fsck of every object, none written into the workspace."""
     end = bundle.find(b"\n\n")  # the header ends with an empty line; the pack follows
     if end < 0:
-        raise WorkspaceError(f"lane {lane}: its bundle has no pack")
+        raise BundleRefused(f"lane {lane}: its bundle has no pack")
     git_dir = (await git.run(ws.root, "rev-parse", "--absolute-git-dir")).stdout.strip()
     scratch.mkdir(mode=0o700)
     env = {
@@ -117,7 +118,7 @@ async def _fsck(ws: Workspace, lane: str, bundle: bytes, scratch: Path) -> None:
         ws.root, "unpack-objects", "--strict", "-q", env=env, stdin=bundle[end + 2 :], check=False
     )
     if unpacked.returncode != 0:
-        raise WorkspaceError(
+        raise BundleRefused(
             f"lane {lane}: its bundle is refused by git's fsck ({_first_line(unpacked.stderr)})"
         )
 
@@ -136,7 +137,7 @@ async def _fetch(ws: Workspace, lane: str, path: Path, head: str, ref: str) -> N
         check=False,
     )
     if fetched.returncode != 0:
-        raise WorkspaceError(
+        raise BundleRefused(
             f"lane {lane}: its bundle cannot be fetched ({_first_line(fetched.stderr)})"
         )
 
@@ -148,22 +149,25 @@ async def _checked(ws: Workspace, lane: str, ref: str, base: str) -> str:
         ws.root, "rev-list", "--parents", "-n", "1", f"{ref}^{{commit}}", check=False
     )
     if listed.returncode != 0:
-        raise WorkspaceError(f"lane {lane}: its bundle's head is not a commit")
+        raise BundleRefused(f"lane {lane}: its bundle's head is not a commit")
     sha, *parents = listed.stdout.split()
     if parents != [base]:
-        raise WorkspaceError(
+        raise BundleRefused(
             f"lane {lane}: its bundle must hold one commit on {base[:12]}, its base; "
             f"{sha[:12]} has parents {', '.join(p[:12] for p in parents) or 'none'}"
         )
     body = await git.run(ws.root, "log", "-1", "--format=%B", sha)
     if trailer(lane) not in body.stdout.splitlines():
-        raise WorkspaceError(f"lane {lane}: its commit {sha[:12]} lacks '{trailer(lane)}'")
+        raise BundleRefused(f"lane {lane}: its commit {sha[:12]} lacks '{trailer(lane)}'")
     raw = await git.run(ws.root, "diff-tree", "-r", "--raw", "-z", "--no-renames", base, sha)
     names = raw.stdout.split("\0")[1::2]
     for name in names:
         if has_git_component(name):
-            raise WorkspaceError(f"lane {lane} tries to commit the .git path {name!r} by bundle")
-    ws.refuse_new_gitlinks(lane, "its bundle", raw.stdout)
+            raise BundleRefused(f"lane {lane} tries to commit the .git path {name!r} by bundle")
+    try:
+        ws.refuse_new_gitlinks(lane, "its bundle", raw.stdout)
+    except WorkspaceError as exc:
+        raise BundleRefused(str(exc)) from None
     return sha
 
 

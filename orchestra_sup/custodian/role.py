@@ -211,8 +211,8 @@ class Custodian:
 
     async def _land(self, req: f.SandboxLand) -> f.Body:
         """A host's lane's commit, from its bundle (`quarantine.land_bundle`), in order with
-        every other write. Raises `WorkspaceError` when the bundle is refused (answered
-        `workspace`), `CommitConflict` when its change conflicts."""
+        every other write. Raises `BundleRefused` when the bundle is refused (answered
+        `bad_request`), `CommitConflict` when its change conflicts."""
         assert self.workspace is not None
         async with self._writing():
             commit = await land_bundle(self.workspace, req.lane, req.bundle, req.base)

@@ -86,7 +86,7 @@ def init_keys(directory: Path, clients: list[str], *, host: bool = False) -> lis
     cannot be written.
     """
     for name in clients:
-        _check_name(name)
+        check_name(name)
     have_server = (directory / f"{SERVER}.secret").exists()
     for name in clients:
         if (directory / "clients" / f"{name}.public").exists():
@@ -139,14 +139,16 @@ def load_client_keys(directory: Path, name: str) -> ClientKeys:
     Raises `ConfigError` when `name` is not a valid name, or either file is missing,
     unreadable or not a keys file.
     """
-    _check_name(name)
+    check_name(name)
     copy = f"; copy {SERVER}.public and {name}.secret from the tree's keys directory"
     pinned = _read(directory / f"{SERVER}.public", secret=False, missing=copy)
     client = _read(directory / f"{name}.secret", secret=True, missing=copy)
     return ClientKeys(server_public=pinned.public, client=client, name=name)
 
 
-def _check_name(name: str) -> None:
+def check_name(name: str) -> None:
+    """Raise `ConfigError` for a key name that is not `[A-Za-z0-9][A-Za-z0-9_.-]*` (at most 64
+    characters), or is "server"."""
     if not _NAME.fullmatch(name) or name == SERVER:
         raise ConfigError(
             f"key name {name!r}: use letters, digits, '_', '.', '-' (not 'server', at most 64)"

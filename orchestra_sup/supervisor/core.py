@@ -18,8 +18,8 @@ The model is Erlang/OTP's `supervisor.erl`:
   other, counted, and decided again (OTP's `try_again_restart`).
 
 On top of OTP, a worker's repeated restarts back off (`intensity.Backoff`): the first is
-immediate, later ones wait, and the wait resets once the child stayed up for `max_seconds`.
-Restarts an operator asks for (`restart_worker`) are not failures: no intensity, no backoff.
+immediate, later ones wait, reset once the child stayed up `max_seconds`. Restarts an operator
+asks for (`restart_worker`), and lease kills (`ExitCause.LEASE`), are not failures.
 
 All OS work goes through `Seam`: this module is tested over a fake seam and clock
 (tests/unit/test_supervision_matrix.py) and on real processes. All methods run on one loop; the
@@ -87,7 +87,7 @@ class ExitCause(enum.StrEnum):
       group restart (one_for_all, rest_for_one) or an escalation.
     - `unknown`: no status was seen (a process gone while a re-executed supervisor took its
       children back).
-    - `lease`: its host lost its etcd lease, and the agent killed it (`supervisor.hostlink`).
+    - `lease`: its host's agent killed it for a lost lease: no intensity, no backoff.
     """
 
     CLEAN = "clean"
@@ -471,13 +471,12 @@ class Supervisor:
             return
         restart = child.spec.restart if isinstance(child, Worker) else child.restart
         if not should_restart(restart, kind):
-            log.info(
-                "%s: %s exited (%s) and is %s: not restarted", self.name, child.name, kind, restart
-            )
+            log.info("%s: %s exited (%s), %s: not restarted", self.name, child.name, kind, restart)
             if isinstance(child, Worker) and child.state is ChildState.EXITED:
                 child.transition(ChildState.STOPPED)
             return
-        if not self.intensity.record():
+        lease = isinstance(child, Worker) and child.last_cause is ExitCause.LEASE  # no fault
+        if not lease and not self.intensity.record():
             self._escalate()
             return
         names = [c.name for c in self.children]
@@ -513,7 +512,8 @@ class Supervisor:
             if isinstance(failed, Worker):
                 failed.restarts += 1
                 ran_for = max(0.0, failed.exited_at - failed.started_at)
-                delay = failed.backoff.next_delay(ran_for)
+                lease = failed.last_cause is ExitCause.LEASE
+                delay = 0.0 if lease else failed.backoff.next_delay(ran_for)
                 if delay > 0 and failed.state is ChildState.EXITED:
                     failed.transition(ChildState.BACKOFF)
                     await failed.back_off(delay)

@@ -238,7 +238,11 @@ class CtlService:
             version=version(),
             run_dir=str(paths.run_dir),
             state_dir=str(paths.state_dir),
-            workspace=str(paths.workspace or paths.state_dir / "workspace"),
+            workspace=(  # a host's agent has none
+                str(paths.workspace or paths.state_dir / "workspace")
+                if "custodian" in host.children.by_name
+                else ""
+            ),
             children=[host.children.child_info(w) for w in host.children.workers],
             supervisors=list(_supervisors(host.tree)),
             loop_lag_ms=_rounded(host.lag.figures()),

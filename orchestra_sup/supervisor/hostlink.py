@@ -6,10 +6,11 @@ as a root does. `HostLink` is what makes that supervisor a host of another tree:
 
 0. With `listen`, it opens the host's data port there (`supervisor.hostdata`), which the
    registration names as `data`.
-1. It connects a DEALER to the root's cluster endpoint as CURVE client NAME (routing id NAME)
-   and says `Hello(role="host")`, again every `RETRY_S` until it is answered. A `Reject` is a
-   mistake only the operator can mend (a key not allowed as this host, another protocol): the
-   agent stops with `root.EXIT_REFUSED` and the reason on stderr.
+1. It connects a DEALER to the root's cluster endpoint as CURVE client NAME and says
+   `Hello(role="host")`, again every `RETRY_S` until it is answered. A `Reject`, or a CURVE
+   handshake the root refuses, is a mistake only the operator can mend (a key not allowed as
+   this host, another protocol): the agent stops with `root.EXIT_REFUSED` and the reason on
+   stderr.
 2. On the first `HostWelcome` it takes its etcd lease (`cluster.lease.HostLease`) and keeps it
    for as long as it runs, whatever becomes of the link: the registration at the welcome's
    prefix + NAME holds its name, this run's boot id, its shards, capabilities and tenants.
@@ -58,6 +59,14 @@ ANSWER_S = 5.0
 """Seconds a `Hello` or a report waits for the root's answer."""
 LOG_EVERY_S = 10.0
 """At most one "cannot reach the root" line this often."""
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000
+"""The link's ZMTP heartbeats: a root connection silent this long is dropped and made again."""
+REFUSALS = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 
 class HostJoin(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,7 +87,10 @@ class HostLink:
     process holds, and with it the host's lanes. It is rolled over by restarting it."""
 
     def __init__(self, sup: AgentHost, join: HostJoin):
-        sup.seam.unmovable = "a host's agent holds its etcd lease in its own process"
+        sup.seam.unmovable = (
+            "this is a host's agent, whose etcd lease an exec would drop: its shards and itself "
+            "roll over when its unit restarts"
+        )
         self.sup = sup
         self.join = join
         self.keys: ClientKeys = load_client_keys(Path(join.keys_dir), join.name)
@@ -89,22 +101,25 @@ class HostLink:
         """The etcd lease the registration is under now (0: none)."""
         self._lease: asyncio.Task[None] | None = None
         self._unreached_logged = -LOG_EVERY_S
+        self._refusals: zmq.Socket  # the link's failed handshakes, made by `run`
 
     async def run(self) -> None:
         """Join, report, join again when the root forgets the host; until cancelled (the
         agent stopping), when the lease is revoked."""
-        ep = Endpoint(
-            self.ctx,
-            zmq.DEALER,
-            name=self.join.name,
-            generation=1,
-            codec=Codec(),
-            identity=self.join.name,
+        ep = Endpoint(  # no routing id of its own: the root's listener gives it one
+            self.ctx, zmq.DEALER, name=self.join.name, generation=1, codec=Codec()
         )
-        ep.connect(self.join.root, self.keys)
-        ep.start()
+        ep.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)  # a dead root link is seen
+        ep.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self._refusals = ep.sock.get_monitor_socket(REFUSALS)
         port = None
         try:
+            try:
+                ep.connect(self.join.root, self.keys)
+            except zmq.ZMQError as exc:
+                self.sup.refuse(f"--join {self.join.root}: cannot connect: {exc}")
+                return
+            ep.start()
             if self.join.listen is not None:
                 port = self._data_port(self.join.listen)
                 if port is None:
@@ -123,6 +138,9 @@ class HostLink:
                     await self._lease
             if port is not None:
                 port.close()
+            if not ep.sock.closed:
+                ep.sock.disable_monitor()
+            self._refusals.close(linger=0)
             ep.close()
             self.ctx.term()
 
@@ -157,6 +175,14 @@ class HostLink:
             try:
                 answer = await ep.request(hello, timeout_s=ANSWER_S)
             except (PeerDown, CallTimeout, RemoteError) as exc:
+                if self._refusals.poll(0):  # the handshake failed: no retry mends a key
+                    self.sup.refuse(
+                        f"the root at {self.join.root} refused the CURVE handshake: its server "
+                        f"key is not {self.join.keys_dir}/server.public, or it does not allow "
+                        f"{self.join.name}.secret as a host's key (keys init --client "
+                        f"{self.join.name} --host)"
+                    )
+                    return None
                 self._unreached(exc)
                 await asyncio.sleep(RETRY_S)
                 continue
@@ -262,10 +288,8 @@ class HostLink:
         if now - self._unreached_logged >= LOG_EVERY_S:
             self._unreached_logged = now
             log.warning(
-                "cannot reach the root at %s yet (%s); is server.public its key, and is %s "
-                "allowed as a host there (keys init --client %s --host)?",
+                "cannot reach the root at %s yet (%s): is a root listening there ([cluster] "
+                "listen), and does the network let this host through?",
                 self.join.root,
                 exc,
-                self.join.name,
-                self.join.name,
             )

@@ -6,16 +6,20 @@ name=...)`, and `Hosts.handle` welcomes it only when
 
 - the connection's CURVE key is the one allowed under that name (`User-Id` `key:<name>`): a host
   holding host-b's key cannot join as host-a, and
-- its routing id is its name, so the root's requests reach the connection that said it, and
 - its protocol range meets the root's (`release.skew`).
+
+An agent sets no routing id: the listener gives each connection one of its own, and the table
+keeps the one the `Hello` came on. So no connection can hold a host's name (a routing id a peer
+picks is its to squat on: without `ROUTER_HANDOVER` a second connection with it is refused,
+and with it libzmq hands the id over before the key is checked, cutting the first off).
 
 Anything else is refused with `Reject` and counted (`refused`). The welcome (`HostWelcome`)
 tells the host where to register: the root's etcd cluster, prefix and lease. Its
 `HostReport`s then keep its entry: shards, capabilities, tenants, data address. A report from
 a connection that was not welcomed, or from a name whose key it does not hold, changes nothing
 and is answered `not_found`, which makes an agent say `Hello` again (the root restarted). A
-host whose agent restarts says `Hello` again and replaces its entry (a new `boot`); the
-listener hands the name's routing id to the newest connection (`ROUTER_HANDOVER`).
+host whose agent restarts says `Hello` again on its new connection and replaces its entry (a
+new `boot`).
 
 Whether a host holds its lease is etcd's to say (ADR 0021): `follow` watches the hosts'
 registrations (`cluster.membership`), and a host whose registration is gone is "unregistered".
@@ -43,16 +47,27 @@ log = logging.getLogger("orchestra_sup.supervisor")
 
 HOSTS_KEY = "hosts/"
 """Where, under `[cluster] prefix`, each host registers as its name."""
+LOG_EVERY_S = 10.0
+"""At most one line this often of who joined or was refused."""
+FORGET_S = 3600.0
+"""Seconds after which a host neither heard nor registered leaves the table."""
+
+
+def shown(name: str) -> str:
+    """A name a peer gave, for a line: quoted, cut at 64 characters."""
+    return repr(name[:64]) + ("..." if len(name) > 64 else "")
 
 
 @dataclass(slots=True)
 class Host:
-    """One welcomed host: its `Hello`, its last `HostReport` (None before the first), and when
-    (`time.monotonic()` seconds) it was welcomed and last heard."""
+    """One welcomed host: its `Hello`, its last `HostReport` (None before the first), when
+    (`time.monotonic()` seconds) it was welcomed and last heard, and on which connection."""
 
     hello: f.Hello
     joined_at: float
     heard_at: float
+    peer: bytes | None
+    """The routing id of the connection its `Hello` came on: a report on another is not its."""
     report: f.HostReport | None = None
 
 
@@ -70,6 +85,8 @@ class Hosts:
         self.registered: dict[str, KeyValue] = {}
         self.refused = 0
         self._membership: Membership | None = None
+        self._logged_at = -LOG_EVERY_S
+        self._unlogged = 0
 
     async def follow(self) -> None:
         """Keep `registered` as etcd has it, until cancelled (`cluster.membership.Membership`:
@@ -108,15 +125,15 @@ class Hosts:
         match env.body:
             case f.Hello() as hello:
                 self._hello(ep, peer, env, hello, name)
-            case f.HostReport() as report if name is not None and peer == name.encode():
+            case f.HostReport() as report if name is not None:
                 host = self.by_name.get(name)
-                if host is None:
+                if host is None or host.peer != peer:
                     message = f"host {name!r} has not said Hello to this root"
                     ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
                     return
                 host.report, host.heard_at = report, time.monotonic()
                 ep.reply(env, peer, f.Ack())
-            case body:  # a report from a connection its key does not name, or another frame
+            case body:  # a report from a connection with no key, or another frame
                 message = f"the cluster endpoint does not serve {type(body).__name__} here"
                 ep.reply(env, peer, f.Error(code=ErrorCode.UNEXPECTED, message=message))
 
@@ -127,21 +144,19 @@ class Hosts:
         if hello.role != f.HOST_ROLE:
             reason = f"the cluster endpoint welcomes hosts, not role {hello.role!r}"
         elif key != hello.name:
-            reason = f"host {hello.name!r} must connect with its own key, not {key!r}'s"
-        elif peer != hello.name.encode():
-            reason = f"host {hello.name!r} must connect with routing id {hello.name!r}"
+            reason = f"host {shown(hello.name)} must connect with its own key, not with {key!r}"
         else:
-            reason = skew(hello.name, hello.version, hello.proto_min, hello.proto_max)
+            reason = skew(shown(hello.name), hello.version[:64], hello.proto_min, hello.proto_max)
+        now = time.monotonic()
         if reason is not None:
             self.refused += 1
-            log.warning("cluster: refused a host: %s", reason)
+            self._log(now, logging.WARNING, f"cluster: refused a host: {reason}")
             ep.reply(env, peer, f.Reject(reason=reason))
             return
-        now = time.monotonic()
         was = self.by_name.get(hello.name)
-        self.by_name[hello.name] = Host(hello=hello, joined_at=now, heard_at=now)
+        self.by_name[hello.name] = Host(hello=hello, joined_at=now, heard_at=now, peer=peer)
         again = f", again (pid {was.hello.pid} before)" if was is not None else ""
-        log.info("cluster: host %s joined (pid %d)%s", hello.name, hello.pid, again)
+        self._log(now, logging.INFO, f"cluster: host {hello.name} joined (pid {hello.pid}){again}")
         cluster = self.cluster()
         welcome = f.HostWelcome(
             etcd=list(cluster.etcd),
@@ -151,9 +166,23 @@ class Hosts:
         )
         ep.reply(env, peer, welcome)
 
+    def _log(self, now: float, level: int, line: str) -> None:
+        """`line`, unless one was logged less than `LOG_EVERY_S` ago (a flood of `Hello`s
+        would be a flood of lines); then it is counted into the next."""
+        if now - self._logged_at < LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        more = f" (and {self._unlogged} more since the last)" if self._unlogged else ""
+        log.log(level, "%s%s", line, more)
+        self._logged_at, self._unlogged = now, 0
+
     def infos(self) -> list[f.HostInfo]:
-        """Every host that joined, by name, as `ctl status` shows it."""
+        """Every host that joined, by name, as `ctl status` shows it. A host unregistered and
+        not heard for `FORGET_S` is forgotten first: its agent is gone."""
         now, limit = time.monotonic(), self.silent_after()
+        for name in [n for n, h in self.by_name.items() if now - h.heard_at > FORGET_S]:
+            if name not in self.registered:
+                del self.by_name[name]
         out = []
         for name, host in sorted(self.by_name.items()):
             report = host.report or f.HostReport(boot="", shards=[])

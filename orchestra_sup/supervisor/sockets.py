@@ -32,6 +32,13 @@ from orchestra_sup.system.descriptors import usage
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
+HANDSHAKE_MS = 3000
+"""A tcp peer that has not completed its CURVE handshake within this is dropped (libzmq's
+default is 30 s: a flood of silent connections held descriptors that long)."""
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000
+"""The cluster endpoint's ZMTP heartbeats: a host's connection silent this long is closed."""
+
 
 class RemoteCtl(msgspec.Struct, frozen=True, kw_only=True):
     """`start --ctl-tcp ENDPOINT --keys DIR`: ctl also served on `endpoint` (`tcp://host:port`)
@@ -143,12 +150,17 @@ class RootSockets:
         if self.cluster_listen is not None:
             assert on_cluster is not None, "a cluster endpoint needs its handler"
             self.cluster = router(on_cluster)
-            self.cluster.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted agent's, at once
+            # Agents pick no routing id (`supervisor.hosts`); ZMTP heartbeats close the
+            # connection of an agent that died without a word.
+            sock = self.cluster.sock
+            sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
             self._serve_tcp(self.cluster, self.cluster_listen, "cluster", CLUSTER_DOMAIN)
             log.info("hosts join at %s (CURVE, hosts' keys only)", self.cluster_listen)
 
     def _serve_tcp(self, ep: Endpoint, address: str, what: str, domain: str) -> Endpoint:
         assert self.gate is not None and self.remote_keys is not None
+        ep.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         try:
             ep.bind(address, self.remote_keys, domain)
         except zmq.ZMQError as exc:
@@ -179,8 +191,10 @@ class RootSockets:
         self.guards = {}
 
     def bad_frames(self) -> int:
-        """Frames refused as undecodable on `control` and `ctl`."""
-        return sum(ep.bad_frames for ep in (self.control, self.ctl) if ep)
+        """Frames refused as undecodable on `control`, `ctl` and the tcp endpoints."""
+        return sum(
+            ep.bad_frames for ep in (self.control, self.ctl, self.remote, self.cluster) if ep
+        )
 
     def stale_frames(self) -> int:
         """Frames refused as meant for, or sent by, another generation on `control` and `ctl`."""

@@ -59,6 +59,8 @@ def _smallest(t: mi.Type) -> Any:
             return max(1, t.ge or 0, (t.gt or 0) + 1)
         case mi.FloatType():
             return 1.0
+        case mi.BytesType():
+            return b"x" * max(1, t.min_length or 0)
         case mi.BoolType():
             return False
         case mi.NoneType() | mi.AnyType():

@@ -30,13 +30,17 @@ CODEC = Codec()
 
 
 class HostPeer:
-    """A host's agent as the root sees one on the wire: a DEALER with routing id `identity`,
-    connected as CURVE client `key` of `keys` (None: without CURVE)."""
+    """A host's agent as the root sees one on the wire: a DEALER with routing id `identity`
+    (None: the listener gives it one, as it does an agent's), connected as CURVE client `key`
+    of `keys` (None: without CURVE)."""
 
-    def __init__(self, ctx: zmq.Context, addr: str, keys: Path, key: str | None, identity: str):
+    def __init__(
+        self, ctx: zmq.Context, addr: str, keys: Path, key: str | None, identity: str | None
+    ):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.linger = 0
-        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        if identity is not None:
+            self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         if key is None:
             self.sock.connect(addr)
         else:
@@ -56,6 +60,16 @@ class HostPeer:
             body=body,
         )
         self.sock.send(CODEC.encode(env))
+
+    def ask(self, body: f.Body) -> f.Body | None:
+        """Send `body`; the answer to it (earlier answers skipped), or None when none came."""
+        self.send(body)
+        want = f"host.1.{self.sent}"
+        while self.sock.poll(REPLY_WAIT_MS):
+            reply = CODEC.decode(self.sock.recv())
+            if reply.corr == want:
+                return reply.body
+        return None
 
     def hello(self, name: str, pid: int = 4242) -> f.Body | None:
         """Say `Hello` as host `name`; its answer, or None when none came."""
@@ -82,7 +96,7 @@ def peers() -> Iterator[Callable[..., HostPeer]]:
     ctx = zmq.Context()
     made: list[HostPeer] = []
 
-    def make(addr: str, keys: Path, key: str | None, identity: str) -> HostPeer:
+    def make(addr: str, keys: Path, key: str | None, identity: str | None = None) -> HostPeer:
         made.append(HostPeer(ctx, addr, keys, key, identity))
         return made[-1]
 
@@ -109,7 +123,9 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
     - host-b's key saying `Hello` as host-a is refused in one line, and counted;
     - host-a's own key is welcomed, and its report shows in `ctl status` and `ctl tree`;
     - host-a's key is refused at ctl's handshake, where the operator's is served;
-    - host-a's agent started again takes its name over, with its new pid."""
+    - host-b's key with host-a's routing id holds nothing: the listener gives routing ids;
+    - host-a's agent started again takes its name over, with its new pid, and the first
+      agent's reports are answered not_found (it would say Hello again)."""
     keys = tmp_path / "keys"
     for argv in (["--client", "operator"], ["--client", "host-a", "--client", "host-b", "--host"]):
         assert cli("keys", "init", "--dir", str(keys), *argv).returncode == 0
@@ -125,29 +141,33 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
         return tree.status().ctl_refused
 
     with peers() as peer:
-        plain = peer(listen, keys, None, "host-a")
+        plain = peer(listen, keys, None)
         plain.send(f.Heartbeat())
         wait_until(lambda: refused_at_handshake() >= 1, 10, "the plain peer to be refused")
         assert not plain.sock.poll(0)
 
         before = refused_at_handshake()
-        operator = peer(listen, keys, "operator", "host-a")
+        operator = peer(listen, keys, "operator")
         assert operator.hello("host-a", pid=1) is None
         wait_until(lambda: refused_at_handshake() > before, 10, "the operator's key refused")
 
-        posing = peer(listen, keys, "host-b", "host-a")
+        squatter = peer(listen, keys, "host-b", "host-a")  # a routing id can hold no name
+        assert isinstance(squatter.hello("host-b", pid=9), f.HostWelcome)
+        posing = peer(listen, keys, "host-b")
         answer = posing.hello("host-a", pid=2)
         assert isinstance(answer, f.Reject), answer
-        assert answer.reason == "host 'host-a' must connect with its own key, not 'host-b''s"
-        assert tree.status().hosts_refused == 1 and tree.status().hosts == []
+        assert answer.reason == "host 'host-a' must connect with its own key, not with 'host-b'"
+        assert tree.status().hosts_refused == 1
+        assert [h.name for h in tree.status().hosts] == ["host-b"]
 
-        agent = peer(listen, keys, "host-a", "host-a")
+        agent = peer(listen, keys, "host-a")
         welcome = agent.hello("host-a", pid=3)
         assert isinstance(welcome, f.HostWelcome), welcome
         assert welcome.etcd == etcd_cluster.endpoints
         assert welcome.prefix == "/orchestra-sup/hosts/"
         shards = [f.HostShard(name="shard-0", state="running", generation=1, pid=77, capacity=4)]
-        agent.send(f.HostReport(boot="b00t", shards=shards, capabilities=["remote"], lease=255))
+        report = f.HostReport(boot="b00t", shards=shards, capabilities=["remote"], lease=255)
+        assert isinstance(agent.ask(report), f.Ack)
 
         def joined() -> dict | None:
             cluster = status_json(tree)["cluster"]
@@ -171,10 +191,9 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
         as_operator = cli("ctl", "--connect", ctl_tcp, "--keys", str(keys), "status")
         assert as_operator.returncode == 0, as_operator.stderr
 
-        again = peer(listen, keys, "host-a", "host-a")
+        again = peer(listen, keys, "host-a")
         assert isinstance(again.hello("host-a", pid=os.getpid()), f.HostWelcome)
-        wait_until(
-            lambda: [h.pid for h in tree.status().hosts] == [os.getpid()],
-            10,
-            "host-a's second agent to replace its first",
-        )
+        (host_a,) = [h for h in tree.status().hosts if h.name == "host-a"]
+        assert host_a.pid == os.getpid()
+        stale = agent.ask(report)  # the first agent's connection is not host-a's any more
+        assert isinstance(stale, f.Error) and stale.code == "not_found", stale

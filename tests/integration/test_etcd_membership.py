@@ -114,7 +114,7 @@ def test_quorum_lost_the_host_stops_in_time_and_joins_again_when_it_is_back(
 
             def on_lost() -> None:
                 assert lease.renewed_at is None  # it says no lease is held before the call
-                lost.append((time.monotonic(), last_renewed[0]))
+                lost.append((lease.clock(), last_renewed[0]))  # the lease's own clock
 
             last_renewed = [0.0]
             lease = HostLease(
@@ -289,3 +289,44 @@ def test_keys_that_name_no_host_are_ignored_not_merged(cluster: EtcdCluster) -> 
             return events
 
     assert asyncio.run(main()) == ["join host-c", "join host-d"]
+
+
+def test_a_second_agent_of_one_name_waits_and_takes_nothing_while_the_first_lives(
+    cluster: EtcdCluster,
+) -> None:
+    """Two agents started with one name (an operator's mistake): the second does not move the
+    first's registration off its live lease, so the first never runs shards the root no longer
+    knows of; once the first's lease is revoked, the second joins. The mutation of taking any
+    key (`put_if_lease` on whatever lease it is under) moves the key to the second agent while
+    the first goes on, and this test fails."""
+
+    async def main() -> None:
+        first_joined: list[int] = []
+        second_joined: list[int] = []
+        lost: list[str] = []
+        key = PREFIX + b"host-a"
+        async with Etcd(cluster.endpoints) as etcd:
+            first = HostLease(
+                etcd, key, b'{"agent": 1}', on_lost=lambda: lost.append("first"),
+                on_joined=first_joined.append, ttl_s=TTL_S, every_s=EVERY_S,
+            )  # fmt: skip
+            one = asyncio.create_task(first.run())
+            await until(lambda: first_joined, 10, "the first agent joined")
+            second = HostLease(
+                etcd, key, b'{"agent": 2}', on_lost=lambda: lost.append("second"),
+                on_joined=second_joined.append, ttl_s=TTL_S, every_s=EVERY_S,
+            )  # fmt: skip
+            two = asyncio.create_task(second.run())
+            await asyncio.sleep(2 * TTL_S)  # a lease's worth and more for the second to try
+            kv = await etcd.get(key)
+            assert kv is not None and (kv.lease, kv.value) == (first_joined[0], b'{"agent": 1}')
+            assert second_joined == [] and lost == []
+            one.cancel()
+            await asyncio.gather(one, return_exceptions=True)  # revoked: the key goes at once
+            await until(lambda: second_joined, 10, "the second agent joined")
+            kv = await etcd.get(key)
+            assert kv is not None and kv.value == b'{"agent": 2}'
+            two.cancel()
+            await asyncio.gather(two, return_exceptions=True)
+
+    asyncio.run(main())

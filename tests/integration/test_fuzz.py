@@ -126,6 +126,8 @@ def _shaped(tp: Any, junk: bool) -> st.SearchStrategy[Any]:
         return st.integers(-3, 10) | INT64
     if tp is float:
         return st.floats(-1.0, 5.0) | st.floats()
+    if tp is bytes:
+        return st.sampled_from([b"", b"# v2 git bundle\n\n", b"\x00\xff"]) | st.binary(max_size=40)
     if tp is str:
         special = st.sampled_from(["", "x", "..", "/etc/passwd", "../../etc", "lane-1", "a\x00b"])
         return _rarely(special | st.text(max_size=40), HUGE_TEXT)

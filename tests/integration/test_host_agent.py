@@ -175,9 +175,12 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
     pids = [s.pid for s in before.shards]
     etcd_cluster.kill("m0")
     etcd_cluster.kill("m1")
+    # Within the lease as etcd counts it: a leader cut off from its quorum renews leases
+    # until it steps down (its election timeout, 1 s here), so a TTL from the kill plus that
+    # and a margin for this machine; the mutation of killing nothing never gets there.
     wait_until(
         lambda: not any(psutil.pid_exists(p) and _alive(p) for p in pids if p is not None),
-        TTL_S,
+        TTL_S + 3,
         f"the agent to stop its shards within the lease; agent log:\n{agent.log()}",
     )
     assert "lease lost: stopping 2 shards' lanes" in agent.log()
@@ -261,7 +264,8 @@ def test_the_root_reaches_a_hosts_shards_through_its_data_port_only_with_its_key
     """`host --listen`: a caller with the root's server keypair and routing id
     `coordinator.1>shard-1` is answered by the host's real shard-1; a shard the host does not
     have is answered peer_down; host-b's key, or no CURVE, is refused at the handshake. The
-    registration and `ctl status` name the data port. SIGTERM ends the agent with status 0."""
+    registration and `ctl status` name the data port. An agent whose key the root does not
+    allow exits 2, naming the refused handshake. SIGTERM ends the agent with status 0."""
     keys = tmp_path / "keys"
     for argv in (["--client", "operator"], ["--client", "host-a", "--client", "host-b", "--host"]):
         assert cli("keys", "init", "--dir", str(keys), *argv).returncode == 0
@@ -296,6 +300,13 @@ def test_the_root_reaches_a_hosts_shards_through_its_data_port_only_with_its_key
     posing = ClientKeys(server_public=host_a.client.public, client=host_b.client, name="host-b")
     assert call_through(data, posing, "coordinator.1>shard-1", f.ListLanes()) == "refused"
     assert call_through(data, None, "coordinator.1>shard-1", f.ListLanes()) == "refused"
+
+    rogue = tmp_path / "rogue"  # host-a's name, a key the root never allowed
+    assert cli("keys", "init", "--dir", str(rogue), "--client", "host-a", "--host").returncode == 0
+    (rogue / "server.public").write_bytes((keys / "server.public").read_bytes())
+    stray = agents(tmp_path / "stray", listen, rogue, "host-a")
+    assert stray.proc.wait(60) == 2, stray.log()
+    assert "refused the CURVE handshake" in stray.log()
 
     agent.proc.send_signal(signal.SIGTERM)  # systemctl stop: the agent ends, its lease revoked
     assert agent.proc.wait(30) == 0, agent.log()

@@ -24,6 +24,7 @@ import pytest
 from orchestra_sup.errors import ChildStartError
 from orchestra_sup.protocol.frames import ExitInfo
 from orchestra_sup.supervisor.core import (
+    ExitCause,
     ExitKind,
     Flags,
     Strategy,
@@ -857,5 +858,24 @@ def test_a_surge_whose_new_generation_fails_puts_the_old_one_back(strategy: Stra
         assert tree.generations() == {"a": 1, "b": 1, "c": 1}
         await tree.crash("b")  # still b's process: its exit is handled as any
         assert b.generation == 2 and b.restarts == 1
+
+    run(scenario)
+
+
+def test_lease_kills_count_toward_no_intensity_and_wait_no_backoff() -> None:
+    """A host's agent SIGKILLs its shards when its etcd lease is lost (`ExitCause.LEASE`):
+    six such kills in a row, past max_restarts = 2, escalate nothing and sleep no backoff,
+    so one etcd outage does not stop a host with more shards than the intensity allows. The
+    mutation of recording them in the intensity escalates at the third, and this fails."""
+    tree = make_tree(max_restarts=2, max_seconds=10.0)
+
+    async def scenario() -> None:
+        await tree.sup.start()
+        for _ in range(6):
+            tree["b"].killed_for = ExitCause.LEASE
+            await tree.crash("b", EXIT_OF[ExitKind.ABNORMAL])
+        assert tree.gave_up == [] and tree.sup.running
+        assert tree.seam.sleeps == []
+        assert tree["b"].generation == 7 and tree["b"].exits[ExitCause.LEASE] == 6
 
     run(scenario)
