@@ -29,11 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable
 from orchestra_sup.cluster.settings import KEEPALIVE_S, TTL_S
+from orchestra_sup.system.linux import boottime
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +41,12 @@ WAIT_LOG_S = 10.0
 """At most one "registered under another lease" line this often."""
 
 
-def boottime() -> float:
-    """Seconds on CLOCK_BOOTTIME: monotonic, and counting while the machine is suspended."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
 class HostLease:
     """Keeps `key` = `value` registered in `etcd` under a lease of `ttl_s` seconds, renewed
     every `every_s` seconds (module docstring). `on_lost()` is called, on the loop, each time
     the lease is lost or can no longer be known to be held; `on_joined(lease_id)` each time a
-    new lease holds the registration. `margin_s` defaults to `every_s`.
+    new lease holds the registration; `on_renewed(stop_by)` at the join and at each renewal,
+    with the new `stop_by`. `margin_s` defaults to `every_s`.
 
     Raises `ValueError` when `ttl_s - margin_s` leaves no time for a keep-alive to be answered
     (it must exceed `every_s`)."""
@@ -63,6 +59,7 @@ class HostLease:
         *,
         on_lost: Callable[[], None],
         on_joined: Callable[[int], None] = lambda lease: None,
+        on_renewed: Callable[[float], None] = lambda stop_by: None,
         ttl_s: int = TTL_S,
         every_s: float = KEEPALIVE_S,
         margin_s: float | None = None,
@@ -79,6 +76,7 @@ class HostLease:
         self.value = value
         self.on_lost = on_lost
         self.on_joined = on_joined
+        self.on_renewed = on_renewed
         self.ttl_s = ttl_s
         self.every_s = every_s
         self.clock = clock
@@ -150,6 +148,7 @@ class HostLease:
             self.lease, self.renewed_at = lease, sent
             log.info("joined under lease %x (%d s)", lease, self.ttl_s)
             self.on_joined(lease)
+            self._renewed()
             return
 
     def _held_elsewhere(self, held: int) -> None:
@@ -186,6 +185,11 @@ class HostLease:
                 log.error("lease %x is gone at etcd: its lanes stop", self.lease)
                 return
             self.renewed_at = sent
+            self._renewed()
+
+    def _renewed(self) -> None:
+        assert self.stop_by is not None
+        self.on_renewed(self.stop_by)
 
     def _left(self, cap: float | None = None) -> float:
         """Seconds until `stop_by` (>= 0), at most `cap`."""

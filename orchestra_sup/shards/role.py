@@ -38,6 +38,7 @@ from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.patterns import SHELL
 from orchestra_sup.runtime.node import Node
+from orchestra_sup.shards.deadline import LeaseDeadline, kill_groups
 from orchestra_sup.shards.handover import Handover
 from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.host import Host, LaneServices, lane_uid
@@ -73,8 +74,9 @@ RETRY_S = 0.05
 """Pause before re-sending to a custodian the roster says is up again."""
 LIVE_STATES = tuple(str(state) for state in LaneState if state not in FINAL)
 """The states a live lane can be in (starting, running, awaiting_approval, moving)."""
-Serves = f.LaneRequest | f.Drain
-"""What a shard's `handle` takes: the lane plane's requests, and a drain from the supervisor."""
+Serves = f.LaneRequest | f.Drain | f.LeaseHold
+"""What a shard's `handle` takes: the lane plane's requests, and from its supervisor a drain
+and, on a host, its lease's deadline."""
 SERVES = Channel[Serves](Serves, "a shard does not serve {}")
 STOPPED = "interrupted: the tree (or this shard) was stopped"
 """The error of a lane its shard's stop interrupted."""
@@ -90,6 +92,7 @@ class Shard:
         self.store: Store | None = None
         self.transcript: Transcript | None = None  # lane transcripts, `ctl logs` (open())
         self.cgroups: LaneCgroups | None = None  # cgroup tracking of lane processes (open())
+        self.deadline: LeaseDeadline | None = None  # a host's shard: its lease's deadline
         self.limits: LaneLimits | None = None  # lanes' memory and pids limits (open())
         self.cpu: LaneCpu | None = None  # lanes' CPU class, [cpu] lanes (open())
         self.lanes: dict[str, Lane] = {}
@@ -148,6 +151,12 @@ class Shard:
 
     def load(self) -> int:
         return len(self.lanes)
+
+    def _kill_lanes(self) -> None:
+        """SIGKILL every lane's process group and cgroup now (blocking): the lease is over."""
+        kill_groups([lane.pgid for lane in self.lanes.values() if lane.pgid is not None])
+        if self.cgroups is not None:
+            self.cgroups.kill_all_sync()
 
     def lanes_by_state(self) -> dict[str, int]:
         """Its lanes by state: every live state (zeros included, so a gauge falls back to 0
@@ -225,6 +234,12 @@ class Shard:
                 ep.reply(env, peer, self._admit_resumed(body.snapshot, env.gen))
             case f.Drain():
                 self.handover.drain(ep, peer, env, body)
+            case f.LeaseHold(stop_by=stop_by):
+                if self.deadline is None:  # the first: this shard is a host's
+                    assert self.node is not None
+                    self.deadline = LeaseDeadline(self.node.name, self._kill_lanes)
+                    self.node.spawn(self.deadline.run())
+                self.deadline.hold(stop_by)
             case f.LaneCancel(lane=lane_id):
                 lane = self.handover.route(ep, peer, env, lane_id)
                 if lane is None:

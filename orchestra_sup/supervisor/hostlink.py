@@ -20,7 +20,9 @@ as a root does. `HostLink` is what makes that supervisor a host of another tree:
 When the lease is lost (`on_lost`: etcd said so, or the host can no longer know it holds it),
 every running shard is SIGKILLed at once, so its lanes stop before etcd's side of the lease can
 end and the root places them again (ARCHITECTURE.md §12, invariant 15). The shards' supervisor
-restarts them, lane-less, and the host joins again under a new lease.
+restarts them, lane-less, and the host joins again under a new lease. At every renewal each
+running shard is also handed the lease's deadline (`LeaseHold`), which it keeps by itself
+(`shards.deadline`): a frozen agent kills nothing, and its shards still stop in time.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from orchestra_sup.cluster.settings import ClusterSettings, connect
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.endpoint import Endpoint
+from orchestra_sup.protocol.endpoint import Endpoint, routing_id
 from orchestra_sup.protocol.keys import ClientKeys, load_client_keys
 from orchestra_sup.release import describe
 from orchestra_sup.supervisor.core import ExitCause
@@ -223,6 +225,7 @@ class HostLink:
                 msgspec.json.encode(self.registration()),
                 on_lost=self._lost,
                 on_joined=self._joined,
+                on_renewed=self._renewed,
                 ttl_s=welcome.lease_ttl_s,
                 every_s=welcome.keepalive_s,
             )
@@ -230,6 +233,19 @@ class HostLink:
 
     def _joined(self, lease: int) -> None:
         self.lease_id = lease
+
+    def _renewed(self, stop_by: float) -> None:
+        """Hand every running shard the lease's new deadline (`shards.deadline`): past it, a
+        shard stops its lanes itself, whether or not this agent still runs to stop them."""
+        control = self.sup.sockets.control
+        if control is None:
+            return
+        for worker in self.sup.children.workers:
+            if worker.spec.role == "shard" and worker.state is ChildState.RUNNING:
+                with contextlib.suppress(PeerDown):
+                    control.send(
+                        f.LeaseHold(stop_by=stop_by), to=routing_id(worker.name, worker.generation)
+                    )
 
     def _lost(self) -> None:
         """Stop every lane now: SIGKILL each running shard (its supervisor restarts it)."""

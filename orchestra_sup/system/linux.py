@@ -1,5 +1,5 @@
 """Linux process-control primitives that Python's standard library does not wrap (prctl, joining
-a cgroup between fork and exec)."""
+a cgroup between fork and exec), and the machine's one clock for lease deadlines."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,3 +66,10 @@ def set_no_new_privs() -> None:
     """Make this process and everything it executes unable to gain privileges (a setuid or
     file-capability program runs without them); for good, inherited across fork and exec."""
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def boottime() -> float:
+    """Seconds on CLOCK_BOOTTIME: monotonic, counting while the machine is suspended, as etcd's
+    lease clock does, and one clock for every process of the machine (a host's agent and its
+    shards compare lease deadlines on it)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)

@@ -114,6 +114,8 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
     - two etcd members of three SIGKILLed: the agent stops its shards (their lanes with them)
       before the lease could end, and the root says it has no etcd quorum while its own
       children go on; with the members back it registers under a new lease;
+    - the agent SIGSTOPped past its lease: its shards stop their lanes by the lease's deadline
+      themselves (`shards.deadline`), and after SIGCONT the host registers again;
     - the agent SIGKILLed: etcd ends its lease, and the root shows host-a unregistered."""
     keys = tmp_path / "keys"
     for argv in (["--client", "operator"], ["--client", "host-a", "--host"]):
@@ -192,6 +194,24 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
         lambda: (h := joined()) is not None and h.lease != before.lease,
         30,
         "host-a registered under a new lease",
+    )
+
+    frozen = host_of(tree, "host-a")
+    assert frozen is not None
+    pids = [s.pid for s in frozen.shards]
+    agent.proc.send_signal(signal.SIGSTOP)  # a frozen agent kills nothing: its shards must
+    try:
+        wait_until(
+            lambda: not any(psutil.pid_exists(p) and _alive(p) for p in pids if p is not None),
+            TTL_S + 3,
+            "the frozen agent's shards to stop their lanes by the lease's deadline",
+        )
+    finally:
+        agent.proc.send_signal(signal.SIGCONT)
+    wait_until(
+        lambda: (h := joined()) is not None and h.lease != frozen.lease,
+        30,
+        f"host-a registered again after the thaw; agent log:\n{agent.log()}",
     )
 
     agent.proc.send_signal(signal.SIGKILL)

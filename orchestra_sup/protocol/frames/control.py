@@ -126,6 +126,15 @@ class Drain(Frame, tag="drain"):
     timeout_s: float
 
 
+class LeaseHold(Frame, tag="lease_hold"):
+    """A host's agent -> its shard, one-way, at every renewal of the host's etcd lease: its lanes
+    may run until `stop_by` (CLOCK_BOOTTIME seconds, the machine's), and not after, unless a newer
+    hold comes first. So a shard stops its lanes by the lease's deadline even when the agent that
+    would stop them is frozen (`shards.deadline`). A root's shards never get one."""
+
+    stop_by: float
+
+
 class LaneMove(msgspec.Struct, frozen=True, kw_only=True):
     """One lane as a drain dealt with it: `how` is "moved" (resumed on the successor),
     "partial" (moved after its step was stopped), "finished" (ended on the old generation) or
@@ -154,4 +163,5 @@ Control = (
     | Resume
     | Drain
     | Drained
+    | LeaseHold
 )
