@@ -77,7 +77,8 @@ class Store:
     `map_size` is the initial map in bytes (default 64 MiB; it doubles when full). A failed commit
     is retried after `retry_initial_s`, doubling up to `retry_max_s`. A batch holds at most
     `max_batch` writes. `on_commit`, if given, is called on the persistence thread after every
-    commit with the number of writes committed so far (for measurement; it must be quick).
+    commit, before its writers are told, with the number of writes committed so far (for
+    measurement; it must be quick).
     `thread_start`, if given, is called first thing on the persistence thread (the coordinator
     puts it in real time there, one below its loop: `cpupolicy.same_class`).
     `on_degraded`, an attribute an owner may set, is called on the store's loop whenever
@@ -406,14 +407,14 @@ class Store:
         self.writes += len(batch)
         self.last_batch = len(batch)
         self.batch_rows.observe(len(batch))
-        dones = [w[4] for w in batch if w[4] is not None]
-        if dones:
-            self._settle(dones, None)
-        if self._on_commit is not None:
+        if self._on_commit is not None:  # before anyone awaiting the commit is told of it
             try:
                 self._on_commit(self.writes)
             except Exception:
                 log.exception("state %s: on_commit hook failed", self.path)
+        dones = [w[4] for w in batch if w[4] is not None]
+        if dones:
+            self._settle(dones, None)
 
     def _give_up(self, batch: list[_Write]) -> None:
         lost = list(batch)
