@@ -42,6 +42,7 @@ from orchestra_sup.cluster.settings import ClusterSettings, connect
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
+from orchestra_sup.protocol.curve import REFUSALS
 from orchestra_sup.protocol.endpoint import Endpoint, routing_id
 from orchestra_sup.protocol.keys import ClientKeys, load_client_keys
 from orchestra_sup.release import describe
@@ -64,11 +65,6 @@ LOG_EVERY_S = 10.0
 HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
 """The link's ZMTP heartbeats: a root connection silent this long is dropped and made again."""
-REFUSALS = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
 
 
 class HostJoin(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,7 +21,7 @@ import zmq
 
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.curve import connect
+from orchestra_sup.protocol.curve import REFUSALS, connect
 from orchestra_sup.protocol.keys import ClientKeys, load_client_keys, load_server_keys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
@@ -94,6 +94,21 @@ def registration(cluster: EtcdCluster, name: str) -> dict | None:
     return None
 
 
+def root_config(tmp_path: Path, keys: Path, listen: str, cluster: EtcdCluster, *hosts: str) -> Path:
+    """A root's config with `[cluster]` at `listen` on `cluster`, short leases, and `keys`
+    made: an operator's, and host-a's and each of `hosts`' as hosts'."""
+    for argv in (["--client", "operator"], ["--host", "--client", "host-a"]):
+        extra = [w for h in hosts for w in ("--client", h)] if "--host" in argv else []
+        assert cli("keys", "init", "--dir", str(keys), *argv, *extra).returncode == 0
+    config = tmp_path / "tree.toml"
+    config.write_text(
+        f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\n'
+        f"etcd = {json.dumps(cluster.endpoints)}\n"
+        f'prefix = "{PREFIX}"\nlease_ttl_s = {TTL_S}\nkeepalive_s = {EVERY_S}\n'
+    )
+    return config
+
+
 def host_of(tree: Tree, name: str) -> f.HostInfo | None:
     return next((h for h in tree.status().hosts if h.name == name), None)
 
@@ -117,17 +132,8 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
     - the agent SIGSTOPped past its lease: its shards stop their lanes by the lease's deadline
       themselves (`shards.deadline`), and after SIGCONT the host registers again;
     - the agent SIGKILLed: etcd ends its lease, and the root shows host-a unregistered."""
-    keys = tmp_path / "keys"
-    for argv in (["--client", "operator"], ["--client", "host-a", "--host"]):
-        assert cli("keys", "init", "--dir", str(keys), *argv).returncode == 0
-    listen = f"tcp://127.0.0.1:{free_port()}"
-    config = tmp_path / "tree.toml"
-    config.write_text(
-        f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\n'
-        f"etcd = {json.dumps(etcd_cluster.endpoints)}\n"
-        f'prefix = "{PREFIX}"\nlease_ttl_s = {TTL_S}\nkeepalive_s = {EVERY_S}\n'
-    )
-    tree = tree_factory(shards=1, config=config)
+    keys, listen = tmp_path / "keys", f"tcp://127.0.0.1:{free_port()}"
+    tree = tree_factory(shards=1, config=root_config(tmp_path, keys, listen, etcd_cluster))
     root_pids = tree.pids()
     agent = agents(tmp_path / "host-a", listen, keys, "host-a", "--shards", "2",
                    "--lanes-per-shard", "3", "--capabilities", "remote")  # fmt: skip
@@ -231,13 +237,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-REFUSED = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-
-
 def call_through(port: str, keys: ClientKeys | None, ident: str, body: f.Body) -> f.Body | str:
     """`body` sent to the data port `port` as CURVE client `keys` (None: no CURVE) with routing
     id `ident`: the answer, or "refused" once the client's own monitor sees its handshake fail
@@ -246,7 +245,7 @@ def call_through(port: str, keys: ClientKeys | None, ident: str, body: f.Body) -
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.setsockopt(zmq.IDENTITY, ident.encode())
-    monitor = sock.get_monitor_socket(REFUSED)
+    monitor = sock.get_monitor_socket(REFUSALS)
     try:
         if keys is None:
             sock.connect(port)
@@ -287,15 +286,8 @@ def test_the_root_reaches_a_hosts_shards_through_its_data_port_only_with_its_key
     registration and `ctl status` name the data port. An agent whose key the root does not
     allow exits 2, naming the refused handshake. SIGTERM ends the agent with status 0."""
     keys = tmp_path / "keys"
-    for argv in (["--client", "operator"], ["--client", "host-a", "--client", "host-b", "--host"]):
-        assert cli("keys", "init", "--dir", str(keys), *argv).returncode == 0
     listen, data = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
-    config = tmp_path / "tree.toml"
-    config.write_text(
-        f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\n'
-        f"etcd = {json.dumps(etcd_cluster.endpoints)}\n"
-        f'prefix = "{PREFIX}"\nlease_ttl_s = {TTL_S}\nkeepalive_s = {EVERY_S}\n'
-    )
+    config = root_config(tmp_path, keys, listen, etcd_cluster, "host-b")
     tree = tree_factory(shards=1, config=config)
     agent = agents(tmp_path / "host-a", listen, keys, "host-a", "--listen", data)
     wait_until(
