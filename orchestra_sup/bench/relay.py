@@ -56,8 +56,13 @@ while True:
 """
 
 
-def request_frame() -> bytes:
-    """The bytes of a relay request as the coordinator sends them."""
+STAT = f.ToolCall(tool="stat", params={"path": "README"})
+"""The relay request the floor's bytes are of."""
+
+
+def request_frame(body: f.Body = STAT, dest_gen: int | None = 1) -> bytes:
+    """The bytes of a request carrying `body` as the coordinator sends them (default: the
+    relay's `stat`)."""
     env = f.Envelope(
         v=PROTOCOL_VERSION,
         id="coordinator.1.12345",
@@ -65,8 +70,8 @@ def request_frame() -> bytes:
         sender="coordinator",
         gen=1,
         ttl_s=55.0,
-        dest_gen=1,
-        body=f.ToolCall(tool="stat", params={"path": "README"}),
+        dest_gen=dest_gen,
+        body=body,
     )
     return Codec().encode(env)
 

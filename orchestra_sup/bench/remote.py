@@ -33,13 +33,12 @@ from typing import Any
 import zmq
 
 from orchestra_sup.bench import machine
+from orchestra_sup.bench.relay import request_frame
 from orchestra_sup.bench.stats import nearest_rank, summary
 from orchestra_sup.errors import SupervisionError
 from orchestra_sup.protocol import frames as f
-from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.curve import connect
 from orchestra_sup.protocol.keys import ClientKeys, init_keys, load_client_keys, load_server_keys
-from orchestra_sup.protocol.version import PROTOCOL_VERSION
 
 HOST = "host-a"
 READY_S = 60.0
@@ -60,17 +59,8 @@ SERIES = ("floor", "direct", "remote")
 
 
 def _frame() -> bytes:
-    env = f.Envelope(
-        v=PROTOCOL_VERSION,
-        id="coordinator.1.12345",
-        corr=None,
-        sender="coordinator",
-        gen=1,
-        ttl_s=10.0,
-        dest_gen=None,
-        body=f.ListLanes(),
-    )
-    return Codec().encode(env)
+    """`ListLanes` as the coordinator sends it (to no generation in particular)."""
+    return request_frame(f.ListLanes(), dest_gen=None)
 
 
 def _free_port() -> int:

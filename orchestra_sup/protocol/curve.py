@@ -40,6 +40,10 @@ CLUSTER_DOMAIN = "cluster"
 """The ZAP domain of the root's cluster endpoint, where hosts' keys, and only they, are admitted."""
 KEY_USER_PREFIX = "key:"
 """A connection admitted by the gate carries `User-Id` `key:<client name>`."""
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000
+"""ZMTP heartbeats of the tree's long-lived tcp links (a host's to its root, both ends): a
+connection silent this long is closed, and a DEALER makes it again."""
 LOG_EVERY_S = 10.0
 REFUSALS = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL

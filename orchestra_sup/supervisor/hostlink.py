@@ -42,7 +42,7 @@ from orchestra_sup.cluster.settings import ClusterSettings, connect
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
-from orchestra_sup.protocol.curve import REFUSALS
+from orchestra_sup.protocol.curve import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, REFUSALS
 from orchestra_sup.protocol.endpoint import Endpoint, routing_id
 from orchestra_sup.protocol.keys import ClientKeys, load_client_keys
 from orchestra_sup.release import describe
@@ -62,9 +62,6 @@ ANSWER_S = 5.0
 """Seconds a `Hello` or a report waits for the root's answer."""
 LOG_EVERY_S = 10.0
 """At most one "cannot reach the root" line this often."""
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 5000
-"""The link's ZMTP heartbeats: a root connection silent this long is dropped and made again."""
 
 
 class HostJoin(msgspec.Struct, frozen=True, kw_only=True):

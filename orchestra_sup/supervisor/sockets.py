@@ -24,7 +24,12 @@ from orchestra_sup.paths import Paths
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard
-from orchestra_sup.protocol.curve import CLUSTER_DOMAIN, Gate
+from orchestra_sup.protocol.curve import (
+    CLUSTER_DOMAIN,
+    HEARTBEAT_IVL_MS,
+    HEARTBEAT_TIMEOUT_MS,
+    Gate,
+)
 from orchestra_sup.protocol.endpoint import Endpoint, Handler
 from orchestra_sup.protocol.keys import ServerKeys, default_keys_dir, load_server_keys
 from orchestra_sup.system import cpupolicy
@@ -35,9 +40,6 @@ log = logging.getLogger("orchestra_sup.supervisor")
 HANDSHAKE_MS = 3000
 """A tcp peer that has not completed its CURVE handshake within this is dropped (libzmq's
 default is 30 s: a flood of silent connections held descriptors that long)."""
-HEARTBEAT_IVL_MS = 1000
-HEARTBEAT_TIMEOUT_MS = 5000
-"""The cluster endpoint's ZMTP heartbeats: a host's connection silent this long is closed."""
 
 
 class RemoteCtl(msgspec.Struct, frozen=True, kw_only=True):
