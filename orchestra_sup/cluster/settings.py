@@ -5,6 +5,9 @@ one machine keeps its membership in, and the lease its hosts hold (ADR 0021). A 
 ```toml
 [cluster]
 listen = "tcp://10.0.0.2:7450"                   # hosts' agents join here, with CURVE only
+coordinator_listen = "tcp://10.0.0.2:7451"       # hosts' shards reach the coordinator here
+custodian_listen = "tcp://10.0.0.2:7452"         #   and their mirrors the custodian (defaults:
+                                                 #   listen's port + 1 and + 2)
 keys = "/var/lib/orchestra-sup/keys"             # what it serves and admits (default STATE/keys)
 etcd = ["https://10.0.0.5:2379", "https://10.0.0.6:2379", "https://10.0.0.7:2379"]
 etcd_ca = "/etc/orchestra-sup/etcd-ca.pem"       # the CA that signed the members' certificates
@@ -37,15 +40,31 @@ TTL_S = 10
 KEEPALIVE_S = 1.0
 """Seconds between two keep-alives of a host's lease by default."""
 FILES = ("etcd_ca", "etcd_cert", "etcd_key", "etcd_password_file")
-KEYS = ("listen", "keys", "etcd", *FILES, "etcd_user", "prefix", "lease_ttl_s", "keepalive_s")
+DATA = ("coordinator_listen", "custodian_listen")
+"""The data ports on the root's side (ADR 0021, step 3): the coordinator's and the custodian's
+own CURVE ROUTERs, where hosts' keys only are admitted. Defaults: `listen`'s port + 1 and + 2."""
+KEYS = (
+    "listen",
+    *DATA,
+    "keys",
+    "etcd",
+    *FILES,
+    "etcd_user",
+    "prefix",
+    "lease_ttl_s",
+    "keepalive_s",
+)
 
 
 class ClusterSettings(msgspec.Struct, frozen=True, kw_only=True):
     """`[cluster]` (module docstring). Paths are as given (absolute or relative to where the
     tree starts); `lease_ttl_s` in whole seconds, `keepalive_s` in seconds. `keys` None is
-    `<state_dir>/keys` (`protocol.keys.default_keys_dir`)."""
+    `<state_dir>/keys` (`protocol.keys.default_keys_dir`). `coordinator_listen` and
+    `custodian_listen` are set (given, or derived from `listen`) exactly when `listen` is."""
 
     listen: str | None = None
+    coordinator_listen: str | None = None
+    custodian_listen: str | None = None
     keys: str | None = None
     etcd: tuple[str, ...] = ()
     etcd_ca: str | None = None
@@ -72,7 +91,7 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
         if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
             raise ConfigError(f"[cluster] etcd: {url!r} is not an http:// or https:// URL")
     out["etcd"] = tuple(dict.fromkeys(endpoints))
-    for key in ("listen", "keys", *FILES, "etcd_user", "prefix"):
+    for key in ("listen", *DATA, "keys", *FILES, "etcd_user", "prefix"):
         if key in body:
             if not isinstance(body[key], str) or not body[key]:
                 raise ConfigError(f"[cluster] {key} = {body[key]!r}: expected a non-empty string")
@@ -83,6 +102,16 @@ def cluster_section(body: dict[str, Any]) -> ClusterSettings:
     listen = out.get("listen")
     if listen is not None and not is_tcp_address(listen):
         raise ConfigError(f"[cluster] listen = {listen!r}: give a tcp://HOST:PORT address")
+    for key, offset in zip(DATA, (1, 2), strict=True):
+        if key in out and listen is None:
+            raise ConfigError(f"[cluster] {key} needs listen: hosts reach it once they joined")
+        if listen is not None:
+            out[key] = out.get(key) or next_port(listen, offset, key)
+            if not is_tcp_address(out[key]):
+                raise ConfigError(f"[cluster] {key} = {out[key]!r}: give a tcp://HOST:PORT address")
+    taken = [out[k] for k in ("listen", *DATA) if k in out]
+    if len(set(taken)) != len(taken):
+        raise ConfigError(f"[cluster] listen and {' and '.join(DATA)} must be three addresses")
     if listen is not None and not out["etcd"]:
         raise ConfigError(
             "[cluster] listen needs etcd: hosts' membership and their lanes' fencing are kept "
@@ -117,6 +146,14 @@ def is_tcp_address(address: str) -> bool:
     host, _, port = address.removeprefix("tcp://").rpartition(":")
     digits = port.isascii() and port.isdigit()
     return address.startswith("tcp://") and bool(host) and digits and 0 < int(port) < 65536
+
+
+def next_port(address: str, offset: int, key: str) -> str:
+    """`tcp://HOST:PORT` with PORT + `offset`; raises `ConfigError` naming `key` past 65535."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    if int(port) + offset > 65535:
+        raise ConfigError(f"[cluster] {key}: listen's port + {offset} is past 65535; give it")
+    return f"tcp://{host}:{int(port) + offset}"
 
 
 def connect(settings: ClusterSettings, *, timeout_s: float | None = None) -> Etcd:

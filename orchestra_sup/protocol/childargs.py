@@ -78,7 +78,17 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """`[cpu] lanes`, for a shard: its lanes' CPU class ("nice" or "idle"; `system.lanecpu`)."""
     keys_dir: str | None = None
     """The CURVE keys directory of `start --keys` (None: none, or the default one inside the
-    state directory): one more directory no lane sees (`system.isolation`)."""
+    state directory): one more directory no lane sees (`system.isolation`). A child whose
+    roster names peers on `tcp://` reads its CURVE keys there (`runtime.remote`)."""
+    cluster_listen: str = ""
+    """For the root's coordinator and custodian: `[cluster] coordinator_listen` or
+    `custodian_listen`, the CURVE port hosts' processes reach it at ("": no hosts)."""
+    host: str = ""
+    """For a child of a host's agent: the host's name (`orchestra-sup host --name`). It speaks
+    to the root as `<host>/<name>`, with the host's key (""; a child of the root)."""
+    sandboxes: str = "custodian"
+    """For a shard: the peer that makes its lanes' sandboxes: the custodian, or on a host the
+    host's mirror ("mirror")."""
 
 
 def encode(args: ChildArgs) -> str:

@@ -44,6 +44,9 @@ HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000
 """ZMTP heartbeats of the tree's long-lived tcp links (a host's to its root, both ends): a
 connection silent this long is closed, and a DEALER makes it again."""
+HANDSHAKE_IVL_MS = 3000
+"""How long a tcp peer has to finish its ZMTP and CURVE handshake: a connection that opens and
+says nothing is closed then, instead of holding a descriptor (libzmq's default is 30 s)."""
 LOG_EVERY_S = 10.0
 REFUSALS = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL

@@ -146,6 +146,24 @@ def load_client_keys(directory: Path, name: str) -> ClientKeys:
     return ClientKeys(server_public=pinned.public, client=client, name=name)
 
 
+def load_host_link_keys(directory: Path, host: str) -> ClientKeys:
+    """What the root's processes connect to host `host`'s data port with (ADR 0021, step 3):
+    the tree's server keypair as the client's, pinning the host's own public key,
+    `clients/<host>.public`. No key is made for it: each side already has the other's.
+
+    Raises `ConfigError` when `host` is not a valid name, a file is missing, unreadable or not
+    a keys file, or the key is not marked a host's (`HOST_ROLE`)."""
+    check_name(host)
+    server = _read(directory / f"{SERVER}.secret", secret=True)
+    pinned, role = _read_with_role(directory / "clients" / f"{host}.public", secret=False)
+    if role != HOST_ROLE:
+        raise ConfigError(
+            f"{directory}/clients/{host}.public is not a host's key (keys init --client {host} "
+            "--host)"
+        )
+    return ClientKeys(server_public=pinned.public, client=server, name=SERVER)
+
+
 def check_name(name: str) -> None:
     """Raise `ConfigError` for a key name that is not `[A-Za-z0-9][A-Za-z0-9_.-]*` (at most 64
     characters), or is "server"."""

@@ -19,7 +19,10 @@ loop.
 
 Requests to peers go through `Node.call`, which refuses at once when the roster says the peer is
 down and stamps the peer's generation on the frame, so a replacement never acts on a request meant
-for the process it replaced.
+for the process it replaced. A peer on another machine (a `tcp://` endpoint) is reached with
+CURVE, under the names and keys `runtime.remote` gives. The root's coordinator and custodian,
+given `ChildArgs.cluster_listen`, also serve hosts' processes on a CURVE ROUTER of their own,
+where a host speaks only for its own processes (`remote.admitted_from_host`).
 """
 
 from __future__ import annotations
@@ -45,11 +48,20 @@ from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard, watch
-from orchestra_sup.protocol.endpoint import Endpoint, Handler, reply_when_done, routing_id
+from orchestra_sup.protocol.curve import CLUSTER_DOMAIN, HANDSHAKE_IVL_MS, Gate
+from orchestra_sup.protocol.endpoint import (
+    Endpoint,
+    Handler,
+    needs_caller,
+    reply_when_done,
+    routing_id,
+)
+from orchestra_sup.protocol.keys import load_server_keys
 from orchestra_sup.release import protocol_range, version
 from orchestra_sup.runtime.front import LOOP_ID, Front, Serve
 from orchestra_sup.runtime.hosting import Hosting, OwnProcess
 from orchestra_sup.runtime.looplag import LoopLag
+from orchestra_sup.runtime.remote import RemoteLinks, admitted_from_host, is_remote
 from orchestra_sup.system import descriptors
 from orchestra_sup.system.proctitle import child_title
 
@@ -171,6 +183,12 @@ class Node:
         """This process's title (`proctitle`); a component shares the supervisor's process."""
         self.guard: ConnectionGuard | None = None
         """The guard of its public `ipc://` socket, while it is bound (none for `inproc://`)."""
+        self.remote = RemoteLinks(args.keys_dir, args.host)
+        self.cluster: Endpoint | None = None
+        """The CURVE port hosts' processes reach this node at (`ChildArgs.cluster_listen`)."""
+        self._gate: Gate | None = None
+        self.foreign_frames = 0
+        """Frames on `cluster` refused because a host spoke for a process not its own."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -191,6 +209,10 @@ class Node:
                 task.cancel()
             for ep in (*self._links.values(), self.server, self.control):
                 ep.close()
+            if self.cluster is not None:
+                self.cluster.close()
+            if self._gate is not None:
+                self._gate.close()
             if self.guard is not None:  # once its socket (the front's, the server's) is closed
                 self.guard.close()
             self.hosting.end()
@@ -211,6 +233,8 @@ class Node:
         if public.startswith("ipc://"):
             os.chmod(public.removeprefix("ipc://"), 0o600)
         self.server.start()
+        if self.args.cluster_listen:
+            self._serve_hosts(self.args.cluster_listen)
         self.control.connect(self.hosting.endpoint(self.paths, "supervisor"))
         self.control.start()
         proto_min, proto_max = protocol_range()
@@ -232,6 +256,21 @@ class Node:
         self.spawn(self._heartbeat())
         await self.stopping.wait()
         return self._exit_code
+
+    def _serve_hosts(self, address: str) -> None:
+        """Bind the CURVE port hosts' processes reach this node at, its handshakes put to a
+        `Gate` of this process admitting hosts' keys only. Raises `ConfigError` when the keys
+        cannot be read, `zmq.ZMQError` when `address` cannot be bound (the child exits, and
+        its supervisor restarts it)."""
+        keys = load_server_keys(Path(self.args.keys_dir or ""))
+        self._gate = Gate(self.ctx, keys)
+        self._gate.start()  # before the bind: a CURVE socket with no ZAP handler admits all
+        self.cluster = self._endpoint(zmq.ROUTER, self._on_host_request)
+        self.cluster.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
+        self.cluster.bind(address, keys, CLUSTER_DOMAIN)
+        self._gate.watch(self.cluster.sock)
+        self.cluster.start()
+        log.info("%s: hosts' processes reach it at %s (CURVE)", self.name, address)
 
     def retitle(self) -> None:
         """Show the role's figure (`Role.load`) in this process's title; nothing is written when
@@ -309,9 +348,14 @@ class Node:
     def refused(self) -> tuple[int, int]:
         """(stale, bad): frames refused so far as stale (a retired sender, or meant for another
         generation of this node) and as undecodable, over every socket of this node."""
-        eps = (self.server, self.control, *self._links.values())
+        eps = self._sockets()
         stale = self.stale_frames + sum(ep.stale_frames for ep in eps)
-        return stale, sum(ep.bad_frames for ep in eps)
+        return stale, self.foreign_frames + sum(ep.bad_frames for ep in eps)
+
+    def _sockets(self) -> list[Endpoint]:
+        """Every socket of this node but its front's."""
+        eps = [self.server, self.control, *self._links.values()]
+        return eps if self.cluster is None else [*eps, self.cluster]
 
     async def _heartbeat(self) -> None:
         while True:
@@ -325,8 +369,7 @@ class Node:
         answered `internal`."""
         stale, bad = self.refused()
         role = self.role
-        eps = (self.server, self.control, *self._links.values())
-        internal = sum(ep.internal_errors for ep in eps)
+        internal = sum(ep.internal_errors for ep in self._sockets())
         if self.front is not None:
             internal += self.front.internal_errors
         store = role.persistence()
@@ -375,12 +418,25 @@ class Node:
             peer = self.peers.get(name)
             if peer is None:
                 raise PeerDown(name)
-            ep = self._endpoint(
-                zmq.DEALER,
-                self._on_request,
-                identity=routing_id(self.name, self.generation).decode(),
-            )
-            ep.connect(peer.endpoint)
+            if is_remote(peer.endpoint):
+                ep = Endpoint(
+                    self.ctx,
+                    zmq.DEALER,
+                    name=self.remote.sender(self.name),
+                    generation=self.generation,
+                    codec=self.codec,
+                    handler=self._on_request,
+                    identity=self.remote.identity(self.name, self.generation, name).decode(),
+                )
+                ep.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
+                ep.connect(peer.endpoint, self.remote.keys(name))
+            else:
+                ep = self._endpoint(
+                    zmq.DEALER,
+                    self._on_request,
+                    identity=routing_id(self.name, self.generation).decode(),
+                )
+                ep.connect(peer.endpoint)
             ep.start()
             self._links[name] = ep
         return ep
@@ -480,6 +536,17 @@ class Node:
             ep.reply(env, peer, f.Error(code=ErrorCode.STALE_GENERATION, message=message))
             return
         self._serve_request(ep, peer, env)
+
+    @needs_caller
+    def _on_host_request(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        """A frame on the hosts' port: taken as any peer's (`_on_request`) when a host sends it
+        for one of its own processes, else refused `forbidden` and counted."""
+        refusal = admitted_from_host(ep.caller, peer, env)
+        if refusal is not None:
+            self.foreign_frames += 1
+            ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=refusal))
+            return
+        self._on_request(ep, peer, env)
 
     def _serve_request(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[f.Body]) -> None:
         """Hand `env` to the role when its channel admits it (`Role.serves`), else answer it as

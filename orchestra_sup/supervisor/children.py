@@ -13,6 +13,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import msgspec
+
+from orchestra_sup.cluster.settings import ClusterSettings
 from orchestra_sup.histogram import figures_ms
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import routing_id
@@ -66,6 +69,9 @@ class Children:
         until all are (one sent midway would show the rest down, and the coordinator would
         lose their lanes)."""
         self.title = ProcTitle()
+        self.remote: list[f.PeerState] = []
+        """Peers on other machines the roster lists beside the workers: on a root, its hosts'
+        shards (`Hosts.peers`); on a host's agent, the root's coordinator and custodian."""
 
     def index(self, workers: list[Worker]) -> None:
         """Know `workers` (start order) as the tree's children, for the control record, the
@@ -127,7 +133,25 @@ class Children:
         )
 
     def roster(self) -> f.Roster:
-        return f.Roster(peers=[self.peer_state(w) for w in self.workers])
+        return f.Roster(peers=[*(self.peer_state(w) for w in self.workers), *self.remote])
+
+    def take_remote(self, peers: list[f.PeerState]) -> None:
+        """List `peers` as the roster's remote peers from now, and send the roster out."""
+        if peers != self.remote:
+            self.remote = peers
+            if not self.adopting:
+                self.broadcast_roster()
+
+    def root_peers(self, cluster: ClusterSettings) -> list[f.PeerState]:
+        """The coordinator and the custodian as hosts' processes reach them: at
+        `[cluster] coordinator_listen` and `custodian_listen`, their CURVE ports."""
+        out = []
+        ports = {"coordinator": cluster.coordinator_listen, "custodian": cluster.custodian_listen}
+        for name, address in ports.items():
+            worker = self.by_name.get(name)
+            if worker is not None and address:
+                out.append(msgspec.structs.replace(self.peer_state(worker), endpoint=address))
+        return out
 
     def broadcast_roster(self) -> None:
         """Tell every running child who is up, where, and at which generation."""

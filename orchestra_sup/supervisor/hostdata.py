@@ -34,11 +34,10 @@ from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.curve import Gate, bind
 from orchestra_sup.protocol.keys import ClientKeys, ServerKeys
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
+from orchestra_sup.runtime.remote import SEPARATOR
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
-SEPARATOR = b">"
-"""Between a caller's own routing id and the shard it calls, in its routing id here."""
 IDLE_S = 300.0
 """Seconds after which a DEALER no frame went through is closed."""
 SWEEP_S = 10.0

@@ -15,7 +15,11 @@ as a root does. `HostLink` is what makes that supervisor a host of another tree:
    for as long as it runs, whatever becomes of the link: the registration at the welcome's
    prefix + NAME holds its name, this run's boot id, its shards, capabilities and tenants.
 3. Every `REPORT_S` it sends a `HostReport` of its shards. A `not_found` answer means the root
-   does not know it (the root restarted): it says `Hello` again.
+   does not know it (the root restarted): it says `Hello` again. The answer is the root's
+   coordinator and custodian (`RootPeers`), which go into the roster the agent sends its own
+   children, at the CURVE ports the welcome named (a wildcard host there is the root's
+   address in `--join`). Its children call them as `<NAME>/<child>` with the host's key
+   (`runtime.remote`, `child_args`).
 
 When the lease is lost (`on_lost`: etcd said so, or the host can no longer know it holds it),
 every running shard is SIGKILLed at once, so its lanes stop before etcd's side of the lease can
@@ -41,6 +45,7 @@ import zmq
 from orchestra_sup.cluster.settings import ClusterSettings, connect
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.curve import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, REFUSALS
 from orchestra_sup.protocol.endpoint import Endpoint, routing_id
@@ -62,6 +67,8 @@ ANSWER_S = 5.0
 """Seconds a `Hello` or a report waits for the root's answer."""
 LOG_EVERY_S = 10.0
 """At most one "cannot reach the root" line this often."""
+WILDCARDS = frozenset({"0.0.0.0", "*", "[::]", "::"})
+"""Hosts of a bound address that name every interface, not one to dial."""
 
 
 class HostJoin(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +101,8 @@ class HostLink:
         is terminated before its tasks are cancelled, and would wait for these sockets."""
         self.lease_id = 0
         """The etcd lease the registration is under now (0: none)."""
+        self.welcome: f.HostWelcome | None = None
+        """The root's last welcome."""
         self._lease: asyncio.Task[None] | None = None
         self._unreached_logged = -LOG_EVERY_S
         self._refusals: zmq.Socket  # the link's failed handshakes, made by `run`
@@ -120,7 +129,7 @@ class HostLink:
                 if port is None:
                     return
             while True:
-                welcome = await self._hello(ep)
+                welcome = self.welcome = await self._hello(ep)
                 if welcome is None:
                     return
                 if self._lease is None:
@@ -192,7 +201,9 @@ class HostLink:
         """Report every `REPORT_S` until the root answers that it does not know this host."""
         while True:
             try:
-                await ep.request(self.report(), timeout_s=ANSWER_S)
+                answer = await ep.request(self.report(), timeout_s=ANSWER_S)
+                if isinstance(answer, f.RootPeers):
+                    self.sup.children.take_remote([self._reached(p) for p in answer.peers])
             except RemoteError as exc:
                 if exc.code == ErrorCode.NOT_FOUND:
                     log.warning("the root forgot this host (%s); saying Hello again", exc.message)
@@ -291,6 +302,19 @@ class HostLink:
             lease=self.lease_id,
             data=self.join.listen or "",
         )
+
+    def _reached(self, peer: f.PeerState) -> f.PeerState:
+        """`peer` at an address this host can dial: a wildcard host is the root's own."""
+        host, _, port = peer.endpoint.removeprefix("tcp://").rpartition(":")
+        if host not in WILDCARDS:
+            return peer
+        root = self.join.root.removeprefix("tcp://").rpartition(":")[0]
+        return msgspec.structs.replace(peer, endpoint=f"tcp://{root}:{port}")
+
+    def child_args(self, args: ChildArgs) -> ChildArgs:
+        """`args` of one of this host's children: it speaks to the root as `<name>/<child>`,
+        with the host's keys."""
+        return msgspec.structs.replace(args, keys_dir=self.join.keys_dir, host=self.join.name)
 
     def _unreached(self, exc: Exception) -> None:
         now = asyncio.get_running_loop().time()

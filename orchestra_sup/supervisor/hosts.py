@@ -23,6 +23,12 @@ new `boot`).
 
 Whether a host holds its lease is etcd's to say (ADR 0021): `follow` watches the hosts'
 registrations (`cluster.membership`), and a host whose registration is gone is "unregistered".
+
+The root's roster lists each host's shards as `host-a/shard-0` (`peers`), up while the host is
+registered and its report says the shard runs, at the host's data address. A change of that
+list is told to the root (`on_change`), which sends its roster out again. A report is answered
+with the root's coordinator and custodian as its roster has them (`RootPeers`): the host's own
+children call them at the addresses the welcome gave.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from orchestra_sup.errors import ErrorCode
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint, KeyIdentity, needs_caller
 from orchestra_sup.release import skew
+from orchestra_sup.runtime.remote import qualified
+from orchestra_sup.supervisor.spec import ChildState
 
 if TYPE_CHECKING:  # aiohttp is imported by a root that follows etcd, not by every one
     from orchestra_sup.cluster.etcd import KeyValue
@@ -51,6 +59,7 @@ LOG_EVERY_S = 10.0
 """At most one line this often of who joined or was refused."""
 FORGET_S = 3600.0
 """Seconds after which a host neither heard nor registered leaves the table."""
+RUNNING = str(ChildState.RUNNING)
 
 
 def shown(name: str) -> str:
@@ -78,9 +87,20 @@ class Hosts:
     each use. `refused` counts the `Hello`s refused; `registered` is what etcd holds under the
     hosts' prefix, by host name (`follow`)."""
 
-    def __init__(self, silent_after: Callable[[], float], cluster: Callable[[], ClusterSettings]):
+    def __init__(
+        self,
+        silent_after: Callable[[], float],
+        cluster: Callable[[], ClusterSettings],
+        root_peers: Callable[[], list[f.PeerState]] = list,
+        on_change: Callable[[], None] = lambda: None,
+    ):
         self.silent_after = silent_after
         self.cluster = cluster
+        self.root_peers = root_peers
+        """The root's coordinator and custodian, as its roster has them now."""
+        self.on_change = on_change
+        """Called when `peers()` changed (a host's shard came, went, or changed generation)."""
+        self._published: list[f.PeerState] = []
         self.by_name: dict[str, Host] = {}
         self.registered: dict[str, KeyValue] = {}
         self.refused = 0
@@ -114,9 +134,42 @@ class Hosts:
 
     def _registered(self, name: str, kv: KeyValue) -> None:
         log.info("cluster: host %s registered under lease %x", name, kv.lease)
+        self._publish()
 
     def _unregistered(self, name: str) -> None:
         log.warning("cluster: host %s's registration is gone (its lease ended)", name)
+        self._publish()
+
+    def peers(self) -> list[f.PeerState]:
+        """Every shard of every host that joined, as the root's roster lists it: named
+        `<host>/<shard>`, up while the host is registered in etcd and its last report says the
+        shard runs, at the host's data address, with the host's capabilities and tenants."""
+        out = []
+        for name, host in sorted(self.by_name.items()):
+            report = host.report
+            if report is None or not report.data:
+                continue
+            registered = name in self.registered
+            for shard in report.shards:
+                out.append(
+                    f.PeerState(
+                        name=qualified(name, shard.name),
+                        role="shard",
+                        generation=shard.generation,
+                        up=registered and shard.state == RUNNING,
+                        endpoint=report.data,
+                        capacity=shard.capacity,
+                        capabilities=list(report.capabilities),
+                        tenants=list(report.tenants),
+                    )
+                )
+        return out
+
+    def _publish(self) -> None:
+        peers = self.peers()
+        if peers != self._published:
+            self._published = peers
+            self.on_change()
 
     @needs_caller
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
@@ -132,7 +185,8 @@ class Hosts:
                     ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
                     return
                 host.report, host.heard_at = report, time.monotonic()
-                ep.reply(env, peer, f.Ack())
+                ep.reply(env, peer, f.RootPeers(peers=self.root_peers()))
+                self._publish()
             case body:  # a report from a connection with no key, or another frame
                 message = f"the cluster endpoint does not serve {type(body).__name__} here"
                 ep.reply(env, peer, f.Error(code=ErrorCode.UNEXPECTED, message=message))
@@ -163,8 +217,11 @@ class Hosts:
             prefix=f"{cluster.prefix}{HOSTS_KEY}",
             lease_ttl_s=cluster.lease_ttl_s,
             keepalive_s=cluster.keepalive_s,
+            coordinator=cluster.coordinator_listen or "",
+            custodian=cluster.custodian_listen or "",
         )
         ep.reply(env, peer, welcome)
+        self._publish()  # a new boot: its shards' generations begin again
 
     def _log(self, now: float, level: int, line: str) -> None:
         """`line`, unless one was logged less than `LOG_EVERY_S` ago (a flood of `Hello`s
@@ -183,6 +240,7 @@ class Hosts:
         for name in [n for n, h in self.by_name.items() if now - h.heard_at > FORGET_S]:
             if name not in self.registered:
                 del self.by_name[name]
+                self._publish()
         out = []
         for name, host in sorted(self.by_name.items()):
             report = host.report or f.HostReport(boot="", shards=[])

@@ -66,6 +66,8 @@ IMMUTABLE = {
     "[supervisor] metrics_port": "the metrics endpoint is bound once, when the tree starts",
     "[supervisor] metrics_host": "the metrics endpoint is bound once, when the tree starts",
     "[cluster] listen": "the hosts' endpoint is bound once, when the tree starts",
+    "[cluster] coordinator_listen": "hosts are told the data ports once, when they join",
+    "[cluster] custodian_listen": "hosts are told the data ports once, when they join",
     "[cluster] keys": "its keys are read once, when the tree starts",
     **{
         f"[cpu] {key}": "the supervisor takes its CPU class, affinity and RLIMIT_RTTIME once, "

@@ -64,7 +64,7 @@ from orchestra_sup.runtime.looplag import LoopLag
 from orchestra_sup.supervisor import notify
 from orchestra_sup.supervisor.children import Children
 from orchestra_sup.supervisor.colocated import ColocatedSeam
-from orchestra_sup.supervisor.core import ExitCause, Worker
+from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.cpu import SupervisorCpu, previous_exit
 from orchestra_sup.supervisor.ctl import CtlService
 from orchestra_sup.supervisor.gate import ChangeGate
@@ -93,6 +93,7 @@ from orchestra_sup.supervisor.sockets import RemoteCtl, RootSockets
 from orchestra_sup.supervisor.source import ConfigSource
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.template import template_for
+from orchestra_sup.supervisor.watchdog import watchdog
 from orchestra_sup.system import descriptors, v1cgroups
 from orchestra_sup.system.cgroups import kill_tree_sync, tree_path
 
@@ -122,7 +123,7 @@ class RootSupervisor:
     (`supervisor.reload`; None: nothing to re-read). With `join` it is a host's agent: its tree
     is only shards, and it joins the root `join` names (`supervisor.hostlink`). Raises
     `SupervisionError` when the hand-off's children are not this tree's, `ConfigError` when
-    `remote_ctl`'s or `join`'s keys cannot be read.
+    `remote_ctl`'s or `join`'s keys cannot be read, or `colocated` with `[cluster] listen`.
     """
 
     def __init__(
@@ -137,6 +138,8 @@ class RootSupervisor:
         config: ConfigSource | None = None,
         join: HostJoin | None = None,
     ):
+        if colocated and settings.cluster.listen:  # one context: one ZAP handler, the root's
+            raise ConfigError("[cluster] listen needs a process per role; not with --colocated")
         self.paths = paths
         self.settings = settings
         self.cpu = SupervisorCpu(settings)  # before its first thread: ZeroMQ's take its class
@@ -147,7 +150,10 @@ class RootSupervisor:
             settings.cluster.keys,
         )
         self.hosts = Hosts(
-            lambda: self.settings.supervisor.watchdog_s, lambda: self.settings.cluster
+            lambda: self.settings.supervisor.watchdog_s,
+            lambda: self.settings.cluster,
+            lambda: self.children.root_peers(self.settings.cluster),
+            lambda: self.children.take_remote(self.hosts.peers()),
         )
         self.seam: ProcessSeam | ColocatedSeam
         """Processes, or, `colocated`, every role a component of this process and loop
@@ -339,7 +345,7 @@ class RootSupervisor:
             self._exit_code = EXIT_FAILED_START
             self._stop.set()
         else:
-            self.spawn(self._watchdog())
+            self.spawn(watchdog(self.children, self.seam, self._watchdog_s))
             if self.link is not None:
                 self.spawn(self.link.run())
             log.info(
@@ -357,7 +363,7 @@ class RootSupervisor:
         for name in children.unheard:
             children.liveness[name].last_beat = now
         children.broadcast_roster()
-        self.spawn(self._watchdog())
+        self.spawn(watchdog(self.children, self.seam, self._watchdog_s))
         log.info("tree adopted: %d children, run dir %s", len(children.workers), self.paths.run_dir)
         notify.ready(children.summary())
         if self.handoff is not None:
@@ -408,12 +414,15 @@ class RootSupervisor:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def _watchdog_s(self) -> float:
+        return self.settings.supervisor.watchdog_s
+
     # --- seam callbacks --------------------------------------------------------------------------
 
     def _child_args(self, worker: Worker) -> ChildArgs:
         endpoint = self.seam.child_endpoint(worker)
         self.children.endpoints[(worker.name, worker.generation)] = endpoint
-        return ChildArgs(
+        args = ChildArgs(
             endpoint=endpoint,
             role=worker.spec.role,
             name=worker.name,
@@ -426,8 +435,9 @@ class RootSupervisor:
             previous_exit=previous_exit(worker),
             **settings_args(self.settings, worker.spec.role),
             log_format=self.log_format,
-            keys_dir=remote.keys_dir if (remote := self.sockets.remote_ctl) is not None else None,
+            keys_dir=self.sockets.keys_dir,
         )
+        return args if self.link is None else self.link.child_args(args)
 
     def _after_exit(self, worker: Worker, generation: int) -> None:
         """Kill what the dead process of `worker` at `generation` left behind: its lanes'
@@ -528,38 +538,6 @@ class RootSupervisor:
             return
         worker.version = hello.version
         ep.reply(env, peer, f.Welcome(generation=worker.generation))
-
-    async def _watchdog(self) -> None:
-        """SIGKILL a running child whose heartbeats stopped for `watchdog_s`. Silence is only
-        the child's fault if this loop was there to hear it: when the watchdog itself wakes more
-        than half of `watchdog_s` late (the supervisor was stopped, swapped out, its VM paused),
-        every child's silence is forgiven from now, instead of every child being killed for
-        the supervisor's own stall."""
-        while True:
-            limit = self.settings.supervisor.watchdog_s  # a config reload may change it
-            period = min(1.0, limit / 4)
-            asked = time.monotonic()
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            if now - asked - period > limit / 2:
-                log.warning(
-                    "supervisor loop stalled %.1f s; children's silence forgiven", now - asked
-                )
-                for live in self.children.liveness.values():
-                    live.last_beat = max(live.last_beat, now)
-                continue
-            for worker in self.children.workers:
-                silent = now - self.children.liveness[worker.name].last_beat
-                if worker.state is ChildState.RUNNING and silent > limit:
-                    log.error(
-                        "child %s gen=%d silent for %.1f s (watchdog %g s); killing",
-                        worker.name,
-                        worker.generation,
-                        silent,
-                        limit,
-                    )
-                    worker.killed_for = ExitCause.WATCHDOG
-                    self.seam.signal(worker, signal.SIGKILL)
 
 
 def resume(fd: int) -> int:

@@ -84,7 +84,7 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 
 
 READS: dict[str, frozenset[str]] = {
-    "custodian": frozenset({"heartbeat_s", "isolation", "cpu"}),  # isolation: laneuser
+    "custodian": frozenset({"heartbeat_s", "isolation", "cpu", "cluster_listen"}),
     "coordinator": frozenset(
         {
             "heartbeat_s",
@@ -94,6 +94,7 @@ READS: dict[str, frozenset[str]] = {
             "coordinator_programs",
             "quotas",
             "cpu",
+            "cluster_listen",
         }
     ),
     "shard": frozenset(
@@ -133,6 +134,11 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
         "coordinator_programs": list(settings.coordinator.programs),
         "quotas": dict(settings.quotas),
         "lane_cpu": settings.cpu.lanes,
+        "cluster_listen": {
+            "coordinator": settings.cluster.coordinator_listen,
+            "custodian": settings.cluster.custodian_listen,
+        }.get(role)
+        or "",
     }
     reads = READS[role]
     told = {key: value for key, value in every.items() if key in reads}

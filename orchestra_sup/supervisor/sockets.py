@@ -26,6 +26,7 @@ from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.connections import ConnectionGuard
 from orchestra_sup.protocol.curve import (
     CLUSTER_DOMAIN,
+    HANDSHAKE_IVL_MS,
     HEARTBEAT_IVL_MS,
     HEARTBEAT_TIMEOUT_MS,
     Gate,
@@ -36,10 +37,6 @@ from orchestra_sup.system import cpupolicy
 from orchestra_sup.system.descriptors import usage
 
 log = logging.getLogger("orchestra_sup.supervisor")
-
-HANDSHAKE_MS = 3000
-"""A tcp peer that has not completed its CURVE handshake within this is dropped (libzmq's
-default is 30 s: a flood of silent connections held descriptors that long)."""
 
 
 class RemoteCtl(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,8 +79,10 @@ class RootSockets:
                 f"--keys and [cluster] keys name two directories ({ctl_dir}, {cluster_dir}); "
                 "the tree serves one server key, so give them one"
             )
-        if dirs:
-            self.remote_keys = load_server_keys(dirs.pop())
+        self.keys_dir: str | None = str(dirs.pop()) if dirs else None
+        """The one keys directory of the tcp endpoints (None: the tree serves none)."""
+        if self.keys_dir is not None:
+            self.remote_keys = load_server_keys(Path(self.keys_dir))
         self.control: Endpoint | None = None
         """`supervisor.ipc`, the children's control socket, while the sockets are open."""
         self.ctl: Endpoint | None = None
@@ -162,7 +161,7 @@ class RootSockets:
 
     def _serve_tcp(self, ep: Endpoint, address: str, what: str, domain: str) -> Endpoint:
         assert self.gate is not None and self.remote_keys is not None
-        ep.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
+        ep.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         try:
             ep.bind(address, self.remote_keys, domain)
         except zmq.ZMQError as exc:

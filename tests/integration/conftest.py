@@ -14,6 +14,7 @@ import pytest
 from orchestra_sup.system import linux
 from tests.integration.etcd_cluster import EtcdCluster
 from tests.integration.harness import Tree, leftovers, make_repo, reap_zombies
+from tests.integration.hostagent import Agent
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -100,3 +101,16 @@ def reap_after_each_test() -> Iterator[None]:
     a later test that counts this process's children."""
     yield
     reap_zombies()
+
+
+@pytest.fixture
+def agents() -> Iterator[Callable[..., Agent]]:
+    made: list[Agent] = []
+
+    def make(*args: object) -> Agent:
+        made.append(Agent(*args))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for agent in made:
+        agent.stop()

@@ -167,7 +167,18 @@ def test_hosts_join_only_with_their_own_key_and_steer_nothing(
         assert welcome.prefix == "/orchestra-sup/hosts/"
         shards = [f.HostShard(name="shard-0", state="running", generation=1, pid=77, capacity=4)]
         report = f.HostReport(boot="b00t", shards=shards, capabilities=["remote"], lease=255)
-        assert isinstance(agent.ask(report), f.Ack)
+        answer = agent.ask(report)  # the root's coordinator and custodian, at their ports
+        host, port = listen.removeprefix("tcp://").rsplit(":", 1)
+        ports = {"coordinator": f"tcp://{host}:{int(port) + 1}"}
+        ports["custodian"] = f"tcp://{host}:{int(port) + 2}"
+        assert (welcome.coordinator, welcome.custodian) == (
+            ports["coordinator"],
+            ports["custodian"],
+        )
+        assert isinstance(answer, f.RootPeers), answer
+        assert {p.name: (p.endpoint, p.up) for p in answer.peers} == {
+            name: (address, True) for name, address in ports.items()
+        }
 
         def joined() -> dict | None:
             cluster = status_json(tree)["cluster"]

@@ -59,7 +59,10 @@ def test_a_full_table(tmp_path: Path) -> None:
         ({"lease_ttl_s": 2.5}, r"lease_ttl_s = 2.5: expected whole seconds"),
         ({"keepalive_s": True}, r"keepalive_s = True: expected seconds"),
         ({"lease_ttl_s": 4, "keepalive_s": 2}, r"must be more than twice keepalive_s = 2"),
-        ({"lease": 10}, r"\[cluster\] unknown key 'lease' \(known: listen, keys, etcd, etcd_ca"),
+        (
+            {"lease": 10},
+            r"\[cluster\] unknown key 'lease' \(known: listen, coordinator_listen, custodian_",
+        ),
         ({"listen": "ipc:///tmp/x"}, r"listen = 'ipc:///tmp/x': give a tcp://HOST:PORT address"),
         ({"listen": "tcp://h:0"}, r"listen = 'tcp://h:0': give a tcp://HOST:PORT"),
         ({"listen": "tcp://:7450"}, r"give a tcp://HOST:PORT"),

@@ -88,6 +88,7 @@ from orchestra_sup.protocol.frames.hosts import (
     HostReport,
     HostShard,
     HostWelcome,
+    RootPeers,
 )
 from orchestra_sup.protocol.frames.inbox import (
     Inbox,
@@ -246,6 +247,7 @@ __all__ = [
     "Rollover",
     "RolloverEvent",
     "RolloverReport",
+    "RootPeers",
     "Roster",
     "Sandbox",
     "SandboxCommit",

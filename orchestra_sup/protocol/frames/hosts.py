@@ -17,6 +17,7 @@ import msgspec
 
 from orchestra_sup.protocol.frames.control import Hello, Reject
 from orchestra_sup.protocol.frames.frame import Frame
+from orchestra_sup.protocol.frames.values import PeerState
 
 HOST_ROLE = "host"
 """The role a host's agent says in its `Hello`."""
@@ -25,12 +26,16 @@ HOST_ROLE = "host"
 class HostWelcome(Frame, tag="host_welcome"):
     """The root accepts a host's `Hello`: register under `prefix` + "hosts/" + the host's name in
     the etcd cluster at `etcd`, under a lease of `lease_ttl_s` seconds (whole) kept alive every
-    `keepalive_s` seconds (ADR 0021)."""
+    `keepalive_s` seconds (ADR 0021). `coordinator` and `custodian` are where the host's
+    processes reach those two (`[cluster] coordinator_listen` and `custodian_listen`; a
+    wildcard host there means the address the agent joined at)."""
 
     etcd: list[str]
     prefix: str
     lease_ttl_s: int
     keepalive_s: float
+    coordinator: str = ""
+    custodian: str = ""
 
 
 class HostShard(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,7 +52,7 @@ class HostShard(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HostReport(Frame, tag="host_report"):
-    """A host's agent to the root: what the host runs now (answered `Ack`, or
+    """A host's agent to the root: what the host runs now (answered `RootPeers`, or
     `Error(not_found)` when the root does not know the host).
 
     `boot` is the agent's run (a new one after every start of it: work placed under an older
@@ -62,6 +67,14 @@ class HostReport(Frame, tag="host_report"):
     lease: int = 0
     data: str = ""
     loop_lag_ms: tuple[float, float, float] | None = None
+
+
+class RootPeers(Frame, tag="root_peers"):
+    """The root's answer to a `HostReport`: its coordinator and custodian as its roster has
+    them (generation, up), which the agent puts in the roster of its own children, at the
+    addresses its welcome gave."""
+
+    peers: list[PeerState]
 
 
 class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,4 +99,4 @@ class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
     data: str = ""
 
 
-Cluster = Hello | HostWelcome | Reject | HostReport
+Cluster = Hello | HostWelcome | Reject | HostReport | RootPeers

@@ -1,0 +1,107 @@
+"""A host's shards in the root's tree (issue 21, ADR 0021 step 3): the root's roster lists them
+as `host-a/shard-0`, the coordinator places on them through the host's data port, and they
+reach the root's coordinator and custodian on those two's own CURVE ports, where a host speaks
+for its own processes only."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol.keys import load_client_keys
+from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
+from tests.integration.harness import Tree, make_repo, plan, task, wait_until
+from tests.integration.hostagent import Agent, call_through, host_of, root_config
+from tests.integration.test_ctl_access import free_port
+
+pytestmark = [pytest.mark.integration, needs_etcd]
+
+
+def joined_tree(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> tuple[Tree, Agent, Path]:
+    """A root of one local shard over a git workspace, and host-a (one shard, capability
+    "remote", a data port) joined to it: (tree, agent, keys directory)."""
+    keys = tmp_path / "keys"
+    listen, data = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    config = root_config(tmp_path, keys, listen, etcd_cluster)
+    workspace = make_repo(tmp_path / "workspace")
+    tree = tree_factory(workspace=workspace, shards=1, config=config)
+    agent = agents(
+        tmp_path / "host-a", listen, keys, "host-a", "--shards", "1", "--capabilities", "remote",
+        "--listen", data,
+    )  # fmt: skip
+    wait_until(
+        lambda: (h := host_of(tree, "host-a")) is not None and h.state == "joined",
+        30,
+        f"host-a joined; agent log:\n{agent.log()}",
+    )
+    return tree, agent, keys
+
+
+def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """A task with `requires = ["remote"]`, which only host-a offers, runs on host-a/shard-0;
+    its commit lands in the root's workspace, and the task that needs it sees the file."""
+    tree, _agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    spec = plan(
+        "remote",
+        task("write", "echo from-host-a > made.txt", commit=True, requires=["remote"]),
+        task("read", "grep -qx from-host-a made.txt", needs=["write"]),
+    )
+    report = tree.wait_plan(tree.submit(spec), timeout_s=90)
+    by_id = {t.id: t for t in report.tasks}
+    assert report.ok, report
+    assert by_id["write"].shard == "host-a/shard-0", by_id["write"]
+    assert by_id["write"].commit is not None
+    assert tree.workspace is not None
+    shown = subprocess.run(
+        ["git", "-C", str(tree.workspace), "show", "HEAD:made.txt"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert shown.stdout == "from-host-a\n"
+
+
+def test_a_host_speaks_to_the_coordinator_only_for_its_own_processes(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """On the coordinator's `[cluster] coordinator_listen`: host-a's key sending as a local
+    shard, as host-b's, or from a routing id not under host-a/ is refused `forbidden`; as
+    host-a/shard-0 the frame reaches the coordinator's own checks. An operator's key, or no
+    CURVE, is refused at the handshake."""
+    tree, _agent, keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    (port,) = [
+        line.split(" = ")[1].strip('"')
+        for line in (tmp_path / "tree.toml").read_text().splitlines()
+        if line.startswith("coordinator_listen")
+    ]
+    host_a = load_client_keys(keys, "host-a")
+    body = f.ListLanes()  # a frame the coordinator does not serve: only who may say it matters
+    for ident, sender in (
+        ("shard-0.1", "shard-0"),
+        ("host-b/shard-0.1", "host-b/shard-0"),
+        ("coordinator.1", "host-a/shard-0"),
+    ):
+        answer = call_through(port, host_a, ident, body, sender=sender)
+        assert isinstance(answer, f.Error) and answer.code == "forbidden", (ident, answer)
+        assert "host 'host-a' speaks for its own processes only" in answer.message
+    answer = call_through(port, host_a, "host-a/shard-0.1", body, sender="host-a/shard-0")
+    assert isinstance(answer, f.Error) and answer.code != "forbidden", answer
+    operator = load_client_keys(keys, "operator")
+    assert call_through(port, operator, "host-a/shard-0.1", body, sender="host-a/x") == "refused"
+    assert call_through(port, None, "host-a/shard-0.1", body, sender="host-a/x") == "refused"
+    assert tree.child("coordinator").restarts == 0
