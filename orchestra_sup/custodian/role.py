@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, assert_never
 
 from orchestra_sup.custodian import history, readtools, searchproc
+from orchestra_sup.custodian.mirror import export
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.quarantine import land_bundle
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
@@ -53,9 +54,17 @@ INLINE_TOOLS: dict[str, Callable[[Path, str], Any]] = {
 work, no subprocess. Each takes the workspace root and the request's path
 (`readtools.path_param`; `list_dir`'s may be empty)."""
 
-Serves = f.SandboxCreate | f.SandboxCommit | f.SandboxLand | f.ToolCall | f.Quiesce | f.Resume
-"""What the custodian's `handle` takes: sandbox requests from shards, the coordinator's read
-tools, and a rollover's quiet point from the supervisor."""
+Serves = (
+    f.SandboxCreate
+    | f.SandboxCommit
+    | f.SandboxLand
+    | f.SandboxFetch
+    | f.ToolCall
+    | f.Quiesce
+    | f.Resume
+)
+"""What the custodian's `handle` takes: sandbox requests from shards and hosts' mirrors, the
+coordinator's read tools, and a rollover's quiet point from the supervisor."""
 SERVES = Channel[Serves](Serves, "the custodian does not serve {}")
 
 
@@ -78,9 +87,16 @@ class Custodian:
     async def open(self, node: Node) -> None:
         self.node = node
         self.workspace = await open_workspace(node.paths.workspace, node.paths.state_dir)
+        await self.open_sandboxes(node, self.workspace.root)
+        node.serve_through(self.serve_inline)
+        log.info("custodian: workspace %s", self.workspace.root)
+
+    async def open_sandboxes(self, node: Node, root: Path) -> None:
+        """Make the sandboxes' directory, and decide whose uid each sandbox and its lane get,
+        for sandboxes cloned from the repository at `root`."""
         self.sandboxes = node.paths.state_dir / "sandboxes"
         isolation = node.args.isolation
-        needs = lane_needs(node.paths.state_dir, self.workspace.root)
+        needs = lane_needs(node.paths.state_dir, root)
         decision = await asyncio.to_thread(decide, isolation.lane_user, needs)
         # Lanes of their own uid walk to their sandboxes by name on the host only in mode none
         # (under bubblewrap the path to a sandbox is the tmpfs's): else nobody passes.
@@ -89,8 +105,6 @@ class Custodian:
         await asyncio.to_thread(private_dir, node.paths.state_dir, mode)
         await asyncio.to_thread(private_dir, self.sandboxes, mode)
         self.owners = SandboxOwners(self.sandboxes, decision.own_uids)
-        node.serve_through(self.serve_inline)
-        log.info("custodian: workspace %s", self.workspace.root)
         own = "a uid of its own" if decision.own_uids else "the tree's uid"
         log.info("custodian: each sandbox and its lane get %s (%s)", own, decision.reason)
 
@@ -144,6 +158,8 @@ class Custodian:
                 ep.reply(env, peer, NO_SANDBOX)
             case f.SandboxLand():
                 self.node.answer(ep, peer, env, self._land(body))
+            case f.SandboxFetch():
+                self.node.answer(ep, peer, env, self._fetch(body))
             case f.ToolCall():
                 self.node.answer(ep, peer, env, self._tool(body))
             case f.Quiesce():
@@ -217,6 +233,20 @@ class Custodian:
         async with self._writing():
             commit = await land_bundle(self.workspace, req.lane, req.bundle, req.base)
         return f.CommitDone(lane=req.lane, commit=commit)
+
+    async def _fetch(self, req: f.SandboxFetch) -> f.Body:
+        """A host's mirror's fetch (`custodian.mirror.export`): the commit `req.rev` names, in
+        order with the writes (so `HEAD` is the head as it is now), as a bundle of what the
+        mirror lacks. Raises `RemoteError(bad_request)` for more than `HAVE_MAX` commits in
+        `have`, and what `export` raises."""
+        assert self.workspace is not None
+        if len(req.have) > f.HAVE_MAX:
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST, f"{len(req.have)} commits in have: at most {f.HAVE_MAX}"
+            )
+        async with self._writing():
+            sha, bundle = await export(self.workspace.root, req.rev, req.have)
+        return f.SandboxBundle(rev=sha, bundle=bundle)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:
         """A read tool not answered on the front thread (`search`, `diff`, `log`). Raises

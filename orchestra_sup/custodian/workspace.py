@@ -297,12 +297,28 @@ class Workspace:
             raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is the workspace itself")
         if os.path.islink(sandbox):
             raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is a symlink")
-        base = await self._base(lane, sandbox)
-
         landed = await self.landed(lane)
         if landed is not None:
+            await self._base(lane, sandbox)  # still only a sandbox this workspace made
             return landed  # a retry after the custodian died mid-commit: it is already there
+        made = await self.make_commit(lane, sandbox, message)
+        return None if made is None else await self.land(lane, made[1])
 
+    async def make_commit(self, lane: str, sandbox: Path, message: str) -> tuple[str, str] | None:
+        """Commit the working tree of `sandbox` in this repository's object store, on the base
+        recorded when the sandbox was made, without landing it: `(base, commit)`, or None when
+        the working tree does not differ from the base. The checks and the commit are
+        `commit_sandbox`'s (which lands what this makes): only the working tree is read; a
+        `.git` path, a nested repository or a new gitlink raises `WorkspaceError` before
+        anything is written; the commit carries the lane's trailer. A host's mirror makes a
+        lane's commit so and sends it to the custodian as a bundle (`custodian.hostmirror`).
+
+        Raises `WorkspaceError` (`sandbox` is not one this repository made, or the checks
+        above), `GitError` for any other git failure."""
+        sandbox = Path(os.path.abspath(sandbox))
+        if os.path.islink(sandbox):
+            raise WorkspaceError(f"sandbox {sandbox} for lane {lane} is a symlink")
+        base = await self._base(lane, sandbox)
         with tempfile.TemporaryDirectory(prefix="orchestra-sup-index-") as private:
             env = {"GIT_INDEX_FILE": os.path.join(private, "index")}
             tree = ("--work-tree", str(sandbox))
@@ -330,7 +346,7 @@ class Workspace:
             f"{text}\n\n{trailer(lane)}",
             env=_AUTHOR_ENV | _COMMITTER_ENV,
         )
-        return await self.land(lane, commit.stdout.strip())
+        return base, commit.stdout.strip()
 
     async def _base(self, lane: str, sandbox: Path) -> str:
         """The commit `sandbox` was made at: its record, or for a sandbox made before records

@@ -9,7 +9,7 @@ import uvloop
 
 from orchestra_sup.runtime.node import Role
 
-ROLES = ("coordinator", "custodian", "shard")
+ROLES = ("coordinator", "custodian", "shard", "mirror")
 
 UVLOOP_ROLES = frozenset({"coordinator"})
 """The roles whose own process runs on uvloop's event loop; the others run on asyncio's.
@@ -40,6 +40,10 @@ def make_role(role: str) -> Role:
         from orchestra_sup.custodian.role import Custodian
 
         return Custodian()
+    if role == "mirror":
+        from orchestra_sup.custodian.hostmirror import HostMirror
+
+        return HostMirror()
     if role == "shard":
         from orchestra_sup.shards.role import Shard
 

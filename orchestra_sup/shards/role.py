@@ -212,7 +212,7 @@ class Shard:
     def on_roster(self, changed: list[f.PeerState]) -> None:
         assert self.node is not None and self.outbox is not None and self.handover is not None
         for peer in changed:
-            if peer.name == "custodian":
+            if peer.name == self.node.args.sandboxes:
                 (self._custodian_up.set if peer.up else self._custodian_up.clear)()
             if peer.name == "coordinator" and peer.up:
                 self.outbox.flush()
@@ -516,26 +516,28 @@ class Shard:
             self.node.retitle()
 
     async def _custodian(self, body: f.Body) -> f.Body:
-        """Call the custodian, waiting (up to `CUSTODIAN_WAIT_S`) while it is down."""
+        """Call the custodian (on a host, its mirror: `ChildArgs.sandboxes`), waiting (up to
+        `CUSTODIAN_WAIT_S`) while it is down."""
         assert self.node is not None
+        custodian = self.node.args.sandboxes
         deadline = time.monotonic() + CUSTODIAN_WAIT_S
         while True:
             try:
-                return await self.node.call("custodian", body, timeout_s=CALL_TIMEOUT_S)
+                return await self.node.call(custodian, body, timeout_s=CALL_TIMEOUT_S)
             except PeerDown:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise
                 # The roster, not this (possibly stale) failure, says whether it is down: a
                 # custodian forked back in milliseconds may be up again before this task runs.
-                if self.node.peer_up("custodian"):
+                if self.node.peer_up(custodian):
                     await asyncio.sleep(RETRY_S)
                     continue
                 try:
                     async with asyncio.timeout(remaining):
                         await self._custodian_up.wait()
                 except TimeoutError:
-                    raise PeerDown("custodian") from None
+                    raise PeerDown(custodian) from None
 
 
 def _end_event(result: f.LaneResult) -> str:

@@ -53,6 +53,7 @@ from orchestra_sup.protocol.keys import ClientKeys, load_client_keys
 from orchestra_sup.release import describe
 from orchestra_sup.supervisor.core import ExitCause
 from orchestra_sup.supervisor.hostdata import DataPort
+from orchestra_sup.supervisor.shape import HOST_FIXED
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.views import AgentHost
 from orchestra_sup.system import cpupolicy
@@ -313,8 +314,10 @@ class HostLink:
 
     def child_args(self, args: ChildArgs) -> ChildArgs:
         """`args` of one of this host's children: it speaks to the root as `<name>/<child>`,
-        with the host's keys."""
-        return msgspec.structs.replace(args, keys_dir=self.join.keys_dir, host=self.join.name)
+        with the host's keys, and a shard's sandboxes are the host's mirror's."""
+        return msgspec.structs.replace(
+            args, keys_dir=self.join.keys_dir, host=self.join.name, sandboxes=HOST_FIXED[0]
+        )
 
     def _unreached(self, exc: Exception) -> None:
         now = asyncio.get_running_loop().time()

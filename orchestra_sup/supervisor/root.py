@@ -85,6 +85,7 @@ from orchestra_sup.supervisor.runlock import DirLock, RunLock, StateLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.shape import (
     FIXED,
+    HOST_FIXED,
     SHARD_STOP_MARGIN_S,
     build_tree,
     settings_args,
@@ -171,7 +172,10 @@ class RootSupervisor:
                 paths=paths,
             )
         self.tree = build_tree(
-            settings, self.seam, lambda: self.request_stop(EXIT_INTENSITY), () if join else FIXED
+            settings,
+            self.seam,
+            lambda: self.request_stop(EXIT_INTENSITY),
+            HOST_FIXED if join else FIXED,
         )
         self.link = HostLink(self, join) if join is not None else None
         """A host's agent's link to its root (`supervisor.hostlink`); None for a root."""

@@ -23,6 +23,9 @@ SHARD_STOP_MARGIN_S = 3.0
 and it then hands the coordinator what they were interrupted at."""
 FIXED = ("custodian", "coordinator")
 """The children every tree has, in start order, before its shards."""
+HOST_FIXED = ("mirror",)
+"""A host's agent's child before its shards: the mirror its shards' sandboxes are made from
+(`custodian.hostmirror`)."""
 
 
 def build_tree(
@@ -65,7 +68,7 @@ def shard_names(settings: Settings) -> list[str]:
 def child_spec(settings: Settings, name: str) -> ChildSpec:
     """The spec of child `name` ("custodian", "coordinator" or "shard-K") under `settings`."""
     grace = settings.supervisor.shutdown_timeout_s
-    if name in FIXED:
+    if name in FIXED or name in HOST_FIXED:
         return ChildSpec(name=name, role=name, shutdown_s=grace)
     capabilities, tenants = settings.shards.offers(name)
     return ChildSpec(
@@ -85,6 +88,7 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 
 READS: dict[str, frozenset[str]] = {
     "custodian": frozenset({"heartbeat_s", "isolation", "cpu", "cluster_listen"}),
+    "mirror": frozenset({"heartbeat_s", "isolation", "cpu"}),
     "coordinator": frozenset(
         {
             "heartbeat_s",
@@ -144,10 +148,10 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
     told = {key: value for key, value in every.items() if key in reads}
     if "isolation" in reads:  # resolving "auto" may probe bubblewrap: only for whom it is
         told["isolation"] = resolved = effective(settings.isolation)
-        if role == "custodian":  # who owns a sandbox: a limit's change must not restart it
+        if role in ("custodian", "mirror"):  # who owns a sandbox: a limit must not restart it
             told["isolation"] = IsolationSettings(mode=resolved.mode, lane_user=resolved.lane_user)
     if "cpu" in reads:  # whether real time is allowed is found by trying it
-        told["cpu"] = cpu_plans(settings)[role]
+        told["cpu"] = cpu_plans(settings)["shard" if role == "mirror" else role]
     told.setdefault("lanes_per_shard", 0)  # a field every ChildArgs has, read by shards only
     return told
 

@@ -71,7 +71,11 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
     assert tree.status().etcd_quorum is True
     local = cli("ctl", "--run-dir", str(agent.run_dir), "status", "--json")
     assert local.returncode == 0, local.stderr
-    assert [c["name"] for c in json.loads(local.stdout)["children"]] == ["shard-0", "shard-1"]
+    assert [c["name"] for c in json.loads(local.stdout)["children"]] == [
+        "mirror",
+        "shard-0",
+        "shard-1",
+    ]
     for ask in (["plans"], ["rollover", "shard-0"]):
         refused = cli("ctl", "--run-dir", str(agent.run_dir), *ask)
         assert refused.returncode == 2, (ask, refused.stdout, refused.stderr)

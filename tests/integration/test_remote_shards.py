@@ -52,8 +52,9 @@ def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands
     agents: Callable[..., Agent],
     tmp_path: Path,
 ) -> None:
-    """A task with `requires = ["remote"]`, which only host-a offers, runs on host-a/shard-0;
-    its commit lands in the root's workspace, and the task that needs it sees the file."""
+    """A task with `requires = ["remote"]`, which only host-a offers, runs on host-a/shard-0, in
+    a sandbox host-a's mirror made (the root's custodian made none for it); its commit lands in
+    the root's workspace, and the task that needs it sees the file."""
     tree, _agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
     spec = plan(
         "remote",
@@ -71,6 +72,9 @@ def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert shown.stdout == "from-host-a\n"
+    lane = by_id["write"].lane
+    assert (tmp_path / "host-a" / "state" / "sandboxes" / lane / "made.txt").is_file()
+    assert not (tree.state_dir / "sandboxes" / lane).exists()
 
 
 def test_a_host_speaks_to_the_coordinator_only_for_its_own_processes(

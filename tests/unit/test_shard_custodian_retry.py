@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from orchestra_sup.errors import PeerDown
 from orchestra_sup.protocol import frames as f
@@ -15,6 +16,7 @@ class RosterSaysUp:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.args = SimpleNamespace(sandboxes="custodian")
 
     async def call(self, name: str, body: f.Body, *, timeout_s: float) -> f.Body:
         self.calls += 1

@@ -124,10 +124,13 @@ from orchestra_sup.protocol.frames.rollover import (
     RolloverReport,
 )
 from orchestra_sup.protocol.frames.sandbox import (
+    HAVE_MAX,
     CommitDone,
     Sandbox,
+    SandboxBundle,
     SandboxCommit,
     SandboxCreate,
+    SandboxFetch,
     SandboxLand,
     SandboxReady,
 )
@@ -155,6 +158,7 @@ from orchestra_sup.protocol.frames.values import (
 
 __all__ = [
     "ENVELOPE_ID_MAX",
+    "HAVE_MAX",
     "HOST_ROLE",
     "MESSAGE_MAX_BYTES",
     "Ack",
@@ -250,8 +254,10 @@ __all__ = [
     "RootPeers",
     "Roster",
     "Sandbox",
+    "SandboxBundle",
     "SandboxCommit",
     "SandboxCreate",
+    "SandboxFetch",
     "SandboxLand",
     "SandboxReady",
     "SessionLaneReport",

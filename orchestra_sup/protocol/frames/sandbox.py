@@ -1,5 +1,6 @@
 """The sandbox channel: shard -> custodian (`Sandbox`): a checkout for a lane, and the commit
-of its changes."""
+of its changes. On a host, shard -> the host's mirror, which asks the root's custodian for the
+commits it lacks (`SandboxFetch`) and lands a lane's commit as a bundle (`SandboxLand`)."""
 
 from __future__ import annotations
 
@@ -49,4 +50,35 @@ class SandboxLand(Frame, tag="sandbox_land"):
     bundle: bytes
 
 
-Sandbox = SandboxCreate | SandboxReady | SandboxCommit | SandboxLand | CommitDone
+class SandboxFetch(Frame, tag="sandbox_fetch"):
+    """A host's mirror asks for the commit `rev` names now (None: the workspace's head; `rev` as
+    `SandboxCreate` takes it), as a bundle of what the mirror lacks: `have` are the commits it
+    holds (at most `HAVE_MAX`; ones the workspace never had are ignored). Answered
+    `SandboxBundle`; a `rev` that names no commit is `Error(not_found)`, one that is not one
+    revision or a bundle over the frame limit `Error(bad_request)`."""
+
+    rev: str | None = None
+    have: list[str] = []
+
+
+class SandboxBundle(Frame, tag="sandbox_bundle"):
+    """The commit asked for, `rev` (a full sha), and `bundle`: a `git bundle` whose one head is
+    it, holding what the mirror lacked (b"": it lacked nothing)."""
+
+    rev: str
+    bundle: bytes
+
+
+HAVE_MAX = 64
+"""The most commits a `SandboxFetch` may say the mirror has."""
+
+
+Sandbox = (
+    SandboxCreate
+    | SandboxReady
+    | SandboxCommit
+    | SandboxLand
+    | CommitDone
+    | SandboxFetch
+    | SandboxBundle
+)

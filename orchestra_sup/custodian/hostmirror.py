@@ -1,0 +1,100 @@
+"""A host's mirror: the custodian of a host's sandboxes, fed from the root's custodian by git's
+own bundles (ADR 0021, step 5; issue 21: "a remote host never sees the custodian's files").
+
+A host's agent runs it as its child `mirror` (role "mirror"), and the host's shards ask it for
+their sandboxes as a root's shards ask the custodian (`ChildArgs.sandboxes`). It keeps a
+mirror of the workspace's history in its state directory (`custodian.mirror.Mirror`) and is
+the one writer of it:
+
+- `SandboxCreate(lane, rev)`: it asks the root's custodian for the commit `rev` names now
+  (`SandboxFetch`, saying which commits it already holds), takes the bundle of what it lacked,
+  and clones the lane's sandbox from the mirror at that commit, owned as a root's sandbox is
+  (`custodian.owners`).
+- `SandboxCommit(lane, message)`: it makes the lane's commit in the mirror with the very checks
+  the custodian makes of a sandbox (`Workspace.make_commit`: only the working tree is read, no
+  `.git` path, no new gitlink, the lane's trailer), and sends it to the root's custodian as a
+  bundle of that one commit on its base (`SandboxLand`), which checks it again and lands it.
+  The answer is the custodian's `CommitDone`. The mirror lands nothing itself.
+- A read tool (`ToolCall`) is the root custodian's to answer: it is passed on.
+
+Everything else (the one serial queue of writes, the quiet point of a rollover) is the
+custodian's, whose role this one extends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from orchestra_sup.custodian.mirror import Mirror
+from orchestra_sup.custodian.role import Custodian
+from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.runtime.node import Node
+
+log = logging.getLogger(__name__)
+
+UPSTREAM = "custodian"
+"""The root's custodian, as the host's roster names it."""
+UPSTREAM_TIMEOUT_S = 120.0
+"""Seconds a fetch or a landing waits for the root's custodian (a bundle may be large)."""
+
+
+class HostMirror(Custodian):
+    """The `mirror` role. See the module docstring."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mirror: Mirror | None = None
+
+    async def open(self, node: Node) -> None:
+        self.node = node
+        self.mirror = Mirror(node.paths.state_dir / "mirror")
+        await self.mirror.open()
+        self.workspace = self.mirror.workspace()
+        await self.open_sandboxes(node, self.mirror.root)
+        log.info("mirror: the workspace's history kept at %s", self.mirror.root)
+
+    async def _upstream(self, body: f.Body) -> f.Body:
+        assert self.node is not None
+        return await self.node.call(UPSTREAM, body, timeout_s=UPSTREAM_TIMEOUT_S)
+
+    async def _create(self, req: f.SandboxCreate) -> f.Body:
+        """The lane's sandbox, from the mirror, at the commit `req.rev` names on the root now
+        (its head for None). Raises what the root's custodian answers (`not_found` for a rev
+        that names no commit), `PeerDown` while it is down (the shard waits and asks again)."""
+        assert self.mirror is not None and self.workspace is not None
+        dest = self._sandbox_path(req.lane)
+        async with self._writing():
+            fetched = await self._upstream(
+                f.SandboxFetch(rev=req.rev, have=await self.mirror.heads())
+            )
+            assert isinstance(fetched, f.SandboxBundle)
+            await self.mirror.take(fetched.rev, fetched.bundle)
+            path, rev = await self.workspace.create_sandbox(req.lane, dest, fetched.rev)
+            await asyncio.to_thread(self.owners.claim, Path(path))
+        return f.SandboxReady(lane=req.lane, path=path, rev=rev)
+
+    async def _commit(self, req: f.SandboxCommit) -> f.Body:
+        """The lane's change, committed in the mirror and landed by the root's custodian
+        (module docstring). Raises what `make_commit` raises, and what the custodian answers
+        (`bad_request` for a refused bundle, `conflict`)."""
+        assert self.mirror is not None and self.workspace is not None
+        sandbox = self._sandbox_path(req.lane)
+        async with self._writing():
+            made = await self.workspace.make_commit(req.lane, sandbox, req.message)
+            if made is None:
+                return f.CommitDone(lane=req.lane, commit=None)
+            base, commit = made
+            bundle = await self.mirror.bundle_commit(req.lane, base, commit)
+        return await self._upstream(f.SandboxLand(lane=req.lane, base=base, bundle=bundle))
+
+    async def _land(self, req: f.SandboxLand) -> f.Body:
+        raise RemoteError(ErrorCode.FORBIDDEN, "a host's mirror lands nothing: its root does")
+
+    async def _fetch(self, req: f.SandboxFetch) -> f.Body:
+        raise RemoteError(ErrorCode.FORBIDDEN, "a host's mirror feeds no other mirror")
+
+    async def _tool(self, call: f.ToolCall) -> f.Body:
+        return await self._upstream(call)
