@@ -5,20 +5,32 @@ for its own processes only."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import load_client_keys
 from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
 from tests.integration.harness import Tree, make_repo, plan, task, wait_until
-from tests.integration.hostagent import Agent, call_through, host_of, root_config
+from tests.integration.hostagent import TTL_S, Agent, call_through, host_of, root_config
 from tests.integration.test_ctl_access import free_port
 
 pytestmark = [pytest.mark.integration, needs_etcd]
+
+
+def kill_host(agent: Agent) -> None:
+    """Host-a's machine dies: its agent and everything under it SIGKILLed at once."""
+    procs = [psutil.Process(agent.proc.pid)]
+    procs += procs[0].children(recursive=True)
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+    agent.proc.wait()
 
 
 def joined_tree(
@@ -44,6 +56,16 @@ def joined_tree(
         f"host-a joined; agent log:\n{agent.log()}",
     )
     return tree, agent, keys
+
+
+def agent_join(tmp_path: Path) -> str:
+    """The root's cluster endpoint in the config `joined_tree` wrote."""
+    (listen,) = [
+        line.split(" = ")[1].strip('"')
+        for line in (tmp_path / "tree.toml").read_text().splitlines()
+        if line.startswith("listen")
+    ]
+    return listen
 
 
 def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands(
@@ -109,3 +131,53 @@ def test_a_host_speaks_to_the_coordinator_only_for_its_own_processes(
     assert call_through(port, operator, "host-a/shard-0.1", body, sender="host-a/x") == "refused"
     assert call_through(port, None, "host-a/shard-0.1", body, sender="host-a/x") == "refused"
     assert tree.child("coordinator").restarts == 0
+
+
+def test_a_dead_hosts_lane_runs_again_on_the_root_and_the_host_gets_work_once_back(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """Host-a's machine SIGKILLed while a lane runs there: once etcd ends its lease (TTL 3 s
+    here) the root lists its shard down, the lane is lost with a partial-work warning and runs
+    again on the root's own shard, and the plan succeeds. Host-a started again (a new boot,
+    a new lease) gets work again."""
+    tree, agent, keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    spec = plan("outlive", task("long", "sleep 4", timeout_s=60))
+    plan_id = tree.submit(spec)  # both shards idle: host-a/shard-0 sorts first
+
+    def running_on(shard: str) -> f.TaskReport | None:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        (long,) = reply.tasks
+        return long if long.shard == shard and long.status == "running" else None
+
+    wait_until(lambda: running_on("host-a/shard-0"), 30, "the lane running on host-a")
+    first_boot = host_of(tree, "host-a").boot  # type: ignore[union-attr]
+    killed = time.monotonic()
+    kill_host(agent)
+    wait_until(lambda: running_on("shard-0"), TTL_S + 2 + 5, "the lane running again locally")
+    print(f"re-placed {time.monotonic() - killed:.2f} s after the kill (lease {TTL_S} s)")
+    report = tree.wait_plan(plan_id, timeout_s=60)
+    (long,) = report.tasks
+    assert report.ok and long.shard == "shard-0" and long.attempts == 2, long
+    assert any("host-a/shard-0" in w for w in long.warnings), long.warnings
+
+    again = agents(
+        tmp_path / "host-a", agent_join(tmp_path), keys, "host-a", "--shards", "1",
+        "--capabilities", "remote", "--listen", f"tcp://127.0.0.1:{free_port()}",
+    )  # fmt: skip
+    wait_until(
+        lambda: (
+            (h := host_of(tree, "host-a")) is not None
+            and h.state == "joined"
+            and h.boot != first_boot
+        ),
+        30,
+        f"host-a back under a new boot; agent log:\n{again.log()}",
+    )
+    back = tree.wait_plan(
+        tree.submit(plan("back", task("there", "true", requires=["remote"]))), timeout_s=60
+    )
+    assert back.ok and back.tasks[0].shard == "host-a/shard-0", back.tasks
