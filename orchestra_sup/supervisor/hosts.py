@@ -142,21 +142,25 @@ class Hosts:
 
     def peers(self) -> list[f.PeerState]:
         """Every shard of every host that joined, as the root's roster lists it: named
-        `<host>/<shard>`, up while the host is registered in etcd and its last report says the
-        shard runs, at the host's data address, with the host's capabilities and tenants."""
+        `<host>/<shard>`, up while the host is registered in etcd, its last report names the
+        lease it holds, the root reaches an etcd quorum (issue 21: losing it stops new
+        placements on hosts) and the report says the shard runs; at the host's data address,
+        with the host's capabilities and tenants."""
         out = []
         for name, host in sorted(self.by_name.items()):
             report = host.report
             if report is None or not report.data:
                 continue
-            registered = name in self.registered
+            # Its lanes are its own only under a lease etcd can vouch for now: without a
+            # quorum no registration read is current, and no new lane goes to a host.
+            held = name in self.registered and report.lease != 0 and self.quorum() is not False
             for shard in report.shards:
                 out.append(
                     f.PeerState(
                         name=qualified(name, shard.name),
                         role="shard",
                         generation=shard.generation,
-                        up=registered and shard.state == RUNNING,
+                        up=held and shard.state == RUNNING,
                         endpoint=report.data,
                         capacity=shard.capacity,
                         capabilities=list(report.capabilities),

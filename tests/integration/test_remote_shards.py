@@ -181,3 +181,34 @@ def test_a_dead_hosts_lane_runs_again_on_the_root_and_the_host_gets_work_once_ba
         tree.submit(plan("back", task("there", "true", requires=["remote"]))), timeout_s=60
     )
     assert back.ok and back.tasks[0].shard == "host-a/shard-0", back.tasks
+
+
+def test_without_an_etcd_quorum_nothing_new_goes_to_a_host_and_the_roots_lanes_go_on(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """One etcd member SIGKILLed: a task for host-a still runs there. Two: a task for host-a
+    waits, and a task for the root's own shard runs. The members back: the waiting task runs
+    on host-a."""
+    tree, agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    etcd_cluster.kill("m2")
+    one_down = tree.wait_plan(
+        tree.submit(plan("one-down", task("there", "true", requires=["remote"]))), timeout_s=60
+    )
+    assert one_down.ok and one_down.tasks[0].shard == "host-a/shard-0", one_down.tasks
+
+    etcd_cluster.kill("m1")
+    wait_until(lambda: tree.status().etcd_quorum is False, 15, "the root to see no etcd quorum")
+    waiting = tree.submit(plan("waits", task("there", "true", requires=["remote"])))
+    local = tree.wait_plan(tree.submit(plan("local", task("here", "true"))), timeout_s=60)
+    assert local.ok and local.tasks[0].shard == "shard-0", local.tasks
+    reply = tree.ctl(f.CtlPlan(id=waiting))
+    assert isinstance(reply, f.PlanReport) and not reply.done, reply
+    assert reply.tasks[0].shard is None, reply.tasks  # placed nowhere while there is no quorum
+
+    etcd_cluster.start("m1", "m2")
+    back = tree.wait_plan(waiting, timeout_s=60)
+    assert back.ok and back.tasks[0].shard == "host-a/shard-0", back.tasks
+    assert "lease lost" in agent.log()
