@@ -40,6 +40,8 @@ class ShardView(msgspec.Struct, kw_only=True):
     tenants: frozenset[str] = frozenset()
     stopping: bool = False
     refused: bool = False
+    boot: str = ""
+    """A host's shard's host boot id (`PeerState.boot`); "" for one of the root's."""
 
     @property
     def open(self) -> bool:
@@ -104,12 +106,13 @@ class AffinityTicket(msgspec.Struct, frozen=True, kw_only=True):
         return cls(shard=shard, generation=int(generation), boot=boot)
 
     def lives(self, view: ShardView, boot: str) -> bool:
-        """True while the shard this ticket names is the very process it was minted for."""
+        """True while the shard this ticket names is the very process it was minted for; `boot`
+        is the tree's run, which a host's shard's own (`ShardView.boot`) stands in for."""
         return (
             view.name == self.shard
             and view.up
             and view.generation == self.generation
-            and boot == self.boot
+            and (view.boot or boot) == self.boot
         )
 
 

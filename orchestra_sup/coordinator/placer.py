@@ -233,7 +233,11 @@ class Placer:
         rec.avoid = None
         start = plan.place(
             spec,
-            AffinityTicket(shard=shard.name, generation=shard.generation, boot=self.node.args.boot),
+            AffinityTicket(
+                shard=shard.name,
+                generation=shard.generation,
+                boot=shard.boot or self.node.args.boot,
+            ),
             now,
         )
         shard.load += 1

@@ -70,6 +70,7 @@ class Roster:
                 capabilities=frozenset(peer.capabilities),
                 tenants=frozenset(peer.tenants),
                 stopping=peer.stopping,
+                boot=peer.boot,
             )
             # Rollover: lanes of a draining generation are moving here, not lost; those of one
             # that retired are kept until the shard says which it has (`_settle_moved`). So are

@@ -165,6 +165,7 @@ class Hosts:
                         capacity=shard.capacity,
                         capabilities=list(report.capabilities),
                         tenants=list(report.tenants),
+                        boot=report.boot,
                     )
                 )
         return out

@@ -235,3 +235,18 @@ def test_unplaceable_names_what_is_missing_and_what_is_offered() -> None:
         "(s0: py, any tenant; s1: gpu, tenants acme)"
     )
     assert unplaceable([], GPU) is None  # no roster yet: nothing to judge by
+
+
+def test_a_ticket_to_a_hosts_shard_carries_the_hosts_boot() -> None:
+    """A host's agent started again counts its shards' generations from 1 again, under a new
+    boot of its own: a ticket minted before names the old boot and falls back, whatever the
+    tree's boot (issue 21, ADR 0006)."""
+    remote = ShardView(
+        name="host-a/shard-0", generation=1, up=True, capacity=4, load=2, boot="hostboot2"
+    )
+    local = _shard("s0", load=0)
+    old = AffinityTicket(shard="host-a/shard-0", generation=1, boot="hostboot1")
+    assert place([local, remote], Need(), old, "treeboot") is local
+    live = AffinityTicket(shard="host-a/shard-0", generation=1, boot="hostboot2")
+    assert place([local, remote], Need(), live, "treeboot") is remote
+    assert AffinityTicket.parse(str(live)) == live

@@ -389,6 +389,10 @@ class PeerState(msgspec.Struct, frozen=True, kw_only=True):
     draining: list[int] = []
     """Older generations of this peer still alive while a rollover drains them (a shard's surge):
     their frames are not stale, and work placed on them is moving here, not lost."""
+    boot: str = ""
+    """For a host's shard, its host agent's boot id: the host's generations start again at 1
+    when its agent does, so an affinity ticket to it carries this, not the tree's ("": one of
+    the root's own)."""
 
 
 class LogRow(msgspec.Struct, frozen=True, kw_only=True):
