@@ -86,6 +86,7 @@ class Coordinator:
     """The `coordinator` role. See the module docstring."""
 
     serves = SERVES
+    from_hosts = (f.InboxPut,)  # a host's shard's outbox: no ctl, no HITL answer, no seat
 
     def __init__(self) -> None:
         self.node: Node | None = None

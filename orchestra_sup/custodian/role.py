@@ -72,6 +72,8 @@ class Custodian:
     """The `custodian` role. See the module docstring."""
 
     serves = SERVES
+    from_hosts: tuple[type, ...] = (f.SandboxFetch, f.SandboxLand, f.ToolCall)
+    """A host's mirror's fetches and landings, and its lanes' reads: never a sandbox here."""
 
     def __init__(self) -> None:
         self.node: Node | None = None

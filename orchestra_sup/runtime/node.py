@@ -84,6 +84,10 @@ class Role(Protocol):
     """The frames its `handle` takes: the node answers any other request with the channel's
     `unsupported` error, and hands `handle` only envelopes of that union."""
 
+    from_hosts: tuple[type, ...]
+    """The frames of `serves` a host's process may send it on its hosts' port
+    (`ChildArgs.cluster_listen`); any other is refused `forbidden` there."""
+
     async def open(self, node: Node) -> None:
         """Open what the role owns (state, workspace) before the handshake. Raising here makes
         the child exit non-zero before it ever counts as running."""
@@ -542,6 +546,8 @@ class Node:
         """A frame on the hosts' port: taken as any peer's (`_on_request`) when a host sends it
         for one of its own processes, else refused `forbidden` and counted."""
         refusal = admitted_from_host(ep.caller, peer, env)
+        if refusal is None and not isinstance(env.body, self.role.from_hosts):
+            refusal = f"a host's process may not send {type(env.body).__name__} here"
         if refusal is not None:
             self.foreign_frames += 1
             ep.reply(env, peer, f.Error(code=ErrorCode.FORBIDDEN, message=refusal))

@@ -86,6 +86,7 @@ class Shard:
     """The `shard` role. See the module docstring."""
 
     serves = SERVES
+    from_hosts: tuple[type, ...] = ()  # a shard serves no hosts' port
 
     def __init__(self) -> None:
         self.node: Node | None = None

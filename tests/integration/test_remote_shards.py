@@ -107,29 +107,41 @@ def test_a_host_speaks_to_the_coordinator_only_for_its_own_processes(
 ) -> None:
     """On the coordinator's `[cluster] coordinator_listen`: host-a's key sending as a local
     shard, as host-b's, or from a routing id not under host-a/ is refused `forbidden`; as
-    host-a/shard-0 the frame reaches the coordinator's own checks. An operator's key, or no
-    CURVE, is refused at the handshake."""
+    host-a/shard-0 only a shard's outbox frame is taken (a plan listing, a ctl frame, is
+    refused: a host steers nothing). On the custodian's port a host's process gets no sandbox
+    on the root. An operator's key, or no CURVE, is refused at the handshake."""
     tree, _agent, keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
-    (port,) = [
-        line.split(" = ")[1].strip('"')
+    ports = {
+        line.split("_listen = ")[0]: line.split(" = ")[1].strip('"')
         for line in (tmp_path / "tree.toml").read_text().splitlines()
-        if line.startswith("coordinator_listen")
-    ]
+        if "_listen = " in line
+    }
+    port = ports["coordinator"]
     host_a = load_client_keys(keys, "host-a")
-    body = f.ListLanes()  # a frame the coordinator does not serve: only who may say it matters
+    outbox = f.InboxPut(msg_id="m-1")  # a shard's frame, malformed: who may say it matters
     for ident, sender in (
         ("shard-0.1", "shard-0"),
         ("host-b/shard-0.1", "host-b/shard-0"),
         ("coordinator.1", "host-a/shard-0"),
     ):
-        answer = call_through(port, host_a, ident, body, sender=sender)
+        answer = call_through(port, host_a, ident, outbox, sender=sender)
         assert isinstance(answer, f.Error) and answer.code == "forbidden", (ident, answer)
         assert "host 'host-a' speaks for its own processes only" in answer.message
-    answer = call_through(port, host_a, "host-a/shard-0.1", body, sender="host-a/shard-0")
-    assert isinstance(answer, f.Error) and answer.code != "forbidden", answer
+    answer = call_through(port, host_a, "host-a/shard-0.1", outbox, sender="host-a/shard-0")
+    assert isinstance(answer, f.Error) and answer.code == "bad_request", answer
+    assert "exactly one of result, pause and note" in answer.message
+    steer = call_through(port, host_a, "host-a/shard-0.1", f.CtlPlans(), sender="host-a/shard-0")
+    assert isinstance(steer, f.Error) and steer.code == "forbidden", steer
+    assert "may not send CtlPlans here" in steer.message
+    sandbox = call_through(
+        ports["custodian"], host_a, "host-a/shard-0.1", f.SandboxCreate(lane="x-1"),
+        sender="host-a/shard-0",
+    )  # fmt: skip
+    assert isinstance(sandbox, f.Error) and sandbox.code == "forbidden", sandbox
+    assert not (tree.state_dir / "sandboxes" / "x-1").exists()
     operator = load_client_keys(keys, "operator")
-    assert call_through(port, operator, "host-a/shard-0.1", body, sender="host-a/x") == "refused"
-    assert call_through(port, None, "host-a/shard-0.1", body, sender="host-a/x") == "refused"
+    assert call_through(port, operator, "host-a/shard-0.1", outbox, sender="host-a/x") == "refused"
+    assert call_through(port, None, "host-a/shard-0.1", outbox, sender="host-a/x") == "refused"
     assert tree.child("coordinator").restarts == 0
 
 
