@@ -153,7 +153,7 @@ class Hosts:
                 continue
             # Its lanes are its own only under a lease etcd can vouch for now: without a
             # quorum no registration read is current, and no new lane goes to a host.
-            held = name in self.registered and report.lease != 0 and self.quorum() is not False
+            held = self._holds(name, report) and self.quorum() is not False
             for shard in report.shards:
                 out.append(
                     f.PeerState(
@@ -169,6 +169,13 @@ class Hosts:
                     )
                 )
         return out
+
+    def _holds(self, name: str, report: f.HostReport) -> bool:
+        """Whether host `name`'s last report names the lease etcd holds its registration
+        under: a host that lost its lease says 0 (or a new one) at once, while etcd may keep
+        the old registration for up to a TTL."""
+        registration = self.registered.get(name)
+        return registration is not None and report.lease == registration.lease != 0
 
     def _publish(self) -> None:
         peers = self.peers()
@@ -251,6 +258,8 @@ class Hosts:
             report = host.report or f.HostReport(boot="", shards=[])
             registration = self.registered.get(name)
             state = "joined" if now - host.heard_at <= limit else "silent"
+            if registration is not None and not self._holds(name, report):
+                state = "joining"
             out.append(
                 f.HostInfo(
                     name=name,

@@ -213,6 +213,11 @@ def test_without_an_etcd_quorum_nothing_new_goes_to_a_host_and_the_roots_lanes_g
 
     etcd_cluster.kill("m1")
     wait_until(lambda: tree.status().etcd_quorum is False, 15, "the root to see no etcd quorum")
+    wait_until(
+        lambda: host_of(tree, "host-a").state != "joined",  # type: ignore[union-attr]
+        TTL_S + 5,
+        "host-a to say it lost its lease",
+    )
     waiting = tree.submit(plan("waits", task("there", "true", requires=["remote"])))
     local = tree.wait_plan(tree.submit(plan("local", task("here", "true"))), timeout_s=60)
     assert local.ok and local.tasks[0].shard == "shard-0", local.tasks
