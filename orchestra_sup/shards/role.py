@@ -364,7 +364,7 @@ class Shard:
             lane=lane.id,
             task=lane.start.task.id,
             plan=lane.start.plan,
-            shard=self.node.name,
+            shard=self.node.remote.sender(self.node.name),  # host-a/shard-0 on a host
             state=lane.state,
             sandbox=lane.sandbox,
             question=question,
@@ -493,7 +493,7 @@ class Shard:
             lane=lane.id,
             plan=lane.start.plan,
             task=lane.start.task.id,
-            shard=self.node.name,
+            shard=self.node.remote.sender(self.node.name),  # host-a/shard-0 on a host
             status=status,
             exit_code=exit_code,
             duration_s=round(time.monotonic() - lane.began, 3),
