@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from orchestra_sup.custodian import git, history
-from orchestra_sup.custodian.quarantine import MAX_BUNDLE_BYTES
+from orchestra_sup.custodian.quarantine import MAX_BUNDLE_BYTES, first_line
 from orchestra_sup.custodian.workspace import Workspace
 from orchestra_sup.errors import BundleRefused, ErrorCode, RemoteError
 
@@ -129,7 +129,7 @@ class Mirror:
                 if verified.returncode != 0:
                     raise BundleRefused(
                         f"the mirror cannot take the bundle of {sha[:12]}: "
-                        f"{_first_line(verified.stderr) or 'not a git bundle'}"
+                        f"{first_line(verified.stderr) or 'not a git bundle'}"
                     )
                 fetched = await git.run(
                     self.root, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
@@ -138,7 +138,7 @@ class Mirror:
                 if fetched.returncode != 0:  # `verify` passes a bundle of no head at all
                     raise BundleRefused(
                         f"the mirror cannot take the bundle of {sha[:12]}: "
-                        f"{_first_line(fetched.stderr) or 'git fetch failed'}"
+                        f"{first_line(fetched.stderr) or 'git fetch failed'}"
                     )
         if not await _is_commit(self.root, sha):
             raise BundleRefused(f"commit {sha[:12]} is not in the mirror after its bundle")
@@ -156,7 +156,3 @@ class Mirror:
             finally:
                 await git.run(self.root, "update-ref", "-d", ref, check=False)
             return path.read_bytes()
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:200]

@@ -91,13 +91,13 @@ async def _one_head(ws: Workspace, lane: str, path: Path) -> str:
     if listed.returncode != 0 or len(heads) != 1 or len(heads[0]) != 2:
         raise BundleRefused(
             f"lane {lane}: its bundle is not a git bundle of one head "
-            f"({_first_line(listed.stderr) or f'{len(heads)} heads'})"
+            f"({first_line(listed.stderr) or f'{len(heads)} heads'})"
         )
     verified = await git.run(ws.root, "bundle", "verify", "--quiet", str(path), check=False)
     if verified.returncode != 0:
         raise BundleRefused(
             f"lane {lane}: its bundle needs commits the workspace does not have "
-            f"({_first_line(verified.stderr)})"
+            f"({first_line(verified.stderr)})"
         )
     return heads[0][1]
 
@@ -119,7 +119,7 @@ async def _fsck(ws: Workspace, lane: str, bundle: bytes, scratch: Path) -> None:
     )
     if unpacked.returncode != 0:
         raise BundleRefused(
-            f"lane {lane}: its bundle is refused by git's fsck ({_first_line(unpacked.stderr)})"
+            f"lane {lane}: its bundle is refused by git's fsck ({first_line(unpacked.stderr)})"
         )
 
 
@@ -138,7 +138,7 @@ async def _fetch(ws: Workspace, lane: str, path: Path, head: str, ref: str) -> N
     )
     if fetched.returncode != 0:
         raise BundleRefused(
-            f"lane {lane}: its bundle cannot be fetched ({_first_line(fetched.stderr)})"
+            f"lane {lane}: its bundle cannot be fetched ({first_line(fetched.stderr)})"
         )
 
 
@@ -171,5 +171,7 @@ async def _checked(ws: Workspace, lane: str, ref: str, base: str) -> str:
     return sha
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """git's first non-blank line of `text` (its stderr), at most 200 characters: the reason
+    a one-line refusal gives."""
     return next((line.strip() for line in text.splitlines() if line.strip()), "")[:200]
