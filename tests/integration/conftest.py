@@ -86,9 +86,7 @@ def tree(tree_factory: Callable[..., Tree], repo: Path) -> Tree:
 def etcd_cluster(tmp_path: Path) -> Iterator[EtcdCluster]:
     """Three etcd members on loopback ports, healthy; each SIGKILLed at the end (a test that
     needs etcd is marked `etcd_cluster.needs_etcd`, and skips where it is not installed)."""
-    members = EtcdCluster(tmp_path / "etcd")
-    members.root.mkdir()
-    members.start()
+    members = EtcdCluster.up(tmp_path / "etcd")
     try:
         yield members
     finally:

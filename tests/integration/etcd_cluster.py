@@ -32,8 +32,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class PortTaken(Exception):
+    """A member could not bind its port: another process took it between `_free_port` and
+    etcd's own bind."""
+
+
 class EtcdCluster:
     """Members m0..m{size-1} under `root`; `endpoints` are their client URLs, in order."""
+
+    @classmethod
+    def up(cls, root: Path, size: int = 3, attempts: int = 3) -> EtcdCluster:
+        """A new cluster under `root`, every member healthy. A port taken by another test
+        between choosing it and etcd binding it (pytest-xdist runs two workers) is retried
+        with fresh ports, up to `attempts` times; whatever fails, no member is left running."""
+        for attempt in range(attempts):
+            members = cls(root / f"try{attempt}", size)
+            members.root.mkdir(parents=True)
+            try:
+                members.start()
+                return members
+            except PortTaken:
+                members.stop()
+            except BaseException:
+                members.stop()
+                raise
+        raise AssertionError(f"etcd: a port was taken on each of {attempts} attempts")
 
     def __init__(self, root: Path, size: int = 3) -> None:
         self.root = root
@@ -79,9 +102,13 @@ class EtcdCluster:
         deadline = time.monotonic() + START_TIMEOUT_S
         for name in names:
             while not self.healthy(name):
+                log = (self.root / f"{name}.log").read_text()[-2000:]
+                if self.procs[name].poll() is not None:
+                    if "address already in use" in log:
+                        raise PortTaken(name)
+                    raise AssertionError(f"etcd {name} exited: {log}")
                 assert time.monotonic() < deadline, (
-                    f"etcd {name} not healthy within {START_TIMEOUT_S:g} s: "
-                    + (self.root / f"{name}.log").read_text()[-2000:]
+                    f"etcd {name} not healthy within {START_TIMEOUT_S:g} s: {log}"
                 )
                 time.sleep(0.1)
 
