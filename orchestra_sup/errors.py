@@ -39,6 +39,9 @@ class ErrorCode(enum.StrEnum):
     BUSY = "busy"
     INTERNAL = "internal"
     TOO_LARGE = "too_large"
+    FENCED = "fenced"
+    """A host's lane's commit or result, from an attempt that no longer owns the lane (its key
+    in etcd is gone or is another attempt's: ADR 0021). Final: the sender drops it."""
 
 
 class OrchestraError(Exception):

@@ -33,26 +33,26 @@ LAYERS: dict[str, int] = {
     "transitions": 1,  # a state machine's allowed-transitions table (tasks, lanes, children)
     "system": 1,  # OS seams: Linux calls, descriptors, titles, cgroups, isolation, lane uids
     "logformat": 1,  # how every process writes its log
-    "protocol": 2,  # the wire: frames, codec, endpoints, keys, names, a child's arguments
-    "cluster": 2,  # etcd: its client, a host's lease, the root's view of the hosts, [cluster]
-    "histogram": 3,  # latency buckets (their wire form is a frame)
-    "release": 3,  # what a release is and which protocols it speaks
-    "config": 3,  # the tree's config file
-    "paths": 3,  # where a tree keeps its files
-    "state": 4,  # the LMDB state plane
-    "runtime": 5,  # the process a role runs in: its loop, its sockets, its heartbeats
-    "coordinator": 6,  # the roles: one package each, talking over the wire only
-    "custodian": 6,
-    "shards": 6,
-    "node": 7,  # a child's entry point and the fork template: picks and runs a role
-    "supervisor": 8,  # the root supervisor, which starts the children
-    "client": 9,  # driving a tree from a program: the ctl client, the SDK, a private tree
-    "bench": 10,  # the benchmarks, run through the client
-    "cli": 11,  # the `orchestra-sup` command
-    "__main__": 12,
+    "cluster": 2,  # etcd: its client, a host's lease, lanes' fences, [cluster]
+    "protocol": 3,  # the wire: frames, codec, endpoints, keys, names, a child's arguments
+    "histogram": 4,  # latency buckets (their wire form is a frame)
+    "release": 4,  # what a release is and which protocols it speaks
+    "config": 4,  # the tree's config file
+    "paths": 4,  # where a tree keeps its files
+    "state": 5,  # the LMDB state plane
+    "runtime": 6,  # the process a role runs in: its loop, its sockets, its heartbeats
+    "coordinator": 7,  # the roles: one package each, talking over the wire only
+    "custodian": 7,
+    "shards": 7,
+    "node": 8,  # a child's entry point and the fork template: picks and runs a role
+    "supervisor": 9,  # the root supervisor, which starts the children
+    "client": 10,  # driving a tree from a program: the ctl client, the SDK, a private tree
+    "bench": 11,  # the benchmarks, run through the client
+    "cli": 12,  # the `orchestra-sup` command
+    "__main__": 13,
     # The package's public face (the SDK's clients, the version) imports its top parts lazily
     # (PEP 562), so it sits above them all: no part of the package imports `orchestra_sup`.
-    "__init__": 12,
+    "__init__": 13,
 }
 """Each top-level part of the package and its layer: a module may import its own part and
 parts of lower layers, never one of its own layer or above."""

@@ -32,25 +32,30 @@ HOST_FIELDS = (
 
 
 def cluster_json(reply: f.StatusReply) -> dict[str, Any]:
-    """{"listen", "etcd_quorum", "refused", "hosts": [HostInfo as builtins, ...]}."""
+    """{"listen", "etcd_quorum", "refused", "fenced", "hosts": [HostInfo as builtins, ...]};
+    "fenced" is the results and commits of hosts' fenced attempts refused (`ChildInfo.fenced`
+    summed)."""
     return {
         "listen": reply.cluster_listen,
         "etcd_quorum": reply.etcd_quorum,
         "refused": reply.hosts_refused,
+        "fenced": sum(c.fenced for c in reply.children),
         "hosts": msgspec.to_builtins(reply.hosts),
     }
 
 
 def cluster_parts(reply: f.StatusReply, width: int | None, wide_hint: str) -> list[RenderableType]:
     """`ctl status`'s cluster lines: none for a tree of one host; else where hosts join, how many
-    did, how many `Hello`s were refused and whether etcd has a quorum, then the hosts' table."""
+    did, how many `Hello`s were refused, how many results and commits of fenced attempts, and
+    whether etcd has a quorum, then the hosts' table."""
     if not reply.cluster_listen and not reply.hosts:
         return []
     joined = sum(h.state == "joined" for h in reply.hosts)
     quorum = {True: "yes", False: "no: no lane is placed on a host", None: "?"}[reply.etcd_quorum]
     head = (
         f"cluster {reply.cluster_listen or '-'}: {joined} of {len(reply.hosts)} hosts joined, "
-        f"{reply.hosts_refused} refused; etcd quorum {quorum}"
+        f"{reply.hosts_refused} refused, {sum(c.fenced for c in reply.children)} fenced; "
+        f"etcd quorum {quorum}"
     )
     parts: list[RenderableType] = [Text(head)]
     if reply.hosts:

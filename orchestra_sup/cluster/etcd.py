@@ -94,8 +94,14 @@ class _Put(msgspec.Struct):
     header: _Header = msgspec.field(default_factory=_Header)
 
 
+class _TxnResponse(msgspec.Struct):
+    response_range: _Range | None = None
+
+
 class _Txn(msgspec.Struct):
+    header: _Header = msgspec.field(default_factory=_Header)
     succeeded: bool = False
+    responses: list[_TxnResponse] = []
 
 
 class _Delete(msgspec.Struct):
@@ -220,6 +226,34 @@ class Etcd:
         compare = {"key": _b64(key), "target": "LEASE", "result": "EQUAL"}
         compare["lease"] = str(expected_lease)
         body = {"compare": [compare], "success": [{"requestPut": put}]}
+        return (await self._call("/v3/kv/txn", body, _Txn)).succeeded
+
+    async def create(self, key: bytes, value: bytes, *, lease: int) -> KeyValue:
+        """Create `key` with `value` under `lease` unless it exists, in one transaction;
+        returns the key as etcd then holds it: the one made, or the one that was there. Sent
+        again (a timeout, then the next endpoint) it finds its own key and makes no other."""
+        compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+        put = {"key": _b64(key), "value": _b64(value), "lease": str(lease)}
+        body = {
+            "compare": [compare],
+            "success": [{"requestPut": put}],
+            "failure": [{"requestRange": {"key": _b64(key)}}],
+        }
+        reply = await self._call("/v3/kv/txn", body, _Txn)
+        if reply.succeeded:
+            revision = reply.header.revision
+            return KeyValue(key, value, revision, revision, 1, lease)
+        kvs = [kv for r in reply.responses if r.response_range for kv in r.response_range.kvs]
+        if not kvs:
+            raise EtcdUnavailable("etcd answered a failed create with no key")
+        return kvs[0]
+
+    async def delete_created(self, key: bytes, create_revision: int) -> bool:
+        """Delete `key` only while it is the one created at `create_revision` (not one made
+        again since), in one transaction; returns whether it was deleted."""
+        compare = {"key": _b64(key), "target": "CREATE", "result": "EQUAL"}
+        compare["create_revision"] = str(create_revision)
+        body = {"compare": [compare], "success": [{"requestDeleteRange": {"key": _b64(key)}}]}
         return (await self._call("/v3/kv/txn", body, _Txn)).succeeded
 
     async def get_prefix(self, prefix: bytes) -> tuple[int, list[KeyValue]]:

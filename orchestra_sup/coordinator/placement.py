@@ -42,6 +42,8 @@ class ShardView(msgspec.Struct, kw_only=True):
     refused: bool = False
     boot: str = ""
     """A host's shard's host boot id (`PeerState.boot`); "" for one of the root's."""
+    lease: int = 0
+    """A host's shard's host's etcd lease (`PeerState.lease`), its lanes' keys go under it."""
 
     @property
     def open(self) -> bool:

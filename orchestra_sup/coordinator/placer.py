@@ -24,6 +24,7 @@ from orchestra_sup.coordinator import budget
 from orchestra_sup.coordinator.answers import Answers
 from orchestra_sup.coordinator.backoff import Backoffs
 from orchestra_sup.coordinator.book import PlanBook
+from orchestra_sup.coordinator.fencing import LaneFences
 from orchestra_sup.coordinator.placement import (
     AffinityTicket,
     Need,
@@ -40,6 +41,7 @@ from orchestra_sup.errors import CallTimeout, ErrorCode, OrchestraError, PeerDow
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.runtime.node import Node
+from orchestra_sup.runtime.remote import HOST_SEPARATOR
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,8 @@ class Placer:
         self._recovery_asked: dict[str, float] = {}
         self._wake: asyncio.TimerHandle | None = None
         """The timer that pumps again when the earliest retry backoff ends."""
+        self.fences = LaneFences(node.args.fences) if node.args.fences.etcd else None
+        """The lanes' fences, in a tree hosts join (`coordinator.fencing`)."""
 
     def track(self, plan: PlanRecord) -> None:
         """Know the lanes of `plan`'s live tasks (a plan loaded at start)."""
@@ -103,6 +107,24 @@ class Placer:
             del self.lanes[lane]  # that lane has ended: forget it
             return None
         return rec.shard
+
+    def open(self) -> None:
+        """Start sweeping the fences of lanes that ended (a tree hosts join)."""
+        if self.fences is not None:
+            self.node.spawn(self.fences.run(self.live))
+
+    async def close(self) -> None:
+        if self.fences is not None:
+            await self.fences.close()
+
+    def live(self, lane: str) -> bool:
+        """Whether `lane` is its task's current lane, starting or running (the fences' sweep
+        keeps its key)."""
+        where = self.lanes.get(lane)
+        if where is None or where[0] not in self.book.plans:
+            return False
+        rec = self.book.plans[where[0]].tasks[where[1]]
+        return rec.lane == lane and rec.status in LIVE
 
     # --- the pump --------------------------------------------------------------------------------
 
@@ -288,6 +310,16 @@ class Placer:
     ) -> None:
         rec = plan.tasks[task_id]
         start_gen = rec.shard_gen
+        if self.fences is not None:
+            try:
+                start = await self.fences.place(plan, task_id, start, self.roster.shards.get(shard))
+            except OrchestraError as exc:  # etcd has no quorum: the lane waits, and no tight loop
+                log.warning("plan %s: lane %s waits for its fence: %s", plan.id, start.lane, exc)
+                await asyncio.sleep(DEGRADED_PAUSE_S)
+                if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
+                    self._unplace(plan, task_id, shard)
+                    self.book.commit(plan)
+                return
         # The placement is durable before the lane can exist: a coordinator killed after sending
         # LaneStart must not come back believing the task pending and start it a second time.
         # (On a full disk this waits: the store keeps the batch and retries until there is room.)
@@ -310,7 +342,7 @@ class Placer:
                 refused.error = f"{shard} refused the lane: {exc}"
                 plan.close_attempt(task_id, start.lane, time.time(), "refused")
             else:
-                plan.unplace(task_id)
+                self._unplace(plan, task_id, shard)
                 if isinstance(exc, RemoteError) and exc.code is ErrorCode.SHARD_FULL:
                     # Its own count is ahead of ours: placement tries the next shard now, and
                     # this one again once it reports a lane's end or changes generation.
@@ -331,3 +363,11 @@ class Placer:
         if rec.lane == start.lane and rec.status is TaskStatus.STARTING:
             plan.set_status(task_id, TaskStatus.RUNNING)
             self.book.commit(plan)
+
+    def _unplace(self, plan: PlanRecord, task_id: str, shard: str) -> None:
+        """Take back task `task_id`'s placement on `shard`, which never started
+        (`PlanRecord.unplace`); on a host's shard its key goes too (`LaneFences.release`)."""
+        lane = plan.tasks[task_id].lane
+        plan.unplace(task_id)
+        if self.fences is not None and lane is not None and HOST_SEPARATOR in shard:
+            self.node.spawn(self.fences.release(lane))

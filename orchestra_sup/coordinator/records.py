@@ -122,3 +122,6 @@ class TaskRecord(msgspec.Struct, kw_only=True):
     """(when its shard received its latest applied lane's `LaneStart`, when that lane's result
     reached the coordinator's inbox), as `TaskReport.stamps_ns`; None before a lane ended. One
     field with a short name: every change of a task writes its whole record."""
+    fence: int = 0
+    """Its current placement's fencing token when that is on a host's shard (`LaneStart.fence`,
+    `coordinator.fencing`); 0 otherwise."""

@@ -33,6 +33,7 @@ import msgspec
 from orchestra_sup.coordinator.accept import Submission, accept_off_loop
 from orchestra_sup.coordinator.answers import Answers
 from orchestra_sup.coordinator.book import FREEZE_TASKS, PlanBook
+from orchestra_sup.coordinator.fencing import refusal
 from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
 from orchestra_sup.coordinator.placer import Placer
 from orchestra_sup.coordinator.planstore import DBS, PlanStore
@@ -148,6 +149,7 @@ class Coordinator:
                 self.answers.recover(plan)
         assert self.seat is not None
         self.seat.open()  # every session not ended, from its last checkpoint
+        self.placer.open()
 
     def attach(self, node: Node, store: Store) -> None:
         """Serve through `node`, keeping state in `store` (started, opened with "inbox",
@@ -194,7 +196,8 @@ class Coordinator:
         return self.store
 
     async def close(self) -> None:
-        assert self.store is not None
+        assert self.store is not None and self.placer is not None
+        await self.placer.close()
         self.store.close()
 
     def on_roster(self, changed: list[f.PeerState]) -> None:
@@ -218,7 +221,7 @@ class Coordinator:
     # --- requests --------------------------------------------------------------------------------
 
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Serves]) -> None:
-        assert self.node is not None
+        assert self.node is not None and self.book is not None
         body = env.body
         match body:
             case f.InboxPut() if (
@@ -229,6 +232,9 @@ class Coordinator:
             case f.InboxPut() if not 0 < len(body.msg_id.encode()) <= MSG_ID_MAX_BYTES:
                 message = f"an InboxPut's msg_id is 1 to {MSG_ID_MAX_BYTES} bytes"
                 ep.reply(env, peer, f.Error(code=ErrorCode.BAD_REQUEST, message=message))
+            case f.InboxPut() if fenced := refusal(body, env.sender, self.book.plans):
+                self.node.fenced += 1
+                ep.reply(env, peer, f.Error(code=ErrorCode.FENCED, message=fenced))
             case f.InboxPut():
                 if body.msg_id in self.inbox_ids:
                     ep.reply(env, peer, f.InboxAck(msg_id=body.msg_id))
@@ -552,13 +558,8 @@ class Coordinator:
         try:
             async with asyncio.timeout(timeout_s):
                 while self._starting() or self._committing or self.seat.inflight():
-                    await asyncio.wait(
-                        [
-                            *self._starting().values(),
-                            *self._committing.values(),
-                            *self.seat.inflight(),
-                        ]
-                    )
+                    inflight = [*self._starting().values(), *self._committing.values()]
+                    await asyncio.wait([*inflight, *self.seat.inflight()])
         except TimeoutError:
             self._resume()
             raise RemoteError(

@@ -71,6 +71,7 @@ class Roster:
                 tenants=frozenset(peer.tenants),
                 stopping=peer.stopping,
                 boot=peer.boot,
+                lease=peer.lease,
             )
             # Rollover: lanes of a draining generation are moving here, not lost; those of one
             # that retired are kept until the shard says which it has (`_settle_moved`). So are

@@ -338,6 +338,7 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         rec.shard, rec.shard_gen = ticket.shard, ticket.generation
         rec.ticket = str(ticket)
         rec.retry_at = None
+        rec.fence = 0  # a host's shard's token comes when its key is made (`fencing`)
         rec.history.append(Attempt(lane=rec.lane, shard=ticket.shard, placed_at=now, grant=grant))
         self.progress.holding.add(self.progress.position[spec.id])
         return self.start_of(spec)
@@ -364,6 +365,7 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
             budget=grant,
             feedback=feedback,
             answers=dict(rec.carried),
+            fence=rec.fence,
         )
 
     def unplace(self, task_id: str) -> None:
@@ -374,6 +376,7 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         rec.attempts -= 1
         rec.history = [a for a in rec.history if a.lane != rec.lane]
         rec.lane = rec.shard = rec.shard_gen = rec.ticket = None
+        rec.fence = 0
 
     def apply(self, result: f.LaneResult, now: float = 0.0, max_worker_loss: int = 1) -> Applied:
         """Record a lane's result and what it spent; a failure is resolved by the task's

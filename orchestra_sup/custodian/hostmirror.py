@@ -13,7 +13,8 @@ the one writer of it:
 - `SandboxCommit(lane, message)`: it makes the lane's commit in the mirror with the very checks
   the custodian makes of a sandbox (`Workspace.make_commit`: only the working tree is read, no
   `.git` path, no new gitlink, the lane's trailer), and sends it to the root's custodian as a
-  bundle of that one commit on its base (`SandboxLand`), which checks it again and lands it.
+  bundle of that one commit on its base (`SandboxLand`, with the lane's fencing token), which
+  checks it again and lands it while the lane's attempt still owns it (`cluster.fences`).
   The answer is the custodian's `CommitDone`. The mirror lands nothing itself.
 - A read tool (`ToolCall`) is the root custodian's to answer: it is passed on.
 
@@ -88,9 +89,10 @@ class HostMirror(Custodian):
                 return f.CommitDone(lane=req.lane, commit=None)
             base, commit = made
             bundle = await self.mirror.bundle_commit(req.lane, base, commit)
-        return await self._upstream(f.SandboxLand(lane=req.lane, base=base, bundle=bundle))
+        land = f.SandboxLand(lane=req.lane, base=base, bundle=bundle, fence=req.fence)
+        return await self._upstream(land)
 
-    async def _land(self, req: f.SandboxLand) -> f.Body:
+    async def _land(self, req: f.SandboxLand, host: str = "") -> f.Body:
         raise RemoteError(ErrorCode.FORBIDDEN, "a host's mirror lands nothing: its root does")
 
     async def _fetch(self, req: f.SandboxFetch) -> f.Body:

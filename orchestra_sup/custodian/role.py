@@ -23,21 +23,26 @@ import logging
 import typing
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
+from orchestra_sup.cluster.settings import connect
 from orchestra_sup.custodian import history, readtools, searchproc
 from orchestra_sup.custodian.mirror import export
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.quarantine import land_bundle
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
-from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.errors import ErrorCode, OrchestraError, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import tools
 from orchestra_sup.protocol.channel import NO_SANDBOX, Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.runtime.node import Node
+from orchestra_sup.runtime.remote import host_of
 from orchestra_sup.state.permissions import PASSAGE, PRIVATE_DIR, private_dir
 from orchestra_sup.system.laneuser import decide, lane_needs
+
+if TYPE_CHECKING:  # aiohttp is imported by a custodian whose tree has hosts, not by every one
+    from orchestra_sup.cluster.fences import Fences
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +90,18 @@ class Custodian:
         self._busy = 0
         self._held = False
         """A rollover's quiet point holds the ordered lock: writes queue behind it."""
+        self._stack = contextlib.AsyncExitStack()
+        self.fences: Fences | None = None
+        """The lanes' fences, in a tree hosts join (`ChildArgs.fences`): a host's commit lands
+        only while its attempt owns its lane."""
 
     async def open(self, node: Node) -> None:
         self.node = node
+        if node.args.fences.etcd:
+            from orchestra_sup.cluster.fences import Fences  # aiohttp: only with hosts
+
+            etcd = await self._stack.enter_async_context(connect(node.args.fences))
+            self.fences = Fences(etcd, node.args.fences.prefix)
         self.workspace = await open_workspace(node.paths.workspace, node.paths.state_dir)
         await self.open_sandboxes(node, self.workspace.root)
         node.serve_through(self.serve_inline)
@@ -141,10 +155,10 @@ class Custodian:
         pass
 
     async def close(self) -> None:
-        if self._held:  # at a quiet point no write is in flight; the queued ones never ran
-            return
-        async with self._ordered:  # let a commit in flight land before the process goes
-            pass
+        if not self._held:  # at a quiet point no write is in flight; the queued ones never ran
+            async with self._ordered:  # let a commit in flight land before the process goes
+                pass
+        await self._stack.aclose()
 
     def handle(self, ep: Endpoint, peer: bytes | None, env: f.Envelope[Serves]) -> None:
         assert self.node is not None
@@ -159,7 +173,7 @@ class Custodian:
             case f.SandboxLand() if peer is not None and peer.startswith(b"coordinator."):
                 ep.reply(env, peer, NO_SANDBOX)
             case f.SandboxLand():
-                self.node.answer(ep, peer, env, self._land(body))
+                self.node.answer(ep, peer, env, self._land(body, host_of(env.sender)))
             case f.SandboxFetch():
                 self.node.answer(ep, peer, env, self._fetch(body))
             case f.ToolCall():
@@ -227,14 +241,35 @@ class Custodian:
             commit = await self.workspace.commit_sandbox(req.lane, sandbox, req.message)
         return f.CommitDone(lane=req.lane, commit=commit)
 
-    async def _land(self, req: f.SandboxLand) -> f.Body:
+    async def _land(self, req: f.SandboxLand, host: str = "") -> f.Body:
         """A host's lane's commit, from its bundle (`quarantine.land_bundle`), in order with
-        every other write. Raises `BundleRefused` when the bundle is refused (answered
+        every other write; from `host`'s mirror, only while the lane's attempt owns it
+        (`_check_fence`). Raises `BundleRefused` when the bundle is refused (answered
         `bad_request`), `CommitConflict` when its change conflicts."""
         assert self.workspace is not None
         async with self._writing():
+            if host:
+                await self._check_fence(req, host)
             commit = await land_bundle(self.workspace, req.lane, req.bundle, req.base)
         return f.CommitDone(lane=req.lane, commit=commit)
+
+    async def _check_fence(self, req: f.SandboxLand, host: str) -> None:
+        """Raises `RemoteError(fenced)`, counted, unless etcd holds lane `req.lane`'s key for
+        `host` at token `req.fence` now (`Fences.holds`; ADR 0021), and `RemoteError(peer_down)`
+        when etcd cannot say: a commit no one can vouch for does not land."""
+        assert self.node is not None
+        if self.fences is None:
+            raise RemoteError(ErrorCode.FORBIDDEN, "this tree keeps no fences: no host may land")
+        try:
+            held = await self.fences.holds(req.lane, host, req.fence)
+        except OrchestraError as exc:
+            raise RemoteError(ErrorCode.PEER_DOWN, f"lane {req.lane}'s fence: {exc}") from None
+        if not held:
+            self.node.fenced += 1
+            log.warning("custodian: lane %s's commit from %s refused: fenced", req.lane, host)
+            raise RemoteError(
+                ErrorCode.FENCED, f"lane {req.lane}'s attempt with fence {req.fence} was fenced"
+            )
 
     async def _fetch(self, req: f.SandboxFetch) -> f.Body:
         """A host's mirror's fetch (`custodian.mirror.export`): the commit `req.rev` names, in

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from orchestra_sup.cluster.settings import ClusterSettings
 from orchestra_sup.logformat import LogFormat
 from orchestra_sup.system.cpupolicy import CpuPlan
 from orchestra_sup.system.isolation import IsolationSettings
@@ -89,6 +90,9 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     sandboxes: str = "custodian"
     """For a shard: the peer that makes its lanes' sandboxes: the custodian, or on a host the
     host's mirror ("mirror")."""
+    fences: ClusterSettings = ClusterSettings()
+    """For the root's coordinator and custodian of a tree hosts join (`[cluster] listen`):
+    the `[cluster]` whose etcd keeps the lanes' fences (`cluster.fences`); else empty."""
 
 
 def encode(args: ChildArgs) -> str:

@@ -193,6 +193,8 @@ class Node:
         self._gate: Gate | None = None
         self.foreign_frames = 0
         """Frames on `cluster` refused because a host spoke for a process not its own."""
+        self.fenced = 0
+        """Hosts' results or commits the role refused as fenced (`ErrorCode.FENCED`)."""
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -389,6 +391,7 @@ class Node:
             stale_frames=stale,
             bad_frames=bad,
             internal_errors=internal,
+            fenced=self.fenced,
             loop_lag=self.lag.buckets.frame() if lag is not None else None,
             relay=self.relay.frame() if self.relay is not None else None,
             lanes=role.lanes_by_state(),

@@ -8,8 +8,10 @@ note from its program ("note:<lane>:<n>", `note_id`, n counting from 1 over the 
 ARCHITECTURE.md §5 and §11 invariant 8: each is committed to the shard's LMDB (database `DB`)
 before it is sent, and dropped only when the coordinator acknowledges it, which it does after its
 own commit. Until then it is re-sent whenever the coordinator comes (back) up (`flush`) and every
-`RESEND_S` seconds. `holds` and `lanes` are about results only: they say which lanes have ended
-and wait for the coordinator to learn it (the coordinator settles a rollover on them).
+`RESEND_S` seconds. A host's shard's message the coordinator refuses `fenced` (its attempt no
+longer owns the lane, ADR 0021) is dropped: no resend would change that. `holds` and `lanes`
+are about results only: they say which lanes have ended and wait for the coordinator to learn
+it (the coordinator settles a rollover on them).
 
 Generations of one shard share the LMDB environment, so the rows can outlive the process that
 wrote them: a retired predecessor's, or this generation's own from before a restart. `adopt`
@@ -24,7 +26,7 @@ import logging
 
 import msgspec
 
-from orchestra_sup.errors import RelayError, RemoteError, StateError
+from orchestra_sup.errors import ErrorCode, RelayError, RemoteError, StateError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
@@ -141,9 +143,18 @@ class Outbox:
                 return
             reply = await self._node.call("coordinator", put, timeout_s=SEND_TIMEOUT_S)
             if isinstance(reply, f.InboxAck) and reply.msg_id == msg_id:
-                self._puts.pop(msg_id, None)
-                self._store.delete(DB, msg_id.encode())
-        except (RelayError, RemoteError) as exc:
+                self._drop(msg_id)
+        except RemoteError as exc:
+            if exc.code is not ErrorCode.FENCED:
+                log.info("outbox: %s not delivered yet: %s", msg_id, exc)
+                return
+            log.warning("outbox: %s dropped: the coordinator refused it: %s", msg_id, exc)
+            self._drop(msg_id)  # final: the attempt no longer owns its lane (ADR 0021)
+        except RelayError as exc:
             log.info("outbox: %s not delivered yet: %s", msg_id, exc)
         finally:
             self._sending.pop(msg_id, None)
+
+    def _drop(self, msg_id: str) -> None:
+        self._puts.pop(msg_id, None)
+        self._store.delete(DB, msg_id.encode())

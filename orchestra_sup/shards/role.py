@@ -443,6 +443,7 @@ class Shard:
                             f"{lane.start.plan_name}/{spec.id}: "
                             f"lane {lane.id} of plan {lane.start.plan}"
                         ),
+                        fence=lane.start.fence,
                     )
                 )
                 assert isinstance(done, f.CommitDone)
@@ -506,6 +507,7 @@ class Shard:
             spent=lane.meter.spent(),
             rev=lane.rev,
             start_received_ns=lane.start_received_ns,
+            fence=lane.start.fence,
         )
         lane.enter(LaneState(status))
         if self.transcript is not None:  # transcripts: the last row, then the finished entry

@@ -197,11 +197,13 @@ class Children:
 def _beat_info(beat: f.Heartbeat | None) -> dict[str, Any]:
     """`ChildInfo`'s fields from a child's last heartbeat: relay (p50, p99, max) in ms
     estimated from its histogram (`histogram.figures_ms`: bucket upper bounds), lanes by
-    state, inbox and write-behind depths, requests answered `internal`, descriptors."""
+    state, inbox and write-behind depths, requests answered `internal`, results and commits
+    refused as fenced, descriptors."""
     if beat is None:
         return {}
     return {
         "internal_errors": beat.internal_errors,
+        "fenced": beat.fenced,
         "relay_ms": figures_ms(beat.relay),
         "lanes": dict(beat.lanes),
         "inbox_depth": beat.inbox_depth,

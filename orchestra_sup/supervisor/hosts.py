@@ -166,6 +166,7 @@ class Hosts:
                         capabilities=list(report.capabilities),
                         tenants=list(report.tenants),
                         boot=report.boot,
+                        lease=report.lease if held else 0,
                     )
                 )
         return out

@@ -10,7 +10,8 @@ What is exposed (every name `orchestra_sup_*`, units in the names):
   `loop_lag_seconds` (histogram of every event-loop lag sample since the process started),
   `persist_queue_rows` and `persist_batch_rows` (the write-behind queue's depth, and a histogram
   of writes per transaction; processes with a store only), `bad_frames_total`,
-  `stale_frames_total`, `internal_errors_total` (requests answered `internal`), `open_fds` and
+  `stale_frames_total`, `internal_errors_total` (requests answered `internal`), `fenced_total`
+  (hosts' lane results and commits refused as fenced, ADR 0021), `open_fds` and
   `max_fds` (descriptors in use, and the soft open-file limit), `connections_refused_total`
   (connections refused beyond a bound or near that limit, `protocol.connections`);
 - `relay_seconds`: histogram of the coordinator's relay round trips (its calls to the custodian
@@ -195,6 +196,11 @@ def families(tree: TreeSample) -> list[Metric]:
         "Requests a process answered internal: an unexpected exception serving them.",
         labels=process,
     )
+    fenced = CounterMetricFamily(
+        "orchestra_sup_fenced",
+        "Hosts' lane results and commits a process refused as coming from a fenced attempt.",
+        labels=process,
+    )
     ctl_refused = CounterMetricFamily(
         "orchestra_sup_ctl_refused",
         "Ctl requests refused as forbidden, and remote peers refused at the CURVE handshake.",
@@ -252,6 +258,7 @@ def families(tree: TreeSample) -> list[Metric]:
         bad.add_metric([c.name], beat.bad_frames)
         stale.add_metric([c.name], beat.stale_frames)
         internal.add_metric([c.name], beat.internal_errors)
+        fenced.add_metric([c.name], beat.fenced)
         add_fds(c.name, beat.descriptors)
     return [
         restarts,
@@ -268,6 +275,7 @@ def families(tree: TreeSample) -> list[Metric]:
         bad,
         stale,
         internal,
+        fenced,
         ctl_refused,
         open_fds,
         max_fds,

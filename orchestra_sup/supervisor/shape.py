@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from orchestra_sup.cluster.settings import ClusterSettings
 from orchestra_sup.config import Settings
 from orchestra_sup.supervisor.core import Flags, Seam, Strategy, Supervisor, Worker
 from orchestra_sup.supervisor.spec import ChildSpec
@@ -87,7 +88,7 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 
 
 READS: dict[str, frozenset[str]] = {
-    "custodian": frozenset({"heartbeat_s", "isolation", "cpu", "cluster_listen"}),
+    "custodian": frozenset({"heartbeat_s", "isolation", "cpu", "cluster_listen", "fences"}),
     "mirror": frozenset({"heartbeat_s", "isolation", "cpu"}),
     "coordinator": frozenset(
         {
@@ -99,6 +100,7 @@ READS: dict[str, frozenset[str]] = {
             "quotas",
             "cpu",
             "cluster_listen",
+            "fences",
         }
     ),
     "shard": frozenset(
@@ -143,6 +145,7 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
             "custodian": settings.cluster.custodian_listen,
         }.get(role)
         or "",
+        "fences": settings.cluster if settings.cluster.listen else ClusterSettings(),
     }
     reads = READS[role]
     told = {key: value for key, value in every.items() if key in reads}

@@ -58,6 +58,9 @@ class Heartbeat(Frame, tag="heartbeat"):
     """Requests answered `internal` so far: serving them raised an unexpected exception, or
     their reply could not be encoded (`Endpoint.internal_errors` over all its sockets, and its
     front's)."""
+    fenced: int = 0
+    """Results (the coordinator) and commits (the root's custodian) of hosts' attempts refused
+    so far as fenced (`ErrorCode.FENCED`, ADR 0021)."""
     loop_lag: Histogram | None = None
     """Every loop-lag sample since the process started, in seconds."""
     relay: Histogram | None = None

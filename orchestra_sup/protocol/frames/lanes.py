@@ -36,6 +36,10 @@ class LaneStart(Frame, tag="lane_start"):
     answers: dict[str, Answer] = {}
     """Answers already recorded for the task's questions, by key: an `ask_human` with one of
     these keys returns at once (a re-run after its shard was lost while it waited)."""
+    fence: int = 0
+    """On a host's shard, the lane's fencing token: the etcd revision that created its key
+    under the host's lease (`cluster.fences`, ADR 0021). Its commit and its result carry it,
+    and neither is taken once the key is gone. 0: a lane of the root's own shards."""
 
 
 class HitlAnswer(Frame, tag="hitl_answer"):

@@ -27,10 +27,13 @@ class SandboxReady(Frame, tag="sandbox_ready"):
 
 
 class SandboxCommit(Frame, tag="sandbox_commit"):
-    """Commit the lane's sandbox changes into the workspace's current branch."""
+    """Commit the lane's sandbox changes into the workspace's current branch. `fence` is the
+    lane's `LaneStart.fence` (0: a lane of the root's own shards); a host's mirror passes it
+    on in its `SandboxLand`."""
 
     lane: str
     message: str
+    fence: int = 0
 
 
 class CommitDone(Frame, tag="commit_done"):
@@ -43,11 +46,14 @@ class CommitDone(Frame, tag="commit_done"):
 class SandboxLand(Frame, tag="sandbox_land"):
     """Land the lane's commit that comes as `bundle`, the bytes of a `git bundle` of one commit
     on `base` (a host's lane, whose sandbox the custodian never sees: `custodian.quarantine`).
-    Answered `CommitDone`."""
+    Answered `CommitDone`; `Error(fenced)` when `fence` is not the token etcd holds for the
+    lane under the sending host's lease (`cluster.fences`): the attempt was fenced, and its
+    commit never lands."""
 
     lane: str
     base: str
     bundle: bytes
+    fence: int = 0
 
 
 class SandboxFetch(Frame, tag="sandbox_fetch"):

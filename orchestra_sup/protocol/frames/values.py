@@ -260,6 +260,9 @@ class ChildInfo(msgspec.Struct, frozen=True, kw_only=True):
     internal_errors: int = 0
     """Requests it answered `internal` (an unexpected exception serving them), from its last
     heartbeat."""
+    fenced: int = 0
+    """Hosts' results or commits it refused as fenced (`Heartbeat.fenced`), from its last
+    heartbeat."""
     relay_ms: tuple[float, float, float] | None = None
     """(p50, p99, max) of the coordinator's relay round trips in milliseconds, from its last
     heartbeat's histogram (bucket upper bounds, so an upper estimate); None elsewhere."""
@@ -335,6 +338,9 @@ class LaneResult(msgspec.Struct, frozen=True, kw_only=True):
     """When its shard received this attempt's `LaneStart`: CLOCK_MONOTONIC nanoseconds
     (`time.monotonic_ns`, one clock for every process of a host), for `bench reaction`; None
     for a lane a hand-over resumed (`LaneResume`), and from a shard older than this field."""
+    fence: int = 0
+    """Its `LaneStart.fence`: from a host, the coordinator takes the result only while it is
+    the placement's token (0: a lane of the root's own shards)."""
 
 
 class HitlPause(msgspec.Struct, frozen=True, kw_only=True):
@@ -393,6 +399,9 @@ class PeerState(msgspec.Struct, frozen=True, kw_only=True):
     """For a host's shard, its host agent's boot id: the host's generations start again at 1
     when its agent does, so an affinity ticket to it carries this, not the tree's ("": one of
     the root's own)."""
+    lease: int = 0
+    """For a host's shard, the etcd lease its host's registration is under: the lanes placed
+    on it are keys under that lease (`cluster.fences`; 0: one of the root's own)."""
 
 
 class LogRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,106 @@
+"""Lanes' fences on a real three-member etcd cluster (`cluster.fences`, ADR 0021): a lane's
+token is the revision that created its key under its host's lease, the same for the same
+placement, and no longer held once the key goes, by a revoke, a sweep or the lease's end."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from orchestra_sup.cluster.etcd import Etcd, KeyValue
+from orchestra_sup.cluster.fences import FenceRefused, Fences
+from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
+
+pytestmark = [pytest.mark.integration, needs_etcd]
+
+PREFIX = "/osup-fences/"
+
+
+def run(cluster: EtcdCluster, body: Callable[[Etcd, Fences], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with Etcd(cluster.endpoints) as etcd:
+            await body(etcd, Fences(etcd, PREFIX))
+
+    asyncio.run(main())
+
+
+def test_a_token_is_held_until_its_key_goes(etcd_cluster: EtcdCluster) -> None:
+    async def body(etcd: Etcd, fences: Fences) -> None:
+        lease = await etcd.grant(30)
+        token = await fences.grant("p-t-1", "host-a", lease)
+        assert token > 0
+        assert await fences.grant("p-t-1", "host-a", lease) == token  # a LaneStart sent again
+        assert await fences.holds("p-t-1", "host-a", token)
+        assert not await fences.holds("p-t-1", "host-b", token)  # another host's mirror
+        assert not await fences.holds("p-t-1", "host-a", token + 1)
+        assert not await fences.holds("p-t-1", "host-a", 0)
+        await fences.revoke("p-t-1")
+        assert not await fences.holds("p-t-1", "host-a", token)
+        again = await fences.grant("p-t-1", "host-a", lease)  # placed anew: a new token
+        assert again > token and not await fences.holds("p-t-1", "host-a", token)
+
+    run(etcd_cluster, body)
+
+
+def test_a_lease_that_ends_fences_its_hosts_lanes(etcd_cluster: EtcdCluster) -> None:
+    """What a partition does: the host's lease ends, etcd deletes its lanes' keys."""
+
+    async def body(etcd: Etcd, fences: Fences) -> None:
+        lease = await etcd.grant(30)
+        token = await fences.grant("p-t-1", "host-a", lease)
+        await etcd.revoke(lease)
+        assert not await fences.holds("p-t-1", "host-a", token)
+
+    run(etcd_cluster, body)
+
+
+def test_a_placement_that_never_started_elsewhere_gives_way(etcd_cluster: EtcdCluster) -> None:
+    """The same lane id placed on host-b after host-a refused it (`PlanRecord.unplace`): the
+    old key goes and host-a's token is no longer held."""
+
+    async def body(etcd: Etcd, fences: Fences) -> None:
+        lease_a, lease_b = await etcd.grant(30), await etcd.grant(30)
+        token_a = await fences.grant("p-t-1", "host-a", lease_a)
+        token_b = await fences.grant("p-t-1", "host-b", lease_b)
+        assert token_b > token_a
+        assert await fences.holds("p-t-1", "host-b", token_b)
+        assert not await fences.holds("p-t-1", "host-a", token_a)
+        with pytest.raises(FenceRefused, match="holds no lease"):
+            await fences.grant("p-t-2", "host-a", 0)
+
+    run(etcd_cluster, body)
+
+
+def test_a_sweep_takes_the_keys_of_lanes_not_live(etcd_cluster: EtcdCluster) -> None:
+    async def body(etcd: Etcd, fences: Fences) -> None:
+        lease = await etcd.grant(30)
+        tokens = {lane: await fences.grant(lane, "host-a", lease) for lane in ("a-1", "b-1")}
+        assert await fences.sweep(lambda lane: lane == "a-1") == 1
+        assert await fences.holds("a-1", "host-a", tokens["a-1"])
+        assert not await fences.holds("b-1", "host-a", tokens["b-1"])
+
+    run(etcd_cluster, body)
+
+
+def test_a_sweep_leaves_a_key_made_again_since_it_read_it(etcd_cluster: EtcdCluster) -> None:
+    """The lane is placed anew between the sweep's read and its delete: the new key stays."""
+
+    async def body(etcd: Etcd, fences: Fences) -> None:
+        lease = await etcd.grant(30)
+        await fences.grant("a-1", "host-a", lease)
+        fresh: list[int] = []
+        read = etcd.get_prefix
+
+        async def read_then_replace(prefix: bytes) -> tuple[int, list[KeyValue]]:
+            seen = await read(prefix)
+            await fences.revoke("a-1")
+            fresh.append(await fences.grant("a-1", "host-a", lease))
+            return seen
+
+        etcd.get_prefix = read_then_replace  # type: ignore[method-assign]
+        assert await fences.sweep(lambda lane: False) == 0
+        assert await fences.holds("a-1", "host-a", fresh[0])
+
+    run(etcd_cluster, body)
