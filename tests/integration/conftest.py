@@ -105,8 +105,8 @@ def reap_after_each_test() -> Iterator[None]:
 def agents() -> Iterator[Callable[..., Agent]]:
     made: list[Agent] = []
 
-    def make(*args: object) -> Agent:
-        made.append(Agent(*args))  # type: ignore[arg-type]
+    def make(*args: object, wrap: list[str] = ()) -> Agent:
+        made.append(Agent(*args, wrap=wrap))  # type: ignore[arg-type]
         return made[-1]
 
     yield make

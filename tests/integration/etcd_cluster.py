@@ -26,9 +26,9 @@ needs_etcd = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
+def _free_port(address: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
@@ -38,15 +38,18 @@ class PortTaken(Exception):
 
 
 class EtcdCluster:
-    """Members m0..m{size-1} under `root`; `endpoints` are their client URLs, in order."""
+    """Members m0..m{size-1} under `root`, on `address`'s ports; `endpoints` are their client
+    URLs, in order."""
 
     @classmethod
-    def up(cls, root: Path, size: int = 3, attempts: int = 3) -> EtcdCluster:
+    def up(
+        cls, root: Path, size: int = 3, attempts: int = 3, address: str = "127.0.0.1"
+    ) -> EtcdCluster:
         """A new cluster under `root`, every member healthy. A port taken by another test
         between choosing it and etcd binding it (pytest-xdist runs two workers) is retried
         with fresh ports, up to `attempts` times; whatever fails, no member is left running."""
         for attempt in range(attempts):
-            members = cls(root / f"try{attempt}", size)
+            members = cls(root / f"try{attempt}", size, address)
             members.root.mkdir(parents=True)
             try:
                 members.start()
@@ -58,11 +61,11 @@ class EtcdCluster:
                 raise
         raise AssertionError(f"etcd: a port was taken on each of {attempts} attempts")
 
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, address: str = "127.0.0.1") -> None:
         self.root = root
         self.names = [f"m{i}" for i in range(size)]
-        self.client = {n: f"http://127.0.0.1:{_free_port()}" for n in self.names}
-        self.peer = {n: f"http://127.0.0.1:{_free_port()}" for n in self.names}
+        self.client = {n: f"http://{address}:{_free_port(address)}" for n in self.names}
+        self.peer = {n: f"http://{address}:{_free_port(address)}" for n in self.names}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     @property

@@ -33,12 +33,16 @@ EVERY_S = 0.5
 class Agent:
     """`orchestra-sup host` as an operator runs it on another machine, in its own directories."""
 
-    def __init__(self, base: Path, join: str, keys: Path, name: str, *extra: str):
+    def __init__(
+        self, base: Path, join: str, keys: Path, name: str, *extra: str, wrap: list[str] = ()
+    ):
+        """`wrap` is what the command runs under (`ip netns exec NS`: another machine's
+        network)."""
         self.base = base
         base.mkdir(parents=True, exist_ok=True)
         self.log_path = base / "agent.log"
         self.run_dir = Path(tempfile.mkdtemp(prefix="osup-h", dir="/tmp"))
-        argv = [sys.executable, "-m", "orchestra_sup", "host", "--join", join]
+        argv = [*wrap, sys.executable, "-m", "orchestra_sup", "host", "--join", join]
         argv += ["--keys", str(keys), "--name", name, "--state-dir", str(base / "state")]
         argv += ["--run-dir", str(self.run_dir), *extra]
         with open(self.log_path, "ab") as log:
@@ -76,15 +80,22 @@ def registration(cluster: EtcdCluster, name: str) -> dict | None:
     return None
 
 
-def root_config(tmp_path: Path, keys: Path, listen: str, cluster: EtcdCluster, *hosts: str) -> Path:
+def root_config(
+    tmp_path: Path,
+    keys: Path,
+    listen: str,
+    cluster: EtcdCluster,
+    *hosts: str,
+    address: str = "127.0.0.1",
+) -> Path:
     """A root's config with `[cluster]` at `listen` on `cluster`, the coordinator's and the
-    custodian's ports free ones, short leases, and `keys` made: an operator's, and host-a's and
-    each of `hosts`' as hosts'."""
+    custodian's ports free ones on `address`, short leases, and `keys` made: an operator's, and
+    host-a's and each of `hosts`' as hosts'."""
     for argv in (["--client", "operator"], ["--host", "--client", "host-a"]):
         extra = [w for h in hosts for w in ("--client", h)] if "--host" in argv else []
         assert cli("keys", "init", "--dir", str(keys), *argv, *extra).returncode == 0
     config = tmp_path / "tree.toml"
-    data = "".join(f'{k}_listen = "tcp://127.0.0.1:{free_port()}"\n' for k in ROOT_PORTS)
+    data = "".join(f'{k}_listen = "tcp://{address}:{free_port()}"\n' for k in ROOT_PORTS)
     config.write_text(
         f'[cluster]\nlisten = "{listen}"\nkeys = "{keys}"\n{data}'
         f"etcd = {json.dumps(cluster.endpoints)}\n"

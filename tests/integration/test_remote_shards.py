@@ -229,3 +229,53 @@ def test_without_an_etcd_quorum_nothing_new_goes_to_a_host_and_the_roots_lanes_g
     back = tree.wait_plan(waiting, timeout_s=60)
     assert back.ok and back.tasks[0].shard == "host-a/shard-0", back.tasks
     assert "lease lost" in agent.log()
+
+
+def test_a_host_can_neither_report_nor_land_for_a_lane_not_its_own(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """With host-a's own key, as host-a's own processes: a result for a lane that runs on the
+    root's shard is refused `fenced` by the coordinator, and a landing for it `fenced` by the
+    custodian (no key in etcd names host-a for that lane); both are counted, and the real
+    lane's result is the one the task keeps."""
+    tree, _agent, keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    go = tmp_path / "go"
+    spec = plan("local", task("here", f"while [ ! -e {go} ]; do sleep 0.05; done; echo REAL"))
+    wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
+    tree.submit(plan("busy", task("there", wait, requires=["remote"])))
+    plan_id = tree.submit(spec)  # host-a/shard-0 is taken: this one runs on shard-0
+
+    def here() -> f.TaskReport:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        return reply.tasks[0]
+
+    wait_until(lambda: here().status == "running", 30, "the root's lane running")
+    lane = here().lane
+    assert here().shard == "shard-0" and lane is not None, here()
+    ports = {
+        line.split("_listen = ")[0]: line.split(" = ")[1].strip('"')
+        for line in (tmp_path / "tree.toml").read_text().splitlines()
+        if "_listen = " in line
+    }
+    host_a = load_client_keys(keys, "host-a")
+    forged = f.LaneResult(
+        lane=lane, plan=plan_id, task="here", shard="host-a/shard-0",
+        status=f.ResultStatus.SUCCEEDED, exit_code=0, duration_s=0.1, output_tail="FORGED",
+        sandbox=None, commit=None, error=None,
+    )  # fmt: skip
+    put = f.InboxPut(msg_id=f"result:{lane}", result=forged)
+    answer = call_through(ports["coordinator"], host_a, "host-a/shard-0.9", put, "host-a/shard-0")
+    assert isinstance(answer, f.Error) and answer.code == "fenced", answer
+    land = f.SandboxLand(lane=lane, base="0" * 40, bundle=b"", fence=1)
+    answer = call_through(ports["custodian"], host_a, "host-a/mirror.9", land, "host-a/mirror")
+    assert isinstance(answer, f.Error) and answer.code == "fenced", answer
+    go.touch()
+    report = tree.wait_plan(plan_id, timeout_s=60)
+    assert report.ok and "REAL" in report.tasks[0].output_tail, report.tasks
+    wait_until(
+        lambda: sum(c.fenced for c in tree.status().children) == 2, 10, "both refusals counted"
+    )
