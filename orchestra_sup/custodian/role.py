@@ -286,10 +286,18 @@ class Custodian:
         return f.SandboxBundle(rev=sha, bundle=bundle)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:
-        """A read tool not answered on the front thread (`search`, `diff`, `log`). Raises
-        `RemoteError(bad_request)` for a bad path or parameter, or a tool that is not one of
-        them, and what `_typed_errors` says of the path."""
+        """A read tool not answered on the front thread: `search`, `diff`, `log`, and any
+        from a host's lane (its mirror's frames come through the hosts' port, on the loop: an
+        `INLINE_TOOLS` one then runs in a thread). Raises `RemoteError(bad_request)` for a bad
+        path or parameter, or a tool that is not a read tool, and what `_typed_errors` says of
+        the path."""
         assert self.workspace is not None
+        if call.tool in INLINE_TOOLS:
+            path = readtools.path_param(call.params, required=call.tool != "list_dir")
+            with _typed_errors(path):
+                inline = INLINE_TOOLS[call.tool]
+                value = await asyncio.to_thread(inline, self.workspace.root, path)
+            return f.ToolResult(value=value)
         path = readtools.path_param(call.params)
         spec = tools.TOOLS.get(call.tool)
         if spec is None or spec.answered_by != "custodian" or spec.inline:

@@ -139,6 +139,15 @@ def test_a_host_speaks_to_the_coordinator_only_for_its_own_processes(
     )  # fmt: skip
     assert isinstance(sandbox, f.Error) and sandbox.code == "forbidden", sandbox
     assert not (tree.state_dir / "sandboxes" / "x-1").exists()
+    for tool, params in (("read_file", {"path": "README"}), ("list_dir", {})):
+        read = call_through(  # a host's lane's read, passed on by its mirror
+            ports["custodian"],
+            host_a,
+            "host-a/mirror.1",
+            f.ToolCall(tool=tool, params=params),
+            sender="host-a/mirror",
+        )
+        assert isinstance(read, f.ToolResult) and "README" in str(read.value), (tool, read)
     operator = load_client_keys(keys, "operator")
     assert call_through(port, operator, "host-a/shard-0.1", outbox, sender="host-a/x") == "refused"
     assert call_through(port, None, "host-a/shard-0.1", outbox, sender="host-a/x") == "refused"
