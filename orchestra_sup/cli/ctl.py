@@ -68,6 +68,7 @@ for name, command in (
     ("tree", ctl_view.tree),
     ("restart", ctl_lifecycle.restart),
     ("stop", ctl_lifecycle.stop),
+    ("stop-host", ctl_lifecycle.stop_host),
     ("submit", ctl_plans.submit),
     ("plans", ctl_plans.plans_cmd),
     ("plan", ctl_plans.plan_cmd),

@@ -1,8 +1,9 @@
-"""`ctl restart`, `ctl stop`, `ctl rollover` and `ctl reload`: a child, the tree, its release and
-its config changed while it runs."""
+"""`ctl restart`, `ctl stop`, `ctl stop-host`, `ctl rollover` and `ctl reload`: a child, the
+tree, a host, its release and its config changed while it runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated
@@ -14,9 +15,13 @@ from orchestra_sup.cli import render
 from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import EXIT_FAILED, EXIT_USAGE, fail, guarded
 from orchestra_sup.cli.output import out, print_json
+from orchestra_sup.config import SupervisorSettings
 from orchestra_sup.errors import ConfigError, ErrorCode, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
 
+DRAIN_DEFAULT_S = SupervisorSettings().drain_timeout_s
+"""`[supervisor] drain_timeout_s`'s default: what `stop-host` waits beyond --timeout, unless
+--drain-timeout says (a root configured longer answers late, and the ask says so)."""
 ROLLOVER_POLL_S = 5.0
 """Seconds one `ctl rollover` progress poll is held by the supervisor (a long poll)."""
 REEXEC_POLL_S = 0.05
@@ -28,14 +33,41 @@ POLL_MARGIN_S = 0.5
 @ctl_options()
 def restart(
     ctl: CtlCommand,
-    name: Annotated[str, typer.Argument(help="coordinator, custodian or shard-K.")],
+    name: Annotated[
+        str, typer.Argument(help="coordinator, custodian, shard-K, or a host's HOST/shard-K.")
+    ],
 ) -> None:
-    """Restart one child gracefully: new pid, generation + 1; the others keep theirs.
+    """Restart one child gracefully: new pid, generation + 1; the others keep theirs. A host's
+    shard (host-a/shard-0) is restarted by that host's agent, asked by the root.
 
     Example: orchestra-sup ctl restart shard-1
     """
     ctl.ask(f.CtlRestart(name=name))
     ctl.done({"restarted": name}, f"restarted {name}")
+
+
+@ctl_options()
+def stop_host(
+    ctl: CtlCommand,
+    name: Annotated[str, typer.Argument(help="The host, as ctl status lists it (host-a).")],
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--drain-timeout",
+            help="Seconds its lanes have to end (default: \\[supervisor] drain_timeout_s).",
+        ),
+    ] = None,
+) -> None:
+    """Drain a host, then let it leave: its shards take no new lane, its lanes end (or, after
+    --drain-timeout, stop and run again elsewhere), then its agent stops and revokes its lease.
+    --timeout is added to the drain.
+
+    Example: orchestra-sup ctl stop-host host-a
+    """
+    drain = drain_timeout if drain_timeout is not None else DRAIN_DEFAULT_S
+    waiting = dataclasses.replace(ctl, timeout=ctl.timeout + drain)
+    waiting.ask(f.CtlStopHost(name=name, drain_timeout_s=drain_timeout))
+    ctl.done({"stopped_host": name}, f"{name} drained and stopping")
 
 
 @ctl_options()

@@ -2,7 +2,8 @@
 
 Answered by the supervisor itself: `status` (from the control record, never waiting on a child),
 `restart`, `stop`, `rollover` (`supervisor.rollover`), `reload` (`supervisor.reload`; while one
-runs, `restart` and `rollover` are refused busy). Forwarded to the coordinator as a task,
+runs, `restart` and `rollover` are refused busy). Asked of a host's agent: `restart
+host-a/shard-0` and `stop-host` (`supervisor.hostctl`). Forwarded to the coordinator as a task,
 so a slow or wedged coordinator never holds up the supervisor: `submit`, `plan`, `cancel`,
 `call`, `message`, and the HITL answers (`approve`, `reject`, `redirect`, `accept-partial`:
 `CtlRespond`), stamped with the caller's identity from the connection. Fanned out to every
@@ -48,8 +49,10 @@ from orchestra_sup.protocol.endpoint import (
 )
 from orchestra_sup.release import version
 from orchestra_sup.runtime.node import debug_raise, debug_spin
+from orchestra_sup.runtime.remote import HOST_SEPARATOR
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.gate import Busy
+from orchestra_sup.supervisor.hostctl import ask_host, stop_host
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.views import CtlHost
 from orchestra_sup.system.cpupolicy import in_force
@@ -70,6 +73,7 @@ Serves = (
     f.CtlStatus
     | f.CtlStop
     | f.CtlRestart
+    | f.CtlStopHost
     | f.CtlSubmit
     | f.CtlPlan
     | f.CtlPlans
@@ -156,15 +160,13 @@ class CtlService:
         served = SERVES.admit(ep, peer, env)
         if served is None:
             return
-        answer = self._answer(ep, served)
+        answer = self.answer(ep, served)
         if isinstance(answer, Coroutine):  # answered once it is done, off the receive loop
             self.host.spawn(reply_when_done(ep, peer, env, answer))
         else:
             ep.reply(env, peer, answer)
 
-    def _answer(
-        self, ep: Endpoint, env: f.Envelope[Serves]
-    ) -> f.Body | Coroutine[Any, Any, f.Body]:
+    def answer(self, ep: Endpoint, env: f.Envelope[Serves]) -> f.Body | Coroutine[Any, Any, f.Body]:
         """The answer to the admitted request `env` came with on `ep`: a frame at once, or the
         work that answers it."""
         host, body = self.host, env.body
@@ -174,6 +176,11 @@ class CtlService:
             case f.CtlStop():
                 asyncio.get_running_loop().call_soon(host.request_stop)
                 return f.Ack()
+            case f.CtlRestart(name=name) if HOST_SEPARATOR in name:  # host-a/shard-0
+                host_name, _, local = name.partition(HOST_SEPARATOR)
+                return ask_host(host, host_name, f.CtlRestart(name=local))
+            case f.CtlStopHost():
+                return stop_host(host, body)
             case f.CtlRestart(name=name):
                 child = host.children.by_name.get(name)
                 if child is None:

@@ -20,6 +20,9 @@ as a root does. `HostLink` is what makes that supervisor a host of another tree:
    children, at the CURVE ports the welcome named (a wildcard host there is the root's
    address in `--join`). Its children call them as `<NAME>/<child>` with the host's key
    (`runtime.remote`, `child_args`).
+4. On the same connection the root asks what its operator asks of this host (`ROOT_ASKS`:
+   `ctl restart host-a/shard-0`, `ctl stop-host`; `supervisor.hostctl`), served as the host's
+   own ctl serves it.
 
 When the lease is lost (`on_lost`: etcd said so, or the host can no longer know it holds it),
 every running shard is SIGKILLed at once, so its lanes stop before etcd's side of the lease can
@@ -36,6 +39,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,7 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.childargs import ChildArgs
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.curve import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, REFUSALS
-from orchestra_sup.protocol.endpoint import Endpoint, routing_id
+from orchestra_sup.protocol.endpoint import Endpoint, reply_when_done, routing_id
 from orchestra_sup.protocol.keys import ClientKeys, load_client_keys
 from orchestra_sup.release import describe
 from orchestra_sup.supervisor.core import ExitCause
@@ -70,6 +74,8 @@ LOG_EVERY_S = 10.0
 """At most one "cannot reach the root" line this often."""
 WILDCARDS = frozenset({"0.0.0.0", "*", "[::]", "::"})
 """Hosts of a bound address that name every interface, not one to dial."""
+ROOT_ASKS = (f.CtlRestart, f.CtlStop)
+"""What the root may ask of its hosts' agents (`supervisor.hostctl`)."""
 
 
 class HostJoin(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,7 +118,12 @@ class HostLink:
         """Join, report, join again when the root forgets the host; until cancelled (the
         agent stopping), when the lease is revoked."""
         ep = Endpoint(  # no routing id of its own: the root's listener gives it one
-            self.ctx, zmq.DEALER, name=self.join.name, generation=1, codec=Codec()
+            self.ctx,
+            zmq.DEALER,
+            name=self.join.name,
+            generation=1,
+            codec=Codec(),
+            handler=self._on_root,
         )
         ep.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)  # a dead root link is seen
         ep.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
@@ -148,6 +159,21 @@ class HostLink:
             self._refusals.close(linger=0)
             ep.close()
             self.ctx.term()
+
+    def _on_root(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
+        """What the root asks of this host (`supervisor.hostctl`): a restart of one of its
+        children, or to stop; served as this host's own ctl serves them. Anything else is
+        answered `unexpected`: the root steers no more of a host than that."""
+        if not isinstance(env.body, ROOT_ASKS):
+            message = f"a host's agent does not do {type(env.body).__name__} for its root"
+            ep.reply(env, peer, f.Error(code=ErrorCode.UNEXPECTED, message=message))
+            return
+        log.info("the root asks: %s", type(env.body).__name__)
+        answer = self.sup.ctl_service.answer(ep, env)
+        if isinstance(answer, Coroutine):
+            self.sup.spawn(reply_when_done(ep, peer, env, answer))
+        else:
+            ep.reply(env, peer, answer)
 
     def _data_port(self, address: str) -> DataPort | None:
         """The host's data port at `address`, open; None once the agent is refusing to go on

@@ -33,6 +33,8 @@ children call them at the addresses the welcome gave.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -104,6 +106,10 @@ class Hosts:
         self.by_name: dict[str, Host] = {}
         self.registered: dict[str, KeyValue] = {}
         self.refused = 0
+        self.draining: set[str] = set()
+        """Hosts `ctl stop-host` drains: their shards take no new lane (`drain`)."""
+        self._heard = asyncio.Event()
+        """Set at each report, for `drained`."""
         self._membership: Membership | None = None
         self._logged_at = -LOG_EVERY_S
         self._unlogged = 0
@@ -167,9 +173,36 @@ class Hosts:
                         tenants=list(report.tenants),
                         boot=report.boot,
                         lease=report.lease if held else 0,
+                        stopping=name in self.draining,
                     )
                 )
         return out
+
+    def drain(self, name: str) -> None:
+        """Host `name` takes no new lane: its shards are `stopping` in the roster until it
+        says `Hello` again (a new start of its agent)."""
+        self.draining.add(name)
+        self._publish()
+
+    async def drained(self, name: str, timeout_s: float) -> bool:
+        """Whether a report of host `name` heard from now on, within `timeout_s` seconds, says
+        its shards run no lane (True too for a host gone from the table)."""
+        since = time.monotonic()
+        deadline = since + timeout_s
+        while True:
+            host = self.by_name.get(name)
+            if host is None:
+                return True
+            report = host.report
+            if host.heard_at > since and report and not any(s.lanes for s in report.shards):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._heard.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._heard.wait()
 
     def _holds(self, name: str, report: f.HostReport) -> bool:
         """Whether host `name`'s last report names the lease etcd holds its registration
@@ -198,6 +231,7 @@ class Hosts:
                     ep.reply(env, peer, f.Error(code=ErrorCode.NOT_FOUND, message=message))
                     return
                 host.report, host.heard_at = report, time.monotonic()
+                self._heard.set()
                 ep.reply(env, peer, f.RootPeers(peers=self.root_peers()))
                 self._publish()
             case body:  # a report from a connection with no key, or another frame
@@ -221,6 +255,7 @@ class Hosts:
             ep.reply(env, peer, f.Reject(reason=reason))
             return
         was = self.by_name.get(hello.name)
+        self.draining.discard(hello.name)  # a new start of its agent: it takes lanes again
         self.by_name[hello.name] = Host(hello=hello, joined_at=now, heard_at=now, peer=peer)
         again = f", again (pid {was.hello.pid} before)" if was is not None else ""
         self._log(now, logging.INFO, f"cluster: host {hello.name} joined (pid {hello.pid}){again}")
@@ -261,6 +296,8 @@ class Hosts:
             state = "joined" if now - host.heard_at <= limit else "silent"
             if registration is not None and not self._holds(name, report):
                 state = "joining"
+            elif state == "joined" and name in self.draining:
+                state = "draining"
             out.append(
                 f.HostInfo(
                     name=name,

@@ -32,7 +32,7 @@ HANDLERS = [
     (coordinator, coordinator.Coordinator.handle),
     (custodian, custodian.Custodian.handle),
     (shards, shards.Shard.handle),
-    (ctl, ctl.CtlService._answer),
+    (ctl, ctl.CtlService.answer),
 ]
 MATCHES = [
     *((module.Serves, handler) for module, handler in HANDLERS),

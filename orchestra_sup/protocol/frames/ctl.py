@@ -95,7 +95,19 @@ class StatusReply(Frame, tag="status_reply"):
 
 
 class CtlRestart(Frame, tag="ctl_restart"):
+    """Restart child `name`; on a root, `host-a/shard-0` is asked of host-a's agent."""
+
     name: str
+
+
+class CtlStopHost(Frame, tag="ctl_stop_host"):
+    """`ctl stop-host NAME`: host `name` takes no new lane, its lanes end (for at most
+    `drain_timeout_s` seconds; None: `[supervisor] drain_timeout_s`), then its agent stops and
+    leaves (its lease revoked). Answered `Ack` once the agent said it stops; `Error(not_found)`
+    for a host that has not joined."""
+
+    name: str
+    drain_timeout_s: float | None = None
 
 
 class CtlStop(Frame, tag="ctl_stop"):
@@ -325,6 +337,7 @@ Ctl = (
     CtlStatus
     | StatusReply
     | CtlRestart
+    | CtlStopHost
     | CtlStop
     | CtlSubmit
     | PlanAccepted

@@ -82,7 +82,8 @@ class HostInfo(msgspec.Struct, frozen=True, kw_only=True):
     while etcd holds no registration of it (not yet, or its lease ended: its lanes are not its
     own any more); "joining" while its last report does not name the lease etcd holds it under
     (it has just taken it, or lost it); else "silent" once no report came for the root's
-    `watchdog_s`; else "joined": only then do its shards take lanes. `heard_s` is seconds
+    `watchdog_s`; else "draining" while `ctl stop-host` drains it (its shards take no new
+    lane); else "joined": only then do its shards take lanes. `heard_s` is seconds
     since its last frame, `joined_s` seconds since its `Hello` was welcomed; `lease` is the
     etcd lease its registration is under (0: none). The rest is its last `HostReport` and its
     `Hello`'s version and process id."""

@@ -1,0 +1,102 @@
+"""What a root's operator asks of a host (issue 21, `supervisor.hostctl`): `ctl restart
+host-a/shard-0` is done by host-a's agent, and `ctl stop-host host-a` drains the host, then its
+agent stops and revokes its lease, so etcd and the root see it leave at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
+from tests.integration.harness import Tree, plan, task, wait_until
+from tests.integration.hostagent import TTL_S, Agent, host_of, registration
+from tests.integration.test_ctl_access import cli
+from tests.integration.test_remote_shards import joined_tree
+
+pytestmark = [pytest.mark.integration, needs_etcd]
+
+
+def shard_generation(tree: Tree, name: str) -> int | None:
+    host = host_of(tree, "host-a")
+    shard = next((s for s in host.shards if s.name == name), None) if host else None
+    return shard.generation if shard is not None and shard.state == "running" else None
+
+
+def test_a_hosts_shard_is_restarted_by_its_agent_when_the_root_asks(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    tree, agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    assert shard_generation(tree, "shard-0") == 1
+    done = cli("ctl", "--run-dir", str(tree.run_dir), "restart", "host-a/shard-0")
+    assert done.returncode == 0 and "restarted host-a/shard-0" in done.stdout, done
+    wait_until(lambda: shard_generation(tree, "shard-0") == 2, 15, "host-a's shard-0 gen 2")
+    assert "the root asks: CtlRestart" in agent.log()
+    ran = tree.wait_plan(tree.submit(plan("after", task("t", "true", requires=["remote"]))), 60)
+    assert ran.ok and ran.tasks[0].shard == "host-a/shard-0", ran.tasks
+
+    for name, why in (
+        ("host-b/shard-0", "no host 'host-b' joined (hosts: host-a)"),
+        ("host-a/shard-9", "no child named 'shard-9'"),
+    ):
+        refused = cli("ctl", "--run-dir", str(tree.run_dir), "restart", name)
+        assert refused.returncode != 0 and why in refused.stderr, refused
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_stop_host_drains_then_the_agent_leaves(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """A lane runs on host-a: stop-host leaves it running, places nothing new there (a task
+    only host-a could run waits), and once the lane has ended the agent exits 0 and its
+    registration is gone from etcd well before its lease could have ended by itself."""
+    tree, agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    go = tmp_path / "go"
+    wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
+    running = tree.submit(plan("running", task("there", wait, requires=["remote"])))
+
+    def status_of(plan_id: str) -> f.TaskReport:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        return reply.tasks[0]
+
+    wait_until(lambda: status_of(running).status == "running", 30, "the lane on host-a")
+    argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir)]
+    stopping = subprocess.Popen(
+        [*argv, "stop-host", "host-a", "--drain-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: host_of(tree, "host-a").state == "draining",  # type: ignore[union-attr]
+            15,
+            "host-a draining",
+        )
+        waits = tree.submit(plan("waits", task("there", "true", requires=["remote"])))
+        here = tree.wait_plan(tree.submit(plan("here", task("t", "true"))), timeout_s=30)
+        assert here.ok and here.tasks[0].shard == "shard-0", here.tasks  # placed after "waits"
+        assert status_of(waits).shard is None, status_of(waits)
+        assert agent.proc.poll() is None  # its lane still runs: the agent stays
+        go.touch()
+        out, err = stopping.communicate(timeout=60)
+    finally:
+        if stopping.poll() is None:
+            stopping.kill()
+    assert stopping.returncode == 0 and "host-a drained and stopping" in out, (out, err)
+    assert tree.wait_plan(running, timeout_s=30).ok
+    left = time.monotonic()
+    assert agent.proc.wait(timeout=30) == 0, agent.log()
+    wait_until(lambda: registration(etcd_cluster, "host-a") is None, TTL_S, "the lease revoked")
+    print(f"registration gone {time.monotonic() - left:.2f} s after stop-host answered")
+    assert status_of(waits).shard is None  # nothing else offers "remote": it waits for a host
