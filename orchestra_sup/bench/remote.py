@@ -1,26 +1,30 @@
 """`orchestra-sup bench relay --remote`: a host's shard through its agent's data port, next to
 the raw pyzmq tcp+CURVE floor, in one run (issue 21, ADR 0021 step 3).
 
+- The host's network: a network namespace over a veth pair (`bench.netns`), the agent and the
+  floor's echo inside it, so each tcp round trip crosses the pair as it would a link to
+  another machine. Where the machine cannot make one (not root, no `ip`), loopback, and the
+  report says why (`method.network`).
 - Floor: a blocking DEALER in this process and a ROUTER echo in a second process, plain pyzmq
-  over `tcp://127.0.0.1` with CURVE (the same encryption, no ZAP handler: it admits at the
-  handshake only), exchanging the very bytes of the request frame.
+  over tcp to the host's address with CURVE (the same encryption, no ZAP handler: it admits at
+  the handshake only), exchanging the very bytes of the request frame.
 - Direct: the same DEALER shape, as the root's coordinator would call a local shard: to the
   shard's `ipc://` socket, `ListLanes`, answered by the real shard process.
 - Remote: `ListLanes` to the same kind of shard on a real `orchestra-sup host` agent, over
-  `tcp://127.0.0.1` and CURVE with the root's server keypair, through the agent's data port
+  tcp and CURVE with the root's server keypair, through the agent's data port
   (`supervisor.hostdata`): the hop a root's process pays to reach a host's shard. The agent
   joins no root (its `--join` port is closed): its shards and data port run without one.
 - Interleaving: `rounds` rounds of floor, direct, remote, each its share of the iterations.
 
 Reports p50/p90/p99/p99.9/max in microseconds, the ratios remote/floor and remote/direct at
 p50 and p99, and each round's p50 ratio (its spread over the run). Absolute times on a shared
-machine are noise; the ratios taken in one run are the result. Not yet: the host in a network
-namespace of its own (here it is on loopback, so no veth hop is counted).
+machine are noise; the ratios taken in one run are the result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -33,6 +37,7 @@ from typing import Any
 import zmq
 
 from orchestra_sup.bench import machine
+from orchestra_sup.bench.netns import HostNet, open_host_net
 from orchestra_sup.bench.relay import request_frame
 from orchestra_sup.bench.stats import nearest_rank, summary
 from orchestra_sup.errors import SupervisionError
@@ -78,10 +83,12 @@ def _dealer(ctx: zmq.Context, identity: bytes) -> zmq.Socket:
 
 
 @contextlib.contextmanager
-def _floor(ctx: zmq.Context) -> Iterator[zmq.Socket]:
-    """A CURVE ROUTER echo in a second process, and a DEALER connected to it as a client."""
-    addr = f"tcp://127.0.0.1:{_free_port()}"
-    echo = subprocess.Popen([sys.executable, "-c", ECHO, addr], stdout=subprocess.PIPE)
+def _floor(ctx: zmq.Context, net: HostNet | None) -> Iterator[zmq.Socket]:
+    """A CURVE ROUTER echo in a second process (on `net`'s host side), and a DEALER connected
+    to it as a client."""
+    addr = f"tcp://{_address(net)}:{_free_port()}"
+    argv = [*_wrap(net), sys.executable, "-c", ECHO, addr]
+    echo = subprocess.Popen(argv, stdout=subprocess.PIPE)
     sock = _dealer(ctx, b"floor")
     try:
         assert echo.stdout is not None
@@ -96,14 +103,24 @@ def _floor(ctx: zmq.Context) -> Iterator[zmq.Socket]:
         echo.wait(timeout=10)
 
 
+def _address(net: HostNet | None) -> str:
+    return "127.0.0.1" if net is None else net.host_ip
+
+
+def _wrap(net: HostNet | None) -> list[str]:
+    return [] if net is None else net.wrap
+
+
 @contextlib.contextmanager
-def _agent(work: Path, ctx: zmq.Context) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
-    """A real host agent with one shard and a data port; DEALERs to its shard directly
-    (`ipc://`) and through the data port (CURVE, the root's keypair)."""
+def _agent(
+    work: Path, ctx: zmq.Context, net: HostNet | None
+) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    """A real host agent (on `net`'s host side) with one shard and a data port; DEALERs to its
+    shard directly (`ipc://`) and through the data port (CURVE, the root's keypair)."""
     keys, run_dir = work / "keys", work / "run"
     init_keys(keys, [HOST], host=True)
-    data = f"tcp://127.0.0.1:{_free_port()}"
-    argv = [sys.executable, "-m", "orchestra_sup", "host", "--join"]
+    data = f"tcp://{_address(net)}:{_free_port()}"
+    argv = [*_wrap(net), sys.executable, "-m", "orchestra_sup", "host", "--join"]
     argv += [f"tcp://127.0.0.1:{_free_port()}", "--keys", str(keys), "--name", HOST]
     argv += ["--shards", "1", "--listen", data, "--state-dir", str(work / "state")]
     argv += ["--run-dir", str(run_dir)]
@@ -164,18 +181,21 @@ def _round_trips(name: str, sock: zmq.Socket, iterations: int, warmup: int) -> l
 
 
 def run_remote_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5) -> dict[str, Any]:
-    """Measure the three series (module docstring); raises `SupervisionError` when the
-    bench's agent does not come up."""
+    """Measure the three series (module docstring), the host in a network namespace where the
+    machine can make one; raises `SupervisionError` when the bench's agent does not come up."""
     rounds = max(1, min(rounds, iterations))
     shares = [iterations // rounds + (r < iterations % rounds) for r in range(rounds)]
     warm = max(1, warmup // rounds)
     samples: dict[str, list[float]] = {name: [] for name in SERIES}
     per_round: list[dict[str, float]] = []
     ctx = zmq.Context()
+    made = open_host_net(os.getpid() % 16384)
+    net = made if isinstance(made, HostNet) else None
+    network = f"loopback ({made})" if net is None else "a network namespace over a veth pair"
     try:
         with tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp:
             start = machine.sample()
-            with _floor(ctx) as floor, _agent(Path(tmp), ctx) as (direct, remote):
+            with _floor(ctx, net) as floor, _agent(Path(tmp), ctx, net) as (direct, remote):
                 socks = {"floor": floor, "direct": direct, "remote": remote}
                 for share in shares:
                     got = {n: _round_trips(n, socks[n], share, warm) for n in SERIES}
@@ -191,6 +211,8 @@ def run_remote_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5)
             end = machine.sample()
     finally:
         ctx.term()
+        if net is not None:
+            net.remove()
     stats = {name: summary(xs, "us", digits=1) for name, xs in samples.items()}
 
     def ratio(a: str, b: str, q: str) -> float:
@@ -211,11 +233,12 @@ def run_remote_bench(iterations: int = 5000, warmup: int = 500, rounds: int = 5)
             "iterations": iterations,
             "warmup": warm * rounds,
             "rounds": rounds,
+            "network": f"the host and the floor's echo on {network}",
             "floor": "blocking pyzmq DEALER -> CURVE ROUTER echo in a second process, "
-            "tcp://127.0.0.1, the request's own bytes",
+            "tcp to the host's address, the request's own bytes",
             "direct": "ListLanes to a host agent's shard over its ipc:// socket",
             "remote": "ListLanes to the same shard through the agent's data port, "
-            "tcp://127.0.0.1 with CURVE (the root's server keypair)",
+            "tcp to the host's address with CURVE (the root's server keypair)",
             "interleaving": "rounds of floor, direct, remote; samples pooled",
             "percentiles": "nearest rank",
         },
@@ -238,5 +261,6 @@ def format_text(result: dict[str, Any]) -> str:
         f"p99 {r['remote_to_floor_p99']}x; remote / direct: p50 {r['remote_to_direct_p50']}x, "
         f"p99 {r['remote_to_direct_p99']}x"
     )
+    lines.append(f"network: {result['method']['network']}")
     lines.append(f"machine: {machine.one_line(result['machine'])}")
     return "\n".join(lines)
