@@ -5,7 +5,9 @@ back to back for `duration_s` seconds, while every 1-3 s (uniformly random) one 
 random (custodian, coordinator or a shard) is SIGKILLed. Then the killing stops, the last plan
 is allowed to finish, the tree is stopped, and the run reports:
 
-- `kills`, `restarts` (the children's `restarts` summed), `tasks`, `succeeded`;
+- `kills`, `restarts` (the children's `restarts` summed), `tasks`, `succeeded`, and `failed`
+  by failure class (`worker_process_loss`: lost with its worker more than `max_worker_loss`
+  times, which the chaos does on purpose; a task that fails is not lost);
 - `lost`: tasks with no final status when their plan was reported done (or that never finished);
 - `duplicated`: tasks whose side effect happened again after their success was recorded. Each
   task appends `<plan> <task> <attempt>` to a ledger as its last act; a success recorded for
@@ -17,6 +19,12 @@ is allowed to finish, the tree is stopped, and the run reports:
   child subreaper first, so nothing the tree started can escape the count by being reparented to
   PID 1;
 - `supervisor_alive`: the supervisor answered `ctl status` when the killing stopped.
+
+With `hosts` (issue 21), that many host agents join the tree (`bench.chaoshosts`: each in a
+network namespace of its own, an etcd member for their leases), their shards take lanes as the
+root's do, and half the harm is done to them: a host SIGKILLed whole (its agent started again
+2 s later) or partitioned (its link down for twice the lease). `host_kills` and `partitions`
+count it; `network` says where the hosts ran.
 
 The tree runs with a restart intensity high enough that the chaos itself cannot exhaust it
 (the point is to see what the restarts lose, not to watch the root give up), and with
@@ -39,14 +47,17 @@ from pathlib import Path
 import msgspec
 import psutil
 
+from orchestra_sup.bench.chaoshosts import Hosts
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree
-from orchestra_sup.errors import OrchestraError
+from orchestra_sup.errors import OrchestraError, SupervisionError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.system import linux
 
 CHAINS = 10
 PLAN_TIMEOUT_S = 180.0
+JOIN_S = 60.0
+"""Seconds the hosts have to join the chaos tree."""
 
 
 class ChaosReport(msgspec.Struct, kw_only=True):
@@ -58,11 +69,16 @@ class ChaosReport(msgspec.Struct, kw_only=True):
     restarts: int
     tasks: int
     succeeded: int
+    failed: dict[str, int]
     unrecorded: int
     lost: int
     duplicated: int
     orphans: int
     supervisor_alive: bool
+    hosts: int = 0
+    host_kills: int = 0
+    partitions: int = 0
+    network: str = ""
 
     @property
     def clean(self) -> bool:
@@ -85,48 +101,73 @@ def chaos_plan(name: str, tasks: int, ledger: Path) -> f.PlanSpec:
     return f.PlanSpec(name=name, tasks=specs)
 
 
-def run_chaos(duration_s: float, *, tasks: int = 60, seed: int | None = None) -> ChaosReport:
-    """Run the chaos benchmark; see the module docstring. `duration_s` is seconds of killing."""
+def run_chaos(
+    duration_s: float, *, tasks: int = 60, seed: int | None = None, hosts: int = 0
+) -> ChaosReport:
+    """Run the chaos benchmark; see the module docstring. `duration_s` is seconds of killing.
+    Raises `ConfigError` for `hosts` without etcd installed, `SupervisionError` when the
+    hosts do not join within `JOIN_S`."""
     rng = random.Random(seed)
     linux.set_child_subreaper()
     base = Path(tempfile.mkdtemp(prefix="osup-chaos-"))
     ledger = base / "ledger"
     ledger.touch()
+    isolation = '[isolation]\nmode = "none"\nlane_user = "tree"\n'
+    (base / "host.toml").write_text(isolation)
+    joined = Hosts(base, hosts, base / "host.toml") if hosts else None
     config = base / "tree.toml"
     config.write_text(
         "[supervisor]\nmax_restarts = 1000\nmax_seconds = 10.0\nbackoff_max_s = 0.5\n"
-        '[isolation]\nmode = "none"\nlane_user = "tree"\n'
+        + isolation
+        + (joined.config() if joined is not None else "")
     )
     reports: list[f.PlanReport] = []
     kills = restarts = 0
     alive = False
     started = time.monotonic()
-    with private_tree(
-        workspace=None, state_dir=base / "state", shards=2, lanes_per_shard=8, config=config
-    ) as client:
-        pending: list[str] = []
-        next_kill = started + rng.uniform(1.0, 3.0)
-        while time.monotonic() - started < duration_s:
-            if not pending or _done(client, pending[-1]):
-                name = f"chaos{len(pending)}"
-                pending.append(_submit(client, chaos_plan(name, tasks, ledger)))
-            if time.monotonic() >= next_kill:
-                kills += _kill_one(client, rng)
-                next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
-            time.sleep(0.05)
-        alive = _status(client) is not None
-        for plan_id in pending:
-            reports.append(_wait(client, plan_id))
-        status = _status(client)
-        if status is not None:
-            restarts = sum(c.restarts for c in status.children)
+    try:
+        with private_tree(
+            workspace=None, state_dir=base / "state", shards=2, lanes_per_shard=8, config=config
+        ) as client:
+            if joined is not None:
+                joined.start()
+                _wait_joined(client, joined)
+            pending: list[str] = []
+            next_kill = started + rng.uniform(1.0, 3.0)
+            while time.monotonic() - started < duration_s:
+                if not pending or _done(client, pending[-1]):
+                    name = f"chaos{len(pending)}"
+                    pending.append(_submit(client, chaos_plan(name, tasks, ledger)))
+                now = time.monotonic()
+                if joined is not None:
+                    joined.tend(now)
+                if now >= next_kill:
+                    harmed = joined is not None and rng.random() < 0.5 and joined.harm(rng, now)
+                    if not harmed:
+                        kills += _kill_one(client, rng)
+                    next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
+                time.sleep(0.05)
+            alive = _status(client) is not None
+            if joined is not None:
+                joined.heal()
+            for plan_id in pending:
+                reports.append(_wait(client, plan_id))
+            status = _status(client)
+            if status is not None:
+                restarts = sum(c.restarts for c in status.children)
+    finally:
+        if joined is not None:
+            joined.close()
     orphans = _orphans()
     lines = Counter(tuple(line.split()) for line in ledger.read_text().splitlines() if line)
     shutil.rmtree(base, ignore_errors=True)
     total = sum(len(r.tasks) for r in reports)
     succeeded = unrecorded = lost = duplicated = 0
+    failed: Counter[str] = Counter()
     for report in reports:
         for t in report.tasks:
+            if t.status == "failed":
+                failed[t.failure or "unclassified"] += 1
             if t.status == "succeeded":
                 succeeded += 1
                 unrecorded += lines[(report.plan, t.id, str(t.attempts))] == 0
@@ -141,12 +182,31 @@ def run_chaos(duration_s: float, *, tasks: int = 60, seed: int | None = None) ->
         restarts=restarts,
         tasks=total,
         succeeded=succeeded,
+        failed=dict(sorted(failed.items())),
         unrecorded=unrecorded,
         lost=lost,
         duplicated=duplicated,
         orphans=orphans,
         supervisor_alive=alive,
+        hosts=hosts,
+        host_kills=joined.kills if joined is not None else 0,
+        partitions=joined.partitions if joined is not None else 0,
+        network=joined.network if joined is not None else "",
     )
+
+
+def _wait_joined(client: CtlClient, joined: Hosts) -> None:
+    """Until every host of `joined` shows "joined" in the tree's status; raises
+    `SupervisionError` after `JOIN_S` seconds, with the end of each agent's log."""
+    deadline = time.monotonic() + JOIN_S
+    count = len(joined.hosts)
+    while time.monotonic() < deadline:
+        status = _status(client)
+        if status is not None and sum(h.state == "joined" for h in status.hosts) == count:
+            return
+        time.sleep(0.2)
+    logs = "".join(f"\n{h.name}:\n{h.log_tail()}" for h in joined.hosts)
+    raise SupervisionError(f"bench chaos: {count} hosts did not join within {JOIN_S:g} s{logs}")
 
 
 def _duplicated(lines: Counter[tuple[str, ...]], plan: str, t: f.TaskReport) -> int:

@@ -45,6 +45,9 @@ class HostNet:
             _ip("addr", "add", f"{self.host_ip}/30", "dev", self.host_dev, ns=self.ns)
             _ip("link", "set", self.host_dev, "up", ns=self.ns)
             _ip("link", "set", "lo", "up", ns=self.ns)
+            # Every address of this side through this end: another pair's root address too,
+            # since this machine takes a packet for any of its addresses on any interface.
+            _ip("route", "add", "default", "via", self.root_ip, ns=self.ns)
         except BaseException:
             self.remove()
             raise

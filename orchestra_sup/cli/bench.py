@@ -257,6 +257,16 @@ def chaos(
     ] = 30.0,
     tasks: Annotated[int, typer.Option("--tasks", min=50, help="Tasks per plan.")] = 60,
     seed: Annotated[int | None, typer.Option("--seed", help="Random seed.")] = None,
+    hosts: Annotated[
+        int,
+        typer.Option(
+            "--hosts",
+            min=0,
+            max=8,
+            help="Host agents that join, each in a network namespace (root; needs etcd): "
+            "half the harm is a host killed or partitioned.",
+        ),
+    ] = 0,
 ) -> Measured:
     """Run plans while a random child is SIGKILLed every 1-3 s; count what was lost.
 
@@ -266,7 +276,7 @@ def chaos(
     """
     from orchestra_sup.bench.chaos import run_chaos
 
-    report = guarded(lambda: run_chaos(duration, tasks=tasks, seed=seed))
+    report = guarded(lambda: run_chaos(duration, tasks=tasks, seed=seed, hosts=hosts))
     return Measured(msgspec.to_builtins(report), _fields_text, ok=report.clean)
 
 

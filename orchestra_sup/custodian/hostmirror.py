@@ -18,6 +18,9 @@ the one writer of it:
   The answer is the custodian's `CommitDone`. The mirror lands nothing itself.
 - A read tool (`ToolCall`) is the root custodian's to answer: it is passed on.
 
+Each request to the root's custodian is asked again while it is down or restarting
+(`_upstream`), so a custodian SIGKILLed and restarted on the root fails no host's lane.
+
 Everything else (the one serial queue of writes, the quiet point of a rollover) is the
 custodian's, whose role this one extends.
 """
@@ -25,12 +28,14 @@ custodian's, whose role this one extends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from pathlib import Path
 
 from orchestra_sup.custodian.mirror import Mirror
 from orchestra_sup.custodian.role import Custodian
-from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.runtime.node import Node
 
@@ -40,6 +45,13 @@ UPSTREAM = "custodian"
 """The root's custodian, as the host's roster names it."""
 UPSTREAM_TIMEOUT_S = 120.0
 """Seconds a fetch or a landing waits for the root's custodian (a bundle may be large)."""
+UPSTREAM_WAIT_S = 45.0
+"""Seconds a request waits, asked again, while the root's custodian is down or restarting, as
+a root's shard waits for its custodian; less than the shard's own call to the mirror waits
+(`shards.role.CALL_TIMEOUT_S`), so the shard hears why."""
+RETRY_S = 0.2
+"""Seconds between two tries while the host's roster still names the custodian's previous
+generation (the root's next `RootPeers` brings the new one, within a second)."""
 
 
 class HostMirror(Custodian):
@@ -48,6 +60,8 @@ class HostMirror(Custodian):
     def __init__(self) -> None:
         super().__init__()
         self.mirror: Mirror | None = None
+        self._upstream_up = asyncio.Event()
+        """Set while the host's roster says the root's custodian is up."""
 
     async def open(self, node: Node) -> None:
         self.node = node
@@ -57,9 +71,35 @@ class HostMirror(Custodian):
         await self.open_sandboxes(node, self.mirror.root)
         log.info("mirror: the workspace's history kept at %s", self.mirror.root)
 
-    async def _upstream(self, body: f.Body) -> f.Body:
+    def on_roster(self, changed: list[f.PeerState]) -> None:
         assert self.node is not None
-        return await self.node.call(UPSTREAM, body, timeout_s=UPSTREAM_TIMEOUT_S)
+        (self._upstream_up.set if self.node.peer_up(UPSTREAM) else self._upstream_up.clear)()
+
+    async def _upstream(self, body: f.Body) -> f.Body:
+        """The root's custodian's answer to `body`. While it is down (`PeerDown`: not
+        delivered, or lost with it) or restarting (`stale_generation`: sent to the generation
+        before), `body` is asked again, for up to `UPSTREAM_WAIT_S` seconds: each request is
+        safe to repeat (a fetch and a read change nothing, and a landing of a lane that landed
+        is answered with its commit, `quarantine.land_bundle`). Raises the last error then,
+        and any other `RemoteError` at once."""
+        assert self.node is not None
+        deadline = time.monotonic() + UPSTREAM_WAIT_S
+        while True:
+            try:
+                return await self.node.call(UPSTREAM, body, timeout_s=UPSTREAM_TIMEOUT_S)
+            except (PeerDown, RemoteError) as exc:
+                restarting = isinstance(exc, RemoteError) and exc.code is ErrorCode.STALE_GENERATION
+                if not (restarting or isinstance(exc, PeerDown)):
+                    raise
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                if restarting or self.node.peer_up(UPSTREAM):
+                    await asyncio.sleep(min(RETRY_S, remaining))
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._upstream_up.wait()
 
     async def _create(self, req: f.SandboxCreate) -> f.Body:
         """The lane's sandbox, from the mirror, at the commit `req.rev` names on the root now

@@ -87,6 +87,8 @@ class Custodian:
         self.owners = SandboxOwners(Path(), own_uids=False)
         self._ordered = asyncio.Lock()
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
+        self._exporting = asyncio.Lock()
+        """One host's fetch at a time (`_fetch`): its own queue, not the writes'."""
         self._busy = 0
         self._held = False
         """A rollover's quiet point holds the ordered lock: writes queue behind it."""
@@ -272,16 +274,20 @@ class Custodian:
             )
 
     async def _fetch(self, req: f.SandboxFetch) -> f.Body:
-        """A host's mirror's fetch (`custodian.mirror.export`): the commit `req.rev` names, in
-        order with the writes (so `HEAD` is the head as it is now), as a bundle of what the
-        mirror lacks. Raises `RemoteError(bad_request)` for more than `HAVE_MAX` commits in
-        `have`, and what `export` raises."""
+        """A host's mirror's fetch (`custodian.mirror.export`): the commit `req.rev` names now,
+        as a bundle of what the mirror lacks. Fetches wait in a queue of their own, one at a
+        time, beside the writes: hosts' first fetches of a large history (or a host asking
+        and asking) hold one bundle in memory at once and never delay a sandbox or a commit
+        of the root's own lanes. A commit a lane landed before its result is in `HEAD` for
+        every fetch its dependants' sandboxes make, which come after. Raises
+        `RemoteError(bad_request)` for more than `HAVE_MAX` commits in `have`, and what
+        `export` raises."""
         assert self.workspace is not None
         if len(req.have) > f.HAVE_MAX:
             raise RemoteError(
                 ErrorCode.BAD_REQUEST, f"{len(req.have)} commits in have: at most {f.HAVE_MAX}"
             )
-        async with self._writing():
+        async with self._exporting:
             sha, bundle = await export(self.workspace.root, req.rev, req.have)
         return f.SandboxBundle(rev=sha, bundle=bundle)
 

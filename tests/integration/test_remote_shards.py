@@ -288,3 +288,32 @@ def test_a_host_can_neither_report_nor_land_for_a_lane_not_its_own(
     wait_until(
         lambda: sum(c.fenced for c in tree.status().children) == 2, 10, "both refusals counted"
     )
+
+
+def test_a_hosts_commit_waits_out_a_restart_of_the_roots_custodian(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """The root's custodian SIGKILLed as a host's lane commits: the host's mirror asks again
+    once the custodian is back (a new generation), and the commit lands in the one attempt."""
+    tree, _agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    began, go = tmp_path / "began", tmp_path / "go"
+    wait = f"touch {began}; while [ ! -e {go} ]; do sleep 0.05; done; echo landed > made.txt"
+    plan_id = tree.submit(plan("custodian", task("write", wait, commit=True, requires=["remote"])))
+    wait_until(began.exists, 60, "the lane's command running on host-a")
+    custodian = tree.child("custodian")
+    assert custodian.pid is not None
+    psutil.Process(custodian.pid).send_signal(signal.SIGKILL)
+    go.touch()
+    report = tree.wait_plan(plan_id, timeout_s=90)
+    (write,) = report.tasks
+    assert report.ok and write.attempts == 1 and write.commit is not None, write
+    assert tree.child("custodian").generation > custodian.generation
+    assert tree.workspace is not None
+    shown = subprocess.run(
+        ["git", "-C", str(tree.workspace), "show", "HEAD:made.txt"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert shown.stdout == "landed\n"
