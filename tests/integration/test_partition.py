@@ -3,7 +3,10 @@ namespace over a veth pair, `hostnet`), and its link goes down for twice its lea
 lane commits. The commit's `SandboxLand` waits in TCP; host-a stops its lanes as its lease
 runs out; etcd ends the lease and deletes the lane's key; the lane runs again on the root and
 its commit lands. Once the link is back the held commit reaches the custodian, which refuses
-it as fenced and counts it: the change is in the workspace once."""
+it as fenced and counts it: the change is in the workspace once.
+
+host-a's processes also run in a mount namespace where the root's state directory and its
+workspace are empty tmpfs (`HIDE`): what a host's lane gets, it gets over the CURVE links."""
 
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ from tests.integration.hostnet import HostNet, host_net
 from tests.integration.test_ctl_access import free_port
 
 pytestmark = [pytest.mark.integration, needs_etcd]
+
+HIDE = 'mount -t tmpfs hidden "$1" && mount -t tmpfs hidden "$2" && shift 2 && exec "$@"'
+"""Run the rest of the command line with directories $1 and $2 hidden under empty tmpfs."""
 
 
 @pytest.fixture
@@ -60,9 +66,12 @@ def test_a_partitioned_hosts_commit_is_fenced_and_the_change_lands_once(
     listen = f"tcp://{net.root_ip}:{free_port()}"
     config = root_config(tmp_path, keys, listen, net_etcd, address=net.root_ip)
     tree = tree_factory(workspace=make_repo(tmp_path / "workspace"), shards=1, config=config)
+    assert tree.workspace is not None
+    hidden = [str(tree.state_dir), str(tree.workspace)]
+    wrap = [*net.wrap, "unshare", "--mount", "sh", "-c", HIDE, "hide", *hidden]
     agent = agents(
         tmp_path / "host-a", listen, keys, "host-a", "--shards", "1",
-        "--listen", f"tcp://{net.host_ip}:{free_port()}", wrap=net.wrap,
+        "--listen", f"tcp://{net.host_ip}:{free_port()}", wrap=wrap,
     )  # fmt: skip
     wait_until(
         lambda: (h := host_of(tree, "host-a")) is not None and h.state == "joined",
@@ -74,6 +83,8 @@ def test_a_partitioned_hosts_commit_is_fenced_and_the_change_lands_once(
         "partition",
         task(
             "work",
+            # on host-a (attempt 1) the root's files are not there to see
+            f'[ "$ORCHESTRA_ATTEMPT" != 1 ] || [ ! -e {tree.state_dir}/sandboxes ] || exit 7; '
             f"touch {began}; while [ ! -e {go} ]; do sleep 0.05; done; echo once >> count.txt",
             commit=True,
             timeout_s=120,
