@@ -30,7 +30,7 @@ def submit(
     Example: orchestra-sup ctl submit examples/selfcheck.toml --wait
     """
     spec = guarded(lambda: load_plan(plan))
-    accepted = ctl.expect(f.PlanAccepted, f.CtlSubmit(plan=spec))
+    accepted = ctl.expect(f.PlanAccepted, f.CtlSubmit(plan=spec), about=str(plan))
     if not wait:
         ctl.done({"id": accepted.id}, accepted.id)
         return

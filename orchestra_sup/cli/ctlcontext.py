@@ -18,6 +18,7 @@ from orchestra_sup.cli.invocation import ctl_command
 from orchestra_sup.cli.options import JsonOpt, RunDirOpt, TimeoutOpt, WideOpt, dressed, option
 from orchestra_sup.cli.output import done, print_json, screen
 from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.paths import default_run_dir
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import DEFAULT_CLIENT, ClientKeys
@@ -81,21 +82,28 @@ class CtlCommand:
         """Where a table is printed and the width it is fitted to (`output.screen`, --wide)."""
         return screen(self.wide)
 
-    def ask(self, body: f.Body) -> f.Body:
+    def ask(self, body: f.Body, about: str = "") -> f.Body:
         """Send `body` to the tree, waiting up to --timeout, and return its answer. The tree's
         errors end the command as `exits.guarded` says: one line on stderr, exit 2 for bad
-        input (a remote BAD_REQUEST, NOT_FOUND...), 3 for an unreachable tree, else 1."""
+        input (a remote BAD_REQUEST, NOT_FOUND...), 3 for an unreachable tree, else 1. A
+        refusal of the request as bad (`bad_request`) begins with `about` when given (the
+        plan file a submit sent), as a refusal read from the file does."""
 
         def go() -> f.Body:
             with self.client() as client:
-                return client.request(body, timeout_s=self.timeout)
+                try:
+                    return client.request(body, timeout_s=self.timeout)
+                except RemoteError as exc:
+                    if about and exc.code is ErrorCode.BAD_REQUEST:
+                        raise RemoteError(exc.code, f"{about}: {exc.message}") from None
+                    raise
 
         return guarded(go)
 
-    def expect(self, answer: type[A], body: f.Body) -> A:
-        """`ask`, and its answer checked to be an `answer`; any other ends the command with one
-        line naming both and exit 1."""
-        reply = self.ask(body)
+    def expect(self, answer: type[A], body: f.Body, about: str = "") -> A:
+        """`ask` (with `about`), and its answer checked to be an `answer`; any other ends the
+        command with one line naming both and exit 1."""
+        reply = self.ask(body, about)
         if not isinstance(reply, answer):
             raise fail(
                 f"the tree answered {type(body).__name__} with {type(reply).__name__}, "

@@ -306,8 +306,10 @@ def test_plans_the_tree_refuses_are_bad_input(tree: Tree, tmp_path: Path) -> Non
     nowhere = write(
         tmp_path / "n.toml", 'name = "n"\n[[task]]\nid = "x"\nrun = "true"\nrequires = ["gpu"]\n'
     )
-    assert_one_line_error(
-        cli("ctl", "--run-dir", run_dir, "submit", str(nowhere)), 2, "task x: no shard offers"
+    assert_one_line_error(  # named by its file, as a refusal read from the file is
+        cli("ctl", "--run-dir", run_dir, "submit", str(nowhere)),
+        2,
+        f"{nowhere}: task x: no shard offers",
     )
     odd = write(tmp_path / "o.toml", 'name = "o"\n[[task]]\nid = "x"\nprogram = "os:Nope"\n')
     assert_one_line_error(
