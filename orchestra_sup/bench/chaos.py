@@ -8,7 +8,9 @@ is allowed to finish, the tree is stopped, and the run reports:
 - `kills`, `restarts` (the children's `restarts` summed), `tasks`, `succeeded`, and `failed`
   by failure class (`worker_process_loss`: lost with its worker more than `max_worker_loss`
   times, which the chaos does on purpose; a task that fails is not lost);
-- `lost`: tasks with no final status when their plan was reported done (or that never finished);
+- `lost`: tasks with no final status when their plan was reported done (or that never
+  finished), the first `LOST_SHOWN` of them named in `lost_tasks` ("plan task status shard
+  attempts");
 - `duplicated`: tasks whose side effect happened again after their success was recorded. Each
   task appends `<plan> <task> <attempt>` to a ledger as its last act; a success recorded for
   attempt A is duplicated by a second line for attempt A or any line for an attempt after A;
@@ -56,6 +58,7 @@ from orchestra_sup.system import linux
 
 CHAINS = 10
 PLAN_TIMEOUT_S = 180.0
+LOST_SHOWN = 10
 JOIN_S = 60.0
 """Seconds the hosts have to join the chaos tree."""
 
@@ -72,6 +75,7 @@ class ChaosReport(msgspec.Struct, kw_only=True):
     failed: dict[str, int]
     unrecorded: int
     lost: int
+    lost_tasks: list[str]
     duplicated: int
     orphans: int
     supervisor_alive: bool
@@ -164,6 +168,7 @@ def run_chaos(
     total = sum(len(r.tasks) for r in reports)
     succeeded = unrecorded = lost = duplicated = 0
     failed: Counter[str] = Counter()
+    lost_tasks: list[str] = []
     for report in reports:
         for t in report.tasks:
             if t.status == "failed":
@@ -174,6 +179,8 @@ def run_chaos(
                 duplicated += _duplicated(lines, report.plan, t)
             elif t.status not in ("failed", "skipped", "cancelled"):
                 lost += 1
+                if len(lost_tasks) < LOST_SHOWN:
+                    lost_tasks.append(f"{report.plan} {t.id} {t.status} {t.shard} {t.attempts}")
     lost += sum(max(0, tasks - len(r.tasks)) for r in reports)
     return ChaosReport(
         duration_s=round(time.monotonic() - started, 2),
@@ -185,6 +192,7 @@ def run_chaos(
         failed=dict(sorted(failed.items())),
         unrecorded=unrecorded,
         lost=lost,
+        lost_tasks=lost_tasks,
         duplicated=duplicated,
         orphans=orphans,
         supervisor_alive=alive,

@@ -35,10 +35,13 @@ class HostNet:
         self.root_dev, self.host_dev = f"osr{n}", f"osh{n}"
         a, b = divmod(n * 4 % 65536, 256)
         self.root_ip, self.host_ip = f"{SUBNET}.{a}.{b + 1}", f"{SUBNET}.{a}.{b + 2}"
-        self.remove()  # what a killed run of the same n left
-        _ip("netns", "add", self.ns)
+        _ip("netns", "add", self.ns)  # fails when it exists: another run's, never touched
         try:
             _ip("link", "add", self.root_dev, "type", "veth", "peer", "name", self.host_dev)
+        except BaseException:  # the pair is another run's: only the namespace is ours
+            subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, timeout=10)
+            raise
+        try:
             _ip("link", "set", self.host_dev, "netns", self.ns)
             _ip("addr", "add", f"{self.root_ip}/30", "dev", self.root_dev)
             _ip("link", "set", self.root_dev, "up")
@@ -72,13 +75,24 @@ class HostNet:
         subprocess.run([ip, "netns", "del", self.ns], capture_output=True, timeout=10)
 
 
+TRIES = 32
+"""Numbers tried from the one asked, past namespaces and pairs another run holds (or a killed
+run left)."""
+
+
 def open_host_net(n: int) -> HostNet | str:
-    """A `HostNet`, or one line saying why this machine cannot make one."""
+    """A `HostNet` numbered `n` or, where another run holds that one, one of the next
+    `TRIES`; else one line saying why this machine cannot make one."""
     if shutil.which("ip") is None:
         return "iproute2's ip is not installed"
     if os.geteuid() != 0:
         return "network namespaces need root"
-    try:
-        return HostNet(n)
-    except subprocess.CalledProcessError as exc:
-        return f"cannot make a network namespace here: {exc.stderr.decode().strip()}"
+    why = ""
+    for k in range(TRIES):
+        try:
+            return HostNet((n + k) % 16384)
+        except subprocess.CalledProcessError as exc:
+            why = exc.stderr.decode().strip()
+            if "exists" not in why:
+                break
+    return f"cannot make a network namespace here: {why}"

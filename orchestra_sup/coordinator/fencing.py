@@ -9,8 +9,10 @@
 - An inbox message from a host's shard is taken only for a lane that is its task's current
   one, placed on that very shard, and a result only with that placement's token (`refusal`).
   Anything else is refused `fenced`, counted, and dropped by the shard's outbox.
-- Every `SWEEP_S` seconds the keys of lanes no longer live go (`LaneFences.run`), so a host
-  that stays for months holds no key per lane it ever ran.
+- A lane's key goes once its result is committed (`LaneFences.release`: its commit landed
+  before it), and every `SWEEP_S` seconds the keys of lanes no longer live go
+  (`LaneFences.run`: what a release could not delete), so a host that stays for months holds
+  no key per lane it ever ran.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class LaneFences:
         self.settings = settings
         self._stack = contextlib.AsyncExitStack()
         self._fences: Fences | None = None
+        self.unreleased: set[str] = set()
+        """Lanes whose key `release` has not deleted yet."""
+        self._revoking: set[asyncio.Task[None]] = set()
 
     async def _open(self) -> Fences:
         if self._fences is None:
@@ -86,12 +91,15 @@ class LaneFences:
         when etcd cannot do it, `FenceRefused` when the lane's key cannot be made."""
         rec = plan.tasks[task_id]
         earlier = [a.lane for a in rec.history if a.lane != start.lane and host_of(a.shard)]
+        if start.lane in self.unreleased:  # a placement taken back whose key may stay
+            earlier.append(start.lane)
         on_host = view is not None and HOST_SEPARATOR in view.name
         if not earlier and not on_host:
             return start
         fences = await self._open()
         for lane in earlier:
             await fences.revoke(lane)
+            self.unreleased.discard(lane)
         if not on_host:
             return start
         assert view is not None
@@ -100,23 +108,33 @@ class LaneFences:
             plan.touch(task_id).fence = token
         return msgspec.structs.replace(start, fence=token)
 
-    async def release(self, lane: str) -> None:
-        """Delete lane `lane`'s key, if it has one: a placement on a host its shard never took
-        (`PlanRecord.unplace`), whose lane id the task's next placement uses again. Not done
-        (etcd without a quorum), the next grant on another host replaces it; the sweep takes
-        it otherwise."""
+    def release(self, lane: str) -> None:
+        """Lane `lane`'s key goes, if it has one: its lane ended (its result is committed), or
+        its placement on a host was taken back (`PlanRecord.unplace`), whose lane id the
+        task's next placement uses again. Not done (etcd without a quorum), the lane is kept
+        in `unreleased`: its next placement, wherever it goes, waits until the key has gone
+        (`place`), and the sweep takes it otherwise."""
+        self.unreleased.add(lane)
+        task = asyncio.get_running_loop().create_task(self._revoke(lane))
+        self._revoking.add(task)  # kept until done: the loop holds tasks weakly
+        task.add_done_callback(self._revoking.discard)
+
+    async def _revoke(self, lane: str) -> None:
         try:
             await (await self._open()).revoke(lane)
         except OrchestraError as exc:
             log.info("fences: lane %s's key stays for now: %s", lane, exc)
+            return
+        self.unreleased.discard(lane)
 
-    async def run(self, live: Callable[[str], bool]) -> None:
-        """Sweep every `SWEEP_S` seconds the keys of lanes for which `live(lane)` is False,
-        until cancelled; a sweep etcd does not answer is tried at the next."""
+    async def run(self, live: Callable[[str], bool], every_s: float = SWEEP_S) -> None:
+        """Sweep every `every_s` seconds (default `SWEEP_S`) the keys of lanes for which
+        `live(lane)` is False, until cancelled; a sweep etcd does not answer is tried at the
+        next."""
         while True:
-            await asyncio.sleep(SWEEP_S)
+            await asyncio.sleep(every_s)
             try:
-                gone = await (await self._open()).sweep(live())
+                gone = await (await self._open()).sweep(live)
             except OrchestraError as exc:
                 log.info("fences: the sweep waits for etcd: %s", exc)
                 continue

@@ -117,6 +117,12 @@ class Placer:
         if self.fences is not None:
             await self.fences.close()
 
+    def ended(self, put: f.InboxPut) -> None:
+        """`put` is committed: a host's lane's result ends its fence (`LaneFences.release`)."""
+        result = put.result
+        if self.fences is not None and result is not None and HOST_SEPARATOR in result.shard:
+            self.fences.release(result.lane)
+
     def live(self, lane: str) -> bool:
         """Whether `lane` is its task's current lane, starting or running (the fences' sweep
         keeps its key)."""
@@ -370,4 +376,4 @@ class Placer:
         lane = plan.tasks[task_id].lane
         plan.unplace(task_id)
         if self.fences is not None and lane is not None and HOST_SEPARATOR in shard:
-            self.node.spawn(self.fences.release(lane))
+            self.fences.release(lane)

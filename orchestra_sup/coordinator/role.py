@@ -294,6 +294,8 @@ class Coordinator:
             finally:
                 self._committing.pop(put.msg_id, None)
             self.inbox_ids.add(put.msg_id)
+            assert self.placer is not None
+            self.placer.ended(put)
             if self.held:  # committed and acknowledged; the next generation applies it
                 self._unread.append(put)
             else:

@@ -61,22 +61,32 @@ class Agent:
                 self.proc.wait()
 
 
+def lane_key(cluster: EtcdCluster, lane: str) -> bytes | None:
+    """The value etcd holds under lane `lane`'s fence key (the host's name), or None."""
+    kv = _get(cluster, f"{PREFIX}lanes/{lane}")
+    return None if kv is None else kv[0]
+
+
 def registration(cluster: EtcdCluster, name: str) -> dict | None:
     """What etcd holds for host `name` (its JSON and its lease), or None."""
-    key = base64.b64encode(f"{PREFIX}hosts/{name}".encode()).decode()
+    kv = _get(cluster, f"{PREFIX}hosts/{name}")
+    return None if kv is None else json.loads(kv[0]) | {"lease": kv[1]}
+
+
+def _get(cluster: EtcdCluster, key: str) -> tuple[bytes, int] | None:
+    """`key`'s (value, lease) through etcd's JSON gateway, from the first member that answers;
+    None when it is not there (or no member answers)."""
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
     for url in cluster.endpoints:
         try:
-            request = urllib.request.Request(
-                f"{url}/v3/kv/range", data=json.dumps({"key": key}).encode(), method="POST"
-            )
+            request = urllib.request.Request(f"{url}/v3/kv/range", data=body, method="POST")
             with urllib.request.urlopen(request, timeout=2) as reply:
                 kvs = json.loads(reply.read()).get("kvs", [])
         except OSError:
             continue
         if not kvs:
             return None
-        value = json.loads(base64.b64decode(kvs[0]["value"]))
-        return value | {"lease": int(kvs[0].get("lease", 0))}
+        return base64.b64decode(kvs[0]["value"]), int(kvs[0].get("lease", 0))
     return None
 
 

@@ -104,3 +104,33 @@ def test_a_sweep_leaves_a_key_made_again_since_it_read_it(etcd_cluster: EtcdClus
         assert await fences.holds("a-1", "host-a", fresh[0])
 
     run(etcd_cluster, body)
+
+
+def test_the_coordinators_sweep_and_release_delete_what_ended(etcd_cluster: EtcdCluster) -> None:
+    """`LaneFences` as the coordinator runs it: its sweep loop (here every 0.2 s) deletes the key
+    of a lane not live and keeps a live one's; a release deletes a key at once."""
+    from orchestra_sup.cluster.settings import ClusterSettings
+    from orchestra_sup.coordinator.fencing import LaneFences
+
+    async def main() -> None:
+        lane_fences = LaneFences(ClusterSettings(etcd=tuple(etcd_cluster.endpoints), prefix=PREFIX))
+        async with Etcd(etcd_cluster.endpoints) as etcd:
+            fences = Fences(etcd, PREFIX)
+            lease = await etcd.grant(30)
+            live, ended, released = [await fences.grant(n, "host-a", lease) for n in "abc"]
+            sweeping = asyncio.create_task(lane_fences.run(lambda lane: lane == "a", every_s=0.2))
+            lane_fences.release("c")
+            for _ in range(100):
+                if not await fences.holds("b", "host-a", ended):
+                    break
+                await asyncio.sleep(0.1)
+            sweeping.cancel()
+            await asyncio.gather(sweeping, return_exceptions=True)
+            assert sweeping.cancelled(), sweeping  # the loop itself never failed
+            assert await fences.holds("a", "host-a", live)
+            assert not await fences.holds("b", "host-a", ended)
+            assert not await fences.holds("c", "host-a", released)
+            assert not lane_fences.unreleased
+        await lane_fences.close()
+
+    asyncio.run(main())

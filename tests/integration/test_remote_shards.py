@@ -18,7 +18,14 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import load_client_keys
 from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
 from tests.integration.harness import Tree, make_repo, plan, task, wait_until
-from tests.integration.hostagent import TTL_S, Agent, call_through, host_of, root_config
+from tests.integration.hostagent import (
+    TTL_S,
+    Agent,
+    call_through,
+    host_of,
+    lane_key,
+    root_config,
+)
 from tests.integration.test_ctl_access import free_port
 
 pytestmark = [pytest.mark.integration, needs_etcd]
@@ -97,6 +104,8 @@ def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands
     lane = by_id["write"].lane
     assert (tmp_path / "host-a" / "state" / "sandboxes" / lane / "made.txt").is_file()
     assert not (tree.state_dir / "sandboxes" / lane).exists()
+    # its fence went with its result: a late landing of it would be refused now
+    wait_until(lambda: lane_key(etcd_cluster, lane) is None, 10, "the lane's fence key gone")
 
 
 def test_a_host_speaks_to_the_coordinator_only_for_its_own_processes(
