@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from orchestra_sup.errors import ConfigError, ProtocolError, RemoteError, TreeBusy, TreeUnreachable
 from orchestra_sup.protocol import curve
@@ -33,6 +34,11 @@ from orchestra_sup.supervisor.runlock import is_owned
 from orchestra_sup.system.pathcheck import shown_path
 
 _ids = itertools.count(1)
+CONNECTION_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
+"""What a tcp client's monitor also watches: whether its connection was taken, or refused."""
+REFUSED_CONNECTS = 3
+"""Refused connections in a row (libzmq retries every 100 ms or so) after which nothing is
+taken to listen at the address: a tree restarting its listener is back well within them."""
 
 
 class CtlClient:
@@ -62,8 +68,9 @@ class CtlClient:
         self.sock.linger = 0
         self.sock.setsockopt(zmq.MAXMSGSIZE, SOCKET_MAX_BYTES)  # as every tree socket
         self.monitor: zmq.Socket | None = None
+        self._refused_connects = 0
         if connect is not None and keys is not None:
-            self.monitor = self.sock.get_monitor_socket(curve.REFUSALS)
+            self.monitor = self.sock.get_monitor_socket(curve.REFUSALS | CONNECTION_EVENTS)
         try:
             curve.connect(self.sock, connect or f"ipc://{run_dir / 'ctl.ipc'}", keys)
         except BaseException:
@@ -82,6 +89,25 @@ class CtlClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _watch_connection(self, event: int) -> None:
+        """One event of a tcp connection's monitor: raises `TreeUnreachable` for a refused
+        handshake, and for the `REFUSED_CONNECTS`-th refused connection in a row (nothing
+        listens there: say so now, not at the request's deadline)."""
+        if event & curve.REFUSALS:
+            raise TreeUnreachable(
+                f"the tree at {self.where} refused the CURVE handshake: its server key is "
+                "not the one pinned (server.public), or it does not allow this client key"
+            )
+        if event == zmq.EVENT_CONNECTED:
+            self._refused_connects = 0
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            self._refused_connects += 1
+            if self._refused_connects >= REFUSED_CONNECTS:
+                raise TreeUnreachable(
+                    f"nothing accepts connections at {self.where} (connection refused): is a "
+                    "tree started there with --ctl-tcp?"
+                )
 
     def request(self, body: f.Body, timeout_s: float) -> f.Body:
         """Send `body`, return the reply body.
@@ -122,10 +148,8 @@ class CtlClient:
             left_ms = max(0, int((deadline - time.monotonic()) * 1000))
             ready = dict(poller.poll(left_ms))
             if self.monitor is not None and self.monitor in ready:
-                raise TreeUnreachable(
-                    f"the tree at {self.where} refused the CURVE handshake: its server key is "
-                    "not the one pinned (server.public), or it does not allow this client key"
-                )
+                self._watch_connection(recv_monitor_message(self.monitor)["event"])
+                continue
             if self.sock not in ready:
                 raise TreeUnreachable(
                     f"the tree at {self.where} did not answer within {timeout_s:g} s"

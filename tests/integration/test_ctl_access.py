@@ -206,6 +206,11 @@ def test_ctl_over_tcp_needs_an_allowed_curve_key(
     assert wrong.returncode == 3 and "refused the CURVE handshake" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1 and "Traceback" not in wrong.stderr
     wait_until(lambda: refused(tree) > before, 10, "the wrong key to be counted")
+    nobody = f"tcp://127.0.0.1:{free_port()}"  # said at once, not at the deadline
+    absent = cli("ctl", "--connect", nobody, "--keys", str(keys), "status", "--timeout", "30")
+    assert absent.returncode == 3, absent.stderr
+    assert f"nothing accepts connections at {nobody} (connection refused)" in absent.stderr
+    assert len(absent.stderr.strip().splitlines()) == 1
 
     plan_id, entry = submit_gated(tree, tmp_path)
     approved = cli(*remote, "approve", str(entry["lane"]))
