@@ -176,8 +176,10 @@ class HostLease:
                 return
             sent = self.clock()
             try:
-                renewal = self.etcd.keepalive(self.lease, timeout_s=self.every_s)
-                ttl = await asyncio.wait_for(renewal, self._left())
+                # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancellation that
+                # comes as the keep-alive is answered, and the agent's lease then never ends
+                async with asyncio.timeout(self._left()):
+                    ttl = await self.etcd.keepalive(self.lease, timeout_s=self.every_s)
             except (EtcdUnavailable, EtcdRefused, TimeoutError) as exc:
                 log.warning("lease %x keep-alive failed: %s", self.lease, exc or "timed out")
                 continue

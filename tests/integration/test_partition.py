@@ -11,7 +11,6 @@ workspace are empty tmpfs (`HIDE`): what a host's lane gets, it gets over the CU
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from orchestra_sup.protocol import frames as f
 from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
-from tests.integration.harness import Tree, make_repo, plan, task, wait_until
+from tests.integration.harness import Tree, git, make_repo, plan, task, wait_until
 from tests.integration.hostagent import TTL_S, Agent, host_of, root_config
 from tests.integration.hostnet import HostNet, host_net
 from tests.integration.test_ctl_access import free_port
@@ -117,21 +116,14 @@ def test_a_partitioned_hosts_commit_is_fenced_and_the_change_lands_once(
 
     def landed() -> int:
         """Commits of the task "work" in the workspace (each lane's commit names its task)."""
-        subjects = subprocess.run(
-            ["git", "-C", str(workspace), "log", "--format=%s"],
-            capture_output=True, text=True, check=True,
-        ).stdout.splitlines()  # fmt: skip
+        subjects = git(workspace, "log", "--format=%s").splitlines()
         return sum("partition/work" in s for s in subjects)
 
     wait_until(
         lambda: fenced(tree) >= 1 or landed() > 1, 60, "the held commit to reach the custodian"
     )
     assert landed() == 1
-    shown = subprocess.run(
-        ["git", "-C", str(workspace), "show", "HEAD:count.txt"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert shown.stdout == "once\n"
+    assert git(workspace, "show", "HEAD:count.txt") == "once"
     status = tree.status()
     assert next(c for c in status.children if c.name == "custodian").fenced == 1
     assert "lease lost" in agent.log()

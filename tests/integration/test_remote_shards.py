@@ -6,7 +6,6 @@ for its own processes only."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.keys import load_client_keys
 from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
-from tests.integration.harness import Tree, make_repo, plan, task, wait_until
+from tests.integration.harness import Tree, git, make_repo, plan, task, wait_until
 from tests.integration.hostagent import (
     TTL_S,
     Agent,
@@ -96,11 +95,7 @@ def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands
     assert by_id["write"].shard == "host-a/shard-0", by_id["write"]
     assert by_id["write"].commit is not None
     assert tree.workspace is not None
-    shown = subprocess.run(
-        ["git", "-C", str(tree.workspace), "show", "HEAD:made.txt"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert shown.stdout == "from-host-a\n"
+    assert git(tree.workspace, "show", "HEAD:made.txt") == "from-host-a"
     lane = by_id["write"].lane
     assert (tmp_path / "host-a" / "state" / "sandboxes" / lane / "made.txt").is_file()
     assert not (tree.state_dir / "sandboxes" / lane).exists()
@@ -321,8 +316,4 @@ def test_a_hosts_commit_waits_out_a_restart_of_the_roots_custodian(
     assert report.ok and write.attempts == 1 and write.commit is not None, write
     assert tree.child("custodian").generation > custodian.generation
     assert tree.workspace is not None
-    shown = subprocess.run(
-        ["git", "-C", str(tree.workspace), "show", "HEAD:made.txt"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert shown.stdout == "landed\n"
+    assert git(tree.workspace, "show", "HEAD:made.txt") == "landed"
