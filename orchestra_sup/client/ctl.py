@@ -14,6 +14,7 @@ near its open-file limit (`protocol.connections`) is reported as busy, not as mi
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -138,7 +139,11 @@ class CtlClient:
             raise ConfigError(
                 f"the request is not sent: {exc.detail}, the largest request the tree takes"
             ) from exc
-        self.sock.send(data)
+        with contextlib.suppress(zmq.Again):
+            # A refused CURVE handshake takes the connection's pipe with it (libzmq 4.3,
+            # `session_base_t::engine_error`) and a blocking send would then wait for ever;
+            # unsent, the monitor below says why.
+            self.sock.send(data, zmq.NOBLOCK)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         if self.monitor is not None:

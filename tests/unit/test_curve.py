@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import zmq
 
-from orchestra_sup.errors import CallTimeout, ConfigError
+from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.errors import CallTimeout, ConfigError, TreeUnreachable
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
@@ -153,6 +154,22 @@ def test_a_peer_with_a_wrong_key_is_refused(tmp_path: Path, wrong: str) -> None:
         assert server.seen == []
         assert server.gate.admitted == 0
         assert server.gate.denied >= (1 if wrong == "client key" else 0)
+
+    run(test, tmp_path)
+
+
+def test_a_ctl_client_refused_before_it_asks_is_told_so(tmp_path: Path) -> None:
+    """A refused handshake takes the connection's pipe with it, so a request made after it has
+    nothing to queue on: `CtlClient.request` still says the handshake was refused (from its
+    monitor), where a blocking send would wait for ever."""
+
+    async def test(ctx: zmq.Context, server: Server, tmp: Path) -> None:
+        right = load_client_keys(tmp / "keys", "operator")
+        keys = ClientKeys(right.server_public, Keypair(*zmq.curve_keypair()), "operator")
+        with CtlClient(tmp, connect=server.addr, keys=keys) as ctl:
+            await until(lambda: server.gate.refused >= 1, "the handshake to be refused")
+            with pytest.raises(TreeUnreachable, match="refused the CURVE handshake"):
+                await asyncio.to_thread(ctl.request, f.CtlStatus(), DEADLINE_S)
 
     run(test, tmp_path)
 
