@@ -104,15 +104,16 @@ def rollover(
     name: Annotated[
         str,
         typer.Argument(
-            help="coordinator, custodian, shard-K, shards (one at a time), supervisor or all."
+            help="coordinator, custodian, shard-K, shards (one at a time), supervisor or all; "
+            "a host's: host-a (each of its shards) or host-a/shard-K."
         ),
     ],
     release: Annotated[
         Path | None,
         typer.Option(
             "--release",
-            help="The interpreter of the release to move to (a virtualenv's bin/python); "
-            "default: the supervisor's own.",
+            help="The interpreter of the release to move to (a virtualenv's bin/python; for a "
+            "host's target, a path on that host); default: the supervisor's own.",
         ),
     ] = None,
     drain_timeout: Annotated[

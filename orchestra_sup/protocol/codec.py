@@ -42,6 +42,18 @@ class _Head(msgspec.Struct, array_like=True):
     id: MessageId
 
 
+class _Addressed(msgspec.Struct, array_like=True):
+    """An `Envelope`'s fields up to `dest_gen` (the body is skipped unread)."""
+
+    v: int
+    id: MessageId
+    corr: MessageId | None
+    sender: MessageId
+    gen: int
+    ttl_s: float | None
+    dest_gen: int | None
+
+
 class Codec:
     """Turns `Envelope` values into bytes and back, frames of at most `max_bytes` (default
     `MAX_FRAME_BYTES`).
@@ -57,6 +69,7 @@ class Codec:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(Envelope[Body])
         self._head = msgspec.msgpack.Decoder(_Head)
+        self._addressed = msgspec.msgpack.Decoder(_Addressed)
 
     def encode(self, env: Envelope) -> bytes:
         data = self._encoder.encode(env)
@@ -87,6 +100,15 @@ class Codec:
                 msg_id=env.id,
             )
         return env
+
+    def dest_gen_of(self, data: bytes | memoryview) -> int | None:
+        """The `dest_gen` frame `data` names, its body not read (a relay's routing: a host's
+        data port). Raises `ProtocolError(bad_frame)` when its envelope's head does not
+        decode."""
+        try:
+            return self._addressed.decode(data).dest_gen
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise ProtocolError(ErrorCode.BAD_FRAME, f"no envelope head: {exc}") from None
 
     def _id_of(self, data: bytes | memoryview) -> str | None:
         """The message id of a frame that cannot be decoded whole, when its head still reads

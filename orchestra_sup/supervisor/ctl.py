@@ -52,7 +52,13 @@ from orchestra_sup.runtime.node import debug_raise, debug_spin
 from orchestra_sup.runtime.remote import HOST_SEPARATOR
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.gate import Busy
-from orchestra_sup.supervisor.hostctl import ask_host, stop_host
+from orchestra_sup.supervisor.hostctl import (
+    ask_host,
+    is_host_target,
+    rollover_host,
+    rollover_status,
+    stop_host,
+)
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.views import CtlHost
 from orchestra_sup.system.cpupolicy import in_force
@@ -200,6 +206,10 @@ class CtlService:
                 | f.CtlBenchRelay()
             ):
                 return self._forward("coordinator", body, env.ttl_s)
+            case f.CtlRollover(name=name) if is_host_target(host, name):
+                return rollover_host(host, body, env.ttl_s)
+            case f.CtlRolloverStatus(id=rollover_id) if HOST_SEPARATOR in rollover_id:
+                return rollover_status(host, body)
             case f.CtlRollover() if host.gate.reloading():
                 message = "a config reload is in progress; roll over once it is done"
                 return f.Error(code=ErrorCode.BUSY, message=message)

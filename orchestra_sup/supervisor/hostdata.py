@@ -6,10 +6,12 @@ The agent binds `host --listen tcp://HOST:PORT` as a CURVE server with the host'
 root's server key (`server.public`, which the host has), so no key is made for it. A caller on
 the root connects a DEALER as CURVE client with the root's server keypair, pinning the host's
 key, with routing id `<caller id>>shard-K`: its own routing id (`coordinator.3`), then the shard
-it calls. The port splits that id and forwards the frame, unread, to shard-K's `ipc://` socket
-through a DEALER whose routing id is the caller's own, one per routing id. The answer comes
-back on that DEALER and goes out to the caller. So the shard sees the caller as it would see a
-local one: generations, `dest_gen` and its stale-frame checks hold unchanged.
+it calls. The port splits that id, reads the frame's `dest_gen` (its envelope's head only) and
+forwards the frame to the `ipc://` socket of shard-K's process at that generation (`route`:
+during a rollover's surge two run, each at its own socket), through a DEALER whose routing id
+is the caller's own, one per routing id and socket. The answer comes back on that DEALER and
+goes out to the caller. So the shard sees the caller as it would see a local one: generations,
+`dest_gen` and its stale-frame checks hold unchanged.
 
 A frame whose routing id names no shard of this host is answered `Error(peer_down)` (its
 envelope read only for its id) and counted (`refused`), as is a frame that does not decode.
@@ -25,6 +27,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -46,17 +49,24 @@ ROOT = "root"
 """The name the root's server key is admitted under."""
 
 
+Link = tuple[bytes, str]
+"""A forwarding DEALER's key: the caller's routing id, and the shard socket it is connected to."""
+Route = Callable[[str, int | None], str | None]
+"""Where shard `name`'s process at generation `dest_gen` listens (None: at the generation that
+stands for the shard now), its `ipc://` endpoint; None when the host has no shard `name`."""
+
+
 class DataPort:
     """The data port of a host whose keys are `keys` (its own keypair, the root's public key),
-    at `address`, forwarding to `shards` (name -> `ipc://` endpoint). `open()` binds it (on the
-    loop: raises `zmq.ZMQError` when the address cannot be bound) and starts the thread;
-    `close()` stops both. Counters, read from any thread: `forwarded` (frames to a shard),
-    `returned` (answers to a caller), `refused`."""
+    at `address`, forwarding to the shards `route` finds (called on the port's thread: it only
+    reads). `open()` binds it (on the loop: raises `zmq.ZMQError` when the address cannot be
+    bound) and starts the thread; `close()` stops both. Counters, read from any thread:
+    `forwarded` (frames to a shard), `returned` (answers to a caller), `refused`."""
 
-    def __init__(self, ctx: zmq.Context, address: str, keys: ClientKeys, shards: dict[str, str]):
+    def __init__(self, ctx: zmq.Context, address: str, keys: ClientKeys, route: Route):
         self.ctx = ctx
         self.address = address
-        self.shards = shards
+        self.route = route
         self.server_keys = ServerKeys(server=keys.client, clients={keys.server_public: ROOT})
         self.forwarded = 0
         self.returned = 0
@@ -114,9 +124,9 @@ class DataPort:
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(stop, zmq.POLLIN)
-        dealers: dict[bytes, zmq.Socket] = {}
-        callers: dict[zmq.Socket, bytes] = {}
-        used: dict[bytes, float] = {}
+        dealers: dict[Link, zmq.Socket] = {}
+        callers: dict[zmq.Socket, Link] = {}
+        used: dict[Link, float] = {}
         swept = time.monotonic()
         try:
             while True:
@@ -127,15 +137,15 @@ class DataPort:
                     if sock is router:
                         self._inbound(router, poller, dealers, callers, used)
                     elif sock in callers:
-                        self._outbound(router, sock, callers[sock])
+                        self._outbound(router, sock, callers[sock][0])
                         used[callers[sock]] = time.monotonic()
                 now = time.monotonic()
                 if now - swept >= SWEEP_S:
                     swept = now
-                    for ident in [i for i, at in used.items() if now - at > IDLE_S]:
-                        sock = dealers.pop(ident)
+                    for link in [k for k, at in used.items() if now - at > IDLE_S]:
+                        sock = dealers.pop(link)
                         poller.unregister(sock)
-                        del callers[sock], used[ident]
+                        del callers[sock], used[link]
                         sock.close(linger=0)
         finally:
             for sock in dealers.values():
@@ -147,9 +157,9 @@ class DataPort:
         self,
         router: zmq.Socket,
         poller: zmq.Poller,
-        dealers: dict[bytes, zmq.Socket],
-        callers: dict[zmq.Socket, bytes],
-        used: dict[bytes, float],
+        dealers: dict[Link, zmq.Socket],
+        callers: dict[zmq.Socket, Link],
+        used: dict[Link, float],
     ) -> None:
         while True:
             try:
@@ -158,24 +168,35 @@ class DataPort:
                 return
             ident, data = parts[0], parts[-1]
             caller, sep, shard = ident.partition(SEPARATOR)
-            endpoint = self.shards.get(shard.decode(errors="replace")) if sep and caller else None
-            if endpoint is None or len(parts) != 2:
+            endpoint = None
+            if sep and caller and len(parts) == 2:
+                endpoint = self._endpoint(shard.decode(errors="replace"), data)
+            if endpoint is None:
                 self._refuse(router, ident, data, shard)
                 continue
-            dealer = dealers.get(ident)
+            link = (ident, endpoint)
+            dealer = dealers.get(link)
             if dealer is None:
                 dealer = self.ctx.socket(zmq.DEALER)
                 dealer.linger = 0
                 dealer.setsockopt(zmq.IDENTITY, caller)
                 dealer.connect(endpoint)
-                dealers[ident], callers[dealer] = dealer, ident
+                dealers[link], callers[dealer] = dealer, link
                 poller.register(dealer, zmq.POLLIN)
-            used[ident] = time.monotonic()
+            used[link] = time.monotonic()
             try:
                 dealer.send(data, zmq.NOBLOCK)
                 self.forwarded += 1
             except zmq.Again:  # the shard's queue is full: the caller times out, as locally
                 self.refused += 1
+
+    def _endpoint(self, shard: str, data: bytes) -> str | None:
+        """Where the frame `data` for `shard` goes: its process at the frame's `dest_gen`; None
+        for no shard of this host, or a frame that does not decode."""
+        try:
+            return self.route(shard, self._codec.dest_gen_of(data))
+        except ProtocolError:
+            return None
 
     def _outbound(self, router: zmq.Socket, dealer: zmq.Socket, ident: bytes) -> None:
         while True:

@@ -21,8 +21,8 @@ as a root does. `HostLink` is what makes that supervisor a host of another tree:
    address in `--join`). Its children call them as `<NAME>/<child>` with the host's key
    (`runtime.remote`, `child_args`).
 4. On the same connection the root asks what its operator asks of this host (`ROOT_ASKS`:
-   `ctl restart host-a/shard-0`, `ctl stop-host`; `supervisor.hostctl`), served as the host's
-   own ctl serves it.
+   `ctl restart host-a/shard-0`, `ctl rollover host-a`, `ctl stop-host`; `supervisor.hostctl`),
+   served as the host's own ctl serves it.
 
 When the lease is lost (`on_lost`: etcd said so, or the host can no longer know it holds it),
 every running shard is SIGKILLed at once, so its lanes stop before etcd's side of the lease can
@@ -74,7 +74,7 @@ LOG_EVERY_S = 10.0
 """At most one "cannot reach the root" line this often."""
 WILDCARDS = frozenset({"0.0.0.0", "*", "[::]", "::"})
 """Hosts of a bound address that name every interface, not one to dial."""
-ROOT_ASKS = (f.CtlRestart, f.CtlStop)
+ROOT_ASKS = (f.CtlRestart, f.CtlStop, f.CtlRollover, f.CtlRolloverStatus)
 """What the root may ask of its hosts' agents (`supervisor.hostctl`)."""
 
 
@@ -92,13 +92,14 @@ class HostJoin(msgspec.Struct, frozen=True, kw_only=True):
 class HostLink:
     """The link of the agent `sup` to the root `join` names (module docstring). The keys are
     read now: raises `ConfigError` when they cannot be. The agent's processes cannot then move
-    onto another release in place (`seam.unmovable`): an exec would drop the lease this
-    process holds, and with it the host's lanes. It is rolled over by restarting it."""
+    onto another release in place (`seam.pinned`): an exec would drop the lease this process
+    holds, and with it the host's lanes. Its shards roll over (surge and drain); the agent
+    itself by restarting it."""
 
     def __init__(self, sup: AgentHost, join: HostJoin):
-        sup.seam.unmovable = (
-            "this is a host's agent, whose etcd lease an exec would drop: its shards and itself "
-            "roll over when its unit restarts"
+        sup.seam.pinned = (
+            "this is a host's agent, whose etcd lease an exec would drop: it moves onto a new "
+            "release when its unit restarts"
         )
         self.sup = sup
         self.join = join
@@ -178,15 +179,26 @@ class HostLink:
     def _data_port(self, address: str) -> DataPort | None:
         """The host's data port at `address`, open; None once the agent is refusing to go on
         (the address cannot be bound)."""
-        shards = [w.name for w in self.sup.children.workers if w.spec.role == "shard"]
-        endpoints = {name: self.sup.paths.endpoint(name) for name in shards}
-        port = DataPort(self.ctx, address, self.keys, endpoints)
+        port = DataPort(self.ctx, address, self.keys, self._route)
         try:
             port.open()
         except zmq.ZMQError as exc:
             self.sup.refuse(f"data port {address}: cannot bind it: {exc}")
             return None
         return port
+
+    def _route(self, name: str, generation: int | None) -> str | None:
+        """Where the data port sends a frame for shard `name` at `generation` (`hostdata.Route`;
+        called on the port's thread, reading only): that generation's socket while it runs (a
+        rollover's surge runs two), else that of the generation standing for the shard, which
+        answers a frame for another `stale_generation` itself."""
+        children = self.sup.children
+        worker = children.by_name.get(name)
+        if worker is None or worker.spec.role != "shard":
+            return None
+        if generation is None or generation not in (worker.generation, worker.retiring):
+            generation = children.peer_state(worker).generation
+        return children.endpoint(worker, generation)
 
     async def _hello(self, ep: Endpoint) -> f.HostWelcome | None:
         """The root's welcome, asked for until it comes; None once it refused (the agent is
@@ -267,19 +279,26 @@ class HostLink:
 
     def _renewed(self, stop_by: float) -> None:
         """Hand every running shard the lease's new deadline (`shards.deadline`): past it, a
-        shard stops its lanes itself, whether or not this agent still runs to stop them."""
+        shard stops its lanes itself, whether or not this agent still runs to stop them. A
+        generation a rollover is draining holds lanes too, and gets it as well."""
         control = self.sup.sockets.control
         if control is None:
             return
         for worker in self.sup.children.workers:
-            if worker.spec.role == "shard" and worker.state is ChildState.RUNNING:
+            if worker.spec.role != "shard":
+                continue
+            live = [worker.generation] if worker.state is ChildState.RUNNING else []
+            if worker.retiring is not None:
+                live.append(worker.retiring)
+            for generation in live:
                 with contextlib.suppress(PeerDown):
                     control.send(
-                        f.LeaseHold(stop_by=stop_by), to=routing_id(worker.name, worker.generation)
+                        f.LeaseHold(stop_by=stop_by), to=routing_id(worker.name, generation)
                     )
 
     def _lost(self) -> None:
-        """Stop every lane now: SIGKILL each running shard (its supervisor restarts it)."""
+        """Stop every lane now: SIGKILL each running shard (its supervisor restarts it), and
+        each generation a rollover is draining (its lanes are lost with the lease too)."""
         self.lease_id = 0
         shards = [w for w in self.sup.children.workers if w.spec.role == "shard"]
         running = [w for w in shards if w.state is ChildState.RUNNING]
@@ -287,6 +306,9 @@ class HostLink:
         for worker in running:
             worker.killed_for = ExitCause.LEASE
             self.sup.seam.signal(worker, signal.SIGKILL)
+        for worker in shards:
+            if worker.retiring is not None:
+                self.sup.seam.signal_retiring(worker.name, worker.retiring, signal.SIGKILL)
 
     def registration(self) -> dict[str, Any]:
         """What etcd holds for this host: {"name", "boot", "shards", "capabilities", "tenants",
@@ -310,14 +332,18 @@ class HostLink:
                 continue
             beat = self.sup.children.liveness[worker.name].beat
             running = worker.state is ChildState.RUNNING
+            peer = self.sup.children.peer_state(worker)
             shards.append(
                 f.HostShard(
                     name=worker.name,
                     state=str(worker.state),
-                    generation=worker.generation,
+                    generation=peer.generation,
                     pid=worker.pid if running else None,
                     lanes=sum(beat.lanes.values()) if beat is not None else 0,
                     capacity=worker.spec.capacity,
+                    up=peer.up,
+                    stopping=peer.stopping,
+                    draining=peer.draining,
                 )
             )
         settings = self.sup.settings.shards

@@ -47,7 +47,6 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.endpoint import Endpoint, KeyIdentity, needs_caller
 from orchestra_sup.release import skew
 from orchestra_sup.runtime.remote import qualified
-from orchestra_sup.supervisor.spec import ChildState
 
 if TYPE_CHECKING:  # aiohttp is imported by a root that follows etcd, not by every one
     from orchestra_sup.cluster.etcd import KeyValue
@@ -61,7 +60,6 @@ LOG_EVERY_S = 10.0
 """At most one line this often of who joined or was refused."""
 FORGET_S = 3600.0
 """Seconds after which a host neither heard nor registered leaves the table."""
-RUNNING = str(ChildState.RUNNING)
 
 
 def shown(name: str) -> str:
@@ -150,7 +148,8 @@ class Hosts:
         """Every shard of every host that joined, as the root's roster lists it: named
         `<host>/<shard>`, up while the host is registered in etcd, its last report names the
         lease it holds, the root reaches an etcd quorum (issue 21: losing it stops new
-        placements on hosts) and the report says the shard runs; at the host's data address,
+        placements on hosts) and the agent's roster has the shard up; stopping and draining as
+        there (a rollover on the host) or while the host drains; at the host's data address,
         with the host's capabilities and tenants."""
         out = []
         for name, host in sorted(self.by_name.items()):
@@ -166,14 +165,15 @@ class Hosts:
                         name=qualified(name, shard.name),
                         role="shard",
                         generation=shard.generation,
-                        up=held and shard.state == RUNNING,
+                        up=held and shard.up,
                         endpoint=report.data,
                         capacity=shard.capacity,
                         capabilities=list(report.capabilities),
                         tenants=list(report.tenants),
                         boot=report.boot,
                         lease=report.lease if held else 0,
-                        stopping=name in self.draining,
+                        stopping=shard.stopping or name in self.draining,
+                        draining=list(shard.draining),
                     )
                 )
         return out

@@ -134,14 +134,16 @@ async def reexec(sup: ReexecHost, release: str, carry: bytes = b"") -> None:
     Call it holding none of the tree's restart locks (it takes them all).
 
     Raises `ReleaseError` (one line; the tree goes on as before, template and sockets
-    restarted) when the tree is colocated, `release` is not an executable file, the tree is
-    starting or stopping, a child is not settled or a shard's surge is in flight, there is no
-    quiet point in time, `reexec` is not called on the main thread (an exec from any other
-    would end the thread the children's parent-death signal is tied to), a child is not the
-    main thread's, or the exec itself fails (`release` changed since it was checked: no
-    longer a program, for example)."""
+    restarted) when the tree is colocated or a host's agent (`seam.pinned`), `release` is not
+    an executable file, the tree is starting or stopping, a child is not settled or a shard's
+    surge is in flight, there is no quiet point in time, `reexec` is not called on the main
+    thread (an exec from any other would end the thread the children's parent-death signal is
+    tied to), a child is not the main thread's, or the exec itself fails (`release` changed
+    since it was checked: no longer a program, for example)."""
     if sup.seam.unmovable is not None:
         raise ReleaseError(f"{sup.seam.unmovable}: it cannot re-execute its supervisor")
+    if sup.seam.pinned is not None:
+        raise ReleaseError(f"{sup.seam.pinned}: it cannot re-execute itself in place")
     if not os.path.isfile(release) or not os.access(release, os.X_OK):
         raise ReleaseError(f"release {release}: not an executable file")
     if threading.current_thread() is not threading.main_thread():

@@ -24,8 +24,9 @@ turn, each the way its role allows:
   every child. A refused re-exec leaves the old image running.
 
 Targets: a child's name, `supervisor`, `shards` (each shard in turn) or `all` (custodian,
-coordinator, each shard, then the supervisor). A rollover stops at the first target that rolls
-back or fails, and reports it.
+coordinator, each shard, then the supervisor; on a host's agent, which does not re-execute
+itself (`seam.pinned`), its shards). A rollover stops at the first target that rolls back or
+fails, and reports it.
 Progress is a list of `RolloverEvent`s that `ctl rollover` long-polls (`CtlRolloverStatus`).
 Only one rollover runs at a time, and none during a config reload (both hold `gate.ChangeGate`);
 restarts of the child being moved wait for it (the rollover holds its supervisor's restart
@@ -221,8 +222,9 @@ class Rollovers:
         The targets are read again once the release is probed: a reload may have retired,
         added or restarted children meanwhile (it is not excluded until the gate is entered).
 
-        Raises `RemoteError`: `bad_request` for a colocated tree, a tree that is stopping, a
-        target that is not running, a bad drain timeout, or a release that cannot be probed;
+        Raises `RemoteError`: `bad_request` for a colocated tree, `supervisor` on a host's agent
+        (`seam.pinned`), a tree that is stopping, a target that is not running, a bad drain
+        timeout, or a release that cannot be probed;
         `not_found` for an unknown target; `busy` while another rollover runs;
         `version_skew` for a release whose protocol range does not overlap the tree's.
         """
@@ -232,6 +234,9 @@ class Rollovers:
                 ErrorCode.BAD_REQUEST,
                 f"{host.seam.unmovable}; stop it and start it on the new release instead",
             )
+        pinned = host.seam.pinned
+        if pinned is not None and req.name == SUPERVISOR:
+            raise RemoteError(ErrorCode.BAD_REQUEST, f"{pinned}; its shards roll over (`shards`)")
         if host.stopping:
             raise RemoteError(ErrorCode.BAD_REQUEST, "the tree is stopping")
         running = self.running()
@@ -247,7 +252,7 @@ class Rollovers:
                 )
             drain_s = req.drain_timeout_s
         self.movable(req.name)
-        itself = req.name in (SUPERVISOR, "all")
+        itself = req.name in (SUPERVISOR, "all") and pinned is None
         python = req.release or host.seam.release
         try:
             info = await releases.probe(
@@ -321,8 +326,8 @@ class Rollovers:
         return workers
 
     def targets(self, name: str) -> list[Worker]:
-        """The children `name` moves, in order (`supervisor`: none; `all`: every child, and then
-        the supervisor moves too). Raises `RemoteError(not_found)`."""
+        """The children `name` moves, in order (`supervisor`: none; `all`: every child, then the
+        supervisor moves too). Raises `RemoteError(not_found)`."""
         children = self.host.children
         by_role = {w.spec.role: w for w in children.workers if w.spec.role != "shard"}
         shards = [w for w in children.workers if w.spec.role == "shard"]
@@ -331,7 +336,8 @@ class Rollovers:
         if name == "shards":
             return shards
         if name == "all":
-            return [by_role["custodian"], by_role["coordinator"], *shards]
+            fixed = [by_role[role] for role in ("custodian", "coordinator") if role in by_role]
+            return [*fixed, *shards]
         worker = children.by_name.get(name)
         if worker is None:
             known = ", ".join([*children.by_name, SUPERVISOR, "shards", "all"])

@@ -40,6 +40,10 @@ class LoopSeam:
     root's callbacks (`make_args`, `after_exit`, `changed`: see `ProcessSeam`), and `release`,
     the interpreter the supervisor itself runs."""
 
+    pinned: str | None = None
+    """Why the supervisor itself cannot re-execute in place, while its children still roll over
+    (None: it can). A host's agent sets it (`supervisor.hostlink`)."""
+
     def __init__(
         self,
         make_args: Callable[[Worker], ChildArgs],

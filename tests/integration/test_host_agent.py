@@ -76,7 +76,7 @@ def test_an_agent_joins_supervises_its_shards_and_stops_them_without_its_lease(
         "shard-0",
         "shard-1",
     ]
-    for ask in (["plans"], ["rollover", "shard-0"]):
+    for ask in (["plans"], ["rollover", "supervisor"]):  # its shards roll over, itself not
         refused = cli("ctl", "--run-dir", str(agent.run_dir), *ask)
         assert refused.returncode == 2, (ask, refused.stdout, refused.stderr)
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr

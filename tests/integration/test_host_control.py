@@ -1,6 +1,7 @@
 """What a root's operator asks of a host (issue 21, `supervisor.hostctl`): `ctl restart
-host-a/shard-0` is done by host-a's agent, and `ctl stop-host host-a` drains the host, then its
-agent stops and revokes its lease, so etcd and the root see it leave at once."""
+host-a/shard-0` and `ctl rollover host-a` are done by host-a's agent, and `ctl stop-host host-a`
+drains the host, then its agent stops and revokes its lease, so etcd and the root see it leave
+at once."""
 
 from __future__ import annotations
 
@@ -100,3 +101,64 @@ def test_stop_host_drains_then_the_agent_leaves(
     wait_until(lambda: registration(etcd_cluster, "host-a") is None, TTL_S, "the lease revoked")
     print(f"registration gone {time.monotonic() - left:.2f} s after stop-host answered")
     assert status_of(waits).shard is None  # nothing else offers "remote": it waits for a host
+
+
+def test_a_host_rolls_over_its_shards_when_the_root_asks(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """`ctl rollover host-a` while a lane runs there: the agent starts shard-0's generation 2
+    beside generation 1, and the root's roster follows (a new task runs on generation 2 while
+    the old one still runs its lane, for longer than the lease's TTL); the lane finishes there,
+    generation 1 retires, and the report names host-a's shard. The agent itself is not
+    re-executed: asked, it refuses."""
+    tree, agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    go = tmp_path / "go"
+    wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
+    running = tree.submit(plan("running", task("there", wait, requires=["remote"])))
+
+    def first(plan_id: str) -> f.TaskReport:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        return reply.tasks[0]
+
+    wait_until(lambda: first(running).status == "running", 30, "the lane on host-a")
+    argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir)]
+    rolling = subprocess.Popen(
+        [*argv, "rollover", "host-a", "--drain-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: shard_generation(tree, "shard-0") == 2, 30, "generation 2 running")
+        beside = tree.wait_plan(
+            tree.submit(plan("beside", task("t", "true", requires=["remote"]))), 60
+        )
+        assert beside.ok and beside.tasks[0].shard == "host-a/shard-0", beside.tasks
+        # The lane outlives two lease TTLs on the draining generation 1: every renewal's
+        # deadline reaches it too, or it would stop its lanes as a shard its agent forgot.
+        watch_until = time.monotonic() + 2 * TTL_S
+        while time.monotonic() < watch_until:
+            assert first(running).status == "running", first(running)
+            assert rolling.poll() is None, rolling.communicate()
+            time.sleep(0.1)
+        go.touch()
+        out, err = rolling.communicate(timeout=60)
+    finally:
+        if rolling.poll() is None:
+            rolling.kill()
+    assert rolling.returncode == 0, (out, err)
+    assert (
+        "host-a/shard-0" in out
+        and "generation 1 drained: 0 moved, 0 re-run partial, 1 finished there" in out
+    ), out
+    assert "rollover host-a/" in out and " of host-a done" in out, out
+    finished = tree.wait_plan(running, timeout_s=30)
+    assert finished.ok and finished.tasks[0].attempts == 1, finished.tasks
+    assert "the root asks: CtlRollover" in agent.log()
+
+    refused = cli("ctl", "--run-dir", str(tree.run_dir), "rollover", "host-a/supervisor")
+    assert refused.returncode == 2, refused
+    assert "this is a host's agent" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr

@@ -154,6 +154,21 @@ def test_round_trip_accepts_memoryview() -> None:
     assert codec.decode(memoryview(codec.encode(env))) == env
 
 
+def test_dest_gen_is_read_from_the_head_of_a_frame_whose_body_this_release_does_not_know() -> None:
+    """`dest_gen_of` (a host's data port routing a frame) reads the envelope's head only: a
+    body it does not know still names its generation; a frame with no such head is
+    `bad_frame`."""
+    codec = Codec()
+    assert codec.dest_gen_of(codec.encode(_envelope(f.Ack(), dest_gen=7))) == 7
+    assert codec.dest_gen_of(codec.encode(_envelope(f.Ack(), dest_gen=None))) is None
+    head = [PROTOCOL_VERSION, "m.1", None, "x", 1, None]
+    assert codec.dest_gen_of(msgspec.msgpack.encode([*head, 3, {"t": "new"}])) == 3
+    for bad in (b"garbage", msgspec.msgpack.encode([*head, "3"])):
+        with pytest.raises(ProtocolError) as exc:
+            codec.dest_gen_of(bad)
+        assert exc.value.code == ErrorCode.BAD_FRAME
+
+
 def test_error_code_decodes_as_enum() -> None:
     """An `Error` frame's code comes back as an `ErrorCode` member, not a bare string."""
     codec = Codec()

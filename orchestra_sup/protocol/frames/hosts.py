@@ -41,7 +41,10 @@ class HostWelcome(Frame, tag="host_welcome"):
 class HostShard(msgspec.Struct, frozen=True, kw_only=True):
     """One shard of a host as its agent's supervisor has it: its name on the host ("shard-0"),
     state (a `supervisor.spec.ChildState` value), generation, process id (None when down),
-    live lanes and the lanes it takes at most."""
+    live lanes and the lanes it takes at most. `up`, `stopping` and `draining` are as the
+    agent's own roster has the shard (`PeerState`): during a rollover's surge the old
+    generation stands for it, stopping, until the new one runs; then the new one does, and the
+    old one is listed as draining until it retires."""
 
     name: str
     state: str
@@ -49,6 +52,9 @@ class HostShard(msgspec.Struct, frozen=True, kw_only=True):
     pid: int | None = None
     lanes: int = 0
     capacity: int = 0
+    up: bool = False
+    stopping: bool = False
+    draining: list[int] = []
 
 
 class HostReport(Frame, tag="host_report"):
