@@ -7,8 +7,10 @@ mirror of the workspace's history in its state directory (`custodian.mirror.Mirr
 the one writer of it:
 
 - `SandboxCreate(lane, rev)`: it asks the root's custodian for the commit `rev` names now
-  (`SandboxFetch`, saying which commits it already holds), takes the bundle of what it lacked,
-  and clones the lane's sandbox from the mirror at that commit, owned as a root's sandbox is
+  (`SandboxFetch`, saying which commits it already holds), takes the bundle of what it lacked
+  (streamed into a private file part by part when it is larger than a part,
+  `custodian.exports`; fetched again when the custodian no longer keeps it), and clones the
+  lane's sandbox from the mirror at that commit, owned as a root's sandbox is
   (`custodian.owners`).
 - `SandboxCommit(lane, message)`: it makes the lane's commit in the mirror with the very checks
   the custodian makes of a sandbox (`Workspace.make_commit`: only the working tree is read, no
@@ -30,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import tempfile
 import time
 from pathlib import Path
 
 from orchestra_sup.custodian.mirror import Mirror
 from orchestra_sup.custodian.role import Custodian
-from orchestra_sup.errors import ErrorCode, PeerDown, RemoteError
+from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.runtime.node import Node
 
@@ -49,9 +53,16 @@ UPSTREAM_WAIT_S = 45.0
 """Seconds a request waits, asked again, while the root's custodian is down or restarting, as
 a root's shard waits for its custodian; less than the shard's own call to the mirror waits
 (`shards.role.CALL_TIMEOUT_S`), so the shard hears why."""
+FETCH_ATTEMPTS = 3
+"""Fetches of one sandbox's commit, at most, while the custodian drops the bundle it was
+sending in parts (it restarted, or kept it too long unread)."""
 RETRY_S = 0.2
 """Seconds between two tries while the host's roster still names the custodian's previous
 generation (the root's next `RootPeers` brings the new one, within a second)."""
+
+
+class _ExportGone(OrchestraError):
+    """The custodian no longer keeps the bundle a fetch was reading in parts."""
 
 
 class HostMirror(Custodian):
@@ -108,14 +119,57 @@ class HostMirror(Custodian):
         assert self.mirror is not None and self.workspace is not None
         dest = self._sandbox_path(req.lane)
         async with self._writing():
-            fetched = await self._upstream(
-                f.SandboxFetch(rev=req.rev, have=await self.mirror.heads())
-            )
-            assert isinstance(fetched, f.SandboxBundle)
-            await self.mirror.take(fetched.rev, fetched.bundle)
-            path, rev = await self.workspace.create_sandbox(req.lane, dest, fetched.rev)
+            sha = await self._take(req.rev)
+            path, rev = await self.workspace.create_sandbox(req.lane, dest, sha)
             await asyncio.to_thread(self.owners.claim, Path(path))
         return f.SandboxReady(lane=req.lane, path=path, rev=rev)
+
+    async def _take(self, rev: str | None) -> str:
+        """Fetch the commit `rev` names on the root and take it into the mirror; its sha.
+        Raises what the root's custodian answers, and `BundleRefused` for a bundle the mirror
+        cannot take."""
+        assert self.mirror is not None
+        for attempt in range(1, FETCH_ATTEMPTS + 1):
+            with tempfile.TemporaryDirectory(dir=self.mirror.root.parent) as private:
+                path = Path(private) / "take.bundle"
+                try:
+                    fetched = await self._receive(
+                        f.SandboxFetch(rev=rev, have=await self.mirror.heads()), path
+                    )
+                except _ExportGone as exc:
+                    if attempt == FETCH_ATTEMPTS:
+                        raise RemoteError(ErrorCode.BUSY, str(exc)) from None
+                    log.warning("mirror: %s (attempt %d of %d)", exc, attempt, FETCH_ATTEMPTS)
+                    continue
+                await self.mirror.take(fetched.rev, path if fetched.bundle else None)
+                return fetched.rev
+        raise AssertionError("unreachable: the last attempt raises")
+
+    async def _receive(self, fetch: f.SandboxFetch, path: Path) -> f.SandboxBundle:
+        """The answer to `fetch`, its bundle written at `path` (created 0600), every part of
+        it asked for in turn. Raises `RemoteError` as `_upstream` does,
+        `RemoteError(bad_request)` for parts that do not follow one another, and `_ExportGone`
+        when the custodian no longer keeps the rest."""
+        fetched = await self._upstream(fetch)
+        assert isinstance(fetched, f.SandboxBundle)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            part, got = fetched, 0
+            while True:
+                if part.offset != got or part.rev != fetched.rev:
+                    raise RemoteError(ErrorCode.BAD_REQUEST, "a bundle's parts out of order")
+                await asyncio.to_thread(out.write, part.bundle)
+                got += len(part.bundle)
+                if got >= fetched.size or not part.bundle:
+                    return fetched
+                ask = f.SandboxFetchPart(export=fetched.export, offset=got)
+                try:
+                    part = await self._upstream(ask)
+                except RemoteError as exc:
+                    if exc.code is ErrorCode.NOT_FOUND:
+                        raise _ExportGone(exc.message) from None
+                    raise
+                assert isinstance(part, f.SandboxBundle)
 
     async def _commit(self, req: f.SandboxCommit) -> f.Body:
         """The lane's change, committed in the mirror and landed by the root's custodian
@@ -136,6 +190,9 @@ class HostMirror(Custodian):
         raise RemoteError(ErrorCode.FORBIDDEN, "a host's mirror lands nothing: its root does")
 
     async def _fetch(self, req: f.SandboxFetch) -> f.Body:
+        raise RemoteError(ErrorCode.FORBIDDEN, "a host's mirror feeds no other mirror")
+
+    async def _fetch_part(self, req: f.SandboxFetchPart) -> f.Body:
         raise RemoteError(ErrorCode.FORBIDDEN, "a host's mirror feeds no other mirror")
 
     async def _tool(self, call: f.ToolCall) -> f.Body:

@@ -4,7 +4,8 @@ lane's commit goes back in (ADR 0021, step 5).
 A host's lanes work in sandboxes cloned from a mirror of the workspace's history on the host,
 never from the workspace. git's own machinery feeds it: the custodian `export`s the commit a
 sandbox is asked at as a `git bundle` of what the mirror lacks (everything reachable from it,
-less what is reachable from the commits the mirror says it has), and the mirror `take`s it. A
+less what is reachable from the commits the mirror says it has), sent in parts when it is
+larger than one frame (`custodian.exports`), and the mirror `take`s it. A
 lane's commit, made in the mirror (`Workspace.make_commit`), goes back as a bundle of that one
 commit on its base (`Mirror.bundle_commit`), which `quarantine.land_bundle` checks before it
 lands.
@@ -19,14 +20,13 @@ no bundle).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
 from orchestra_sup.custodian import git, history
-from orchestra_sup.custodian.quarantine import MAX_BUNDLE_BYTES, first_line
+from orchestra_sup.custodian.quarantine import first_line
 from orchestra_sup.custodian.workspace import Workspace
-from orchestra_sup.errors import BundleRefused, ErrorCode, RemoteError
+from orchestra_sup.errors import BundleRefused
 
 MIRROR_REF = "refs/mirror/head"
 """The mirror's one ref: the last commit it took."""
@@ -37,48 +37,29 @@ LANE_REF = "refs/lanes/"
 """Where a mirror points a lane's commit while it bundles it."""
 
 
-async def export(
-    root: Path, rev: str | None, have: list[str], max_bytes: int = MAX_BUNDLE_BYTES
-) -> tuple[str, bytes]:
-    """The commit `rev` names in the repository at `root` (None: HEAD), as `(sha, bundle)`:
-    the full sha, and the bytes of a `git bundle` whose one head is it, less everything
-    reachable from the commits of `have` the repository holds (others are ignored: a host may
-    name commits this workspace never had). `bundle` is b"" when `sha` is reachable from one
-    of them.
+async def export(root: Path, rev: str | None, have: list[str], dest: Path) -> tuple[str, int]:
+    """The commit `rev` names in the repository at `root` (None: HEAD), as `(sha, size)`: the
+    full sha, and the size in bytes of the `git bundle` written at `dest` whose one head is it,
+    less everything reachable from the commits of `have` the repository holds (others are
+    ignored: a host may name commits this workspace never had). `size` is 0, and nothing is
+    written, when `sha` is reachable from one of them.
 
     Raises `RemoteError` for a `rev` that is not one revision (`bad_request`) or names no
-    commit (`not_found`), as `history.resolve` does; `RemoteError(bad_request)` naming the size
-    when the bundle is over `max_bytes` (bytes; default what one frame holds); `GitError` for
-    any other git failure."""
+    commit (`not_found`), as `history.resolve` does; `GitError` for any other git failure."""
     sha = await history.resolve(root, rev or "HEAD")
     known = [h for h in have if await _is_commit(root, h)]
     for commit in known:
         reached = await git.run(root, "merge-base", "--is-ancestor", sha, commit, check=False)
         if reached.returncode == 0:
-            return sha, b""
-    with tempfile.TemporaryDirectory(prefix="orchestra-sup-export-") as private:
-        path = Path(private) / "export.bundle"
-        await git.run(root, "update-ref", EXPORT_REF, sha)
-        try:
-            await git.run(
-                root,
-                "bundle",
-                "create",
-                "--quiet",
-                str(path),
-                EXPORT_REF,
-                *(f"^{c}" for c in known),
-            )
-        finally:
-            await git.run(root, "update-ref", "-d", EXPORT_REF, check=False)
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise RemoteError(
-                ErrorCode.BAD_REQUEST,
-                f"the history up to {sha[:12]} is a {size:,}-byte bundle, over {max_bytes:,}: "
-                "a host's mirror cannot take it in one frame",
-            )
-        return sha, path.read_bytes()
+            return sha, 0
+    await git.run(root, "update-ref", EXPORT_REF, sha)
+    try:
+        await git.run(
+            root, "bundle", "create", "--quiet", str(dest), EXPORT_REF, *(f"^{c}" for c in known)
+        )
+    finally:
+        await git.run(root, "update-ref", "-d", EXPORT_REF, check=False)
+    return sha, dest.stat().st_size
 
 
 async def _is_commit(root: Path, sha: str) -> bool:
@@ -113,33 +94,29 @@ class Mirror:
         )
         return [found.stdout.strip()] if found.returncode == 0 else []
 
-    async def take(self, sha: str, bundle: bytes) -> None:
-        """Take `bundle` (an `export`'s; b"": nothing) so that commit `sha` is in the mirror,
-        and point `MIRROR_REF` at it. Raises `BundleRefused` when `bundle` is not a git bundle
-        this mirror can take, or `sha` is still not a commit here after it."""
-        if bundle:
-            with tempfile.TemporaryDirectory(prefix="orchestra-sup-mirror-") as private:
-                path = Path(private) / "take.bundle"
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    out.write(bundle)
-                verified = await git.run(
-                    self.root, "bundle", "verify", "--quiet", str(path), check=False
+    async def take(self, sha: str, bundle: Path | None) -> None:
+        """Take the bundle at path `bundle` (an `export`'s; None: nothing) so that commit `sha`
+        is in the mirror, and point `MIRROR_REF` at it. Raises `BundleRefused` when `bundle`
+        is not a git bundle this mirror can take, or `sha` is still not a commit here after
+        it."""
+        if bundle is not None:
+            verified = await git.run(
+                self.root, "bundle", "verify", "--quiet", str(bundle), check=False
+            )
+            if verified.returncode != 0:
+                raise BundleRefused(
+                    f"the mirror cannot take the bundle of {sha[:12]}: "
+                    f"{first_line(verified.stderr) or 'not a git bundle'}"
                 )
-                if verified.returncode != 0:
-                    raise BundleRefused(
-                        f"the mirror cannot take the bundle of {sha[:12]}: "
-                        f"{first_line(verified.stderr) or 'not a git bundle'}"
-                    )
-                fetched = await git.run(
-                    self.root, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
-                    str(path), f"+{EXPORT_REF}:{MIRROR_REF}", check=False,
-                )  # fmt: skip
-                if fetched.returncode != 0:  # `verify` passes a bundle of no head at all
-                    raise BundleRefused(
-                        f"the mirror cannot take the bundle of {sha[:12]}: "
-                        f"{first_line(fetched.stderr) or 'git fetch failed'}"
-                    )
+            fetched = await git.run(
+                self.root, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+                str(bundle), f"+{EXPORT_REF}:{MIRROR_REF}", check=False,
+            )  # fmt: skip
+            if fetched.returncode != 0:  # `verify` passes a bundle of no head at all
+                raise BundleRefused(
+                    f"the mirror cannot take the bundle of {sha[:12]}: "
+                    f"{first_line(fetched.stderr) or 'git fetch failed'}"
+                )
         if not await _is_commit(self.root, sha):
             raise BundleRefused(f"commit {sha[:12]} is not in the mirror after its bundle")
         await git.run(self.root, "update-ref", MIRROR_REF, sha)

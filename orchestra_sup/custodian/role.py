@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, assert_never
 
 from orchestra_sup.cluster.settings import connect
 from orchestra_sup.custodian import history, readtools, searchproc
-from orchestra_sup.custodian.mirror import export
+from orchestra_sup.custodian.exports import Exports
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.quarantine import land_bundle
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
@@ -64,6 +64,7 @@ Serves = (
     | f.SandboxCommit
     | f.SandboxLand
     | f.SandboxFetch
+    | f.SandboxFetchPart
     | f.ToolCall
     | f.Quiesce
     | f.Resume
@@ -77,7 +78,7 @@ class Custodian:
     """The `custodian` role. See the module docstring."""
 
     serves = SERVES
-    from_hosts: tuple[type, ...] = (f.SandboxFetch, f.SandboxLand, f.ToolCall)
+    from_hosts: tuple[type, ...] = (f.SandboxFetch, f.SandboxFetchPart, f.SandboxLand, f.ToolCall)
     """A host's mirror's fetches and landings, and its lanes' reads: never a sandbox here."""
 
     def __init__(self) -> None:
@@ -89,6 +90,8 @@ class Custodian:
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
         self._exporting = asyncio.Lock()
         """One host's fetch at a time (`_fetch`): its own queue, not the writes'."""
+        self.exports: Exports | None = None
+        """The bundles hosts' mirrors are reading in parts."""
         self._busy = 0
         self._held = False
         """A rollover's quiet point holds the ordered lock: writes queue behind it."""
@@ -105,6 +108,8 @@ class Custodian:
             etcd = await self._stack.enter_async_context(connect(node.args.fences))
             self.fences = Fences(etcd, node.args.fences.prefix)
         self.workspace = await open_workspace(node.paths.workspace, node.paths.state_dir)
+        self.exports = Exports(node.paths.state_dir / "exports")
+        await asyncio.to_thread(self.exports.open)
         await self.open_sandboxes(node, self.workspace.root)
         node.serve_through(self.serve_inline)
         log.info("custodian: workspace %s", self.workspace.root)
@@ -178,6 +183,8 @@ class Custodian:
                 self.node.answer(ep, peer, env, self._land(body, host_of(env.sender)))
             case f.SandboxFetch():
                 self.node.answer(ep, peer, env, self._fetch(body))
+            case f.SandboxFetchPart():
+                self.node.answer(ep, peer, env, self._fetch_part(body))
             case f.ToolCall():
                 self.node.answer(ep, peer, env, self._tool(body))
             case f.Quiesce():
@@ -275,11 +282,12 @@ class Custodian:
 
     async def _fetch(self, req: f.SandboxFetch) -> f.Body:
         """A host's mirror's fetch (`custodian.mirror.export`): the commit `req.rev` names now,
-        as a bundle of what the mirror lacks. Fetches wait in a queue of their own, one at a
-        time, beside the writes: hosts' first fetches of a large history (or a host asking
-        and asking) hold one bundle in memory at once and never delay a sandbox or a commit
-        of the root's own lanes. A commit a lane landed before its result is in `HEAD` for
-        every fetch its dependants' sandboxes make, which come after. Raises
+        as a bundle of what the mirror lacks, or its first part (`custodian.exports`).
+        Fetches wait in a queue of their own, one at a time, beside the writes: hosts' first
+        fetches of a large history (or a host asking and asking) make one bundle at once and
+        never delay a sandbox or a commit of the root's own lanes. A commit a lane landed
+        before its result is in `HEAD` for every fetch its dependants' sandboxes make, which
+        come after. Raises
         `RemoteError(bad_request)` for more than `HAVE_MAX` commits in `have`, and what
         `export` raises."""
         assert self.workspace is not None
@@ -287,9 +295,15 @@ class Custodian:
             raise RemoteError(
                 ErrorCode.BAD_REQUEST, f"{len(req.have)} commits in have: at most {f.HAVE_MAX}"
             )
+        assert self.exports is not None
         async with self._exporting:
-            sha, bundle = await export(self.workspace.root, req.rev, req.have)
-        return f.SandboxBundle(rev=sha, bundle=bundle)
+            return await self.exports.make(self.workspace.root, req.rev, req.have)
+
+    async def _fetch_part(self, req: f.SandboxFetchPart) -> f.Body:
+        """The next part of a bundle `_fetch` answered in parts; raises what
+        `Exports.part` raises."""
+        assert self.exports is not None
+        return await self.exports.part(req)
 
     async def _tool(self, call: f.ToolCall) -> f.Body:
         """A read tool not answered on the front thread: `search`, `diff`, `log`, and any

@@ -5,6 +5,8 @@ for its own processes only."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -44,13 +46,17 @@ def joined_tree(
     etcd_cluster: EtcdCluster,
     agents: Callable[..., Agent],
     tmp_path: Path,
+    seed: Callable[[Path], None] | None = None,
 ) -> tuple[Tree, Agent, Path]:
-    """A root of one local shard over a git workspace, and host-a (one shard, capability
-    "remote", a data port) joined to it: (tree, agent, keys directory)."""
+    """A root of one local shard over a git workspace (`seed` adds to it first), and host-a
+    (one shard, capability "remote", a data port) joined to it: (tree, agent, keys
+    directory)."""
     keys = tmp_path / "keys"
     listen, data = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
     config = root_config(tmp_path, keys, listen, etcd_cluster)
     workspace = make_repo(tmp_path / "workspace")
+    if seed is not None:
+        seed(workspace)
     tree = tree_factory(workspace=workspace, shards=1, config=config)
     agent = agents(
         tmp_path / "host-a", listen, keys, "host-a", "--shards", "1", "--capabilities", "remote",
@@ -101,6 +107,31 @@ def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands
     assert not (tree.state_dir / "sandboxes" / lane).exists()
     # its fence went with its result: a late landing of it would be refused now
     wait_until(lambda: lane_key(etcd_cluster, lane) is None, 10, "the lane's fence key gone")
+
+
+def test_a_workspace_larger_than_a_frame_reaches_a_hosts_mirror_in_parts(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """A workspace whose history bundles to more than one frame (24 MiB that do not compress,
+    over `codec.MAX_FRAME_BYTES`): host-a's first sandbox gets it all, in parts, and its lane
+    reads the file whole; the custodian keeps no part once the mirror has read it."""
+    noise = os.urandom(24 << 20)
+
+    def seed(workspace: Path) -> None:
+        (workspace / "noise.bin").write_bytes(noise)
+        git(workspace, "add", "-A")
+        git(workspace, "commit", "-q", "-m", "24 MiB of noise")
+
+    tree, _agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path, seed)
+    digest = hashlib.sha256(noise).hexdigest()
+    check = f"test \"$(sha256sum noise.bin | cut -d' ' -f1)\" = {digest}"
+    report = tree.wait_plan(tree.submit(plan("big", task("t", check, requires=["remote"]))), 120)
+    assert report.ok and report.tasks[0].shard == "host-a/shard-0", report.tasks
+    assert list((tree.state_dir / "exports").iterdir()) == []
+    assert "in parts" in tree.log(), "the custodian made no bundle in parts"
 
 
 def test_a_host_speaks_to_the_coordinator_only_for_its_own_processes(

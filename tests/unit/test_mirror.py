@@ -24,14 +24,22 @@ def ws(tmp_path: Path) -> Workspace:
     return asyncio.run(open_workspace(repo, tmp_path / "state"))
 
 
+def bundled(ws: Workspace, rev: str | None, have: list[str], dest: Path) -> tuple[str, bytes]:
+    """`export` of `rev` for a mirror that has `have`, at `dest`: (sha, the bundle's bytes)."""
+    sha, size = asyncio.run(export(ws.root, rev, have, dest))
+    assert size == (dest.stat().st_size if size else 0)
+    return sha, dest.read_bytes() if size else b""
+
+
 def fed(ws: Workspace, tmp_path: Path, rev: str | None = None) -> tuple[Mirror, str]:
     """A fresh mirror at `tmp_path/host/mirror`, fed the commit `rev` names."""
 
     async def go() -> tuple[Mirror, str]:
         mirror = Mirror(tmp_path / "host" / "mirror")
         await mirror.open()
-        sha, bundle = await export(ws.root, rev, await mirror.heads())
-        await mirror.take(sha, bundle)
+        path = tmp_path / "fed.bundle"
+        sha, size = await export(ws.root, rev, await mirror.heads(), path)
+        await mirror.take(sha, path if size else None)
         return mirror, sha
 
     return asyncio.run(go())
@@ -70,30 +78,31 @@ def test_the_custodian_sends_only_what_the_mirror_lacks(ws: Workspace, tmp_path:
     mirror, first = fed(ws, tmp_path)
     (ws.root / "big.txt").write_text("".join(f"line {i}\n" for i in range(20_000)))
     commit_in(ws, "big.txt", (ws.root / "big.txt").read_text())
-    full = asyncio.run(export(ws.root, None, []))[1]
+    full = bundled(ws, None, [], tmp_path / "full.bundle")[1]
     commit_in(ws, "c.txt", "sea\n")
-    latest, partial = asyncio.run(export(ws.root, None, [first]))
-    _sha, whole = asyncio.run(export(ws.root, None, []))
+    latest, partial = bundled(ws, None, [first], tmp_path / "partial.bundle")
+    _sha, whole = bundled(ws, None, [], tmp_path / "whole.bundle")
     assert len(partial) < len(whole) and len(full) < len(whole)
-    asyncio.run(mirror.take(latest, partial))
+    asyncio.run(mirror.take(latest, tmp_path / "partial.bundle"))
     assert asyncio.run(mirror.heads()) == [latest]
-    assert asyncio.run(export(ws.root, first, [latest])) == (first, b"")
+    assert bundled(ws, first, [latest], tmp_path / "none.bundle") == (first, b"")
+    assert not (tmp_path / "none.bundle").exists()
     unknown = "0123456789abcdef0123456789abcdef01234567"
-    assert asyncio.run(export(ws.root, None, [unknown, "not-a-sha"]))[1] == whole
+    assert bundled(ws, None, [unknown, "not-a-sha"], tmp_path / "again.bundle")[1] == whole
 
 
 def test_what_the_mirror_is_given_is_checked(ws: Workspace, tmp_path: Path) -> None:
     mirror, sha = fed(ws, tmp_path)
     later = commit_in(ws, "d.txt", "dee\n")
+    garbage = tmp_path / "garbage.bundle"
+    garbage.write_bytes(b"# v2 git bundle\ngarbage")
     with pytest.raises(BundleRefused, match="cannot take the bundle of"):
-        asyncio.run(mirror.take(later, b"# v2 git bundle\ngarbage"))
+        asyncio.run(mirror.take(later, garbage))
     with pytest.raises(BundleRefused, match="is not in the mirror after its bundle"):
-        asyncio.run(mirror.take(later, b""))
+        asyncio.run(mirror.take(later, None))
     assert asyncio.run(mirror.heads()) == [sha]
-    with pytest.raises(RemoteError, match="bundle, over 10"):
-        asyncio.run(export(ws.root, None, [], max_bytes=10))
     with pytest.raises(RemoteError, match="unknown rev 'nope'"):
-        asyncio.run(export(ws.root, "nope", []))
+        asyncio.run(export(ws.root, "nope", [], tmp_path / "nope.bundle"))
 
 
 def test_a_sandbox_without_a_change_commits_nothing(ws: Workspace, tmp_path: Path) -> None:

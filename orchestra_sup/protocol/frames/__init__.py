@@ -132,6 +132,7 @@ from orchestra_sup.protocol.frames.sandbox import (
     SandboxCommit,
     SandboxCreate,
     SandboxFetch,
+    SandboxFetchPart,
     SandboxLand,
     SandboxReady,
 )
@@ -260,6 +261,7 @@ __all__ = [
     "SandboxCommit",
     "SandboxCreate",
     "SandboxFetch",
+    "SandboxFetchPart",
     "SandboxLand",
     "SandboxReady",
     "SessionLaneReport",

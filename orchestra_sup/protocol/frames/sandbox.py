@@ -61,7 +61,7 @@ class SandboxFetch(Frame, tag="sandbox_fetch"):
     `SandboxCreate` takes it), as a bundle of what the mirror lacks: `have` are the commits it
     holds (at most `HAVE_MAX`; ones the workspace never had are ignored). Answered
     `SandboxBundle`; a `rev` that names no commit is `Error(not_found)`, one that is not one
-    revision or a bundle over the frame limit `Error(bad_request)`."""
+    revision `Error(bad_request)`."""
 
     rev: str | None = None
     have: list[str] = []
@@ -69,10 +69,28 @@ class SandboxFetch(Frame, tag="sandbox_fetch"):
 
 class SandboxBundle(Frame, tag="sandbox_bundle"):
     """The commit asked for, `rev` (a full sha), and `bundle`: a `git bundle` whose one head is
-    it, holding what the mirror lacked (b"": it lacked nothing)."""
+    it, holding what the mirror lacked (b"": it lacked nothing), or a part of one.
+
+    `size` is the whole bundle's, in bytes (0: `bundle` is all of it). A bundle larger than
+    one part comes in parts (`custodian.exports`): this one holds bytes `offset` to `offset +
+    len(bundle)`, and the next is asked with `SandboxFetchPart(export, offset + len(bundle))`
+    until `size` bytes came."""
 
     rev: str
     bundle: bytes
+    size: int = 0
+    offset: int = 0
+    export: str = ""
+
+
+class SandboxFetchPart(Frame, tag="sandbox_fetch_part"):
+    """The part at `offset` (bytes) of the bundle a `SandboxBundle` named `export`. Answered
+    `SandboxBundle`; `Error(not_found)` when the custodian no longer keeps it (it was read to
+    its end, left unread too long, or the custodian restarted: fetch again), `Error(
+    bad_request)` for an offset outside it."""
+
+    export: str
+    offset: int
 
 
 HAVE_MAX = 64
@@ -87,4 +105,5 @@ Sandbox = (
     | CommitDone
     | SandboxFetch
     | SandboxBundle
+    | SandboxFetchPart
 )
