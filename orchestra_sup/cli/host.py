@@ -14,7 +14,7 @@ import typer
 from orchestra_sup import logformat
 from orchestra_sup.cli.exits import guarded
 from orchestra_sup.cli.options import ConfigOpt, LanesOpt, ShardsOpt, StateOpt
-from orchestra_sup.cluster.settings import is_tcp_address
+from orchestra_sup.cluster.settings import check_host_cluster, is_tcp_address
 from orchestra_sup.config import load_settings
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.paths import resolve_paths
@@ -66,6 +66,8 @@ def host(
     SIGINT. The agent restarts its shards under its own intensity, registers the host in the
     root's etcd under a lease it keeps alive, and stops every lane at once when it cannot. On
     the root: `keys init --client NAME --host`, then copy server.public and NAME.secret here.
+    An etcd with TLS or users of its own is reached with what --config's \\[cluster] gives
+    (etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file; etcd: other addresses).
 
     Example: orchestra-sup host --join tcp://10.0.0.2:7450 --keys ~/keys --name host-a
     """
@@ -82,6 +84,7 @@ def host(
         check_paths({"--keys": keys, "--state-dir": state_dir, "--run-dir": run_dir})
         check_host_options(name, join, listen)
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
+        check_host_cluster(settings.cluster)
         offers = {"capabilities": parse_names("--capabilities", capabilities)}
         offers["tenants"] = parse_names("--tenants", tenants)
         given = {key: tuple(names) for key, names in offers.items() if names}

@@ -19,6 +19,11 @@ prefix = "/orchestra-sup/"                       # where this tree's keys live i
 lease_ttl_s = 10                                 # a host's lease, whole seconds
 keepalive_s = 1.0                                # seconds between two keep-alives
 ```
+
+A host's agent (`orchestra-sup host --config FILE`) takes only what it needs to reach etcd
+itself (`HOST_KEYS`): its own credentials, and `etcd` when it reaches the members at other
+addresses than the root does (default: the ones the root's welcome names). The rest is the
+root's to say (`check_host_cluster`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ FILES = ("etcd_ca", "etcd_cert", "etcd_key", "etcd_password_file")
 DATA = ("coordinator_listen", "custodian_listen")
 """The data ports on the root's side (ADR 0021, step 3): the coordinator's and the custodian's
 own CURVE ROUTERs, where hosts' keys only are admitted. Defaults: `listen`'s port + 1 and + 2."""
+HOST_KEYS = ("etcd", *FILES, "etcd_user")
+"""What a host's agent's own `[cluster]` may give: how it reaches etcd, with its own user."""
 KEYS = (
     "listen",
     *DATA,
@@ -156,15 +163,36 @@ def next_port(address: str, offset: int, key: str) -> str:
     return f"tcp://{host}:{int(port) + offset}"
 
 
+def check_host_cluster(settings: ClusterSettings) -> None:
+    """`[cluster]` as a host's agent's config gives it: only `HOST_KEYS`, and credentials that
+    can be read now (`credentials`). Raises `ConfigError` naming the first key that is the
+    root's to say, or the file that cannot be read."""
+    defaults = ClusterSettings()
+    for key in KEYS:
+        if key not in HOST_KEYS and getattr(settings, key) != getattr(defaults, key):
+            raise ConfigError(
+                f"[cluster] {key} is the root's to say (its welcome does); a host's config "
+                f"gives only {', '.join(HOST_KEYS)}"
+            )
+    credentials(settings)
+
+
 def connect(settings: ClusterSettings, *, timeout_s: float | None = None) -> Etcd:
-    """An `Etcd` client of `settings`' cluster (use with `async with`), its TLS context made
-    from `etcd_ca`, `etcd_cert` and `etcd_key`, its password read from `etcd_password_file`
-    (the file's first line). Raises `ConfigError` when `etcd` is empty or a file cannot be
-    read as what it should be."""
+    """An `Etcd` client of `settings`' cluster (use with `async with`), with its `credentials`.
+    Raises `ConfigError` when `etcd` is empty or a file cannot be read as what it should be."""
     from orchestra_sup.cluster.etcd import Etcd
 
     if not settings.etcd:
         raise ConfigError("[cluster] etcd is empty: this tree is one host and uses no etcd")
+    context, password = credentials(settings)
+    extra = {} if timeout_s is None else {"timeout_s": timeout_s}
+    return Etcd(settings.etcd, ssl=context, user=settings.etcd_user, password=password, **extra)
+
+
+def credentials(settings: ClusterSettings) -> tuple[ssl.SSLContext | None, str | None]:
+    """The TLS context made from `etcd_ca`, `etcd_cert` and `etcd_key` (None: plain http), and
+    the password read from `etcd_password_file` (its first line; None: no user). Raises
+    `ConfigError` when a file cannot be read as what it should be."""
     context = None
     if settings.etcd_ca is not None or settings.etcd_cert is not None:
         try:
@@ -180,5 +208,4 @@ def connect(settings: ClusterSettings, *, timeout_s: float | None = None) -> Etc
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"[cluster] etcd_password_file: {exc}") from None
         password = text.splitlines()[0] if text else ""
-    extra = {} if timeout_s is None else {"timeout_s": timeout_s}
-    return Etcd(settings.etcd, ssl=context, user=settings.etcd_user, password=password, **extra)
+    return context, password

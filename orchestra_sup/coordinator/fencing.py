@@ -66,8 +66,8 @@ class LaneFences:
         self.settings = settings
         self._stack = contextlib.AsyncExitStack()
         self._fences: Fences | None = None
-        self.unreleased: set[str] = set()
-        """Lanes whose key `release` has not deleted yet."""
+        self.unreleased: dict[str, str] = {}
+        """Lanes whose key `release` has not deleted yet, and the host each ran on."""
         self._revoking: set[asyncio.Task[None]] = set()
 
     async def _open(self) -> Fences:
@@ -90,16 +90,20 @@ class LaneFences:
         token is kept in the task's record too). Raises `EtcdUnavailable` or `EtcdRefused`
         when etcd cannot do it, `FenceRefused` when the lane's key cannot be made."""
         rec = plan.tasks[task_id]
-        earlier = [a.lane for a in rec.history if a.lane != start.lane and host_of(a.shard)]
+        earlier = [
+            (a.lane, host_of(a.shard))
+            for a in rec.history
+            if a.lane != start.lane and HOST_SEPARATOR in a.shard
+        ]
         if start.lane in self.unreleased:  # a placement taken back whose key may stay
-            earlier.append(start.lane)
+            earlier.append((start.lane, self.unreleased[start.lane]))
         on_host = view is not None and HOST_SEPARATOR in view.name
         if not earlier and not on_host:
             return start
         fences = await self._open()
-        for lane in earlier:
-            await fences.revoke(lane)
-            self.unreleased.discard(lane)
+        for lane, host in earlier:
+            await fences.revoke(lane, host)
+            self.unreleased.pop(lane, None)
         if not on_host:
             return start
         assert view is not None
@@ -108,28 +112,29 @@ class LaneFences:
             plan.touch(task_id).fence = token
         return msgspec.structs.replace(start, fence=token)
 
-    def release(self, lane: str) -> None:
-        """Lane `lane`'s key goes, if it has one: its lane ended (its result is committed), or
-        its placement on a host was taken back (`PlanRecord.unplace`), whose lane id the
-        task's next placement uses again. Not done (etcd without a quorum), the lane is kept
-        in `unreleased`: its next placement, wherever it goes, waits until the key has gone
-        (`place`), and the sweep takes it otherwise."""
-        self.unreleased.add(lane)
-        task = asyncio.get_running_loop().create_task(self._revoke(lane))
+    def release(self, lane: str, host: str) -> None:
+        """Lane `lane`'s key on `host` goes, if it has one: its lane ended (its result is
+        committed), or its placement on a host was taken back (`PlanRecord.unplace`), whose
+        lane id the task's next placement uses again. Not done (etcd without a quorum), the
+        lane is kept in `unreleased`: its next placement, wherever it goes, waits until the
+        key has gone (`place`), and the sweep takes it otherwise."""
+        self.unreleased[lane] = host
+        task = asyncio.get_running_loop().create_task(self._revoke(lane, host))
         self._revoking.add(task)  # kept until done: the loop holds tasks weakly
         task.add_done_callback(self._revoking.discard)
 
-    async def _revoke(self, lane: str) -> None:
+    async def _revoke(self, lane: str, host: str) -> None:
         try:
-            await (await self._open()).revoke(lane)
+            await (await self._open()).revoke(lane, host)
         except OrchestraError as exc:
             log.info("fences: lane %s's key stays for now: %s", lane, exc)
             return
-        self.unreleased.discard(lane)
+        if self.unreleased.get(lane) == host:
+            del self.unreleased[lane]
 
-    async def run(self, live: Callable[[str], bool], every_s: float = SWEEP_S) -> None:
+    async def run(self, live: Callable[[str, str], bool], every_s: float = SWEEP_S) -> None:
         """Sweep every `every_s` seconds (default `SWEEP_S`) the keys of lanes for which
-        `live(lane)` is False, until cancelled; a sweep etcd does not answer is tried at the
+        `live(lane, host)` is False, until cancelled; a sweep etcd does not answer is tried at the
         next."""
         while True:
             await asyncio.sleep(every_s)

@@ -41,7 +41,7 @@ from orchestra_sup.errors import CallTimeout, ErrorCode, OrchestraError, PeerDow
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.frames import FailureClass
 from orchestra_sup.runtime.node import Node
-from orchestra_sup.runtime.remote import HOST_SEPARATOR
+from orchestra_sup.runtime.remote import HOST_SEPARATOR, host_of
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +121,17 @@ class Placer:
         """`put` is committed: a host's lane's result ends its fence (`LaneFences.release`)."""
         result = put.result
         if self.fences is not None and result is not None and HOST_SEPARATOR in result.shard:
-            self.fences.release(result.lane)
+            self.fences.release(result.lane, host_of(result.shard))
 
-    def live(self, lane: str) -> bool:
-        """Whether `lane` is its task's current lane, starting or running (the fences' sweep
-        keeps its key)."""
+    def live(self, lane: str, host: str) -> bool:
+        """Whether `lane` is its task's current lane, starting or running on a shard of `host`
+        (the fences' sweep keeps its key there)."""
         where = self.lanes.get(lane)
         if where is None or where[0] not in self.book.plans:
             return False
         rec = self.book.plans[where[0]].tasks[where[1]]
-        return rec.lane == lane and rec.status in LIVE
+        on_host = rec.shard is not None and host_of(rec.shard) == host
+        return rec.lane == lane and rec.status in LIVE and on_host
 
     # --- the pump --------------------------------------------------------------------------------
 
@@ -376,4 +377,4 @@ class Placer:
         lane = plan.tasks[task_id].lane
         plan.unplace(task_id)
         if self.fences is not None and lane is not None and HOST_SEPARATOR in shard:
-            self.fences.release(lane)
+            self.fences.release(lane, host_of(shard))

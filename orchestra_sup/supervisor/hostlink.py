@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from orchestra_sup.cluster.settings import ClusterSettings, connect
+from orchestra_sup.cluster.settings import connect
 from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.childargs import ChildArgs
@@ -253,11 +253,15 @@ class HostLink:
             await asyncio.sleep(REPORT_S)
 
     async def _hold(self, welcome: f.HostWelcome) -> None:
-        """Hold the lease the welcome says, for as long as the agent runs."""
+        """Hold the lease the welcome says, for as long as the agent runs, reaching etcd with
+        the credentials of the agent's own `[cluster]` (`settings.HOST_KEYS`), at its
+        `etcd` when it gives one, else at the welcome's."""
         from orchestra_sup.cluster.lease import HostLease  # aiohttp: only on a host
 
-        settings = ClusterSettings(
-            etcd=tuple(welcome.etcd),
+        own = self.sup.settings.cluster
+        settings = msgspec.structs.replace(
+            own,
+            etcd=own.etcd or tuple(welcome.etcd),
             lease_ttl_s=welcome.lease_ttl_s,
             keepalive_s=welcome.keepalive_s,
         )

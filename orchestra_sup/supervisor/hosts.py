@@ -114,11 +114,12 @@ class Hosts:
 
     async def follow(self) -> None:
         """Keep `registered` as etcd has it, until cancelled (`cluster.membership.Membership`:
-        it reads again and retries by itself). Returns at once for a tree without etcd."""
+        it reads again and retries by itself). Returns at once for a tree no host joins (a
+        host's agent's own `[cluster]` names etcd for its lease only)."""
         from orchestra_sup.cluster.membership import Membership  # aiohttp: only with etcd
 
         settings = self.cluster()
-        if not settings.etcd:
+        if not settings.etcd or not settings.listen:
             return
         async with connect(settings) as etcd:
             membership = Membership(

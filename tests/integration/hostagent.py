@@ -61,9 +61,10 @@ class Agent:
                 self.proc.wait()
 
 
-def lane_key(cluster: EtcdCluster, lane: str) -> bytes | None:
-    """The value etcd holds under lane `lane`'s fence key (the host's name), or None."""
-    kv = _get(cluster, f"{PREFIX}lanes/{lane}")
+def lane_key(cluster: EtcdCluster, host: str, lane: str) -> bytes | None:
+    """The value etcd holds under the fence key of lane `lane` on `host` (the host's name),
+    or None."""
+    kv = _get(cluster, f"{PREFIX}lanes/{host}/{lane}")
     return None if kv is None else kv[0]
 
 

@@ -36,7 +36,7 @@ def test_a_token_is_held_until_its_key_goes(etcd_cluster: EtcdCluster) -> None:
         assert not await fences.holds("p-t-1", "host-b", token)  # another host's mirror
         assert not await fences.holds("p-t-1", "host-a", token + 1)
         assert not await fences.holds("p-t-1", "host-a", 0)
-        await fences.revoke("p-t-1")
+        await fences.revoke("p-t-1", "host-a")
         assert not await fences.holds("p-t-1", "host-a", token)
         again = await fences.grant("p-t-1", "host-a", lease)  # placed anew: a new token
         assert again > token and not await fences.holds("p-t-1", "host-a", token)
@@ -56,17 +56,21 @@ def test_a_lease_that_ends_fences_its_hosts_lanes(etcd_cluster: EtcdCluster) -> 
     run(etcd_cluster, body)
 
 
-def test_a_placement_that_never_started_elsewhere_gives_way(etcd_cluster: EtcdCluster) -> None:
-    """The same lane id placed on host-b after host-a refused it (`PlanRecord.unplace`): the
-    old key goes and host-a's token is no longer held."""
+def test_a_placement_that_never_started_gives_way(etcd_cluster: EtcdCluster) -> None:
+    """The same lane id placed on host-a again under its next lease (it joined again after
+    refusing it, `PlanRecord.unplace`): the old key goes and its token is no longer held.
+    On host-b it is a key of its own: host-a's is fenced by the coordinator (`LaneFences`)."""
 
     async def body(etcd: Etcd, fences: Fences) -> None:
-        lease_a, lease_b = await etcd.grant(30), await etcd.grant(30)
+        lease_a, lease_next, lease_b = [await etcd.grant(30) for _ in range(3)]
         token_a = await fences.grant("p-t-1", "host-a", lease_a)
-        token_b = await fences.grant("p-t-1", "host-b", lease_b)
-        assert token_b > token_a
-        assert await fences.holds("p-t-1", "host-b", token_b)
+        token_next = await fences.grant("p-t-1", "host-a", lease_next)
+        assert token_next > token_a
+        assert await fences.holds("p-t-1", "host-a", token_next)
         assert not await fences.holds("p-t-1", "host-a", token_a)
+        token_b = await fences.grant("p-t-1", "host-b", lease_b)
+        assert await fences.holds("p-t-1", "host-b", token_b)
+        assert not await fences.holds("p-t-1", "host-a", token_b)
         with pytest.raises(FenceRefused, match="holds no lease"):
             await fences.grant("p-t-2", "host-a", 0)
 
@@ -74,12 +78,21 @@ def test_a_placement_that_never_started_elsewhere_gives_way(etcd_cluster: EtcdCl
 
 
 def test_a_sweep_takes_the_keys_of_lanes_not_live(etcd_cluster: EtcdCluster) -> None:
+    """Keys of lanes that ended go, and so does the key of a lane live on another host now."""
+
     async def body(etcd: Etcd, fences: Fences) -> None:
-        lease = await etcd.grant(30)
+        lease, lease_b = await etcd.grant(30), await etcd.grant(30)
         tokens = {lane: await fences.grant(lane, "host-a", lease) for lane in ("a-1", "b-1")}
-        assert await fences.sweep(lambda lane: lane == "a-1") == 1
+        moved = await fences.grant("b-1", "host-b", lease_b)
+        assert (
+            await fences.sweep(
+                lambda lane, host: (lane, host) in {("a-1", "host-a"), ("b-1", "host-b")}
+            )
+            == 1
+        )
         assert await fences.holds("a-1", "host-a", tokens["a-1"])
         assert not await fences.holds("b-1", "host-a", tokens["b-1"])
+        assert await fences.holds("b-1", "host-b", moved)
 
     run(etcd_cluster, body)
 
@@ -95,12 +108,12 @@ def test_a_sweep_leaves_a_key_made_again_since_it_read_it(etcd_cluster: EtcdClus
 
         async def read_then_replace(prefix: bytes) -> tuple[int, list[KeyValue]]:
             seen = await read(prefix)
-            await fences.revoke("a-1")
+            await fences.revoke("a-1", "host-a")
             fresh.append(await fences.grant("a-1", "host-a", lease))
             return seen
 
         etcd.get_prefix = read_then_replace  # type: ignore[method-assign]
-        assert await fences.sweep(lambda lane: False) == 0
+        assert await fences.sweep(lambda lane, host: False) == 0
         assert await fences.holds("a-1", "host-a", fresh[0])
 
     run(etcd_cluster, body)
@@ -118,8 +131,10 @@ def test_the_coordinators_sweep_and_release_delete_what_ended(etcd_cluster: Etcd
             fences = Fences(etcd, PREFIX)
             lease = await etcd.grant(30)
             live, ended, released = [await fences.grant(n, "host-a", lease) for n in "abc"]
-            sweeping = asyncio.create_task(lane_fences.run(lambda lane: lane == "a", every_s=0.2))
-            lane_fences.release("c")
+            sweeping = asyncio.create_task(
+                lane_fences.run(lambda lane, host: lane == "a", every_s=0.2)
+            )
+            lane_fences.release("c", "host-a")
             for _ in range(100):
                 if not await fences.holds("b", "host-a", ended):
                     break

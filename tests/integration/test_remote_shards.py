@@ -106,7 +106,9 @@ def test_a_task_that_requires_a_hosts_capability_runs_there_and_its_commit_lands
     assert (tmp_path / "host-a" / "state" / "sandboxes" / lane / "made.txt").is_file()
     assert not (tree.state_dir / "sandboxes" / lane).exists()
     # its fence went with its result: a late landing of it would be refused now
-    wait_until(lambda: lane_key(etcd_cluster, lane) is None, 10, "the lane's fence key gone")
+    wait_until(
+        lambda: lane_key(etcd_cluster, "host-a", lane) is None, 10, "the lane's fence key gone"
+    )
 
 
 def test_a_workspace_larger_than_a_frame_reaches_a_hosts_mirror_in_parts(

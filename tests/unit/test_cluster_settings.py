@@ -3,13 +3,14 @@ line naming the key, and that reading a config never imports etcd's HTTP client.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from orchestra_sup.cluster.settings import ClusterSettings, connect
+from orchestra_sup.cluster.settings import ClusterSettings, check_host_cluster, connect
 from orchestra_sup.config import settings_from_mapping
 from orchestra_sup.errors import ConfigError
 
@@ -81,6 +82,27 @@ def test_cert_without_key_is_refused(tmp_path: Path) -> None:
     cert.write_text("x")
     with pytest.raises(ConfigError, match="etcd_cert and etcd_key go together"):
         cluster(etcd_cert=str(cert))
+
+
+def test_a_hosts_config_gives_only_how_it_reaches_etcd(tmp_path: Path) -> None:
+    """A host's agent's `[cluster]`: its own user, TLS files and etcd addresses pass; a key the
+    root's welcome says is refused naming it; a password file it cannot read, too, at once."""
+    password = tmp_path / "pw"
+    password.write_text("s3cret\n")
+    check_host_cluster(cluster(etcd_user="host-a", etcd_password_file=str(password)))
+    check_host_cluster(cluster(etcd=["http://10.0.0.5:2379"]))
+    for table, key in (
+        ({"prefix": "/other/"}, "prefix"),
+        ({"lease_ttl_s": 20}, "lease_ttl_s"),
+        ({"listen": "tcp://0.0.0.0:7450", "etcd": ["http://e:2379"]}, "listen"),
+    ):
+        with pytest.raises(ConfigError, match=f"\\[cluster\\] {key} is the root's to say"):
+            check_host_cluster(cluster(**table))
+    password.chmod(0)
+    unreadable = cluster(etcd_user="host-a", etcd_password_file=str(password))
+    if os.geteuid() != 0:  # root reads any file
+        with pytest.raises(ConfigError, match="etcd_password_file"):
+            check_host_cluster(unreadable)
 
 
 def test_reading_a_config_or_starting_the_cli_does_not_import_aiohttp() -> None:
