@@ -89,14 +89,13 @@ from __future__ import annotations
 
 import os
 import re
-import stat
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
 from orchestra_sup.cluster.settings import ClusterSettings, cluster_section
+from orchestra_sup.configfile import bounded, read_toml, toml_value
 from orchestra_sup.errors import ConfigError, did_you_mean
 from orchestra_sup.protocol.childargs import Quota
 from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN
@@ -278,8 +277,8 @@ def _check(section: str, key: str, value: Any) -> Any:
     choices = _CHOICES.get((section, key))
     if choices is not None:
         if value not in choices:
-            allowed = ", ".join(_toml_value(c) for c in choices)
-            shown = _toml_value(value)
+            allowed = ", ".join(toml_value(c) for c in choices)
+            shown = toml_value(value)
             near = did_you_mean(value, choices)
             raise ConfigError(f"[{section}] {key} = {shown}: expected one of {allowed}{near}")
         return value
@@ -292,7 +291,7 @@ def _check(section: str, key: str, value: Any) -> Any:
         )
     kind, low, high = spec
     ok_type = isinstance(value, int | float) if kind is float else isinstance(value, int)
-    shown = _toml_value(value)
+    shown = toml_value(value)
     if isinstance(value, bool) or not ok_type:
         expected = "a number" if kind is float else "an integer"
         raise ConfigError(f"[{section}] {key} = {shown}: expected {expected}")
@@ -316,77 +315,6 @@ def _near_key(section: str, key: str) -> str:
     return f": it belongs in [{home}]" if home is not None else ""
 
 
-SHOWN_MAX = 60
-"""Characters of a value an error message shows; the rest is cut with "..."."""
-MESSAGE_MAX = 400
-"""Characters a config error keeps. A key or value pasted by mistake (or by someone hostile)
-must not become a 100 MB log line, or a `ctl reload` answer over the frame limit."""
-CONFIG_MAX_BYTES = 1 << 20
-"""The largest config file read (1 MiB); a tree's config is a few KiB."""
-
-
-def _toml_value(value: Any, budget: int = SHOWN_MAX) -> str:
-    """`value` as it would be written in the TOML file (true, not True), at most about
-    `budget` characters: longer text is cut with "...", a long array after the elements that
-    fit (without rendering the rest, however many there are)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        parts: list[str] = []
-        used = 0
-        for item in value:
-            if used >= budget:
-                parts.append("...")
-                break
-            part = _toml_value(item, budget - used)
-            parts.append(part)
-            used += len(part) + 2
-        return "[" + ", ".join(parts) + "]"
-    if isinstance(value, str):
-        text = '"' + value[: budget + 1].replace("\\", "\\\\").replace('"', '\\"') + '"'
-    elif isinstance(value, dict):
-        text = "{...}"
-    else:
-        text = repr(value)
-    return text if len(text) <= budget else text[: budget - 3] + "..."
-
-
-def _bounded(message: str) -> str:
-    """`message` cut to `MESSAGE_MAX` characters, saying how long it was."""
-    if len(message) <= MESSAGE_MAX:
-        return message
-    return f"{message[:MESSAGE_MAX]}... ({len(message)} characters)"
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    """The TOML table in the regular file `path`, read without blocking on a fifo or a device
-    and without reading more than `CONFIG_MAX_BYTES`. Raises `ConfigError` (one line naming
-    the file) when it cannot be opened, is not a regular file, is too large, is not UTF-8 or
-    is not TOML."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"config {path}: {exc.strerror}") from exc
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(f"config {path}: not a regular file")
-    with os.fdopen(fd, "rb") as fh:
-        try:
-            raw = fh.read(CONFIG_MAX_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"config {path}: {exc.strerror}") from exc
-    if len(raw) > CONFIG_MAX_BYTES:
-        raise ConfigError(f"config {path}: larger than {CONFIG_MAX_BYTES // 1024} KiB")
-    try:
-        return tomllib.loads(raw.decode())
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config {path}: not UTF-8 ({exc.reason})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config {path}: {exc}") from exc
-    except RecursionError:
-        raise ConfigError(f"config {path}: nested too deeply") from None
-
-
 def settings_from_mapping(data: dict[str, Any]) -> Settings:
     """Validate a parsed TOML mapping. Raises `ConfigError` naming the key and the value."""
     sections: dict[str, dict[str, Any]] = {}
@@ -396,7 +324,7 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             near = did_you_mean(section, _SECTIONS, lambda name: f"[{name}]")
             raise ConfigError(f"unknown section [{section}]{near} (known: {known})")
         if not isinstance(body, dict):
-            raise ConfigError(f"[{section}] must be a table, got {_toml_value(body)}")
+            raise ConfigError(f"[{section}] must be a table, got {toml_value(body)}")
         if section == "shards":
             sections[section] = _shards_section(body)
         elif section == "cluster":
@@ -447,7 +375,7 @@ def _reserved_cpus(value: Any) -> str:
     """`[cpu] reserved_cpus`: a CPU list this process may run on (`cpupolicy.check_reserved`);
     raises `ConfigError`."""
     if not isinstance(value, str):
-        raise ConfigError(f"[cpu] reserved_cpus = {_toml_value(value)}: expected a CPU list")
+        raise ConfigError(f"[cpu] reserved_cpus = {toml_value(value)}: expected a CPU list")
     try:
         check_reserved(CpuSettings(reserved_cpus=value))
     except ValueError as exc:
@@ -464,7 +392,7 @@ def _quotas_section(body: dict[str, Any]) -> dict[str, Quota]:
                 f"[quotas.{tenant}]: not a tenant name (must match {NAME_PATTERN.pattern})"
             )
         if not isinstance(table, dict):
-            raise ConfigError(f"[quotas] {tenant} = {_toml_value(table)}: expected a table")
+            raise ConfigError(f"[quotas] {tenant} = {toml_value(table)}: expected a table")
         if not table:
             raise ConfigError(f"[quotas.{tenant}] is empty: give at least one ceiling")
         try:
@@ -509,7 +437,7 @@ def metrics_host(value: Any, where: str = "[supervisor] metrics_host =") -> str:
     shape: a non-empty string with no whitespace; whether it resolves is found when the port is
     bound. Raises `ConfigError`."""
     if not isinstance(value, str) or not value or any(c.isspace() for c in value):
-        raise ConfigError(f"{where} {_toml_value(value)}: expected a host name or address")
+        raise ConfigError(f"{where} {toml_value(value)}: expected a host name or address")
     return value
 
 
@@ -517,13 +445,11 @@ def _programs(section: str, value: Any) -> tuple[str, ...]:
     """`[lanes] programs` or `[coordinator] programs`: an array of `module:Class` names; raises
     `ConfigError`."""
     if not isinstance(value, list):
-        raise ConfigError(
-            f"[{section}] programs = {_toml_value(value)}: expected an array of names"
-        )
+        raise ConfigError(f"[{section}] programs = {toml_value(value)}: expected an array of names")
     for name in value:
         if not isinstance(name, str) or not PROGRAM_PATTERN.fullmatch(name) or name == "shell":
             raise ConfigError(
-                f"[{section}] programs: {_toml_value(name)} is not a 'module:Class' name"
+                f"[{section}] programs: {toml_value(name)} is not a 'module:Class' name"
             )
     return tuple(dict.fromkeys(value))
 
@@ -531,11 +457,11 @@ def _programs(section: str, value: Any) -> tuple[str, ...]:
 def _names(where: str, value: Any) -> tuple[str, ...]:
     """A TOML array of capability or tenant names, checked; raises `ConfigError`."""
     if not isinstance(value, list):
-        raise ConfigError(f"{where} = {_toml_value(value)}: expected an array of names")
+        raise ConfigError(f"{where} = {toml_value(value)}: expected an array of names")
     for name in value:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise ConfigError(
-                f"{where}: {_toml_value(name)} is not a name (must match {NAME_PATTERN.pattern})"
+                f"{where}: {toml_value(name)} is not a name (must match {NAME_PATTERN.pattern})"
             )
     return tuple(dict.fromkeys(value))
 
@@ -550,21 +476,21 @@ def load_settings(
     work is refused here, before anything starts; so is `lane_user = "dynamic"` where lanes
     cannot run as uids of their own: `resolve_lane_user`; and `[cpu] realtime = "on"` where this
     process may not take SCHED_FIFO: `cpupolicy.check_realtime`). Raises `ConfigError`."""
-    data = _read_toml(path) if path is not None else {}
+    data = read_toml(path) if path is not None else {}
     try:
         for env, key in ((ISOLATION_ENV, "mode"), (LANE_USER_ENV, "lane_user")):
             value = os.environ.get(env)
             if value is not None:
                 table = data.setdefault("isolation", {})
                 if not isinstance(table, dict):
-                    raise ConfigError(f"[isolation] must be a table, got {_toml_value(table)}")
+                    raise ConfigError(f"[isolation] must be a table, got {toml_value(table)}")
                 table[key] = value
         overrides = {"count": shards, "lanes_per_shard": lanes_per_shard}
         for key, value in overrides.items():
             if value is not None:
                 shards_table = data.setdefault("shards", {})
                 if not isinstance(shards_table, dict):
-                    raise ConfigError(f"[shards] must be a table, got {_toml_value(shards_table)}")
+                    raise ConfigError(f"[shards] must be a table, got {toml_value(shards_table)}")
                 shards_table[key] = value
         settings = settings_from_mapping(data)
         resolve_lane_user(settings.isolation.lane_user, resolve(settings.isolation.mode))
@@ -575,7 +501,7 @@ def load_settings(
         return settings
     except ConfigError as exc:
         where = f"config {path}: " if path else ""
-        raise ConfigError(_bounded(f"{where}{exc}")) from exc
+        raise ConfigError(bounded(f"{where}{exc}")) from exc
 
 
 def with_metrics(settings: Settings, port: int | None, host: str | None) -> Settings:
