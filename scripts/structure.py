@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "transitions": 1,  # a state machine's allowed-transitions table (tasks, lanes, children)
     "system": 1,  # OS seams: Linux calls, descriptors, titles, cgroups, isolation, lane uids
     "logformat": 1,  # how every process writes its log
+    "configfile": 1,  # reading a config file, and showing its values, within bounds
     "cluster": 2,  # etcd: its client, a host's lease, lanes' fences, [cluster]
     "protocol": 3,  # the wire: frames, codec, endpoints, keys, names, a child's arguments
     "histogram": 4,  # latency buckets (their wire form is a frame)
