@@ -78,6 +78,11 @@ rttime_s = 1.0            # RLIMIT_RTTIME: CPU seconds a real-time thread may ru
 reserved_cpus = ""        # CPUs the control plane is pinned to ("0", "0,2-3"); "": not pinned
 lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE; "nice": as before
 
+[retention]               # what a tree keeps of what ended (coordinator/retention.py)
+plans_s = 2592000         # a finished plan's record, inbox entries and session: 30 days
+keys_s = 7776000          # its idempotency key still answers a re-send: 90 days (>= plans_s)
+every_s = 60.0            # seconds between two prunes (`ctl prune`: now)
+
 [cluster]                 # a tree past one machine (cluster/settings.py has every key, ADR 0021)
 etcd = []                 # etcd endpoints, "https://10.0.0.5:2379", ...; []: one host, no etcd
 lease_ttl_s = 10          # a host's lease, whole seconds
@@ -97,7 +102,7 @@ import msgspec
 from orchestra_sup.cluster.settings import ClusterSettings, cluster_section
 from orchestra_sup.configfile import bounded, read_toml, toml_value
 from orchestra_sup.errors import ConfigError, did_you_mean
-from orchestra_sup.protocol.childargs import Quota
+from orchestra_sup.protocol.childargs import Quota, RetentionSettings
 from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN
 from orchestra_sup.system.cpupolicy import (
     LANE_CLASSES,
@@ -218,6 +223,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """`[isolation]`: how lanes' commands are confined (`system.isolation`)."""
     cpu: CpuSettings = CpuSettings()
     """`[cpu]`: the CPU policy by role (`system.cpupolicy`)."""
+    retention: RetentionSettings = RetentionSettings()
+    """`[retention]`: what the tree keeps of what ended (`coordinator.retention`)."""
     cluster: ClusterSettings = ClusterSettings()
     """`[cluster]`: the etcd cluster of a tree past one machine (`cluster.settings`)."""
 
@@ -250,6 +257,9 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("isolation", "max_processes"): (int, 8, 1 << 22),
     ("cpu", "rt_priority"): (int, 2, RT_PRIORITY_MAX),
     ("cpu", "rttime_s"): (float, 0.05, 60),
+    ("retention", "plans_s"): (float, 0, 10 * 365 * 86_400),
+    ("retention", "keys_s"): (float, 0, 10 * 365 * 86_400),
+    ("retention", "every_s"): (float, 0.1, 86_400),
 }
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("supervisor", "spawn"): ("fork", "exec"),
@@ -260,7 +270,7 @@ _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 _SECTIONS = (
     "supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation", "cpu",
-    "cluster",
+    "retention", "cluster",
 )  # fmt: skip
 _CHECKED_APART = {
     "supervisor": ("metrics_host",),
@@ -358,6 +368,12 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
                 f"[shards.{name}]: there is no such shard "
                 f"(count = {shards.count}: shard-0 .. shard-{shards.count - 1})"
             )
+    retention = RetentionSettings(**sections.get("retention", {}))
+    if retention.keys_s < retention.plans_s:
+        raise ConfigError(
+            f"[retention] keys_s = {retention.keys_s:g} is below plans_s = {retention.plans_s:g}"
+            ": a plan's idempotency key must outlive the plan"
+        )
     return Settings(
         supervisor=sup,
         shards=shards,
@@ -367,6 +383,7 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         quotas=sections.get("quotas", {}),
         isolation=IsolationSettings(**sections.get("isolation", {})),
         cpu=CpuSettings(**sections.get("cpu", {})),
+        retention=retention,
         cluster=cluster_section(data.get("cluster", {})),
     )
 

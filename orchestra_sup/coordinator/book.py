@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 from orchestra_sup.coordinator.planstore import PlanStore
@@ -132,6 +133,8 @@ class PlanBook:
                 self.node.spawn(self._settle(plan, slicer))
                 return
         if plan.done and plan.id not in self.final:
+            if plan.finished_at is None:
+                plan.finished_at = time.time()
             self.final.add(plan.id)
             self.active.pop(plan.id, None)
             self.node.retitle()

@@ -53,12 +53,13 @@ class PlanEntry(msgspec.Struct, kw_only=True):
 
 
 class PlanHead(msgspec.Struct, kw_only=True):
-    """What changes of a plan itself: what its ended lanes spent, what humans granted it, and
-    how it ended when it is a session."""
+    """What changes of a plan itself: what its ended lanes spent, what humans granted it, how
+    it ended when it is a session, and when it was found done."""
 
     spent: f.Spend = f.Spend()
     granted: f.Budget | None = None
     outcome: f.PlanOutcome | None = None
+    finished_at: float | None = None
 
 
 def task_key(plan_id: str, task_id: str) -> bytes:
@@ -87,6 +88,15 @@ class PlanStore:
         self._queue(plan, new)
         return self.store.put_durable(HEADS, plan.id.encode(), self._encode_head(plan))
 
+    def delete(self, plan: PlanRecord) -> None:
+        """Queue the delete of everything of `plan` (retention: `coordinator.retention`): its
+        head first, so a coordinator killed halfway finds no plan, and then its entry and its
+        task records (what `load` would skip as a spec with no head it deletes anyway)."""
+        key = plan.id.encode()
+        self.store.delete(HEADS, key)
+        self.store.delete(SPECS, key)
+        self.store.delete_prefix(TASKS, key + b"/")
+
     def _queue(self, plan: PlanRecord, new: bool) -> None:
         put, enc = self.store.put, self._enc.encode
         if new:
@@ -101,7 +111,12 @@ class PlanStore:
 
     def _encode_head(self, plan: PlanRecord) -> bytes:
         return self._enc.encode(
-            PlanHead(spent=plan.spent, granted=plan.granted, outcome=plan.outcome)
+            PlanHead(
+                spent=plan.spent,
+                granted=plan.granted,
+                outcome=plan.outcome,
+                finished_at=plan.finished_at,
+            )
         )
 
     def load(self) -> list[PlanRecord]:
@@ -143,6 +158,7 @@ class PlanStore:
                 spent=head.spent,
                 granted=head.granted,
                 outcome=head.outcome,
+                finished_at=head.finished_at,
             )
         for plan_id in entries:  # a submission never acknowledged: its head was not committed
             store.delete(SPECS, plan_id.encode())
@@ -192,6 +208,7 @@ def read_plan(env: lmdb.Environment, plan_id: str) -> PlanRecord | None:
         spent=head_rec.spent,
         granted=head_rec.granted,
         outcome=head_rec.outcome,
+        finished_at=head_rec.finished_at,
     )
 
 

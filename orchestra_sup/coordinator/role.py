@@ -34,7 +34,7 @@ from orchestra_sup.coordinator.accept import Submission, accept_off_loop
 from orchestra_sup.coordinator.answers import Answers
 from orchestra_sup.coordinator.book import FREEZE_TASKS, PlanBook
 from orchestra_sup.coordinator.fencing import refusal
-from orchestra_sup.coordinator.placement import AffinityTicket, ShardView
+from orchestra_sup.coordinator.placement import ShardView
 from orchestra_sup.coordinator.placer import Placer
 from orchestra_sup.coordinator.planstore import DBS, PlanStore
 from orchestra_sup.coordinator.report import plan_summary, sliced_report
@@ -43,6 +43,7 @@ from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
 from orchestra_sup.coordinator.seat import Seat
 from orchestra_sup.coordinator.sessionstore import DBS as SESSION_DBS
 from orchestra_sup.coordinator.sessionstore import SessionStore
+from orchestra_sup.coordinator.startlane import start_lane
 from orchestra_sup.coordinator.toolkit import Toolkit
 from orchestra_sup.errors import ErrorCode, RemoteError, StateError
 from orchestra_sup.histogram import RELAY_BOUNDS_S, Buckets
@@ -440,70 +441,9 @@ class Coordinator:
         return await sliced_report(plan)
 
     async def _start_lane(self, params: tools.StartLane, grant: f.Budget | None = None) -> Any:
-        """`start_lane run=CMD [name=] [timeout_s=] [requires=CAP,CAP] [tenant=] [ticket=]
-        [program=] [key=] [rev=] [commit=true|false] [feedback=]`: a one-task plan, placed like
-        any. The key makes a re-sent start harmless (the same plan and lane are answered); a
-        `ticket` from an earlier answer sends the lane back to that shard while its generation
-        lives (`placement.AffinityTicket`).
-
-        `rev` (default: none) makes its sandbox at that revision of the workspace (a sha, a
-        short sha, a branch, `HEAD~3`, resolved when the sandbox is made) instead of the head;
-        one that names no commit fails the lane with "unknown rev 'X': no such commit", and the
-        task's report says in `rev` the full sha a sandbox was made at. `commit=true` (default
-        false) commits the sandbox's changes when the lane succeeds, as a plan task's
-        `commit = true`: the lane's `commit` is the new head of the workspace's branch. A
-        sandbox at an older `rev` is one that fell behind: its change against that revision is
-        cherry-picked onto the branch's head (`Workspace.commit_sandbox`), and one that
-        conflicts fails the lane, landing nothing. `feedback` is revision feedback for its first
-        attempt (`$ORCHESTRA_FEEDBACK`, `LaneContext.feedback`), at most 64 KiB of UTF-8. An
-        empty `rev` or `feedback` is none.
-
-        Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
-        ticket are null while the lane waits for a shard. A session starts its lanes here with
-        `grant`, what its budget leaves them (the one-task plan's budget). Raises
-        `RemoteError(bad_request)` for a bad parameter (naming it: a `commit` that is not true
-        or false, a `rev` with whitespace or over 256 characters, a `feedback` over 64 KiB) or a
-        need no shard could meet."""
-        run = params.run
-        program = params.program or SHELL
-        if not run and program == SHELL:
-            raise RemoteError(ErrorCode.BAD_REQUEST, "missing parameter 'run'")
-        try:
-            timeout = float(params.timeout_s) if params.timeout_s is not None else None
-        except ValueError as exc:
-            raise RemoteError(ErrorCode.BAD_REQUEST, f"timeout_s: {exc}") from exc
-        if params.ticket:
-            try:
-                AffinityTicket.parse(params.ticket)
-            except ValueError as exc:
-                raise RemoteError(ErrorCode.BAD_REQUEST, str(exc)) from exc
-        commit = _flag(params.commit, "commit")
-        requires = [c for c in params.requires.split(",") if c]
-        task = f.TaskSpec(
-            id="lane",
-            run=run,
-            timeout_s=timeout,
-            requires=requires,
-            program=program,
-            commit=commit,
-            rev=params.rev or None,
-            feedback=params.feedback or None,
-        )
-        spec = f.PlanSpec(name=params.name, tasks=[task], tenant=params.tenant, budget=grant)
-        key = params.key
+        """The `start_lane` tool (`coordinator.startlane`)."""
         assert self.book is not None
-        known = set(self.book.plans)
-        accepted = await self._submit(spec, key=key, ticket=params.ticket or None)
-        assert isinstance(accepted, f.PlanAccepted)
-        rec = self.book.plans[accepted.id].tasks["lane"]
-        return {
-            "plan": accepted.id,
-            "lane": rec.lane,
-            "status": str(rec.status),
-            "shard": rec.shard,
-            "ticket": rec.ticket,
-            "duplicate": accepted.id in known,
-        }
+        return await start_lane(self.book, self._submit, params, grant)
 
     async def _call(self, call: f.CtlCall) -> f.Body:
         assert self.toolkit is not None
@@ -584,15 +524,3 @@ class Coordinator:
             for put in unread:
                 self._apply_put(put)
             self.book.schedule()
-
-
-def _flag(value: str, name: str) -> bool:
-    """Tool parameter `name`'s boolean: "true" or "false" in any case, "" (left out) false.
-    Raises `RemoteError(bad_request)` naming the parameter for anything else."""
-    if value.lower() in ("", "false"):
-        return False
-    if value.lower() == "true":
-        return True
-    raise RemoteError(
-        ErrorCode.BAD_REQUEST, f"parameter {name!r} must be true or false, got {value!r}"
-    )

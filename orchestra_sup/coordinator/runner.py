@@ -105,6 +105,9 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
     """Budget humans added to the plan's (`ctl approve --grant`)."""
     outcome: f.PlanOutcome | None = None
     """How a session ended (`coordinator.seat`); None for a dag plan and a session under way."""
+    finished_at: float | None = None
+    """When it was found done (Unix seconds; None while it runs): what `[retention] plans_s`
+    counts from (`coordinator.retention`)."""
 
     @classmethod
     def new(

@@ -27,6 +27,18 @@ class Quota(msgspec.Struct, frozen=True, kw_only=True):
     window_s: float = 3600.0
 
 
+class RetentionSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """`[retention]`, seconds each: a finished plan (its record, its inbox entries, its
+    session's state, and with a session the plans it started) is pruned `plans_s` after it
+    finished (default 30 days); its idempotency key goes on answering a submission that
+    repeats it until `keys_s` after (default 90 days; at least `plans_s`: a key outlives its
+    plan); the coordinator prunes every `every_s` (default 60 s)."""
+
+    plans_s: float = 30 * 86_400.0
+    keys_s: float = 90 * 86_400.0
+    every_s: float = 60.0
+
+
 class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a child needs to join its tree.
 
@@ -68,6 +80,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     endpoint: str = ""
     quotas: dict[str, Quota] = {}
     """`[quotas]`: tenant -> ceilings, for the coordinator (`coordinator.quota`)."""
+    retention: RetentionSettings = RetentionSettings()
+    """`[retention]`, for the coordinator (`coordinator.retention`)."""
     isolation: IsolationSettings = IsolationSettings(mode="none")
     """`[isolation]` with its mode resolved ("bwrap" or "none"), for a shard's lanes."""
     log_format: LogFormat = LogFormat.TEXT

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 _STOP = object()
 # A queued write is a plain tuple (kind, dbi, key, value, future-or-None): the cheapest thing to
 # build on the hot path. `value` is None for a delete.
-_PUT, _DELETE, _APPEND = 0, 1, 2
+_PUT, _DELETE, _APPEND, _DELETE_PREFIX = 0, 1, 2, 3
 _Write = tuple[int, Any, bytes, bytes | None, "asyncio.Future[None] | None"]
 
 _T = TypeVar("_T")
@@ -186,6 +186,16 @@ class Store:
             raise self._closed_error()
         check_key(key)
         self._enqueue((_DELETE, self._dbs[db], key, None, None))
+
+    def delete_prefix(self, db: str, prefix: bytes) -> None:
+        """Queue the delete of every key of `db` that starts with `prefix` (as the queue
+        reaches it: rows appended under it before are deleted, later ones are not). For
+        retention: a pruned plan's task records, a session's rows. Raises `ValueError` as
+        `put` does."""
+        if self._closed:
+            raise self._closed_error()
+        check_key(prefix)
+        self._enqueue((_DELETE_PREFIX, self._dbs[db], prefix, None, None))
 
     def append(self, db: str, key: bytes, value: bytes) -> None:
         """Queue a new row and return at once: the row is stored at `key` followed by an 8-byte
@@ -363,6 +373,8 @@ class Store:
                     put(key, value, db=dbi)
                 elif kind == _DELETE:
                     delete(key, db=dbi)
+                elif kind == _DELETE_PREFIX:
+                    _delete_prefix(txn, dbi, key)
                 else:
                     if seq < 0:
                         raw = txn.get(_SEQ_KEY, db=self._meta)
@@ -449,6 +461,14 @@ class Store:
             return
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
             loop.call_soon_threadsafe(_settle_all, dones, error)
+
+
+def _delete_prefix(txn: lmdb.Transaction, dbi: Any, prefix: bytes) -> None:
+    cursor = txn.cursor(dbi)
+    if cursor.set_range(prefix):
+        while cursor.key().startswith(prefix):
+            if not cursor.delete():  # the cursor moves to the next key, or says there is none
+                break
 
 
 MAX_KEY_BYTES = 511

@@ -98,6 +98,7 @@ READS: dict[str, frozenset[str]] = {
             "lane_programs",
             "coordinator_programs",
             "quotas",
+            "retention",
             "cpu",
             "cluster_listen",
             "fences",
@@ -139,6 +140,7 @@ def settings_args(settings: Settings, role: str) -> dict[str, Any]:
         "lane_programs": list(settings.lanes.programs),
         "coordinator_programs": list(settings.coordinator.programs),
         "quotas": dict(settings.quotas),
+        "retention": settings.retention,
         "lane_cpu": settings.cpu.lanes,
         "cluster_listen": {
             "coordinator": settings.cluster.coordinator_listen,
