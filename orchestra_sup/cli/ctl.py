@@ -8,7 +8,15 @@ from typing import Annotated
 
 import typer
 
-from orchestra_sup.cli import ctl_answers, ctl_call, ctl_lifecycle, ctl_logs, ctl_plans, ctl_view
+from orchestra_sup.cli import (
+    ctl_answers,
+    ctl_call,
+    ctl_lifecycle,
+    ctl_logs,
+    ctl_plans,
+    ctl_prune,
+    ctl_view,
+)
 from orchestra_sup.cli.ctlcontext import CtlContext
 from orchestra_sup.cli.exits import guarded
 from orchestra_sup.errors import ConfigError
@@ -72,6 +80,7 @@ for name, command in (
     ("submit", ctl_plans.submit),
     ("plans", ctl_plans.plans_cmd),
     ("plan", ctl_plans.plan_cmd),
+    ("prune", ctl_prune.prune),
     ("message", ctl_plans.message),
     ("call", ctl_call.call),
     ("lanes", ctl_view.lanes),

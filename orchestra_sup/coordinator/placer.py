@@ -91,6 +91,13 @@ class Placer:
             if lane is not None:
                 self.lanes[lane] = (plan.id, task_id)
 
+    def forget(self, plan: PlanRecord) -> None:
+        """`plan` was pruned (`coordinator.retention`): its lanes leave the lane index."""
+        for rec in plan.tasks.values():
+            for lane in {rec.lane, *(a.lane for a in rec.history)}:
+                if lane is not None and self.lanes.get(lane, ("",))[0] == plan.id:
+                    del self.lanes[lane]
+
     async def lane_shard(self, lane: str) -> str | None:
         """The shard running live lane `lane` once that shard has taken it (a lane whose
         `LaneStart` is still in flight is waited for, so a tool never reaches a shard before the

@@ -52,7 +52,7 @@ class PlanEntry(msgspec.Struct, kw_only=True):
     key: str | None = None
 
 
-class PlanHead(msgspec.Struct, kw_only=True):
+class PlanHead(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What changes of a plan itself: what its ended lanes spent, what humans granted it, how
     it ended when it is a session, and when it was found done."""
 

@@ -38,6 +38,8 @@ from orchestra_sup.coordinator.placement import ShardView
 from orchestra_sup.coordinator.placer import Placer
 from orchestra_sup.coordinator.planstore import DBS, PlanStore
 from orchestra_sup.coordinator.report import plan_summary, sliced_report
+from orchestra_sup.coordinator.retention import DBS as RETENTION_DBS
+from orchestra_sup.coordinator.retention import InboxIndex, Retention, plan_of
 from orchestra_sup.coordinator.roster import Roster
 from orchestra_sup.coordinator.runner import PlanRecord, TaskStatus
 from orchestra_sup.coordinator.seat import Seat
@@ -75,6 +77,7 @@ Serves = (
     | f.HitlRespond
     | f.ListPending
     | f.SandboxCreate
+    | f.CtlPrune
 )
 """What the coordinator's `handle` takes, from shards (`InboxPut`), the supervisor (control and
 forwarded ctl requests) and peers (a `SandboxCreate`, refused)."""
@@ -99,7 +102,8 @@ class Coordinator:
         self.answers: Answers | None = None
         self.toolkit: Toolkit | None = None
         self.seat: Seat | None = None
-        self.inbox_ids: set[str] = set()
+        self.inbox = InboxIndex()
+        self.retention: Retention | None = None
         self._committing: dict[str, asyncio.Future[None]] = {}
         self.stopping = False
         self.held = False
@@ -123,7 +127,7 @@ class Coordinator:
         # write-behind thread runs in real time, one below the loop (`cpupolicy`, "Threads").
         store = Store(
             node.paths.state_dir / "coordinator",
-            ["inbox", *DBS, *SESSION_DBS],
+            ["inbox", *DBS, *SESSION_DBS, *RETENTION_DBS],
             thread_start=cpupolicy.same_class(below=1),
         )
         store.start()
@@ -139,11 +143,13 @@ class Coordinator:
                     book.active.pop(plan.id, None)
             gc.freeze()  # what was loaded stays: keep it out of every full collection
             for key, value in store.items("inbox"):
-                self.inbox_ids.add(key.decode())
                 try:
-                    self._apply_put(self._put_dec.decode(value))
+                    put = self._put_dec.decode(value)
                 except msgspec.DecodeError as exc:
                     log.error("inbox %r: unreadable entry skipped: %s", key, exc)
+                    continue
+                self.inbox.add(key.decode(), put, known=plan_of(put) in book.plans)
+                self._apply_put(put)
             # An answer recorded by an earlier generation that stopped before acting on it, or
             # acted on and not delivered (`Answers.recover`).
             for plan in list(book.active.values()):
@@ -151,12 +157,16 @@ class Coordinator:
         assert self.seat is not None
         self.seat.open()  # every session not ended, from its last checkpoint
         self.placer.open()
+        assert self.retention is not None
+        self.retention.load(time.time())
+        node.spawn(self.retention.run())
 
     def attach(self, node: Node, store: Store) -> None:
         """Serve through `node`, keeping state in `store` (started, opened with "inbox",
-        `planstore.DBS` and `sessionstore.DBS`)."""
+        `planstore.DBS`, `sessionstore.DBS` and `retention.DBS`)."""
         self.node, self.store = node, store
         planstore = PlanStore(store)
+        sessions = SessionStore(store)
         self.book = book = PlanBook(node, planstore, pump=self._pump)
         self.roster = roster = Roster(node, book, stopping=lambda: self.stopping)
         self.answers = answers = Answers(node, book, shards=roster.shards)
@@ -165,13 +175,23 @@ class Coordinator:
             self.seat = Seat(
                 node,
                 book,
-                SessionStore(store),
+                sessions,
                 allowed=frozenset(node.args.coordinator_programs),
                 call=self.toolkit.call,
                 start_lane=self._start_lane,
                 deadline_s=node.args.relay_deadline_s,
             )
             book.on_done = self.seat.plan_done
+        self.retention = retention = Retention(
+            book, store, self.inbox, sessions, node.args.retention, forget=self.placer.forget
+        )
+        ended = book.on_done  # the seat's, when there is one
+
+        def on_done(plan: PlanRecord) -> None:
+            ended(plan)
+            retention.finished(plan)
+
+        book.on_done = on_done
 
     @property
     def shards(self) -> dict[str, ShardView]:
@@ -237,7 +257,7 @@ class Coordinator:
                 self.node.fenced += 1
                 ep.reply(env, peer, f.Error(code=ErrorCode.FENCED, message=fenced))
             case f.InboxPut():
-                if body.msg_id in self.inbox_ids:
+                if body.msg_id in self.inbox:
                     ep.reply(env, peer, f.InboxAck(msg_id=body.msg_id))
                 else:  # stamped as it arrives: `bench reaction` times from here
                     put = msgspec.structs.replace(body, received_ns=time.monotonic_ns())
@@ -276,6 +296,9 @@ class Coordinator:
                 ep.reply(env, peer, f.LaneList(lanes=[*self.answers.pending().lanes, *asked]))
             case f.SandboxCreate():
                 ep.reply(env, peer, NO_SANDBOX)
+            case f.CtlPrune():
+                assert self.retention is not None
+                ep.reply(env, peer, self.retention.prune(dry_run=body.dry_run))
             case f.HitlRespond() | f.ListPending():  # no answers store: not served here
                 ep.reply(env, peer, SERVES.unsupported(body))
             case _:
@@ -294,7 +317,8 @@ class Coordinator:
                 await pending
             finally:
                 self._committing.pop(put.msg_id, None)
-            self.inbox_ids.add(put.msg_id)
+            assert self.book is not None
+            self.inbox.add(put.msg_id, put, known=plan_of(put) in self.book.plans)
             assert self.placer is not None
             self.placer.ended(put)
             if self.held:  # committed and acknowledged; the next generation applies it
@@ -422,7 +446,10 @@ class Coordinator:
         assert self.book is not None
         plan = self.book.plans.get(req.id)
         if plan is None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no plan {req.id!r}")
+            raise RemoteError(
+                ErrorCode.NOT_FOUND,
+                f"no plan {req.id!r} (a finished plan is pruned after [retention] plans_s)",
+            )
         if not plan.done and req.wait_s > 0:
             waiter = asyncio.get_running_loop().create_future()
             self.book.waiters.setdefault(plan.id, []).append(waiter)

@@ -112,6 +112,13 @@ class SessionStore:
         self.store.put(EVENTS, event_key(rec.id, entry.event.seq), self._enc.encode(entry))
         return self.write(rec)
 
+    def delete(self, session: str) -> None:
+        """Queue the delete of everything of session `session` (retention): its record first,
+        then its lanes' rows and its events."""
+        self.store.delete(SESSIONS, session.encode())
+        self.store.delete_prefix(LANES, f"{session}/".encode())
+        self.store.delete_prefix(EVENTS, f"{session}/".encode())
+
     def add_lane(self, session: str, lane: SessionLane) -> None:
         """Queue `lane`'s row (written behind: the lane's own plan is durable already, and a
         row lost with the process is written again when the replayed start finds that plan)."""

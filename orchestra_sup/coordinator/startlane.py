@@ -45,8 +45,9 @@ async def start_lane(
 
     Answers {"plan", "lane", "status", "shard", "ticket", "duplicate"}; lane, shard and
     ticket are null while the lane waits for a shard, and for a key whose plan was pruned
-    (status "pruned": it finished longer ago than `[retention] plans_s`). A session starts its lanes here with
-    `grant`, what its budget leaves them (the one-task plan's budget). Raises
+    (status "pruned": it finished longer ago than `[retention] plans_s`). A session starts
+    its lanes here with `grant`, what its budget leaves them (the one-task plan's budget).
+    Raises
     `RemoteError(bad_request)` for a bad parameter (naming it: a `commit` that is not true
     or false, a `rev` with whitespace or over 256 characters, a `feedback` over 64 KiB) or a
     need no shard could meet."""

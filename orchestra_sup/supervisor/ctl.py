@@ -94,6 +94,7 @@ Serves = (
     | f.CtlLanes
     | f.CtlLogs
     | f.CtlDebug
+    | f.CtlPrune
 )
 """The requests `orchestra-sup ctl` sends, what `CtlService.handle` takes."""
 SERVES = Channel[Serves](Serves, "{} is not a ctl request")
@@ -204,6 +205,7 @@ class CtlService:
                 | f.CtlCall()
                 | f.CtlMessage()
                 | f.CtlBenchRelay()
+                | f.CtlPrune()
             ):
                 return self._forward("coordinator", body, env.ttl_s)
             case f.CtlRollover(name=name) if is_host_target(host, name):

@@ -51,7 +51,9 @@ class Recorder:
         self._plan_id = plan_id
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        raw = self._store.get(TASKS, task_key(self._plan_id, "ask"))
+        # an `Opener` has no store until `open` made one (it spawns retention's loop then)
+        store = self._store
+        raw = store.get(TASKS, task_key(self._plan_id, "ask")) if store is not None else None
         committed = raw is not None and bool(msgspec.msgpack.decode(raw, type=TaskRecord).answers)
         self.spawned.append((coro.__qualname__, committed))
         coro.close()

@@ -10,6 +10,7 @@ Frames carry no behaviour. Each channel's vocabulary is a union alias in its mod
 (`control`: supervisor <-> child), `Sandbox` (`sandbox`: shard -> custodian), `Relay` (`relay`:
 coordinator -> custodian), `LanePlane` (`lanes`: coordinator -> shard), `Inbox` (`inbox`: shard
 outbox -> coordinator inbox), `Ctl` (`ctl`: operator -> supervisor), `Rollover` (`rollover`),
+`Retention` (`retention`: `ctl prune`),
 `Cluster` (`hosts`: a host's agent -> the root);
 `frame` holds the base `Frame` and the answers every channel shares (`Ack`, `Error`), `values`
 the Structs carried by more than one. A receiver that gets a body it does not serve answers
@@ -116,6 +117,12 @@ from orchestra_sup.protocol.frames.relay import (
     ToolCall,
     ToolResult,
 )
+from orchestra_sup.protocol.frames.retention import (
+    IDS_MAX,
+    CtlPrune,
+    PruneReport,
+    Retention,
+)
 from orchestra_sup.protocol.frames.rollover import (
     CtlRollover,
     CtlRolloverStatus,
@@ -162,6 +169,7 @@ __all__ = [
     "ENVELOPE_ID_MAX",
     "HAVE_MAX",
     "HOST_ROLE",
+    "IDS_MAX",
     "MESSAGE_MAX_BYTES",
     "Ack",
     "Answer",
@@ -182,6 +190,7 @@ __all__ = [
     "CtlMessage",
     "CtlPlan",
     "CtlPlans",
+    "CtlPrune",
     "CtlReload",
     "CtlRespond",
     "CtlRestart",
@@ -242,6 +251,7 @@ __all__ = [
     "PlanReport",
     "PlanSpec",
     "PlanSummary",
+    "PruneReport",
     "Quiesce",
     "Quiesced",
     "RecoverChild",
@@ -251,6 +261,7 @@ __all__ = [
     "ReloadReport",
     "ResultStatus",
     "Resume",
+    "Retention",
     "Rollover",
     "RolloverEvent",
     "RolloverReport",

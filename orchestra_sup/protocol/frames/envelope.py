@@ -18,10 +18,23 @@ from orchestra_sup.protocol.frames.hosts import Cluster
 from orchestra_sup.protocol.frames.inbox import Inbox
 from orchestra_sup.protocol.frames.lanes import LanePlane
 from orchestra_sup.protocol.frames.relay import Relay
+from orchestra_sup.protocol.frames.retention import Retention
 from orchestra_sup.protocol.frames.rollover import Rollover
 from orchestra_sup.protocol.frames.sandbox import Sandbox
 
-Body = Control | Sandbox | Relay | LanePlane | Inbox | Ctl | Rollover | Cluster | Ack | Error
+Body = (
+    Control
+    | Sandbox
+    | Relay
+    | LanePlane
+    | Inbox
+    | Ctl
+    | Rollover
+    | Retention
+    | Cluster
+    | Ack
+    | Error
+)
 """Every frame body; the wire's tags are unique across it."""
 
 B = TypeVar("B", bound=Body)
