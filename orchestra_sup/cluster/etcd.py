@@ -56,6 +56,11 @@ class EtcdRefused(OrchestraError):
     """etcd answered a request with an error (its gRPC status message is the text)."""
 
 
+class EtcdAuthRefused(EtcdRefused):
+    """etcd refused who asked: its user or password (`/v3/auth/authenticate`), a role that
+    does not allow the request (403), or no user where etcd's auth is on."""
+
+
 class KeyValue(msgspec.Struct, frozen=True):
     """One key as etcd holds it: `create_revision` is the revision that created it (a lane's
     fencing token, ADR 0021), `lease` the lease it is attached to (0: none)."""
@@ -434,7 +439,10 @@ class Etcd:
             self._token = None
             raise EtcdUnavailable(f"{url}: auth token expired ({_message(data)})")
         if reply.status != 200:
-            raise EtcdRefused(f"etcd refused {path} ({reply.status}): {_message(data)}")
+            message = f"etcd refused {path} ({reply.status}): {_message(data)}"
+            if reply.status in (401, 403) or b"user name is empty" in data:
+                raise EtcdAuthRefused(message)
+            raise EtcdRefused(message)
         try:
             return msgspec.json.decode(data, type=kind, strict=False)
         except msgspec.DecodeError:  # ValidationError included
@@ -450,7 +458,7 @@ class Etcd:
         ) as reply:
             data = await reply.read()
         if reply.status != 200:
-            raise EtcdRefused(f"etcd refused user {user!r}: {_message(data)}")
+            raise EtcdAuthRefused(f"etcd refused user {user!r}: {_message(data)}")
         try:
             self._token = msgspec.json.decode(data, type=_Token).token
         except msgspec.DecodeError:

@@ -31,7 +31,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from orchestra_sup.cluster.etcd import Etcd, EtcdRefused, EtcdUnavailable
+from orchestra_sup.cluster.etcd import Etcd, EtcdAuthRefused, EtcdRefused, EtcdUnavailable
 from orchestra_sup.cluster.settings import KEEPALIVE_S, TTL_S
 from orchestra_sup.system.linux import boottime
 
@@ -46,7 +46,9 @@ class HostLease:
     every `every_s` seconds (module docstring). `on_lost()` is called, on the loop, each time
     the lease is lost or can no longer be known to be held; `on_joined(lease_id)` each time a
     new lease holds the registration; `on_renewed(stop_by)` at the join and at each renewal,
-    with the new `stop_by`. `margin_s` defaults to `every_s`.
+    with the new `stop_by`; `on_refused(reason)` when etcd refuses who asks at the first join
+    (`EtcdAuthRefused`: a user or a role that cannot be this host's, which only its operator
+    can mend; after a join, it is tried again). `margin_s` defaults to `every_s`.
 
     Raises `ValueError` when `ttl_s - margin_s` leaves no time for a keep-alive to be answered
     (it must exceed `every_s`)."""
@@ -60,6 +62,7 @@ class HostLease:
         on_lost: Callable[[], None],
         on_joined: Callable[[int], None] = lambda lease: None,
         on_renewed: Callable[[float], None] = lambda stop_by: None,
+        on_refused: Callable[[str], None] = lambda reason: None,
         ttl_s: int = TTL_S,
         every_s: float = KEEPALIVE_S,
         margin_s: float | None = None,
@@ -77,6 +80,7 @@ class HostLease:
         self.on_lost = on_lost
         self.on_joined = on_joined
         self.on_renewed = on_renewed
+        self.on_refused = on_refused
         self.ttl_s = ttl_s
         self.every_s = every_s
         self.clock = clock
@@ -87,6 +91,8 @@ class HostLease:
         self._mine: set[int] = set()
         """Every lease this process took: only a key under one of them is its own to move."""
         self._waited_logged = -WAIT_LOG_S
+        self._join_logged = -WAIT_LOG_S
+        self._joined_once = False
 
     @property
     def stop_by(self) -> float | None:
@@ -136,7 +142,12 @@ class HostLease:
                     sent = self.clock()
                     joined = joined and await self.etcd.keepalive(lease, timeout_s=self.every_s) > 0
             except (EtcdUnavailable, EtcdRefused) as exc:
-                log.warning("cannot join the cluster yet: %s", exc)
+                if isinstance(exc, EtcdAuthRefused) and not self._joined_once:
+                    self.on_refused(str(exc))
+                now = self.clock()
+                if now - self._join_logged >= WAIT_LOG_S:  # at most a line this often
+                    self._join_logged = now
+                    log.warning("cannot join the cluster yet: %s", exc)
                 joined = False
             if not joined:
                 if lease is not None:  # not ours to keep: let it end now, not a TTL later
@@ -147,6 +158,7 @@ class HostLease:
             assert lease is not None
             self.lease, self.renewed_at = lease, sent
             log.info("joined under lease %x (%d s)", lease, self.ttl_s)
+            self._joined_once = True
             self.on_joined(lease)
             self._renewed()
             return

@@ -208,4 +208,9 @@ def credentials(settings: ClusterSettings) -> tuple[ssl.SSLContext | None, str |
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"[cluster] etcd_password_file: {exc}") from None
         password = text.splitlines()[0] if text else ""
+        if not password:
+            raise ConfigError(
+                f"[cluster] etcd_password_file = {settings.etcd_password_file!r}: its first line "
+                "is empty (it holds the password alone)"
+            )
     return context, password

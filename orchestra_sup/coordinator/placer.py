@@ -225,12 +225,16 @@ class Placer:
     def _place(self, plan: PlanRecord, spec: f.TaskSpec, need: Need, now: float) -> bool:
         """Place one ready task (placement.py: affinity, eligibility, score, tie-break), fail it
         when no shard of this tree could ever take it, or leave it waiting (False: no shard can
-        take a lane with `need` now). First the tenant's quota and then the budget are checked:
-        a breach, or a budget with nothing left to carve a lane from, starts nothing and is a
-        failure for the task's strategy."""
+        take a lane with `need` now). In a tree hosts join (`fences`), a need no shard in the
+        roster meets waits instead: hosts come and go (a host's agent restarting leaves the
+        roster until it reports again), and the task was accepted when one met it. First the
+        tenant's quota and then the budget are checked: a breach, or a budget with nothing left
+        to carve a lane from, starts nothing and is a failure for the task's strategy."""
         rec = plan.tasks[spec.id]
         views = list(self.roster.shards.values())
         why = unplaceable(views, need)
+        if why is not None and self.fences is not None:
+            return False  # a host that offers it may join again
         if why is not None:  # the shards' config changed under a stored plan
             plan.set_status(spec.id, TaskStatus.FAILED).error = why
             self.book.commit(plan)

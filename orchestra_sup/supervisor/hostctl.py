@@ -25,7 +25,7 @@ import logging
 
 import msgspec
 
-from orchestra_sup.errors import ErrorCode, RemoteError
+from orchestra_sup.errors import CallTimeout, ErrorCode, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.runtime.remote import HOST_SEPARATOR, qualified
 from orchestra_sup.supervisor.views import CtlHost
@@ -44,8 +44,8 @@ async def ask_host(
 ) -> f.Body:
     """Ask host `name`'s agent `body`, waiting `timeout_s` seconds: its answer, an `Error` of
     the agent's as a body. Raises `RemoteError(not_found)` for a host that has not joined (or
-    this is not a root that hosts join), `PeerDown`/`CallTimeout` when its agent cannot be
-    reached or does not answer."""
+    this is not a root that hosts join), `RemoteError(peer_down)` naming the host when its
+    agent cannot be reached or does not answer."""
     joined = host.hosts.by_name.get(name)
     cluster = host.sockets.cluster
     if joined is None or joined.peer is None or cluster is None:
@@ -55,6 +55,11 @@ async def ask_host(
         return await cluster.request(body, to=joined.peer, timeout_s=timeout_s)
     except RemoteError as exc:
         return f.Error(code=exc.code, message=f"{name}: {exc.message}")
+    except (PeerDown, CallTimeout) as exc:  # named by its connection's routing id: bytes
+        why = "did not answer in time" if isinstance(exc, CallTimeout) else "is not connected"
+        raise RemoteError(
+            ErrorCode.PEER_DOWN, f"host {name}'s agent {why} (it stopped, or its link is down)"
+        ) from None
 
 
 async def stop_host(host: CtlHost, req: f.CtlStopHost) -> f.Body:
@@ -92,8 +97,15 @@ async def rollover_host(host: CtlHost, req: f.CtlRollover, timeout_s: float | No
     (`host-a/shard-0`), as its own ctl would, waiting the ctl request's `timeout_s` seconds
     (at least `ASK_TIMEOUT_S`; the agent probes the release first); its first report, with
     the host's name put in (module docstring). The agent answers as `Rollovers.begin` does;
-    raises what `ask_host` raises."""
-    name, _, local = req.name.partition(HOST_SEPARATOR)
+    raises `RemoteError(bad_request)` for a target that is not `host` or `host/shard`, and
+    what `ask_host` raises."""
+    name, sep, local = req.name.partition(HOST_SEPARATOR)
+    if not name or HOST_SEPARATOR in local or (sep and not local):
+        raise RemoteError(
+            ErrorCode.BAD_REQUEST,
+            f"rollover target {req.name[:64]!r}: give a host (host-a) or one of its shards "
+            "(host-a/shard-0)",
+        )
     asked = msgspec.structs.replace(req, name=local or "shards")
     wait_s = max(timeout_s or 0.0, ASK_TIMEOUT_S)
     return _qualified(name, await ask_host(host, name, asked, wait_s))

@@ -14,7 +14,9 @@ as a root does. `HostLink` is what makes that supervisor a host of another tree:
 2. On the first `HostWelcome` it takes its etcd lease (`cluster.lease.HostLease`) and keeps it
    for as long as it runs, whatever becomes of the link: the registration at the welcome's
    prefix + NAME holds its name, this run's boot id, its shards, capabilities and tenants.
-3. Every `REPORT_S` it sends a `HostReport` of its shards. A `not_found` answer means the root
+3. Every `REPORT_S`, and at once when one of its children changes state (`changed`: a shard
+   the root asked to restart must be seen stopping before the root places a lane on it
+   again), it sends a `HostReport` of its shards. A `not_found` answer means the root
    does not know it (the root restarted): it says `Hello` again. The answer is the root's
    coordinator and custodian (`RootPeers`), which go into the roster the agent sends its own
    children, at the CURVE ports the welcome named (a wildcard host there is the root's
@@ -112,6 +114,8 @@ class HostLink:
         self.welcome: f.HostWelcome | None = None
         """The root's last welcome."""
         self._lease: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        """Set when a child changed state since the last report."""
         self._unreached_logged = -LOG_EVERY_S
         self._refusals: zmq.Socket  # the link's failed handshakes, made by `run`
 
@@ -236,9 +240,15 @@ class HostLink:
             self.sup.refuse(f"the root at {self.join.root} refused host {self.join.name}: {reason}")
             return None
 
+    def changed(self) -> None:
+        """One of this host's children changed state: report now, not at the next tick."""
+        self._changed.set()
+
     async def _report(self, ep: Endpoint) -> None:
-        """Report every `REPORT_S` until the root answers that it does not know this host."""
+        """Report every `REPORT_S`, and at once after a child changed state, until the root
+        answers that it does not know this host."""
         while True:
+            self._changed.clear()
             try:
                 answer = await ep.request(self.report(), timeout_s=ANSWER_S)
                 if isinstance(answer, f.RootPeers):
@@ -250,7 +260,9 @@ class HostLink:
                 log.warning("the root refused a report: %s", exc.message)
             except (PeerDown, CallTimeout) as exc:
                 self._unreached(exc)
-            await asyncio.sleep(REPORT_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REPORT_S):
+                    await self._changed.wait()
 
     async def _hold(self, welcome: f.HostWelcome) -> None:
         """Hold the lease the welcome says, for as long as the agent runs, reaching etcd with
@@ -273,10 +285,19 @@ class HostLink:
                 on_lost=self._lost,
                 on_joined=self._joined,
                 on_renewed=self._renewed,
+                on_refused=self._etcd_refused,
                 ttl_s=welcome.lease_ttl_s,
                 every_s=welcome.keepalive_s,
             )
             await lease.run()
+
+    def _etcd_refused(self, reason: str) -> None:
+        """etcd refused this host's first registration: stop, saying where its user is set."""
+        self.sup.refuse(
+            f"{reason}; this host reaches etcd as the user its --config [cluster] gives "
+            "(etcd_user, etcd_password_file), which needs its own registration key and lanes "
+            "(README, \"Hosts on other machines\")"
+        )
 
     def _joined(self, lease: int) -> None:
         self.lease_id = lease

@@ -187,7 +187,8 @@ class Hosts:
 
     async def drained(self, name: str, timeout_s: float) -> bool:
         """Whether a report of host `name` heard from now on, within `timeout_s` seconds, says
-        its shards run no lane (True too for a host gone from the table)."""
+        its shards run no lane and drain no generation (a rollover's, whose lanes the report
+        does not count), True too for a host gone from the table."""
         since = time.monotonic()
         deadline = since + timeout_s
         while True:
@@ -195,7 +196,8 @@ class Hosts:
             if host is None:
                 return True
             report = host.report
-            if host.heard_at > since and report and not any(s.lanes for s in report.shards):
+            idle = report is not None and not any(s.lanes or s.draining for s in report.shards)
+            if host.heard_at > since and idle:  # a draining generation holds lanes too
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -474,6 +474,8 @@ class RootSupervisor:
             self.reloads.changed(worker)
         if not children.adopting:
             children.broadcast_roster()
+        if self.link is not None:  # its root's roster follows this host's at once
+            self.link.changed()
         children.retitle()
         self.report_status()
 

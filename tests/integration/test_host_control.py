@@ -53,6 +53,32 @@ def test_a_hosts_shard_is_restarted_by_its_agent_when_the_root_asks(
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
 
+def test_a_restart_of_a_hosts_busy_shard_reruns_its_lane_once(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """`ctl restart host-a/shard-0` while its lane runs: the agent reports the shard stopping
+    at once, so the lane runs again on the next generation (attempt 2), never on the stopping
+    one; the shard takes lanes after."""
+    tree, _agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    plan_id = tree.submit(plan("busy", task("long", "sleep 3", requires=["remote"])))
+
+    def first() -> f.TaskReport:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        return reply.tasks[0]
+
+    wait_until(lambda: first().status == "running", 30, "the lane on host-a")
+    done = cli("ctl", "--run-dir", str(tree.run_dir), "restart", "host-a/shard-0")
+    assert done.returncode == 0, done
+    report = tree.wait_plan(plan_id, 60)
+    assert report.ok and report.tasks[0].attempts == 2, report.tasks
+    after = tree.wait_plan(tree.submit(plan("after", task("t", "true", requires=["remote"]))), 60)
+    assert after.ok, after.tasks
+
+
 def test_stop_host_drains_then_the_agent_leaves(
     tree_factory: Callable[..., Tree],
     etcd_cluster: EtcdCluster,

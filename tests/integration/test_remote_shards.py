@@ -241,6 +241,39 @@ def test_a_dead_hosts_lane_runs_again_on_the_root_and_the_host_gets_work_once_ba
     assert back.ok and back.tasks[0].shard == "host-a/shard-0", back.tasks
 
 
+def test_a_lane_only_a_host_can_run_waits_for_it_through_its_death(
+    tree_factory: Callable[..., Tree],
+    etcd_cluster: EtcdCluster,
+    agents: Callable[..., Agent],
+    tmp_path: Path,
+) -> None:
+    """A task that `requires = ["remote"]`, which only host-a offers, runs there; host-a is
+    SIGKILLed, its lease ends, and the task waits (no shard offers "remote" now, but one did
+    and may again): host-a started again runs it, and the plan succeeds."""
+    tree, agent, keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    plan_id = tree.submit(plan("only-there", task("t", "sleep 2", requires=["remote"])))
+
+    def first() -> f.TaskReport:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        return reply.tasks[0]
+
+    wait_until(lambda: first().status == "running", 30, "the lane running on host-a")
+    kill_host(agent)
+    wait_until(lambda: host_of(tree, "host-a") is None or first().status != "running", 20, "lost")
+    gone = time.monotonic() + TTL_S + 3  # well past the lease: the roster forgot its shard
+    while time.monotonic() < gone:
+        assert first().status not in ("failed", "skipped"), first()
+        time.sleep(0.2)
+    agents(
+        tmp_path / "host-a", agent_join(tmp_path), keys, "host-a", "--shards", "1",
+        "--capabilities", "remote", "--listen", f"tcp://127.0.0.1:{free_port()}",
+    )  # fmt: skip
+    report = tree.wait_plan(plan_id, timeout_s=60)
+    assert report.ok and report.tasks[0].shard == "host-a/shard-0", report.tasks
+    assert report.tasks[0].attempts == 2, report.tasks
+
+
 def test_without_an_etcd_quorum_nothing_new_goes_to_a_host_and_the_roots_lanes_go_on(
     tree_factory: Callable[..., Tree],
     etcd_cluster: EtcdCluster,
