@@ -296,7 +296,7 @@ class HostLink:
         self.sup.refuse(
             f"{reason}; this host reaches etcd as the user its --config [cluster] gives "
             "(etcd_user, etcd_password_file), which needs its own registration key and lanes "
-            "(README, \"Hosts on other machines\")"
+            '(README, "Hosts on other machines")'
         )
 
     def _joined(self, lease: int) -> None:
