@@ -24,8 +24,9 @@ is allowed to finish, the tree is stopped, and the run reports:
 
 With `hosts` (issue 21), that many host agents join the tree (`bench.chaoshosts`: each in a
 network namespace of its own, an etcd member for their leases), their shards take lanes as the
-root's do, and half the harm is done to them: a host SIGKILLed whole (its agent started again
-2 s later) or partitioned (its link down for twice the lease). `host_kills` and `partitions`
+root's do, and half the harm is done to them, the first harm always (so a short run harms a
+host): a host SIGKILLed whole (its agent started again 2 s later) or partitioned (its link down
+for twice the lease). `host_kills` and `partitions`
 count it; `network` says where the hosts ran.
 
 The tree runs with a restart intensity high enough that the chaos itself cannot exhaust it
@@ -146,7 +147,11 @@ def run_chaos(
                 if joined is not None:
                     joined.tend(now)
                 if now >= next_kill:
-                    harmed = joined is not None and rng.random() < 0.5 and joined.harm(rng, now)
+                    # half the harm goes to hosts, and the first: a short run harms one
+                    to_host = joined is not None and (
+                        rng.random() < 0.5 or not joined.kills + joined.partitions
+                    )
+                    harmed = to_host and joined is not None and joined.harm(rng, now)
                     if not harmed:
                         kills += _kill_one(client, rng)
                     next_kill = time.monotonic() + rng.uniform(1.0, 3.0)

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from orchestra_sup.custodian.mirror import Mirror
+from orchestra_sup.custodian.quarantine import MAX_BUNDLE_BYTES
 from orchestra_sup.custodian.role import Custodian
 from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
@@ -173,7 +174,8 @@ class HostMirror(Custodian):
 
     async def _commit(self, req: f.SandboxCommit) -> f.Body:
         """The lane's change, committed in the mirror and landed by the root's custodian
-        (module docstring). Raises what `make_commit` raises, and what the custodian answers
+        (module docstring). Raises what `make_commit` raises, `RemoteError(bad_request)` for a
+        commit whose bundle is over `MAX_BUNDLE_BYTES`, and what the custodian answers
         (`bad_request` for a refused bundle, `conflict`)."""
         assert self.mirror is not None and self.workspace is not None
         sandbox = self._sandbox_path(req.lane)
@@ -183,6 +185,12 @@ class HostMirror(Custodian):
                 return f.CommitDone(lane=req.lane, commit=None)
             base, commit = made
             bundle = await self.mirror.bundle_commit(req.lane, base, commit)
+        if len(bundle) > MAX_BUNDLE_BYTES:  # one frame takes it to the root, or nothing does
+            raise RemoteError(
+                ErrorCode.BAD_REQUEST,
+                f"lane {req.lane}'s commit bundles to {len(bundle):,} bytes, over the "
+                f"{MAX_BUNDLE_BYTES:,} a host's commit may be (one frame): nothing landed",
+            )
         land = f.SandboxLand(lane=req.lane, base=base, bundle=bundle, fence=req.fence)
         return await self._upstream(land)
 
