@@ -138,9 +138,14 @@ def test_a_host_rolls_over_its_shards_when_the_root_asks(
     """`ctl rollover host-a` while a lane runs there: the agent starts shard-0's generation 2
     beside generation 1, and the root's roster follows (a new task runs on generation 2 while
     the old one still runs its lane, for longer than the lease's TTL); the lane finishes there,
-    generation 1 retires, and the report names host-a's shard. The agent itself is not
+    generation 1 retires, and the report names host-a's shard. A `stop-host` asked during the
+    drain waits for it: a draining generation's lanes count. The agent itself is not
     re-executed: asked, it refuses."""
     tree, agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
+    refused = cli("ctl", "--run-dir", str(tree.run_dir), "rollover", "host-a/supervisor")
+    assert refused.returncode == 2, refused
+    assert "this is a host's agent" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     go = tmp_path / "go"
     wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
     running = tree.submit(plan("running", task("there", wait, requires=["remote"])))
@@ -156,6 +161,7 @@ def test_a_host_rolls_over_its_shards_when_the_root_asks(
         [*argv, "rollover", "host-a", "--drain-timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    stopping: subprocess.Popen[str] | None = None
     try:
         wait_until(lambda: shard_generation(tree, "shard-0") == 2, 30, "generation 2 running")
         beside = tree.wait_plan(
@@ -164,17 +170,25 @@ def test_a_host_rolls_over_its_shards_when_the_root_asks(
         assert beside.ok and beside.tasks[0].shard == "host-a/shard-0", beside.tasks
         # The lane outlives two lease TTLs on the draining generation 1: every renewal's
         # deadline reaches it too, or it would stop its lanes as a shard its agent forgot.
+        stopping = subprocess.Popen(
+            [*argv, "stop-host", "host-a", "--drain-timeout", "60"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         watch_until = time.monotonic() + 2 * TTL_S
         while time.monotonic() < watch_until:
             assert first(running).status == "running", first(running)
             assert rolling.poll() is None, rolling.communicate()
+            assert stopping.poll() is None, stopping.communicate()  # generation 1 drains
             time.sleep(0.1)
         go.touch()
         out, err = rolling.communicate(timeout=60)
+        stopped = stopping.communicate(timeout=60)
     finally:
-        if rolling.poll() is None:
-            rolling.kill()
+        for proc in (rolling, stopping):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
     assert rolling.returncode == 0, (out, err)
+    assert stopping.returncode == 0 and "host-a drained and stopping" in stopped[0], stopped
     assert (
         "host-a/shard-0" in out
         and "generation 1 drained: 0 moved, 0 re-run partial, 1 finished there" in out
@@ -183,8 +197,4 @@ def test_a_host_rolls_over_its_shards_when_the_root_asks(
     finished = tree.wait_plan(running, timeout_s=30)
     assert finished.ok and finished.tasks[0].attempts == 1, finished.tasks
     assert "the root asks: CtlRollover" in agent.log()
-
-    refused = cli("ctl", "--run-dir", str(tree.run_dir), "rollover", "host-a/supervisor")
-    assert refused.returncode == 2, refused
-    assert "this is a host's agent" in refused.stderr, refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert agent.proc.wait(timeout=30) == 0, agent.log()
