@@ -97,7 +97,8 @@ def test_a_host_with_its_own_etcd_user_touches_only_its_own_keys(
     the root fenced under its lease, and when it stops it revokes that lease, its lane's key
     attached (etcd lets a user revoke a lease only if it may write every key under it): the
     registration is gone in seconds, not at the TTL's end. Host-a's user may not write
-    another host's registration or lanes."""
+    another host's registration or lanes. An agent with a wrong password exits 2, saying
+    etcd refused its user."""
     enable_auth(etcd_cluster)
     for user in ("orchestra", "host-a"):
         (tmp_path / f"{user}.password").write_text(f"{user}-pw\n")
@@ -109,6 +110,16 @@ def test_a_host_with_its_own_etcd_user_touches_only_its_own_keys(
         f'{text}etcd_user = "orchestra"\netcd_password_file = "{tmp_path / "orchestra.password"}"\n'
     )
     tree = tree_factory(workspace=make_repo(tmp_path / "workspace"), shards=1, config=config)
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-host-a-pw\n")
+    bad_config = tmp_path / "host-a-wrong.toml"
+    bad_config.write_text(f'[cluster]\netcd_user = "host-a"\netcd_password_file = "{wrong}"\n')
+    refused = agents(
+        tmp_path / "host-a-wrong", listen, keys, "host-a", "--shards", "1",
+        "--config", str(bad_config),
+    )  # fmt: skip
+    assert refused.proc.wait(timeout=30) == 2, refused.log()[-2000:]
+    assert "etcd refused user 'host-a'" in refused.log(), refused.log()[-2000:]
     host_config = tmp_path / "host-a.toml"
     host_config.write_text(
         f'[cluster]\netcd_user = "host-a"\netcd_password_file = "{tmp_path / "host-a.password"}"\n'
