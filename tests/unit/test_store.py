@@ -59,6 +59,31 @@ def read_from_another_process(path: Path, db: str) -> dict[bytes, bytes]:
     return {bytes.fromhex(k): bytes.fromhex(v) for k, v in rows}
 
 
+def test_a_prefix_delete_takes_what_was_queued_before_it_and_nothing_else(tmp_path: Path) -> None:
+    """`delete_prefix` in queue order: rows under the prefix queued before it go (appended
+    ones too), a row queued after it stays, and keys that only share a start do not go
+    (`p1/` is not `p10/`)."""
+    store = Store(tmp_path / "s", ["a"])
+    for k in (b"p1/a", b"p1/b", b"p10/a", b"p1", b"q/a"):
+        store.put("a", k, b"v")
+    store.append("a", b"p1/rows/", b"r")
+    store.delete_prefix("a", b"p1/")
+    store.put("a", b"p1/late", b"v")
+    store.delete_prefix("a", b"z/")  # nothing under it, and the last key
+    store.start()
+    store.close()
+    assert rows_of(tmp_path / "s", "a") == {
+        b"p10/a": b"v",
+        b"p1": b"v",
+        b"q/a": b"v",
+        b"p1/late": b"v",
+    }
+    other = Store(tmp_path / "t", ["a"])
+    with pytest.raises(ValueError):
+        other.delete_prefix("a", b"")
+    other.close()
+
+
 def reopened(path: Path, dbs: list[str]) -> Store:
     return Store(path, dbs)
 
