@@ -81,6 +81,7 @@ lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE;
 [retention]               # what a tree keeps of what ended (coordinator/retention.py)
 plans_s = 2592000         # a finished plan's record, inbox entries and session: 30 days
 keys_s = 7776000          # its idempotency key still answers a re-send: 90 days (>= plans_s)
+sandboxes_s = 86400       # a finished lane's sandbox, removed a day after the lane ended
 every_s = 60.0            # seconds between two prunes (`ctl prune`: now)
 
 [cluster]                 # a tree past one machine (cluster/settings.py has every key, ADR 0021)
@@ -259,6 +260,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("cpu", "rttime_s"): (float, 0.05, 60),
     ("retention", "plans_s"): (float, 0, 10 * 365 * 86_400),
     ("retention", "keys_s"): (float, 0, 10 * 365 * 86_400),
+    ("retention", "sandboxes_s"): (float, 0, 10 * 365 * 86_400),
     ("retention", "every_s"): (float, 0.1, 86_400),
 }
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {

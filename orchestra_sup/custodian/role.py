@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never
 
 from orchestra_sup.cluster.settings import connect
-from orchestra_sup.custodian import history, readtools, searchproc
+from orchestra_sup.custodian import history, readtools, sandboxes, searchproc
 from orchestra_sup.custodian.exports import Exports
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.quarantine import land_bundle
@@ -65,6 +65,7 @@ Serves = (
     | f.SandboxLand
     | f.SandboxFetch
     | f.SandboxFetchPart
+    | f.SandboxDone
     | f.ToolCall
     | f.Quiesce
     | f.Resume
@@ -128,6 +129,8 @@ class Custodian:
         await asyncio.to_thread(private_dir, node.paths.state_dir, mode)
         await asyncio.to_thread(private_dir, self.sandboxes, mode)
         self.owners = SandboxOwners(self.sandboxes, decision.own_uids)
+        kept = node.args.retention
+        node.spawn(sandboxes.run(self.sandboxes, kept.sandboxes_s, kept.every_s))
         own = "a uid of its own" if decision.own_uids else "the tree's uid"
         log.info("custodian: each sandbox and its lane get %s (%s)", own, decision.reason)
 
@@ -185,6 +188,10 @@ class Custodian:
                 self.node.answer(ep, peer, env, self._fetch(body))
             case f.SandboxFetchPart():
                 self.node.answer(ep, peer, env, self._fetch_part(body))
+            case f.SandboxDone() if peer is not None and peer.startswith(b"coordinator."):
+                ep.reply(env, peer, NO_SANDBOX)
+            case f.SandboxDone():
+                self.node.answer(ep, peer, env, self._done(body))
             case f.ToolCall():
                 self.node.answer(ep, peer, env, self._tool(body))
             case f.Quiesce():
@@ -242,6 +249,13 @@ class Custodian:
             path, rev = await self.workspace.create_sandbox(req.lane, dest, req.rev)
             await asyncio.to_thread(self.owners.claim, Path(path))
         return f.SandboxReady(lane=req.lane, path=path, rev=rev)
+
+    async def _done(self, req: f.SandboxDone) -> f.Body:
+        """Lane `req.lane` ended: its sandbox is removed `[retention] sandboxes_s` from now
+        (`custodian.sandboxes`). Raises `RemoteError(bad_request)` for a bad lane id."""
+        self._sandbox_path(req.lane)  # checks the id
+        await asyncio.to_thread(sandboxes.mark_ended, self.sandboxes, req.lane)
+        return f.Ack()
 
     async def _commit(self, req: f.SandboxCommit) -> f.Body:
         assert self.workspace is not None

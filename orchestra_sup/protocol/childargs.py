@@ -32,10 +32,13 @@ class RetentionSettings(msgspec.Struct, frozen=True, kw_only=True):
     session's state, and with a session the plans it started) is pruned `plans_s` after it
     finished (default 30 days); its idempotency key goes on answering a submission that
     repeats it until `keys_s` after (default 90 days; at least `plans_s`: a key outlives its
-    plan); the coordinator prunes every `every_s` (default 60 s)."""
+    plan); a finished lane's sandbox is removed `sandboxes_s` after its lane ended (default a
+    day), by the custodian, or on a host by its mirror; each prunes every `every_s` (default
+    60 s)."""
 
     plans_s: float = 30 * 86_400.0
     keys_s: float = 90 * 86_400.0
+    sandboxes_s: float = 86_400.0
     every_s: float = 60.0
 
 

@@ -517,6 +517,14 @@ class Shard:
         finally:
             self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
             self.node.retitle()
+        if lane.sandbox is not None:  # kept [retention] sandboxes_s from now, then removed
+            self.node.spawn(self._sandbox_done(lane.id))
+
+    async def _sandbox_done(self, lane: str) -> None:
+        """Tell the sandboxes' maker lane `lane` ended (`custodian.sandboxes`); one it does not
+        hear of keeps the sandbox."""
+        with contextlib.suppress(OrchestraError):
+            await self._custodian(f.SandboxDone(lane=lane))
 
     async def _custodian(self, body: f.Body) -> f.Body:
         """Call the custodian (on a host, its mirror: `ChildArgs.sandboxes`), waiting (up to

@@ -88,8 +88,10 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 
 
 READS: dict[str, frozenset[str]] = {
-    "custodian": frozenset({"heartbeat_s", "isolation", "cpu", "cluster_listen", "fences"}),
-    "mirror": frozenset({"heartbeat_s", "isolation", "cpu"}),
+    "custodian": frozenset(
+        {"heartbeat_s", "isolation", "cpu", "cluster_listen", "fences", "retention"}
+    ),
+    "mirror": frozenset({"heartbeat_s", "isolation", "cpu", "retention"}),
     "coordinator": frozenset(
         {
             "heartbeat_s",

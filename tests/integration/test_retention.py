@@ -1,12 +1,13 @@
 """`[retention]` on a real tree (issue 22): a finished plan is pruned (its records, its inbox
 entries), and its idempotency key outlives it, across a coordinator SIGKILL: a late re-send of
-the key starts nothing."""
+the key starts nothing. A finished lane's sandbox is removed; a running one's never."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import lmdb
 import pytest
 
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, wait_until
+from tests.integration.harness import Tree, plan, task, wait_until
 from tests.integration.test_ctl_access import cli
 
 pytestmark = pytest.mark.integration
@@ -97,3 +98,45 @@ def test_a_pruned_plans_key_still_answers_a_late_resend(
     other = tree.call("start_lane", run=run, key="deploy-43")  # a new key runs, as ever
     assert tree.wait_plan(other["plan"], 30).ok
     assert lines(ran) == ["once", "once"]  # deploy-42 once, deploy-43 once
+
+
+def test_a_finished_lanes_sandbox_goes_and_a_running_ones_stays(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """With `sandboxes_s = 0` and a prune every 0.2 s: a lane's sandbox is there for as long as
+    it runs (many prunes pass), and goes once the lane ended; a marked sandbox's mark goes with
+    it."""
+    config = tmp_path / "tree.toml"
+    config.write_text("[retention]\nsandboxes_s = 0\nevery_s = 0.2\n")
+    tree = tree_factory(shards=1, config=config)
+    gate = tmp_path / "gate"
+    plan_id = tree.submit(
+        plan(
+            "kept",
+            task("long", f"while [ ! -e {gate} ]; do sleep 0.05; done"),
+            task("short", "true"),
+        )
+    )
+    sandboxes = tree.state_dir / "sandboxes"
+
+    def lanes() -> dict[str, str]:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        return {t.id: t.lane for t in reply.tasks if t.lane}
+
+    def status(task_id: str) -> str:
+        reply = tree.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport)
+        return next(t.status for t in reply.tasks if t.id == task_id)
+
+    wait_until(lambda: status("short") == "succeeded" and status("long") == "running", 30, "both")
+    ids = lanes()
+    wait_until(lambda: not (sandboxes / ids["short"]).exists(), 10, "the short lane's sandbox gone")
+    watch = time.monotonic() + 1.5  # seven prunes or so
+    while time.monotonic() < watch:
+        assert (sandboxes / ids["long"]).is_dir(), "a running lane's sandbox was removed"
+        time.sleep(0.05)
+    gate.touch()
+    assert tree.wait_plan(plan_id, 30).ok
+    wait_until(lambda: not (sandboxes / ids["long"]).exists(), 10, "the long lane's sandbox gone")
+    wait_until(lambda: not list((sandboxes / ".ended").iterdir()), 10, "the marks gone")

@@ -36,6 +36,14 @@ class SandboxCommit(Frame, tag="sandbox_commit"):
     fence: int = 0
 
 
+class SandboxDone(Frame, tag="sandbox_done"):
+    """A shard to its sandboxes' maker: lane `lane` ended, its result on its way. The sandbox
+    is kept `[retention] sandboxes_s` from now, then removed (`custodian.sandboxes`).
+    Answered `Ack`."""
+
+    lane: str
+
+
 class CommitDone(Frame, tag="commit_done"):
     """`commit` is the new workspace commit, or None when the sandbox had no change."""
 
@@ -106,4 +114,5 @@ Sandbox = (
     | SandboxFetch
     | SandboxBundle
     | SandboxFetchPart
+    | SandboxDone
 )
