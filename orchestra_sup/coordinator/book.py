@@ -83,7 +83,10 @@ class PlanBook:
     def commit(self, plan: PlanRecord, cancel: Iterable[tuple[str, str]] = ()) -> None:
         """`plan` changed: cancel `cancel` (lanes a sibling-group retry took over: (shard, lane
         id)), write what changed behind, skip and finish what follows, and place what is ready
-        if a task left the live statuses (at the end of the `batch`, if in one)."""
+        if a task left the live statuses (at the end of the `batch`, if in one). A plan pruned
+        meanwhile (`kept`) is left as it is: nothing of it is written or placed again."""
+        if not self.kept(plan):
+            return
         for shard, lane in cancel:
             self.node.spawn(self._cancel_lane(shard, lane))
         if plan.dirty:
@@ -156,9 +159,15 @@ class PlanBook:
             self.commit(plan)
             self.schedule()
 
+    def kept(self, plan: PlanRecord) -> bool:
+        """Whether `plan` is still kept (not pruned, `coordinator.retention`): a pruned plan's
+        records are deleted, and writing them again would leave a head with no spec."""
+        return self.plans.get(plan.id) is plan
+
     async def _finish(self, plan: PlanRecord) -> None:
         try:
-            await self.planstore.write_durable(plan)
+            if self.kept(plan):  # pruned at once (plans_s = 0): nothing to write
+                await self.planstore.write_durable(plan)
         finally:
             for waiter in self.waiters.pop(plan.id, []):
                 if not waiter.done():

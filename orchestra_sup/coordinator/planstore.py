@@ -121,7 +121,9 @@ class PlanStore:
 
     def load(self) -> list[PlanRecord]:
         """Every plan as committed, oldest submission first; plans still in the old layout
-        (`LEGACY`) are moved to the new one on the way (queued)."""
+        (`LEGACY`) are moved to the new one on the way (queued). What a plan without both its
+        entry and its head left (a submission never acknowledged, a prune cut short) is
+        deleted (queued)."""
         store = self.store
         entries: dict[str, PlanEntry] = {}
         for key, value in store.items(SPECS):
@@ -145,8 +147,9 @@ class PlanStore:
             except msgspec.DecodeError as exc:
                 log.error("plan %s: unreadable head skipped: %s", plan_id, exc)
                 continue
-            if entry is None:
-                log.error("plan %s: no spec committed: skipped", plan_id)
+            if entry is None:  # a plan pruned (`coordinator.retention`) by a run cut short
+                log.warning("plan %s: a head with no spec, left by a prune: deleted", plan_id)
+                store.delete(HEADS, key)
                 continue
             stored = tasks.get(plan_id, {})
             plans[plan_id] = PlanRecord(
@@ -162,6 +165,8 @@ class PlanStore:
             )
         for plan_id in entries:  # a submission never acknowledged: its head was not committed
             store.delete(SPECS, plan_id.encode())
+        for plan_id in tasks.keys() - plans.keys():  # what a pruned plan, or one never
+            store.delete_prefix(TASKS, f"{plan_id}/".encode())  # acknowledged, left
         for key, value in store.items(LEGACY):
             try:
                 plan = self._legacy.decode(value)

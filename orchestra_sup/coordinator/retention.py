@@ -13,17 +13,21 @@ repeats the key is answered with the pruned plan's id and starts nothing (db `pl
 run (`InboxIndex.strays`).
 
 Nothing is read to find what is due: plans are kept in the order they finished (`finished`,
-and `load` at start) and taken from the front while due, and keys likewise. A run queues its
+and `load` at start) and taken from the front while due, and kept keys in a heap by when they
+go. A run queues its
 deletes to the write-behind thread (`Store.delete`, `delete_prefix`) and awaits none of them:
 no handler waits for retention, and a coordinator killed mid-run finds at its next start either
-a whole plan or none (the head goes first). Runs every `every_s` (`run`); `ctl prune` runs one
-now, or says what one would take (`prune(dry_run=True)`).
+a whole plan or none (the key is kept first, then the head goes; `PlanStore.load` deletes what
+a head-less plan left). A plan pruned is never written again (`PlanBook.kept`). Runs every
+`every_s` (`run`); `ctl prune` runs one now, or says what one would take (`prune(dry_run=True)`).
+Its report is answered once the deletes are queued, before they are committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import logging
 import time
 from collections.abc import Callable
@@ -123,8 +127,9 @@ class Retention:
         self.forget = forget
         self._finished: collections.deque[tuple[float, str]] = collections.deque()
         """(finished_at, plan id) of the finished plans, in the order they finished."""
-        self._kept: collections.deque[tuple[float, str]] = collections.deque()
-        """(until, key) of the keys kept for pruned plans, soonest to go first."""
+        self._kept: list[tuple[float, str]] = []
+        """(until, key) of the keys kept for pruned plans, a heap: soonest to go first (a
+        reload may shorten `keys_s`, and a session's lanes go late)."""
         self._children: dict[str, list[str]] = collections.defaultdict(list)
         """Session plan id -> the finished one-task plans it started, held until it goes."""
         self._enc = msgspec.msgpack.Encoder()
@@ -155,7 +160,8 @@ class Retention:
             elif key not in self.book.keys:
                 self.book.keys[key] = rec.plan
                 kept.append((rec.until, key))
-        self._kept.extend(sorted(kept))
+        self._kept.extend(kept)
+        heapq.heapify(self._kept)
 
     def finished(self, plan: PlanRecord) -> None:
         """`plan` was found done (`PlanBook.on_done`, and `load`)."""
@@ -187,16 +193,16 @@ class Retention:
         expired = sum(1 for until, _key in self._kept if until <= now)
         keyed = sum(1 for p in plans if p.key is not None and self._until(p) > now)
         if not dry_run:
+            while self._kept and self._kept[0][0] <= now:
+                _until, key = heapq.heappop(self._kept)
+                if self.book.keys.get(key) not in self.book.plans:
+                    self.book.keys.pop(key, None)
+                self.store.delete(KEYS, key.encode())
             for plan in plans:
                 self._drop(plan, now)
             for plan_id in strays:
                 for msg_id in self.inbox.drop(plan_id):
                     self.store.delete("inbox", msg_id.encode())
-            while self._kept and self._kept[0][0] <= now:
-                _until, key = self._kept.popleft()
-                if self.book.keys.get(key) not in self.book.plans:
-                    self.book.keys.pop(key, None)
-                self.store.delete(KEYS, key.encode())
         return f.PruneReport(
             dry_run=dry_run,
             plans=[p.id for p in plans][: f.IDS_MAX],
@@ -253,8 +259,18 @@ class Retention:
         return [self.book.plans[i] for i in ids if i in self.book.plans]
 
     def _drop(self, plan: PlanRecord, now: float) -> None:
-        """Queue the delete of everything of `plan` and forget it; keep its key."""
+        """Queue the delete of everything of `plan` and forget it; keep its key, queued first:
+        one prune's writes may commit in two transactions, and a coordinator killed between
+        them must find the plan, or its key (the key was in the plan's spec)."""
         book = self.book
+        if plan.key is not None:
+            until = self._until(plan)
+            if until > now:
+                kept = KeptKey(plan=plan.id, until=until)
+                self.store.put(KEYS, plan.key.encode(), self._enc.encode(kept))
+                heapq.heappush(self._kept, (until, plan.key))
+            elif book.keys.get(plan.key) == plan.id:
+                del book.keys[plan.key]
         book.planstore.delete(plan)
         if plan.spec.coordinator != DAG:
             self.sessions.delete(plan.id)
@@ -264,14 +280,6 @@ class Retention:
         book.final.discard(plan.id)
         book.waiters.pop(plan.id, None)
         self.forget(plan)
-        if plan.key is not None:
-            until = self._until(plan)
-            if until > now:
-                kept = KeptKey(plan=plan.id, until=until)
-                self.store.put(KEYS, plan.key.encode(), self._enc.encode(kept))
-                self._kept.append((until, plan.key))  # keys_s is one for all: still in order
-            elif book.keys.get(plan.key) == plan.id:
-                del book.keys[plan.key]
 
 
 def _session_of(plan: PlanRecord) -> str | None:

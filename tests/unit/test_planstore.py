@@ -161,3 +161,24 @@ def test_a_submission_whose_head_was_never_committed_is_dropped(tmp_path: Path) 
     store = Store(tmp_path / "c", ["inbox", *DBS])
     assert [k for k, _ in store.items(SPECS)] == [b"bad"]
     store.close()
+
+
+def test_what_a_prune_cut_short_left_is_deleted_at_load(tmp_path: Path) -> None:
+    """A head with no spec, and task records of no plan (a prune whose later writes never
+    committed, `coordinator.retention`), are deleted as the coordinator loads; a whole plan
+    beside them is untouched."""
+    store = Store(tmp_path / "c", ["inbox", *DBS])
+    kept = PlanRecord.new("kept", chain(1), submitted_at=1.0)
+    kept.dirty.update(kept.tasks)
+    PlanStore(store).write(kept, new=True)
+    store.put(HEADS, b"pruned", msgspec.msgpack.encode({"spent": {}}))
+    store.put(TASKS, task_key("pruned", "t0"), b"\x80")
+    store.put(TASKS, task_key("gone", "t0"), b"\x80")
+    store.close()
+    store = Store(tmp_path / "c", ["inbox", *DBS])
+    assert [p.id for p in PlanStore(store).load()] == ["kept"]
+    store.close()
+    store = Store(tmp_path / "c", ["inbox", *DBS])
+    assert [k for k, _ in store.items(HEADS)] == [b"kept"]
+    assert {k.split(b"/")[0] for k, _ in store.items(TASKS)} == {b"kept"}
+    store.close()

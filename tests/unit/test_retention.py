@@ -53,9 +53,19 @@ def result_of(plan_id: str) -> f.InboxPut:
 Steps = Callable[[Retention, PlanBook, Store], Awaitable[Any]]
 
 
-def with_retention(tmp_path: Path, plans: list[PlanRecord], steps: Steps) -> Any:
+def with_retention(
+    tmp_path: Path,
+    plans: list[PlanRecord],
+    steps: Steps,
+    on_commit: Callable[[int], None] | None = None,
+    max_batch: int = 10_000,
+) -> Any:
+    """`steps` against a retention over `plans` (finished, kept in memory: their records are
+    not written) in a store whose batches hold at most `max_batch` writes."""
+
     async def main() -> Any:
-        store = Store(tmp_path / "coordinator", ["inbox", *DBS, *SESSION_DBS, *RETENTION_DBS])
+        dbs = ["inbox", *DBS, *SESSION_DBS, *RETENTION_DBS]
+        store = Store(tmp_path / "coordinator", dbs, on_commit=on_commit, max_batch=max_batch)
         store.start()
         try:
             book = PlanBook(None, PlanStore(store), pump=lambda: None)  # type: ignore[arg-type]
@@ -136,3 +146,64 @@ def test_a_kept_key_answers_until_keys_s_then_goes_and_a_stray_entry_goes(
     assert list(kept_then) == [b"k1"]
     assert expired.keys == 1 and expired.kept == 0
     assert kept_after == {} and keys == {}
+
+
+def test_a_key_kept_late_goes_when_its_own_time_comes(tmp_path: Path) -> None:
+    """A session's lane's plan goes with its session, after plans that finished later: its key
+    still goes at its own `keys_s`, not behind theirs (the kept keys are a heap)."""
+    plans = [
+        finished("child", at=0.0, key="s1:e1"),
+        finished("other", at=10.0, key="kx"),
+        finished("s1", at=50.0, session=True),
+    ]
+
+    async def steps(retention: Retention, book: PlanBook, store: Store) -> tuple[Any, Any]:
+        retention.prune(now=DAY + 60)  # all three go; child's key is kept last
+        report = retention.prune(now=3 * DAY + 5)  # child's key is due, kx's not yet
+        return report, dict(book.keys)
+
+    report, keys = with_retention(tmp_path, plans, steps)
+    assert report.keys == 1 and keys == {"kx": "other"}
+
+
+def test_every_commit_of_a_prune_leaves_the_plan_or_its_key(tmp_path: Path) -> None:
+    """One write per transaction, as a coordinator killed between any two would leave them: at
+    each commit the plan's head is there, or its key is kept; never neither."""
+    plans = [finished("p1", at=0.0, key="deploy")]
+    seen: list[bool] = []
+    holder: dict[str, Store] = {}
+
+    def check(_writes: int) -> None:
+        store = holder.get("store")
+        if store is not None:
+            seen.append(
+                store.get("plan_heads", b"p1") is not None or store.get(KEYS, b"deploy") is not None
+            )
+
+    async def steps(retention: Retention, book: PlanBook, store: Store) -> None:
+        plan = book.plans["p1"]
+        await PlanStore(store).write_durable(plan, new=True)
+        holder["store"] = store
+        retention.prune(now=DAY + 1)
+        await store.put_durable("inbox", b"barrier", b"")
+
+    with_retention(tmp_path, plans, steps, on_commit=check, max_batch=1)
+    assert len(seen) >= 4 and all(seen), seen
+
+
+def test_a_pruned_plan_is_never_written_again(tmp_path: Path) -> None:
+    """A plan pruned before its final write ran (plans_s = 0), or changed after it went, is not
+    written: a head would be left with no spec."""
+    plans = [finished("p1", at=0.0)]
+
+    async def steps(retention: Retention, book: PlanBook, store: Store) -> list[bytes]:
+        plan = book.plans["p1"]
+        await PlanStore(store).write_durable(plan, new=True)
+        retention.prune(now=DAY + 1)
+        plan.touch("t")
+        book.commit(plan)
+        await book._finish(plan)
+        await store.put_durable("inbox", b"barrier", b"")
+        return [k for k, _ in store.items("plan_heads")]
+
+    assert with_retention(tmp_path, plans, steps) == []
