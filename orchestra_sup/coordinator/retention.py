@@ -190,10 +190,13 @@ class Retention:
         plans = [p for session in due for p in [session, *self._held(session.id, dry_run)]]
         strays = [p for p in self.inbox.strays if p not in self.book.plans]
         inbox = sum(len(self.inbox.of(p)) for p in [*(q.id for q in plans), *strays])
-        expired = sum(1 for until, _key in self._kept if until <= now)
         keyed = sum(1 for p in plans if p.key is not None and self._until(p) > now)
-        if not dry_run:
+        expired = 0
+        if dry_run:  # what the pops below would take (a scan: only when asked)
+            expired = sum(1 for until, _key in self._kept if until <= now)
+        else:
             while self._kept and self._kept[0][0] <= now:
+                expired += 1
                 _until, key = heapq.heappop(self._kept)
                 if self.book.keys.get(key) not in self.book.plans:
                     self.book.keys.pop(key, None)
@@ -247,9 +250,10 @@ class Retention:
                 assert session is not None
                 self._children[session].append(plan_id)
         else:
+            going = {p.id for p in out}
             for _finished_at, plan_id in held:
                 session = _session_of(self.book.plans[plan_id])
-                if session is not None and any(p.id == session for p in out):
+                if session is not None and session in going:
                     out.append(self.book.plans[plan_id])
         return out
 
