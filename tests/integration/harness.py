@@ -188,6 +188,15 @@ class Tree:
         assert isinstance(reply, f.PlanAccepted)
         return reply.id
 
+    def task(self, plan_id: str, task_id: str | None = None) -> f.TaskReport:
+        """Task `task_id` of plan `plan_id` as the coordinator reports it now (None: the plan's
+        first task)."""
+        reply = self.ctl(f.CtlPlan(id=plan_id))
+        assert isinstance(reply, f.PlanReport), reply
+        if task_id is None:
+            return reply.tasks[0]
+        return next(t for t in reply.tasks if t.id == task_id)
+
     def wait_plan(self, plan_id: str, timeout_s: float = 60.0) -> f.PlanReport:
         deadline = time.monotonic() + timeout_s
         while True:

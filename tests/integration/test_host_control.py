@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestra_sup.protocol import frames as f
 from tests.integration.etcd_cluster import EtcdCluster, needs_etcd
 from tests.integration.harness import Tree, plan, task, wait_until
 from tests.integration.hostagent import TTL_S, Agent, host_of, registration
@@ -65,12 +64,7 @@ def test_a_restart_of_a_hosts_busy_shard_reruns_its_lane_once(
     tree, _agent, _keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
     plan_id = tree.submit(plan("busy", task("long", "sleep 3", requires=["remote"])))
 
-    def first() -> f.TaskReport:
-        reply = tree.ctl(f.CtlPlan(id=plan_id))
-        assert isinstance(reply, f.PlanReport)
-        return reply.tasks[0]
-
-    wait_until(lambda: first().status == "running", 30, "the lane on host-a")
+    wait_until(lambda: tree.task(plan_id).status == "running", 30, "the lane on host-a")
     done = cli("ctl", "--run-dir", str(tree.run_dir), "restart", "host-a/shard-0")
     assert done.returncode == 0, done
     report = tree.wait_plan(plan_id, 60)
@@ -93,12 +87,7 @@ def test_stop_host_drains_then_the_agent_leaves(
     wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
     running = tree.submit(plan("running", task("there", wait, requires=["remote"])))
 
-    def status_of(plan_id: str) -> f.TaskReport:
-        reply = tree.ctl(f.CtlPlan(id=plan_id))
-        assert isinstance(reply, f.PlanReport)
-        return reply.tasks[0]
-
-    wait_until(lambda: status_of(running).status == "running", 30, "the lane on host-a")
+    wait_until(lambda: tree.task(running).status == "running", 30, "the lane on host-a")
     argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir)]
     stopping = subprocess.Popen(
         [*argv, "stop-host", "host-a", "--drain-timeout", "60"],
@@ -113,7 +102,7 @@ def test_stop_host_drains_then_the_agent_leaves(
         waits = tree.submit(plan("waits", task("there", "true", requires=["remote"])))
         here = tree.wait_plan(tree.submit(plan("here", task("t", "true"))), timeout_s=30)
         assert here.ok and here.tasks[0].shard == "shard-0", here.tasks  # placed after "waits"
-        assert status_of(waits).shard is None, status_of(waits)
+        assert tree.task(waits).shard is None, tree.task(waits)
         assert agent.proc.poll() is None  # its lane still runs: the agent stays
         go.touch()
         out, err = stopping.communicate(timeout=60)
@@ -126,7 +115,7 @@ def test_stop_host_drains_then_the_agent_leaves(
     assert agent.proc.wait(timeout=30) == 0, agent.log()
     wait_until(lambda: registration(etcd_cluster, "host-a") is None, TTL_S, "the lease revoked")
     print(f"registration gone {time.monotonic() - left:.2f} s after stop-host answered")
-    assert status_of(waits).shard is None  # nothing else offers "remote": it waits for a host
+    assert tree.task(waits).shard is None  # nothing else offers "remote": it waits for a host
 
 
 def test_a_host_rolls_over_its_shards_when_the_root_asks(
@@ -150,12 +139,7 @@ def test_a_host_rolls_over_its_shards_when_the_root_asks(
     wait = f"while [ ! -e {go} ]; do sleep 0.05; done"
     running = tree.submit(plan("running", task("there", wait, requires=["remote"])))
 
-    def first(plan_id: str) -> f.TaskReport:
-        reply = tree.ctl(f.CtlPlan(id=plan_id))
-        assert isinstance(reply, f.PlanReport)
-        return reply.tasks[0]
-
-    wait_until(lambda: first(running).status == "running", 30, "the lane on host-a")
+    wait_until(lambda: tree.task(running).status == "running", 30, "the lane on host-a")
     argv = [sys.executable, "-m", "orchestra_sup", "ctl", "--run-dir", str(tree.run_dir)]
     rolling = subprocess.Popen(
         [*argv, "rollover", "host-a", "--drain-timeout", "60"],
@@ -176,7 +160,7 @@ def test_a_host_rolls_over_its_shards_when_the_root_asks(
         )  # fmt: skip
         watch_until = time.monotonic() + 2 * TTL_S
         while time.monotonic() < watch_until:
-            assert first(running).status == "running", first(running)
+            assert tree.task(running).status == "running", tree.task(running)
             assert rolling.poll() is None, rolling.communicate()
             assert stopping.poll() is None, stopping.communicate()  # generation 1 drains
             time.sleep(0.1)

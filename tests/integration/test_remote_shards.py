@@ -253,17 +253,16 @@ def test_a_lane_only_a_host_can_run_waits_for_it_through_its_death(
     tree, agent, keys = joined_tree(tree_factory, etcd_cluster, agents, tmp_path)
     plan_id = tree.submit(plan("only-there", task("t", "sleep 2", requires=["remote"])))
 
-    def first() -> f.TaskReport:
-        reply = tree.ctl(f.CtlPlan(id=plan_id))
-        assert isinstance(reply, f.PlanReport)
-        return reply.tasks[0]
-
-    wait_until(lambda: first().status == "running", 30, "the lane running on host-a")
+    wait_until(lambda: tree.task(plan_id).status == "running", 30, "the lane running on host-a")
     kill_host(agent)
-    wait_until(lambda: host_of(tree, "host-a") is None or first().status != "running", 20, "lost")
+    wait_until(
+        lambda: host_of(tree, "host-a") is None or tree.task(plan_id).status != "running",
+        20,
+        "lost",
+    )
     gone = time.monotonic() + TTL_S + 3  # well past the lease: the roster forgot its shard
     while time.monotonic() < gone:
-        assert first().status not in ("failed", "skipped"), first()
+        assert tree.task(plan_id).status not in ("failed", "skipped"), tree.task(plan_id)
         time.sleep(0.2)
     agents(
         tmp_path / "host-a", agent_join(tmp_path), keys, "host-a", "--shards", "1",

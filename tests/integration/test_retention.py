@@ -124,12 +124,14 @@ def test_a_finished_lanes_sandbox_goes_and_a_running_ones_stays(
         assert isinstance(reply, f.PlanReport)
         return {t.id: t.lane for t in reply.tasks if t.lane}
 
-    def status(task_id: str) -> str:
-        reply = tree.ctl(f.CtlPlan(id=plan_id))
-        assert isinstance(reply, f.PlanReport)
-        return next(t.status for t in reply.tasks if t.id == task_id)
-
-    wait_until(lambda: status("short") == "succeeded" and status("long") == "running", 30, "both")
+    wait_until(
+        lambda: (
+            tree.task(plan_id, "short").status == "succeeded"
+            and tree.task(plan_id, "long").status == "running"
+        ),
+        30,
+        "both",
+    )
     ids = lanes()
     wait_until(lambda: not (sandboxes / ids["short"]).exists(), 10, "the short lane's sandbox gone")
     watch = time.monotonic() + 1.5  # seven prunes or so
