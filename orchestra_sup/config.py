@@ -39,7 +39,6 @@ deadline_s = 55.0         # every relayed tool call's deadline, seconds (the see
 [lanes]
 max_worker_loss = 3       # a task whose worker process (shard) is lost this many times fails;
                           # before that, each loss pauses it and it is re-placed
-transcript_retention_s = 604800.0  # a finished lane's transcript (`ctl logs`) is kept this long
 nice = 10                 # niceness added to every lane's command (0..19): lanes yield the CPU to
                           # the tree's own processes, so a busy lane cannot slow the coordinator
 programs = []             # lane programs ("module:Class") plans may name besides "shell"; each
@@ -82,7 +81,13 @@ lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE;
 plans_s = 2592000         # a finished plan's record, inbox entries and session: 30 days
 keys_s = 7776000          # its idempotency key still answers a re-send: 90 days (>= plans_s)
 sandboxes_s = 86400       # a finished lane's sandbox, removed a day after the lane ended
+transcripts_s = 604800    # a finished lane's transcript (`ctl logs`): 7 days
+events_s = 2592000        # an event of the event log (`ctl events`): 30 days
 every_s = 60.0            # seconds between two prunes (`ctl prune`: now)
+
+[state]                   # the state directory's disk (system/reserve.py)
+min_free = "5%"           # below this free space (bytes, or a share "N%") new plans and lanes
+                          # are refused; what was accepted runs on; space back: accepted again
 
 [cluster]                 # a tree past one machine (cluster/settings.py has every key, ADR 0021)
 etcd = []                 # etcd endpoints, "https://10.0.0.5:2379", ...; []: one host, no etcd
@@ -115,6 +120,7 @@ from orchestra_sup.system.cpupolicy import (
 )
 from orchestra_sup.system.isolation import MODES, IsolationSettings, resolve, resolve_lane_user
 from orchestra_sup.system.laneuser import LANE_USERS
+from orchestra_sup.system.reserve import DEFAULT_MIN_FREE, MinFree, parse_min_free
 
 ISOLATION_ENV = "ORCHESTRA_SUP_ISOLATION"
 """Environment variable that replaces `[isolation] mode` ("auto", "bwrap", "none"), as `--shards`
@@ -182,8 +188,6 @@ class ShardSettings(msgspec.Struct, frozen=True, kw_only=True):
 class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
     """`max_worker_loss`: losses of a task's worker process after which the task fails with the
     failure class `worker_process_loss` (1: the first loss fails it; no re-placement).
-    `transcript_retention_s`: seconds a finished lane's transcript stays readable (`ctl logs`)
-    before its shard prunes it (default 7 days; 0: at the shard's next prune, within a minute).
     `nice`: niceness added to every lane's command (0..19, default 10, as systemd's `Nice=`), so
     the CPU goes to the supervisor, the coordinator and the custodian first when lanes are busy
     (`bench isolation` measures what that buys). `programs`: the lane programs (`module:Class`,
@@ -191,7 +195,6 @@ class LaneSettings(msgspec.Struct, frozen=True, kw_only=True):
     outside any sandbox, so the default allows none."""
 
     max_worker_loss: int = 3
-    transcript_retention_s: float = 7 * 24 * 3600.0
     nice: int = 10
     programs: tuple[str, ...] = ()
 
@@ -226,6 +229,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """`[cpu]`: the CPU policy by role (`system.cpupolicy`)."""
     retention: RetentionSettings = RetentionSettings()
     """`[retention]`: what the tree keeps of what ended (`coordinator.retention`)."""
+    min_free: MinFree = MinFree()
+    """`[state] min_free`: the state disk's reserve (`system.reserve`)."""
     cluster: ClusterSettings = ClusterSettings()
     """`[cluster]`: the etcd cluster of a tree past one machine (`cluster.settings`)."""
 
@@ -243,7 +248,6 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("supervisor", "ctl_connections"): (int, 1, 100_000),
     ("shards", "count"): (int, 1, 256),
     ("shards", "lanes_per_shard"): (int, 1, 100_000),
-    ("lanes", "transcript_retention_s"): (float, 0, 10 * 365 * 86_400),
     ("lanes", "max_worker_loss"): (int, 1, 100),
     ("lanes", "nice"): (int, 0, 19),
     ("relay", "deadline_s"): (float, 0.1, 3_600),
@@ -261,6 +265,8 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("retention", "plans_s"): (float, 0, 10 * 365 * 86_400),
     ("retention", "keys_s"): (float, 0, 10 * 365 * 86_400),
     ("retention", "sandboxes_s"): (float, 0, 10 * 365 * 86_400),
+    ("retention", "transcripts_s"): (float, 0, 10 * 365 * 86_400),
+    ("retention", "events_s"): (float, 0, 10 * 365 * 86_400),
     ("retention", "every_s"): (float, 0.1, 86_400),
 }
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -272,7 +278,7 @@ _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 _SECTIONS = (
     "supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation", "cpu",
-    "retention", "cluster",
+    "retention", "state", "cluster",
 )  # fmt: skip
 _CHECKED_APART = {
     "supervisor": ("metrics_host",),
@@ -280,9 +286,14 @@ _CHECKED_APART = {
     "lanes": ("programs",),
     "coordinator": ("programs",),
     "cpu": ("reserved_cpus",),
+    "state": ("min_free",),
 }
 """Keys each section accepts that `_check` does not see (their own checks run apart), so that
 an unknown-key error still lists every key the section takes."""
+
+
+_MOVED = {("lanes", "transcript_retention_s"): "[retention] transcripts_s"}
+"""Keys an earlier release read, and where their setting is now."""
 
 
 def _check(section: str, key: str, value: Any) -> Any:
@@ -315,6 +326,9 @@ def _check(section: str, key: str, value: Any) -> Any:
 def _near_key(section: str, key: str) -> str:
     """What `key`, unknown in `[section]`, was likely meant to be: a key of that section it is
     close to (`suggest.did_you_mean`), else the section it belongs in, else ""."""
+    moved = _MOVED.get((section, key))
+    if moved is not None:
+        return f": it moved to {moved}"
     keys = [k for s, k in [*_LIMITS, *_CHOICES] if s == section]
     keys += [k for k in _CHECKED_APART.get(section, ()) if not k.startswith("[")]
     near = did_you_mean(key, keys)
@@ -339,8 +353,8 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             raise ConfigError(f"[{section}] must be a table, got {toml_value(body)}")
         if section == "shards":
             sections[section] = _shards_section(body)
-        elif section == "cluster":
-            continue  # checked as a whole below (`cluster_section`)
+        elif section in ("cluster", "state"):
+            continue  # checked as a whole below (`cluster_section`, `_state_section`)
         elif section == "quotas":
             sections[section] = _quotas_section(body)
         elif section == "supervisor" and "metrics_host" in body:
@@ -386,8 +400,19 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         isolation=IsolationSettings(**sections.get("isolation", {})),
         cpu=CpuSettings(**sections.get("cpu", {})),
         retention=retention,
+        min_free=_state_section(data.get("state", {})),
         cluster=cluster_section(data.get("cluster", {})),
     )
+
+
+def _state_section(body: dict[str, Any]) -> MinFree:
+    """`[state]`: its one key, `min_free` (`system.reserve.parse_min_free`). Raises
+    `ConfigError`."""
+    unknown = sorted(set(body) - {"min_free"})
+    if unknown:
+        near = did_you_mean(unknown[0], ["min_free"])
+        raise ConfigError(f"unknown key [state] {unknown[0]}{near} (known: min_free)")
+    return parse_min_free(body.get("min_free", DEFAULT_MIN_FREE))
 
 
 def _reserved_cpus(value: Any) -> str:

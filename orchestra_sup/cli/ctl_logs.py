@@ -31,7 +31,7 @@ def logs(
     """Print a lane's transcript: its output (stdout to stdout, stderr to stderr) and its events
     (`# event: ...` lines on stderr), or with --json one object per row on stdout.
 
-    Works for running and finished lanes (kept for \\[lanes] transcript_retention_s). --follow
+    Works for running and finished lanes (kept for \\[retention] transcripts_s). --follow
     goes on to the task's next lane when its shard was restarted or lost, exits 0 when the
     lane ends otherwise, 3 when the tree goes away first; Ctrl-C exits 130; an unknown lane
     exits 2.

@@ -1,5 +1,6 @@
 """`orchestra-sup doctor`: which isolation layers lanes get on this machine, which layers of the
-CPU policy work here, and, given a config with `[cluster] etcd`, how its etcd cluster is."""
+CPU policy work here, whether the state disk has its reserve, and, given a config with
+`[cluster] etcd`, how its etcd cluster is."""
 
 from __future__ import annotations
 
@@ -11,21 +12,25 @@ import msgspec
 import typer
 
 from orchestra_sup.cli.exits import EXIT_FAILED, guarded
-from orchestra_sup.cli.options import ConfigOpt, JsonOpt
+from orchestra_sup.cli.options import ConfigOpt, JsonOpt, StateOpt
 from orchestra_sup.cli.output import print_json
+from orchestra_sup.paths import default_state_dir
 from orchestra_sup.system.cpudoctor import LANE_LAYERS
 from orchestra_sup.system.doctorlayer import Layer
+from orchestra_sup.system.reserve import DiskReserve, DiskSpace
 
 if TYPE_CHECKING:  # aiohttp, which etcd's client needs, is imported only when it is used
     from orchestra_sup.cluster.health import ClusterHealth
 
 
-def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+def doctor(config: ConfigOpt = None, state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
     """Say which isolation layers lanes get on this machine, why not, and what mode auto picks;
     then which layers of the CPU policy (\\[cpu]) work here, and which `realtime = "auto"` and
-    `lanes = "idle"` take; then, when `--config` names an etcd cluster (\\[cluster] etcd),
-    whether each member answers and whether the cluster has a quorum. Exits 1 when that
-    cluster has no quorum (a tree across machines could not keep its hosts), else 0.
+    `lanes = "idle"` take; then the state directory's free space against \\[state] min_free;
+    then, when `--config` names an etcd cluster (\\[cluster] etcd), whether each member
+    answers and whether the cluster has a quorum. Exits 1 when the state disk is short of its
+    reserve (the tree would refuse new plans) or that cluster has no quorum (a tree across
+    machines could not keep its hosts), else 0.
 
     Example: orchestra-sup doctor --config /etc/orchestra-sup/tree.toml --json
     """
@@ -33,6 +38,7 @@ def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     from orchestra_sup.system.cpudoctor import cpu_layers
 
     cluster = guarded(lambda: _cluster(config))
+    disk = guarded(lambda: _state_disk(config, state_dir))
     report = diagnose()
     cpu = cpu_layers()
     if as_json:
@@ -40,10 +46,11 @@ def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
             {
                 **msgspec.to_builtins(report),
                 "cpu": msgspec.to_builtins(cpu),
+                "state_disk": {**msgspec.to_builtins(disk), "short": disk.short},
                 "cluster": msgspec.to_builtins(cluster),
             }
         )
-        _exit_for(cluster)
+        _exit_for(cluster, disk)
         return
     for layer in report.layers:
         _line(layer)
@@ -55,6 +62,8 @@ def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     idle = next(layer.name for layer in cpu if layer.used and layer.name in LANE_LAYERS)
     typer.echo(f'[cpu] realtime = "auto" runs the control plane in: {realtime}')
     typer.echo(f'[cpu] lanes = "idle" puts lanes below it with: {idle}')
+    typer.echo("")
+    typer.echo(f"{'no ' if disk.short else 'yes'} {'state disk':<20} {disk.text()}")
     if cluster is not None:
         typer.echo("")
         for member in cluster.members:
@@ -63,12 +72,24 @@ def doctor(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
             )
         quorum = "yes" if cluster.quorum else "no "
         typer.echo(f"{quorum} etcd quorum {'':<21} {cluster.detail}")
-    _exit_for(cluster)
+    _exit_for(cluster, disk)
 
 
-def _exit_for(cluster: ClusterHealth | None) -> None:
-    if cluster is not None and not cluster.quorum:
+def _exit_for(cluster: ClusterHealth | None, disk: DiskSpace) -> None:
+    if disk.short or (cluster is not None and not cluster.quorum):
         raise typer.Exit(EXIT_FAILED)
+
+
+def _state_disk(config: Path | None, state_dir: Path | None) -> DiskSpace:
+    """The state directory's disk against `config`'s `[state] min_free` (the default without
+    one); a directory not made yet is read at its nearest existing parent. Raises
+    `ConfigError` for a config that cannot be read or is invalid."""
+    from orchestra_sup.config import Settings, load_settings
+
+    settings = load_settings(config) if config is not None else Settings()
+    where = (state_dir or default_state_dir()).absolute()
+    where = next(p for p in (where, *where.parents) if p.exists())
+    return DiskReserve(where, settings.min_free).space()
 
 
 def _cluster(config: Path | None) -> ClusterHealth | None:

@@ -37,6 +37,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
             "internal_errors": reply.internal_errors,
             "ctl_refused": reply.ctl_refused,
             "metrics_url": reply.metrics_url,
+            "state_disk": msgspec.to_builtins(reply.state_disk),
             "descriptors": msgspec.to_builtins(reply.descriptors),
             "ctl_connections": reply.ctl_connections,
             "ctl_connections_max": reply.ctl_connections_max,
@@ -226,6 +227,9 @@ def status_view(reply: f.StatusReply, width: int | None) -> Group:
         lines.append(f"metrics {reply.metrics_url}")
     if reply.rollover is not None:
         lines.append(f"rollover {reply.rollover}")
+    if reply.state_disk is not None:
+        refusing = ": refusing new plans and lanes" if reply.state_disk.short else ""
+        lines.append(f"state disk {reply.state_disk.text()}{refusing}")
     rows = [_status_row(c, reply.release) for c in reply.children]
     fitted = fit(STATUS_FIELDS, rows, width)
     parts: list[RenderableType] = [Text(line) for line in lines]

@@ -57,6 +57,7 @@ from orchestra_sup.protocol.patterns import DAG, SHELL
 from orchestra_sup.runtime.node import Node
 from orchestra_sup.state.store import Store
 from orchestra_sup.system import cpupolicy
+from orchestra_sup.system.reserve import DiskReserve
 
 __all__ = ["FREEZE_TASKS", "MSG_ID_MAX_BYTES", "Coordinator"]
 
@@ -96,6 +97,7 @@ class Coordinator:
     def __init__(self) -> None:
         self.node: Node | None = None
         self.store: Store | None = None
+        self.reserve: DiskReserve | None = None
         self.book: PlanBook | None = None
         self.roster: Roster | None = None
         self.placer: Placer | None = None
@@ -165,6 +167,7 @@ class Coordinator:
         """Serve through `node`, keeping state in `store` (started, opened with "inbox",
         `planstore.DBS`, `sessionstore.DBS` and `retention.DBS`)."""
         self.node, self.store = node, store
+        self.reserve = DiskReserve(store.path, node.args.min_free)  # the disk it writes to
         planstore = PlanStore(store)
         sessions = SessionStore(store)
         self.book = book = PlanBook(node, planstore, pump=self._pump)
@@ -387,8 +390,10 @@ class Coordinator:
         book = self.book
         if key is not None and key in book.keys:
             return await self._accepted(book.keys[key])
-        try:
-            self.store.check_writable()  # a full disk refuses new work, in one clear line
+        try:  # a full disk, or one short of its reserve, refuses new work in one clear line
+            self.store.check_writable()
+            assert self.reserve is not None
+            self.reserve.check()
         except StateError as exc:
             raise RemoteError(ErrorCode.STATE_DEGRADED, str(exc)) from exc
         if spec.coordinator != DAG:

@@ -8,6 +8,7 @@ from orchestra_sup.cluster.settings import ClusterSettings
 from orchestra_sup.logformat import LogFormat
 from orchestra_sup.system.cpupolicy import CpuPlan
 from orchestra_sup.system.isolation import IsolationSettings
+from orchestra_sup.system.reserve import MinFree
 
 
 class Quota(msgspec.Struct, frozen=True, kw_only=True):
@@ -33,12 +34,16 @@ class RetentionSettings(msgspec.Struct, frozen=True, kw_only=True):
     finished (default 30 days); its idempotency key goes on answering a submission that
     repeats it until `keys_s` after (default 90 days; at least `plans_s`: a key outlives its
     plan); a finished lane's sandbox is removed `sandboxes_s` after its lane ended (default a
-    day), by the custodian, or on a host by its mirror; each prunes every `every_s` (default
-    60 s)."""
+    day), by the custodian, or on a host by its mirror; a finished lane's transcript
+    `transcripts_s` after (default 7 days, by its shard, which is told it apart as
+    `ChildArgs.transcript_retention_s`); an event of the event log `events_s` after it was
+    written (default 30 days); each prunes every `every_s` (default 60 s)."""
 
     plans_s: float = 30 * 86_400.0
     keys_s: float = 90 * 86_400.0
     sandboxes_s: float = 86_400.0
+    transcripts_s: float = 7 * 86_400.0
+    events_s: float = 30 * 86_400.0
     every_s: float = 60.0
 
 
@@ -49,7 +54,7 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     `heartbeat_s` is the interval of its heartbeats, seconds; `max_worker_loss` is the coordinator's
     `[lanes] max_worker_loss` (losses of its worker process after which a task fails);
     `lane_grace_s` is how long a stopping shard lets its lanes' commands end after SIGTERM;
-    `transcript_retention_s` is `[lanes] transcript_retention_s` (seconds a shard keeps a finished
+    `transcript_retention_s` is `[retention] transcripts_s` (seconds a shard keeps a finished
     lane's transcript); `relay_deadline_s` is `[relay] deadline_s` (the coordinator's tool-call
     deadline, seconds); `boot` identifies this run of the tree (affinity tickets carry it, since
     generations start again at 1 in the next run); `endpoint` is where it binds its ROUTER
@@ -85,6 +90,9 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     """`[quotas]`: tenant -> ceilings, for the coordinator (`coordinator.quota`)."""
     retention: RetentionSettings = RetentionSettings()
     """`[retention]`, for the coordinator (`coordinator.retention`)."""
+    min_free: MinFree = MinFree()
+    """`[state] min_free`, for the coordinator: the state disk's reserve, below which it
+    refuses new plans and lanes (`system.reserve`)."""
     isolation: IsolationSettings = IsolationSettings(mode="none")
     """`[isolation]` with its mode resolved ("bwrap" or "none"), for a shard's lanes."""
     log_format: LogFormat = LogFormat.TEXT

@@ -29,7 +29,7 @@ environment: one transcript, no gap, across both processes.
 A lane still unfinished in LMDB and not live here belonged to a generation that is gone: the shard
 closes it with a `lost` event row (`close_lost`) once it is the only generation of its name, never
 while a predecessor still drains (whose live lanes are unfinished too). Finished lanes older than
-`[lanes] transcript_retention_s` are pruned (every row, then the entry) at open and every
+`[retention] transcripts_s` are pruned (every row, then the entry) at open and every
 `PRUNE_EVERY_S` seconds.
 """
 

@@ -276,6 +276,7 @@ class CtlService:
             rt_demoted=host.cpu.demoted,
             lane_cpu=f"{layer_here(host.settings.cpu.lanes)}, nice {host.settings.lanes.nice}",
             metrics_url=host.metrics_url,
+            state_disk=host.state_disk(),
             descriptors=sockets.descriptors(),
             ctl_connections=sockets.ctl_connections(),
             ctl_connections_max=host.settings.supervisor.ctl_connections,

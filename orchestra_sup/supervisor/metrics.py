@@ -19,7 +19,9 @@ What is exposed (every name `orchestra_sup_*`, units in the names):
 - `lanes` (labels `shard`, `state`): each shard's live lanes by state;
 - `inbox_depth`: the coordinator's inbox messages not yet acted on;
 - `ctl_refused_total`: ctl requests refused `forbidden` and remote peers refused at the handshake;
-- `ctl_connections`: ctl connections served now.
+- `ctl_connections`: ctl connections served now;
+- `state_disk_free_bytes`, `state_disk_min_free_bytes` and `state_disk_short` (1 while new
+  plans and lanes are refused for want of space, `system.reserve`).
 
 Child figures come from each child's last heartbeat (`Liveness.beat`); a child's histograms
 restart from zero with each new generation, which Prometheus reads as a counter reset. A child
@@ -63,6 +65,7 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.supervisor.core import ExitCause
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.views import MetricsHost
+from orchestra_sup.system.reserve import DiskSpace
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -102,6 +105,7 @@ class TreeSample:
     descriptors: f.Descriptors | None = None
     """The supervisor's own."""
     ctl_connections: int = 0
+    state_disk: DiskSpace | None = None
 
 
 def sample(sup: MetricsHost) -> TreeSample:
@@ -128,6 +132,7 @@ def sample(sup: MetricsHost) -> TreeSample:
         internal_errors=sockets.internal_errors(),
         descriptors=sockets.descriptors(),
         ctl_connections=sockets.ctl_connections(),
+        state_disk=sup.state_disk(),
     )
 
 
@@ -223,6 +228,26 @@ def families(tree: TreeSample) -> list[Metric]:
         "orchestra_sup_ctl_connections", "Ctl connections the supervisor serves now."
     )
 
+    disk = [
+        GaugeMetricFamily(
+            "orchestra_sup_state_disk_free_bytes",
+            "Free space on the state directory's file system, bytes.",
+        ),
+        GaugeMetricFamily(
+            "orchestra_sup_state_disk_min_free_bytes",
+            "The state disk's reserve ([state] min_free), bytes.",
+        ),
+        GaugeMetricFamily(
+            "orchestra_sup_state_disk_short",
+            "1 while free space is below the reserve: new plans and lanes are refused.",
+        ),
+    ]
+    if tree.state_disk is not None:
+        space = tree.state_disk
+        figures = (space.free, space.min_free, int(space.short))
+        for family, value in zip(disk, figures, strict=True):
+            family.add_metric([], value)
+
     def add_fds(name: str, d: f.Descriptors | None) -> None:
         if d is not None:
             open_fds.add_metric([name], d.open)
@@ -281,6 +306,7 @@ def families(tree: TreeSample) -> list[Metric]:
         max_fds,
         conn_refused,
         ctl_connections,
+        *disk,
     ]
 
 

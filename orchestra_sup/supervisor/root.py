@@ -97,6 +97,7 @@ from orchestra_sup.supervisor.template import template_for
 from orchestra_sup.supervisor.watchdog import watchdog
 from orchestra_sup.system import descriptors, v1cgroups
 from orchestra_sup.system.cgroups import kill_tree_sync, tree_path
+from orchestra_sup.system.reserve import DiskReserve, DiskSpace
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -323,6 +324,12 @@ class RootSupervisor:
     def ctl_refused(self) -> int:
         """Ctl requests refused `forbidden`, plus tcp peers refused at the CURVE handshake."""
         return self.ctl_service.refused + self.sockets.refused_at_handshake()
+
+    def state_disk(self) -> DiskSpace | None:
+        """The state disk against `[state] min_free`; None on a host's agent (no plans)."""
+        if "coordinator" not in self.children.by_name:
+            return None
+        return DiskReserve(self.paths.state_dir, self.settings.min_free).space()
 
     def _lock_dirs(self) -> tuple[DirLock, DirLock]:
         """Take the run and state directories' locks, or, adopting, the ones the old image

@@ -32,6 +32,7 @@ from orchestra_sup.supervisor.runlock import DirLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.sockets import RootSockets
 from orchestra_sup.supervisor.source import ConfigSource
+from orchestra_sup.system.reserve import DiskSpace
 
 RootSeam = ProcessSeam | ColocatedSeam
 """The seam of a root supervisor: processes, or components of its own (`--colocated`)."""
@@ -87,13 +88,16 @@ class AgentHost(TreeHost, Protocol):
 
 class MetricsHost(Protocol):
     """What the metrics sample: the children table, the supervisor's own loop lag, its
-    sockets' figures and the ctl requests and peers it refused (`ctl_refused`)."""
+    sockets' figures, the ctl requests and peers it refused (`ctl_refused`) and the state
+    disk against its reserve (`state_disk`; None on a host's agent)."""
 
     children: Children
     lag: LoopLag
     sockets: RootSockets
 
     def ctl_refused(self) -> int: ...
+
+    def state_disk(self) -> DiskSpace | None: ...
 
 
 class ReloadDesk(Protocol):

@@ -245,7 +245,7 @@ def test_unknown_lanes_key(tmp_path: Path) -> None:
     message = _refused(tmp_path, "[lanes]\nmax_worker_losses = 2\n")
     assert "[lanes]" in message
     assert "'max_worker_losses'" in message
-    assert "(known: transcript_retention_s, max_worker_loss, nice, programs)" in message
+    assert "(known: max_worker_loss, nice, programs)" in message
 
 
 def test_unknown_section_lists_lanes(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ EVERY = ["custodian", "coordinator", *SHARDS3]
         ({"relay": {"deadline_s": 10.0}}, ["coordinator"], []),
         ({"lanes": {"max_worker_loss": 1}}, ["coordinator"], []),
         ({"lanes": {"nice": 3}}, SHARDS3, []),
-        ({"lanes": {"transcript_retention_s": 60.0}}, SHARDS3, []),
+        ({"retention": {"transcripts_s": 60.0}}, ["custodian", "coordinator", *SHARDS3], []),
         ({"lanes": {"programs": ["a.b:C"]}}, ["coordinator", *SHARDS3], []),
         ({"isolation": {"max_open_files": 100}}, SHARDS3, []),
         ({"supervisor": {"shutdown_timeout_s": 9.0}}, SHARDS3, ["custodian", "coordinator"]),

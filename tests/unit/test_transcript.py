@@ -360,13 +360,15 @@ def test_open_prunes_what_expired_while_the_shard_was_down(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("value", [-1, "7d", True])
 def test_retention_setting_is_validated(value: object) -> None:
-    """`[lanes] transcript_retention_s` is a number of seconds >= 0; anything else is refused."""
-    assert settings_from_mapping({}).lanes.transcript_retention_s == 7 * 24 * 3600
-    assert settings_from_mapping({"lanes": {"transcript_retention_s": 0}}).lanes == type(
-        settings_from_mapping({}).lanes
-    )(transcript_retention_s=0.0)
-    with pytest.raises(ConfigError, match="transcript_retention_s"):
-        settings_from_mapping({"lanes": {"transcript_retention_s": value}})
+    """`[retention] transcripts_s` is a number of seconds >= 0; anything else is refused. The
+    key's old home, `[lanes] transcript_retention_s`, is refused too."""
+    assert settings_from_mapping({}).retention.transcripts_s == 7 * 24 * 3600
+    zero = settings_from_mapping({"retention": {"transcripts_s": 0}})
+    assert zero.retention.transcripts_s == 0.0
+    with pytest.raises(ConfigError, match="transcripts_s"):
+        settings_from_mapping({"retention": {"transcripts_s": value}})
+    with pytest.raises(ConfigError, match=r"transcript_retention_s.*\[retention\] transcripts_s"):
+        settings_from_mapping({"lanes": {"transcript_retention_s": 60}})
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from orchestra_sup.protocol.frames.values import (
     Spend,
     TaskReport,
 )
+from orchestra_sup.system.reserve import DiskSpace
 
 
 class CtlStatus(Frame, tag="ctl_status"):
@@ -75,6 +76,9 @@ class StatusReply(Frame, tag="status_reply"):
     10"; `system.lanecpu.layer_here`)."""
     metrics_url: str = ""
     """Where the supervisor serves Prometheus metrics (`start --metrics-port`); "" when off."""
+    state_disk: DiskSpace | None = None
+    """The state directory's disk against `[state] min_free` (`system.reserve`): while `short`,
+    the coordinator refuses new plans and lanes. None from a host's agent."""
     descriptors: Descriptors | None = None
     """The supervisor's own file descriptors (its `refused` and `shut` are ctl's and the
     control socket's)."""
