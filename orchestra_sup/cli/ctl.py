@@ -11,6 +11,7 @@ import typer
 from orchestra_sup.cli import (
     ctl_answers,
     ctl_call,
+    ctl_events,
     ctl_lifecycle,
     ctl_logs,
     ctl_plans,
@@ -91,6 +92,7 @@ for name, command in (
     ("redirect", ctl_answers.redirect),
     ("accept-partial", ctl_answers.accept_partial),
     ("logs", ctl_logs.logs),
+    ("events", ctl_events.events),
     ("rollover", ctl_lifecycle.rollover),
     ("reload", ctl_lifecycle.reload),
 ):

@@ -21,8 +21,9 @@ def prune(
 ) -> None:
     """Prune now what \\[retention] says may go, as the coordinator does every every_s: plans
     finished longer ago than plans_s (their records, inbox entries and sessions' state), and
-    the idempotency keys of pruned plans older than keys_s. Prints what went (with --dry-run,
-    what would).
+    the idempotency keys of pruned plans older than keys_s, and the event log's front older
+    than events_s. Prints what went (with --dry-run, what would; the event log's count is not
+    reckoned then).
 
     Example: orchestra-sup ctl prune --dry-run --json
     """
@@ -32,7 +33,7 @@ def prune(
         out.print(
             f"{verb} {report.plan_count} plans ({report.tasks} tasks, {report.inbox} inbox "
             f"entries, {report.sessions} sessions); {report.keys} keys expired, {report.kept} "
-            f"kept for pruned plans ({report.took_s * 1000:.1f} ms)"
+            f"kept for pruned plans; {report.events} events ({report.took_s * 1000:.1f} ms)"
         )
         for plan_id in report.plans:
             out.print(f"  {plan_id}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.events import read_events
 from orchestra_sup.client.grant import parse_grant
 from orchestra_sup.coordinator.plan import load_plan, plan_from_mapping, validate_plan
 from orchestra_sup.errors import (
@@ -414,6 +415,29 @@ class Client(ClientOptions):
         """Stop `lane` now, its process group with it; its task becomes cancelled (`ctl
         cancel`). Raises `RemoteError(not_found)` for a lane no shard holds."""
         self._expect(f.Ack, f.CtlCancel(lane=lane))
+
+    # --- the event log ---------------------------------------------------------------------------
+
+    def events(
+        self, *, since: int = 0, plan: str = "", follow: bool = False
+    ) -> Iterator[dict[str, Any]]:
+        """The tree's event log after `since` (a `seq`; 0: from the oldest kept), oldest
+        first, as `ctl events --json` prints each: {"seq", "at" (Unix seconds), "source",
+        "kind", and those of "plan", "task", "lane", "child", "who", "detail" it has}. Only
+        plan `plan`'s when given; with `follow`, for ever, across the tree's restarts (pass
+        the last "seq" seen as `since` to resume in a later program: nothing is missed or
+        repeated). It uses a connection of its own. Raises as `client.events.read_events`
+        does: `ConfigError` for a negative `since`, `TreeUnreachable`, `RemoteError`."""
+        if self.closed:
+            raise ValueError("the client is closed")
+        for event in read_events(
+            lambda: CtlClient(self.run_dir, connect=self.connect, keys=self.keys),
+            since=since,
+            plan=plan,
+            follow=follow,
+            timeout_s=self.timeout_s,
+        ):
+            yield msgspec.to_builtins(event)
 
 
 def _required(text: str, verb: str) -> str:

@@ -120,6 +120,11 @@ class Answers:
                 ErrorCode.NOT_FOUND, f"nothing waits for a human on lane {req.lane!r}"
             )
         outcome = self.act(plan, task_id)
+        who = f"{req.responder} (uid {req.uid})"  # stamped by the supervisor, not the request
+        detail = f"{req.verdict}{': ' + req.text if req.text else ''} -> {outcome}"
+        self.book.planstore.events.emit(
+            "hitl.answered", plan=plan.id, task=task_id, lane=req.lane, who=who, detail=detail
+        )
         log.info(
             "plan %s: task %s: %s answered %s: %s",
             plan.id,

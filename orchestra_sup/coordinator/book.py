@@ -139,6 +139,9 @@ class PlanBook:
             if plan.finished_at is None:
                 plan.finished_at = time.time()
             self.final.add(plan.id)
+            self.planstore.events.emit(
+                "plan.finished", plan=plan.id, detail="succeeded" if plan.ok else "failed"
+            )
             self.active.pop(plan.id, None)
             self.node.retitle()
             self.node.spawn(self._finish(plan))

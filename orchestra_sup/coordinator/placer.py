@@ -293,6 +293,8 @@ class Placer:
         """A failure raised before any lane started (`quota_breach`, `budget_exhaustion`):
         nothing ran and nothing was spent; the task's strategy decides what follows."""
         log.info("plan %s: task %s: %s", plan.id, spec.id, error)
+        kind = "quota.refused" if failure is FailureClass.QUOTA_BREACH else "budget.refused"
+        self.book.planstore.events.emit(kind, plan=plan.id, task=spec.id, detail=error)
         cancel = plan.fail(spec.id, failure, error, now, self.node.args.max_worker_loss)
         self.book.commit(plan, cancel)
 

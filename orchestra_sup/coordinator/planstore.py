@@ -31,6 +31,7 @@ import msgspec
 
 from orchestra_sup.coordinator.runner import PlanRecord, TaskRecord
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.state.events import UNLOGGED, EventSink
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,11 @@ def task_key(plan_id: str, task_id: str) -> bytes:
 class PlanStore:
     """The plans of the coordinator's `store` (opened with `DBS`). See the module docstring."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, events: EventSink = UNLOGGED) -> None:
         self.store = store
+        self.events = events
+        """Where each write also logs what moved: the plan's acceptance and every task's
+        status moves (`state.events`; `task.<status>`), written behind as the records are."""
         self._enc = msgspec.msgpack.Encoder()
         self._legacy = msgspec.msgpack.Decoder(PlanRecord)
         self._entry = msgspec.msgpack.Decoder(PlanEntry)
@@ -104,10 +108,24 @@ class PlanStore:
                 id=plan.id, spec=plan.spec, submitted_at=plan.submitted_at, key=plan.key
             )
             put(SPECS, plan.id.encode(), enc(entry))
+            self.events.emit(
+                "plan.accepted", plan=plan.id, detail=f"{plan.spec.name}: {len(plan.tasks)} tasks"
+            )
         dirty = plan.dirty
         for task_id in dirty:
             put(TASKS, task_key(plan.id, task_id), enc(plan.tasks[task_id]))
         dirty.clear()
+        for task_id, status in plan.transitions:
+            rec = plan.tasks[task_id]
+            self.events.emit(
+                f"task.{status}",
+                plan=plan.id,
+                task=task_id,
+                lane=rec.lane or "",
+                child=rec.shard or "",
+                detail=rec.error or f"attempt {rec.attempts}",
+            )
+        plan.transitions.clear()
 
     def _encode_head(self, plan: PlanRecord) -> bytes:
         return self._enc.encode(

@@ -40,6 +40,7 @@ from orchestra_sup.coordinator.sessionstore import SessionStore
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.childargs import RetentionSettings
 from orchestra_sup.protocol.patterns import DAG
+from orchestra_sup.state.events import EventLog
 from orchestra_sup.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,11 @@ class Retention:
         sessions: SessionStore,
         settings: RetentionSettings,
         forget: Callable[[PlanRecord], None],
+        events: EventLog | None = None,
     ) -> None:
         self.book = book
+        self.events = events
+        """The tree's event log: its front is trimmed here (`events_s`), each run is logged."""
         self.store = store
         self.inbox = inbox
         self.sessions = sessions
@@ -172,14 +176,31 @@ class Retention:
         """Prune every `every_s` seconds, until cancelled."""
         while True:
             await asyncio.sleep(self.settings.every_s)
-            report = self.prune()
-            if report.plan_count or report.keys or report.inbox:
+            report = await self.prune_now()
+            if report.plan_count or report.keys or report.inbox or report.events:
                 log.info(
                     "retention: %d plans pruned (%d tasks, %d inbox entries, %d sessions), "
-                    "%d keys expired, %d kept, in %.3f s",
+                    "%d keys expired, %d kept, %d events, in %.3f s",
                     report.plan_count, report.tasks, report.inbox, report.sessions,
-                    report.keys, report.kept, report.took_s,
+                    report.keys, report.kept, report.events, report.took_s,
                 )  # fmt: skip
+
+    async def prune_now(self, *, dry_run: bool = False) -> f.PruneReport:
+        """`prune`, then (not `dry_run`) the event log's front older than `events_s`, read off
+        the loop (`EventLog.trim`); a run that took anything is itself an event."""
+        report = self.prune(dry_run=dry_run)
+        if dry_run or self.events is None:
+            return report
+        cutoff = time.time() - self.settings.events_s
+        events = await asyncio.to_thread(self.events.trim, cutoff)
+        report = msgspec.structs.replace(report, events=events)
+        if report.plan_count or report.keys or report.inbox or events:
+            self.events.emit(
+                "retention.pruned",
+                detail=f"{report.plan_count} plans, {report.tasks} tasks, {report.inbox} inbox "
+                f"entries, {report.keys} keys, {events} events",
+            )
+        return report
 
     def prune(self, *, dry_run: bool = False, now: float | None = None) -> f.PruneReport:
         """Prune what is due at `now` (default: the wall clock); with `dry_run`, change

@@ -55,6 +55,7 @@ from orchestra_sup.protocol.channel import NO_SANDBOX, Channel
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.patterns import DAG, SHELL
 from orchestra_sup.runtime.node import Node
+from orchestra_sup.state.events import UNLOGGED, EventLog
 from orchestra_sup.state.store import Store
 from orchestra_sup.system import cpupolicy
 from orchestra_sup.system.reserve import DiskReserve
@@ -98,6 +99,7 @@ class Coordinator:
         self.node: Node | None = None
         self.store: Store | None = None
         self.reserve: DiskReserve | None = None
+        self.events: EventLog | None = None
         self.book: PlanBook | None = None
         self.roster: Roster | None = None
         self.placer: Placer | None = None
@@ -133,7 +135,7 @@ class Coordinator:
             thread_start=cpupolicy.same_class(below=1),
         )
         store.start()
-        self.attach(node, store)
+        self.attach(node, store, EventLog.open(node.paths.state_dir, "coordinator"))
         assert self.book is not None and self.placer is not None and self.answers is not None
         book = self.book
         with book.batch(pump=False):  # the roster's first change places what is ready
@@ -163,12 +165,13 @@ class Coordinator:
         self.retention.load(time.time())
         node.spawn(self.retention.run())
 
-    def attach(self, node: Node, store: Store) -> None:
+    def attach(self, node: Node, store: Store, events: EventLog | None = None) -> None:
         """Serve through `node`, keeping state in `store` (started, opened with "inbox",
-        `planstore.DBS`, `sessionstore.DBS` and `retention.DBS`)."""
-        self.node, self.store = node, store
+        `planstore.DBS`, `sessionstore.DBS` and `retention.DBS`), and writing what happens
+        to `events` (the tree's event log; None: nowhere)."""
+        self.node, self.store, self.events = node, store, events
         self.reserve = DiskReserve(store.path, node.args.min_free)  # the disk it writes to
-        planstore = PlanStore(store)
+        planstore = PlanStore(store, UNLOGGED if events is None else events)
         sessions = SessionStore(store)
         self.book = book = PlanBook(node, planstore, pump=self._pump)
         self.roster = roster = Roster(node, book, stopping=lambda: self.stopping)
@@ -186,7 +189,13 @@ class Coordinator:
             )
             book.on_done = self.seat.plan_done
         self.retention = retention = Retention(
-            book, store, self.inbox, sessions, node.args.retention, forget=self.placer.forget
+            book,
+            store,
+            self.inbox,
+            sessions,
+            node.args.retention,
+            forget=self.placer.forget,
+            events=events,
         )
         ended = book.on_done  # the seat's, when there is one
 
@@ -223,6 +232,8 @@ class Coordinator:
         assert self.store is not None and self.placer is not None
         await self.placer.close()
         self.store.close()
+        if self.events is not None:
+            self.events.close()
 
     def on_roster(self, changed: list[f.PeerState]) -> None:
         assert self.roster is not None
@@ -258,6 +269,8 @@ class Coordinator:
                 ep.reply(env, peer, f.Error(code=ErrorCode.BAD_REQUEST, message=message))
             case f.InboxPut() if fenced := refusal(body, env.sender, self.book.plans):
                 self.node.fenced += 1
+                assert self.book is not None
+                self.book.planstore.events.emit("lane.fenced", child=env.sender, detail=fenced)
                 ep.reply(env, peer, f.Error(code=ErrorCode.FENCED, message=fenced))
             case f.InboxPut():
                 if body.msg_id in self.inbox:
@@ -301,7 +314,7 @@ class Coordinator:
                 ep.reply(env, peer, NO_SANDBOX)
             case f.CtlPrune():
                 assert self.retention is not None
-                ep.reply(env, peer, self.retention.prune(dry_run=body.dry_run))
+                self.node.answer(ep, peer, env, self.retention.prune_now(dry_run=body.dry_run))
             case f.HitlRespond() | f.ListPending():  # no answers store: not served here
                 ep.reply(env, peer, SERVES.unsupported(body))
             case _:

@@ -147,6 +147,12 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         a task became ready, waits for a human or ended, so something else may run now."""
         return set()
 
+    @functools.cached_property
+    def transitions(self) -> list[tuple[str, TaskStatus]]:
+        """(task id, status) of every status move since the plan was last written, in order,
+        for the event log (`coordinator.planstore`)."""
+        return []
+
     def touch(self, task_id: str) -> TaskRecord:
         """Task `task_id`'s record, to change: it is named in `dirty`."""
         self.dirty.add(task_id)
@@ -159,6 +165,7 @@ class PlanRecord(PlanAnswers, PlanLosses, msgspec.Struct, kw_only=True, dict=Tru
         TRANSITIONS.move(self.tasks[task_id].status, status, what=f"plan {self.id}: task {task_id}")
         rec = self.touch(task_id)
         rec.status = status
+        self.transitions.append((task_id, status))
         self.progress.move(self.progress.position[task_id], status)
         if status not in LIVE:
             self.moved.add(task_id)

@@ -378,6 +378,14 @@ class Seat:
                     at=time.time(),
                 )
                 await session.answer(asked, answer)
+                self.book.planstore.events.emit(
+                    "hitl.answered",
+                    plan=session.id,
+                    task="coordinator",
+                    lane=req.lane,
+                    who=f"{req.responder} (uid {req.uid})",  # the supervisor stamped it
+                    detail=f"{req.verdict}{': ' + req.text if req.text else ''}",
+                )
                 return f.HitlRecorded(
                     lane=req.lane, plan=session.id, task="coordinator", outcome="answered"
                 )

@@ -271,6 +271,34 @@ class Store:
 
         return self._read(scan)
 
+    def scan(self, db: str, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """At most `limit` (key, value) pairs of `db` from the first key >= `start`, in key
+        order, as committed. Safe from any thread (a reader off the loop)."""
+        dbi = self._dbs[db]
+
+        def page(txn: lmdb.Transaction) -> list[tuple[bytes, bytes]]:
+            cursor = txn.cursor(dbi)
+            if not cursor.set_range(start):
+                return []
+            out: list[tuple[bytes, bytes]] = []
+            for pair in cursor.iternext(keys=True, values=True):
+                out.append(pair)
+                if len(out) >= limit:
+                    break
+            return out
+
+        return self._read(page)
+
+    def last_key(self, db: str) -> bytes | None:
+        """The greatest key of `db`, as committed (None: empty)."""
+        dbi = self._dbs[db]
+
+        def last(txn: lmdb.Transaction) -> bytes | None:
+            cursor = txn.cursor(dbi)
+            return cursor.key() if cursor.last() else None
+
+        return self._read(last)
+
     def get(self, db: str, key: bytes) -> bytes | None:
         dbi = self._dbs[db]
         return self._read(lambda txn: txn.get(key, db=dbi))

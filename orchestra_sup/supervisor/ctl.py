@@ -95,6 +95,7 @@ Serves = (
     | f.CtlLogs
     | f.CtlDebug
     | f.CtlPrune
+    | f.CtlEvents
 )
 """The requests `orchestra-sup ctl` sends, what `CtlService.handle` takes."""
 SERVES = Channel[Serves](Serves, "{} is not a ctl request")
@@ -228,6 +229,8 @@ class CtlService:
                 return self._lanes(env.ttl_s)
             case f.CtlLogs():
                 return self._logs(body, env.ttl_s)
+            case f.CtlEvents():
+                return self._events(body)
             case f.CtlDebug(name="supervisor", action="raise") if host.debug_hooks:
                 raise RuntimeError("debug hook: the supervisor's ctl handler raises")
             case f.CtlDebug(name="supervisor", action="raise_in_task") if host.debug_hooks:
@@ -355,6 +358,16 @@ class CtlService:
         else:
             responder = await asyncio.to_thread(user_name, caller.uid)  # NSS may read files
         return await self._forward("coordinator", stamped(req, caller, responder), ttl_s)
+
+    async def _events(self, req: f.CtlEvents) -> f.Body:
+        """A page of the event log (`state.events`), read off the loop."""
+        if req.since < 0 or req.limit < 1:
+            message = f"since must be >= 0 and limit >= 1 (got {req.since}, {req.limit})"
+            return f.Error(code=ErrorCode.BAD_REQUEST, message=message)
+        log = self.host.events.log
+        if log is None:
+            return f.Error(code=ErrorCode.PEER_DOWN, message="the event log is not open")
+        return await asyncio.to_thread(log.page, req.since, req.limit, req.plan)
 
     async def _lanes(self, ttl_s: float | None) -> f.Body:
         """Every shard's live lanes, merged with the coordinator's pending approvals

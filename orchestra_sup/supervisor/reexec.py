@@ -31,7 +31,7 @@ import msgspec
 import zmq
 
 from orchestra_sup.config import Settings
-from orchestra_sup.errors import ConfigError, ReleaseError, SupervisionError
+from orchestra_sup.errors import ConfigError, ReleaseError, StateError, SupervisionError
 from orchestra_sup.logformat import LogFormat
 from orchestra_sup.paths import Paths
 from orchestra_sup.protocol.frames import ExitInfo
@@ -202,6 +202,7 @@ def _exec(sup: ReexecHost, release: str, carry: bytes) -> None:
     # terminated libzmq has unlinked both paths, so binding them again after a failed exec
     # cannot race its I/O thread.
     sup.sockets.close(FLUSH_S)
+    sup.events.close()  # flushed: the new image opens it again
     fd = os.memfd_create("orchestra-sup-handoff")
     try:
         os.write(fd, msgspec.msgpack.encode(_handoff(sup, release, carry)))
@@ -249,8 +250,9 @@ def _reopen(sup: ReexecHost) -> None:
     """Bind the sockets again after a failed exec. A tree that cannot is stopped (its children
     could no longer be heard), which the one line `reexec` raises then says."""
     try:
+        sup.events.open(sup.paths.state_dir)
         sup.open_sockets()
-    except (zmq.ZMQError, ConfigError) as exc:
+    except (zmq.ZMQError, ConfigError, StateError) as exc:
         log.error("supervisor: cannot bind its sockets again (%s); stopping the tree", exc)
         sup.request_stop(EXIT_FAILED)
 

@@ -253,7 +253,9 @@ class Reloads:
             return _refused(config, names, f"config {config}: {step.refusal}")
         if host.stopping:
             return _refused(config, names, "the tree is stopping")
-        log.info("config reload from %s: %s", config, ", ".join(step.changed) or "nothing changed")
+        changed = ", ".join(step.changed) or "nothing changed"
+        log.info("config reload from %s: %s", config, changed)
+        host.events.emit("reload.done", detail=f"from {config}: {changed}")
         host.settings = new
         for each in host.tree.supervisors():
             each.reconfigure(flags(new))

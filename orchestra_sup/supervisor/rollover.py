@@ -42,7 +42,6 @@ import logging
 import os
 import signal
 import time
-import uuid
 
 import msgspec
 
@@ -61,6 +60,7 @@ from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.helper_cgroup import HelperCgroup
 from orchestra_sup.supervisor.reexec import reexec
+from orchestra_sup.supervisor.rolloverrecord import Rollover
 from orchestra_sup.supervisor.spec import ChildState
 from orchestra_sup.supervisor.views import ReexecHost
 
@@ -75,110 +75,8 @@ FLUSH_S = 1.0
 SUPERVISOR = "supervisor"
 
 
-class Carried(msgspec.Struct, frozen=True, kw_only=True):
-    """A rollover's record as it crosses the supervisor's re-exec (`began`: monotonic seconds,
-    which an exec keeps)."""
-
-    id: str
-    target: str
-    release: f.ReleaseInfo
-    events: list[f.RolloverEvent]
-    began: float
-
-
 class RolloverFailed(SupervisionError):
     """A step did not complete; `str()` is the one line the report's `error` carries."""
-
-
-class Rollover:
-    """One rollover's record: its events, whether it is done and how it ended (`ok`)."""
-
-    def __init__(self, target: str, release: f.ReleaseInfo, carried: Carried | None = None):
-        self.id = carried.id if carried else uuid.uuid4().hex[:8]
-        self.target = target
-        self.release = release
-        self.began = carried.began if carried else time.monotonic()
-        self.events: list[f.RolloverEvent] = list(carried.events) if carried else []
-        self.done = False
-        self.ok: bool | None = None
-        self.error: str | None = None
-        self._changed = asyncio.Event()
-        self._pollers = 0
-        self.reexecuting = False
-
-    def carry(self) -> bytes:
-        """This record, for the supervisor's next image (`Carried`, msgpack)."""
-        return msgspec.msgpack.encode(
-            Carried(
-                id=self.id,
-                target=self.target,
-                release=self.release,
-                events=self.events,
-                began=self.began,
-            )
-        )
-
-    @classmethod
-    def carried(cls, data: bytes) -> Rollover:
-        """The record `carry` encoded. Raises `msgspec.DecodeError` when it is not one."""
-        was = msgspec.msgpack.decode(data, type=Carried)
-        return cls(was.target, was.release, was)
-
-    async def answered(self, timeout_s: float) -> None:
-        """Return once no `wait` is pending (every poller has its answer), or after
-        `timeout_s` seconds."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                while self._pollers:
-                    await asyncio.sleep(0.001)
-
-    def event(self, child: str, text: str, took_s: float | None = None) -> None:
-        """Record one step (`took_s`: its own duration, seconds) and wake the pollers."""
-        took = None if took_s is None else round(took_s, 3)
-        self.events.append(
-            f.RolloverEvent(
-                seq=len(self.events),
-                at_s=round(time.monotonic() - self.began, 3),
-                child=child,
-                text=text,
-                took_s=took,
-            )
-        )
-        log.info("rollover %s: %s%s", self.id, f"{child}: " if child else "", text)
-        self._wake()
-
-    def finish(self, error: str | None) -> None:
-        self.done, self.ok, self.error = True, error is None, error
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    def report(self, after_seq: int = -1) -> f.RolloverReport:
-        return f.RolloverReport(
-            id=self.id,
-            target=self.target,
-            release=self.release,
-            done=self.done,
-            ok=self.ok,
-            events=self.events[max(0, after_seq + 1) :],
-            error=self.error,
-            reexecuting=self.reexecuting,
-        )
-
-    async def wait(self, after_seq: int, wait_s: float) -> None:
-        """Return once there is an event after `after_seq`, the rollover is done, or `wait_s`
-        seconds have passed."""
-        if self.done or len(self.events) > after_seq + 1 or wait_s <= 0:
-            return
-        self._pollers += 1
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait_s):
-                    await self._changed.wait()
-        finally:
-            self._pollers -= 1
 
 
 class Rollovers:
@@ -195,6 +93,7 @@ class Rollovers:
         if carried:  # this image was re-executed by a rollover: it takes its record up
             try:
                 self._resumed = Rollover.carried(carried)
+                self._resumed.told = host.events
             except msgspec.DecodeError as exc:
                 log.error("the rollover record passed across the re-exec is unreadable: %s", exc)
             else:
@@ -277,6 +176,7 @@ class Rollovers:
             )
         workers = self.movable(req.name)  # a reload during the probe may have retired some
         rollover = Rollover(req.name, info)
+        rollover.told = host.events
         moving = [w.name for w in workers] + ([SUPERVISOR] if itself else [])
         rollover.event(
             "",

@@ -67,6 +67,7 @@ from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.cpu import SupervisorCpu, previous_exit
 from orchestra_sup.supervisor.ctl import CtlService
+from orchestra_sup.supervisor.events import SupervisorEvents
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.hostlink import HostJoin, HostLink
 from orchestra_sup.supervisor.hosts import Hosts
@@ -81,7 +82,7 @@ from orchestra_sup.supervisor.reexec import (
 )
 from orchestra_sup.supervisor.reload import Reloads
 from orchestra_sup.supervisor.rollover import Rollovers
-from orchestra_sup.supervisor.runlock import DirLock, RunLock, StateLock
+from orchestra_sup.supervisor.runlock import DirLock, lock_dirs
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.shape import (
     FIXED,
@@ -175,7 +176,7 @@ class RootSupervisor:
         self.tree = build_tree(
             settings,
             self.seam,
-            lambda: self.request_stop(EXIT_INTENSITY),
+            self._gave_up,
             HOST_FIXED if join else FIXED,
         )
         self.link = HostLink(self, join) if join is not None else None
@@ -195,6 +196,10 @@ class RootSupervisor:
         self.handoff = handoff
         self.gate = ChangeGate()
         """Held by the config reload or the rollover in progress: one change at a time."""
+        self.events = SupervisorEvents(
+            f"{join.name}/supervisor" if join is not None else "supervisor"
+        )
+        """The event log as this supervisor writes it, while `run()` runs (`supervisor.events`)."""
         self.rollovers = Rollovers(self, self.gate, handoff.carry if handoff is not None else None)
         self.reloads = Reloads(self, self.gate, handoff.config if handoff is not None else config)
         self.dir_locks: tuple[DirLock, DirLock] | None = None
@@ -218,7 +223,10 @@ class RootSupervisor:
         before, now = descriptors.raise_limit()
         if before != now:
             log.info("open-file limit raised from %d to %d (its hard limit)", before, now)
-        lock, state_lock = self.dir_locks = self._lock_dirs()
+        handoff = self.handoff
+        held = (handoff.run_lock_fd, handoff.state_lock_fd) if handoff is not None else None
+        lock, state_lock = self.dir_locks = lock_dirs(self.paths, held)
+        self.events.open(self.paths.state_dir)
         self.children.retitle()
         if self._cgroups is not None and self.handoff is None:
             kill_tree_sync(self._cgroups)  # what a crashed tree on this run dir left running
@@ -229,6 +237,7 @@ class RootSupervisor:
             self._serve_metrics()  # a port in use fails here, before any child starts
         except BaseException:
             self.sockets.close(0.0)
+            self.events.close()
             state_lock.release()
             lock.release()
             raise
@@ -281,6 +290,7 @@ class RootSupervisor:
                 self.metrics.close()
             self.sockets.close_endpoints(0.0)
             self.seam.close_context(self.sockets.ctx)
+            self.events.close()
             state_lock.release()
             lock.release()
             self.cpu.close()  # last: every child is reaped
@@ -330,22 +340,6 @@ class RootSupervisor:
         if "coordinator" not in self.children.by_name:
             return None
         return DiskReserve(self.paths.state_dir, self.settings.min_free).space()
-
-    def _lock_dirs(self) -> tuple[DirLock, DirLock]:
-        """Take the run and state directories' locks, or, adopting, the ones the old image
-        held (no gap, and the children's sockets in the run directory are left alone).
-        Raises `DirBusy` or `ConfigError`."""
-        if self.handoff is not None:
-            return (
-                RunLock.inherited(self.handoff.run_lock_fd, self.paths.run_dir),
-                StateLock.inherited(self.handoff.state_lock_fd, self.paths.state_dir),
-            )
-        lock = RunLock(self.paths.run_dir)
-        try:
-            return lock, StateLock(self.paths.state_dir)
-        except BaseException:
-            lock.release()
-            raise
 
     async def _start_tree(self) -> None:
         try:
@@ -398,6 +392,12 @@ class RootSupervisor:
     def stopping(self) -> bool:
         """The tree has been asked to stop."""
         return self._stop.is_set()
+
+    def _gave_up(self) -> None:
+        flags = self.tree.flags
+        detail = f"{flags.max_restarts} restarts in {flags.max_seconds:g} s; the tree stops"
+        self.events.emit("supervisor.escalated", child=self.tree.name, detail=detail)
+        self.request_stop(EXIT_INTENSITY)
 
     def request_stop(self, exit_code: int = EXIT_OK) -> None:
         """Stop the tree (SIGTERM, SIGINT, `ctl stop`, or escalation with `EXIT_INTENSITY`)."""
@@ -471,6 +471,7 @@ class RootSupervisor:
             self.seam.kill_orphans()
 
     def _changed(self, worker: Worker) -> None:
+        self.events.child(worker)
         children = self.children
         if worker.state is ChildState.STARTING:
             live = children.liveness[worker.name]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Self
 
 from orchestra_sup.errors import ConfigError, DirBusy
+from orchestra_sup.paths import Paths
 
 
 class DirLock:
@@ -167,3 +168,21 @@ def _held(lock_path: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def lock_dirs(paths: Paths, inherited: tuple[int, int] | None) -> tuple[DirLock, DirLock]:
+    """Take the run and state directories' locks, or, adopting (`inherited`: the descriptors
+    of the run and state locks the old image held, across a re-exec), those: no gap, and the
+    children's sockets in the run directory are left alone. Raises `DirBusy` or
+    `ConfigError`."""
+    if inherited is not None:
+        return (
+            RunLock.inherited(inherited[0], paths.run_dir),
+            StateLock.inherited(inherited[1], paths.state_dir),
+        )
+    lock = RunLock(paths.run_dir)
+    try:
+        return lock, StateLock(paths.state_dir)
+    except BaseException:
+        lock.release()
+        raise

@@ -26,6 +26,7 @@ from orchestra_sup.supervisor.children import Children
 from orchestra_sup.supervisor.colocated import ColocatedSeam
 from orchestra_sup.supervisor.core import Supervisor
 from orchestra_sup.supervisor.cpu import SupervisorCpu
+from orchestra_sup.supervisor.events import SupervisorEvents
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.hosts import Hosts
 from orchestra_sup.supervisor.runlock import DirLock
@@ -40,14 +41,16 @@ RootSeam = ProcessSeam | ColocatedSeam
 
 class TreeHost(Protocol):
     """What every collaborator sees: the settings in force (a config reload replaces them),
-    the tree, its children table, its seam and sockets, whether the tree is stopping, and
-    `spawn`, which runs a task of the tree's (cancelled when the tree stops)."""
+    the tree, its children table, its seam and sockets, the event log it writes (`events`),
+    whether the tree is stopping, and `spawn`, which runs a task of the tree's (cancelled
+    when the tree stops)."""
 
     settings: Settings
     tree: Supervisor
     children: Children
     seam: RootSeam
     sockets: RootSockets
+    events: SupervisorEvents
 
     @property
     def stopping(self) -> bool: ...

@@ -1,4 +1,4 @@
-"""Releases (`orchestra_sup.release`) and a rollover's record (`supervisor.rollover.Rollover`)."""
+"""Releases (`orchestra_sup.release`) and a rollover's record (`rolloverrecord.Rollover`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from orchestra_sup import release
 from orchestra_sup.errors import ReleaseError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.version import PROTOCOL_MAX, PROTOCOL_MIN
-from orchestra_sup.supervisor.rollover import Rollover
+from orchestra_sup.supervisor.rolloverrecord import Rollover
 
 
 def info(low: int, high: int, version: str = "7.0.0") -> f.ReleaseInfo:

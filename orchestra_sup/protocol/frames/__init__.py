@@ -10,7 +10,7 @@ Frames carry no behaviour. Each channel's vocabulary is a union alias in its mod
 (`control`: supervisor <-> child), `Sandbox` (`sandbox`: shard -> custodian), `Relay` (`relay`:
 coordinator -> custodian), `LanePlane` (`lanes`: coordinator -> shard), `Inbox` (`inbox`: shard
 outbox -> coordinator inbox), `Ctl` (`ctl`: operator -> supervisor), `Rollover` (`rollover`),
-`Retention` (`retention`: `ctl prune`),
+`Retention` (`retention`: `ctl prune`), `Events` (`events`: `ctl events`),
 `Cluster` (`hosts`: a host's agent -> the root);
 `frame` holds the base `Frame` and the answers every channel shares (`Ack`, `Error`), `values`
 the Structs carried by more than one. A receiver that gets a body it does not serve answers
@@ -77,6 +77,12 @@ from orchestra_sup.protocol.frames.envelope import (
     Body,
     Envelope,
     MessageId,
+)
+from orchestra_sup.protocol.frames.events import (
+    CtlEvents,
+    Event,
+    Events,
+    EventsPage,
 )
 from orchestra_sup.protocol.frames.frame import (
     Ack,
@@ -186,6 +192,7 @@ __all__ = [
     "CtlCall",
     "CtlCancel",
     "CtlDebug",
+    "CtlEvents",
     "CtlLanes",
     "CtlLogs",
     "CtlMessage",
@@ -208,6 +215,9 @@ __all__ = [
     "Drained",
     "Envelope",
     "Error",
+    "Event",
+    "Events",
+    "EventsPage",
     "ExitInfo",
     "FailureClass",
     "Frame",

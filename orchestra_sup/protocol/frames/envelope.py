@@ -13,6 +13,7 @@ import msgspec
 
 from orchestra_sup.protocol.frames.control import Control
 from orchestra_sup.protocol.frames.ctl import Ctl
+from orchestra_sup.protocol.frames.events import Events
 from orchestra_sup.protocol.frames.frame import Ack, Error
 from orchestra_sup.protocol.frames.hosts import Cluster
 from orchestra_sup.protocol.frames.inbox import Inbox
@@ -31,6 +32,7 @@ Body = (
     | Ctl
     | Rollover
     | Retention
+    | Events
     | Cluster
     | Ack
     | Error

@@ -17,7 +17,8 @@ class PruneReport(Frame, tag="prune_report"):
     `IDS_MAX` of them; `plan_count` is all), their `tasks` records, `inbox` entries and
     `sessions`, and `keys` (idempotency keys whose time ran out, `[retention] keys_s`). `kept`
     counts the keys still answering for plans already pruned; `took_s` is the prune's own time,
-    seconds."""
+    seconds; `events` the event log's rows older than `[retention] events_s` deleted (0 in a
+    dry run)."""
 
     dry_run: bool
     plans: list[str]
@@ -28,6 +29,7 @@ class PruneReport(Frame, tag="prune_report"):
     keys: int
     kept: int
     took_s: float
+    events: int = 0
 
 
 IDS_MAX = 1000
