@@ -48,6 +48,8 @@ SCAN_MAX = 10_000
 stopped); rows one `trim` deletes, at most."""
 PAGE_MAX = 5_000
 """Events one page lists, at most."""
+TRIM_STEP = 256
+"""Rows `trim` reads at a time: a run that finds nothing old reads one step."""
 
 KINDS = (
     "child.starting", "child.running", "child.stopping", "child.exited", "child.backoff",
@@ -128,19 +130,19 @@ class EventLog:
 
     def page(self, since: int = 0, limit: int = 500, plan: str = "") -> EventsPage:
         """The committed events after `since`, oldest first, at most `limit` (capped at
-        `PAGE_MAX`); only plan `plan`'s when given (looking at `SCAN_MAX` rows at most). Reads
-        LMDB: call it off the loop."""
+        `PAGE_MAX`); only plan `plan`'s when given (looking at `SCAN_MAX` rows at most). A row
+        that cannot be decoded (written by a newer release, or damaged) is passed over and
+        logged. Reads LMDB: call it off the loop."""
         limit = max(1, min(limit, PAGE_MAX))
-        start = (since + 1).to_bytes(SEQ_BYTES, "big")
-        rows = self.store.scan(DB, start, SCAN_MAX if plan else limit)
+        rows = self.store.scan(DB, _key(since + 1), SCAN_MAX if plan else limit)
         events: list[Event] = []
         last_seen = since
         for key, value in rows:
             last_seen = int.from_bytes(key, "big")
-            event = _decode(value)
-            if plan and event.plan != plan:
+            event = _event(last_seen, value)
+            if event is None or (plan and event.plan != plan):
                 continue
-            events.append(msgspec.structs.replace(event, seq=last_seen))
+            events.append(event)
             if len(events) >= limit:
                 break
         first = self.store.scan(DB, b"", 1)
@@ -153,12 +155,32 @@ class EventLog:
         )
 
     def trim(self, before: float) -> int:
-        """Delete from the front the events written before `before` (Unix time, seconds), at
-        most `SCAN_MAX` of them; returns how many went. Reads LMDB: call it off the loop."""
-        gone = 0
-        for key, value in self.store.scan(DB, b"", SCAN_MAX):
-            if _decode(value).at >= before:
-                break
-            self.store.delete(DB, key)
-            gone += 1
+        """Delete from the front the events written before `before` (Unix time, seconds), and
+        rows that cannot be decoded, at most `SCAN_MAX` of them, reading `TRIM_STEP` rows at a
+        time; returns how many went. Reads LMDB: call it off the loop."""
+        gone, start = 0, b""
+        while gone < SCAN_MAX:
+            rows = self.store.scan(DB, start, TRIM_STEP)
+            for key, value in rows:
+                event = _event(0, value)
+                if event is not None and event.at >= before:
+                    return gone
+                self.store.delete(DB, key)
+                gone += 1
+            if len(rows) < TRIM_STEP:
+                return gone
+            start = _key(int.from_bytes(rows[-1][0], "big") + 1)
         return gone
+
+
+def _key(seq: int) -> bytes:
+    return seq.to_bytes(SEQ_BYTES, "big")
+
+
+def _event(seq: int, value: bytes) -> Event | None:
+    """The event stored at `seq`, or None (logged) when the row cannot be decoded."""
+    try:
+        return msgspec.structs.replace(_decode(value), seq=seq)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("event %d: unreadable, passed over: %s", seq, exc)
+        return None

@@ -8,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from orchestra_sup.state.events import EventLog
+from orchestra_sup.state.events import DB, EventLog
 
 WRITER = """
 import sys
 from pathlib import Path
-from orchestra_sup.state.events import EventLog
+from orchestra_sup.state.events import DB, EventLog
 log = EventLog.open(Path(sys.argv[1]), "other")
 for i in range(int(sys.argv[2])):
     log.emit("task.running", plan="p2", task=str(i))
@@ -88,3 +88,19 @@ def test_one_process_shares_one_environment(tmp_path: Path) -> None:
         ]
     finally:
         c.close()
+
+
+def test_an_unreadable_row_is_passed_over_and_trimmed(tmp_path: Path) -> None:
+    log = EventLog.open(tmp_path, "here")
+    try:
+        log.emit("child.running", child="a")
+        log.store.append(DB, b"", b"\xc1 not msgpack")
+        log.emit("child.running", child="b")
+        log.close()
+        log = EventLog.open(tmp_path, "here")
+        page = log.page(0)
+        assert [(e.seq, e.child) for e in page.events] == [(1, "a"), (3, "b")]
+        assert page.next == 3
+        assert log.trim(0.0) == 0  # the first row is newer: the front stops there
+    finally:
+        log.close()
