@@ -50,7 +50,9 @@ def events(
     ] = False,
     since: Annotated[
         int,
-        typer.Option("--since", min=0, help="Only events after this seq (0: every one kept)."),
+        typer.Option(
+            "--since", min=0, max=f.MAX_SEQ, help="Only events after this seq (0: every one kept)."
+        ),
     ] = 0,
     plan: Annotated[str, typer.Option("--plan", help="Only the events of this plan.")] = "",
 ) -> None:
@@ -68,8 +70,16 @@ def events(
     from orchestra_sup.client.events import read_events
 
     def go() -> None:
+        def gap(first: int, last: int) -> None:
+            print(
+                f"orchestra-sup: events {first}..{last} were trimmed ([retention] events_s) "
+                "before they were read",
+                file=sys.stderr,
+                flush=True,
+            )
+
         for event in read_events(
-            ctl.client, since=since, plan=plan, follow=follow, timeout_s=ctl.timeout
+            ctl.client, since=since, plan=plan, follow=follow, timeout_s=ctl.timeout, on_gap=gap
         ):
             if ctl.as_json:
                 print(json.dumps(msgspec.to_builtins(event)), flush=follow)

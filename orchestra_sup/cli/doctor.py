@@ -63,7 +63,8 @@ def doctor(config: ConfigOpt = None, state_dir: StateOpt = None, as_json: JsonOp
     typer.echo(f'[cpu] realtime = "auto" runs the control plane in: {realtime}')
     typer.echo(f'[cpu] lanes = "idle" puts lanes below it with: {idle}')
     typer.echo("")
-    typer.echo(f"{'no ' if disk.short else 'yes'} {'state disk':<20} {disk.text()}")
+    whose = "" if config is not None else " (the default [state] min_free; --config: the tree's)"
+    typer.echo(f"{'no ' if disk.short else 'yes'} {'state disk':<20} {disk.text()}{whose}")
     if cluster is not None:
         typer.echo("")
         for member in cluster.members:

@@ -39,18 +39,21 @@ def read_events(
     timeout_s: float = 10.0,
     outage_s: float = OUTAGE_S,
     poll_s: float = POLL_S,
+    on_gap: Callable[[int, int], None] | None = None,
 ) -> Iterator[f.Event]:
     """The events after `since` (a seq; 0: from the oldest kept), oldest first, only plan
     `plan`'s when given; without `follow`, up to the newest committed when asked, else for
     ever. `connect()` makes a client (again after one fails); each exchange waits at most
-    `timeout_s` seconds.
+    `timeout_s` seconds. `on_gap(first, last)` is told of events after `since` that went
+    before they were read (`[retention] events_s` trimmed them: seqs `first`..`last`).
 
-    Raises `ConfigError` for a negative `since` (nothing is sent); `TreeUnreachable` when the
-    tree does not answer (following: for `outage_s` seconds in a row); `RemoteError` as the
-    tree refuses (`peer_down`, the log not open, is waited out like silence when following);
+    Raises `ConfigError` for a `since` outside 0..`frames.MAX_SEQ` (nothing is sent);
+    `TreeUnreachable` when the tree does not answer (following: for `outage_s` seconds in a
+    row); `RemoteError` as the tree refuses (`peer_down`, the log not open, is waited out
+    like silence when following);
     `ProtocolError` for an answer that is not a page."""
-    if since < 0:
-        raise ConfigError(f"since={since}: give a sequence number >= 0")
+    if not 0 <= since <= f.MAX_SEQ:
+        raise ConfigError(f"since={since}: give a sequence number from 0 to 2**63-1")
     client: CtlClient | None = None
     silent_since: float | None = None
     try:
@@ -76,6 +79,8 @@ def read_events(
                 raise ProtocolError(
                     ErrorCode.UNEXPECTED, f"the tree answered {type(page).__name__}, not a page"
                 )
+            if since and page.first > since + 1 and on_gap is not None:
+                on_gap(since + 1, page.first - 1)
             yield from page.events
             caught_up = page.next >= page.last
             since = max(since, page.next)

@@ -194,7 +194,9 @@ class Retention:
         cutoff = time.time() - self.settings.events_s
         events = await asyncio.to_thread(self.events.trim, cutoff)
         report = msgspec.structs.replace(report, events=events)
-        if report.plan_count or report.keys or report.inbox or events:
+        if report.plan_count or report.keys or report.inbox or events > 1:
+            # (a run that trimmed only the last run's own record is not recorded: with a
+            # short events_s, each run would otherwise trim one and write one, for ever)
             self.events.emit(
                 "retention.pruned",
                 detail=f"{report.plan_count} plans, {report.tasks} tasks, {report.inbox} inbox "

@@ -361,8 +361,8 @@ class CtlService:
 
     async def _events(self, req: f.CtlEvents) -> f.Body:
         """A page of the event log (`state.events`), read off the loop."""
-        if req.since < 0 or req.limit < 1:
-            message = f"since must be >= 0 and limit >= 1 (got {req.since}, {req.limit})"
+        if not 0 <= req.since <= f.MAX_SEQ or req.limit < 1:
+            message = f"since must be 0..2**63-1 and limit >= 1 (got {req.since}, {req.limit})"
             return f.Error(code=ErrorCode.BAD_REQUEST, message=message)
         log = self.host.events.log
         if log is None:

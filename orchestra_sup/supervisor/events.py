@@ -25,6 +25,9 @@ class SupervisorEvents:
         self.log: EventLog | None = None
         self._told: dict[str, tuple[int, ChildState]] = {}
         """Each child's (generation, state) its last event told."""
+        self.adopting = False
+        """While a re-executed image adopts its running children (`reexec.adopt`): their
+        states are taken as told, since nothing happened to them."""
 
     def open(self, state_dir: Path) -> None:
         """Open the log of `state_dir`. Raises `StateError` when it cannot be opened."""
@@ -48,6 +51,8 @@ class SupervisorEvents:
         if self._told.get(worker.name) == now:
             return
         self._told[worker.name] = now
+        if self.adopting:
+            return
         detail = f"generation {worker.generation}"
         if worker.state is ChildState.EXITED and worker.last_exit is not None:
             detail += f": {describe(worker.last_exit)} ({worker.last_cause})"

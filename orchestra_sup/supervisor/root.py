@@ -242,7 +242,9 @@ class RootSupervisor:
             lock.release()
             raise
         if self.handoff is not None:
+            self.events.adopting = True  # re-adopted, not restarted: no child events
             adopt(self, self.handoff)  # before anything awaits: see `reexec.adopt`
+            self.events.adopting = False
         self.spawn(self.lag.run())
         self.spawn(self.hosts.follow())
         self.spawn(watch(lambda: self.sockets.guards.values()))

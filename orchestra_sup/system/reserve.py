@@ -27,6 +27,8 @@ import msgspec
 from orchestra_sup.errors import ConfigError, StateError
 
 DEFAULT_MIN_FREE = "5%"
+MAX_BYTES = 1 << 60
+"""The largest reserve in bytes (an exbibyte): beyond it a figure is a typing mistake."""
 
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
@@ -53,8 +55,8 @@ def parse_min_free(value: object) -> MinFree:
     if isinstance(value, bool):
         raise ConfigError(f"[state] min_free = {value!r}: give bytes (an int) or a share, '5%'")
     if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"[state] min_free = {value}: bytes cannot be negative")
+        if not 0 <= value <= MAX_BYTES:
+            raise ConfigError(f"[state] min_free = {value}: give 0 to 2**60 bytes")
         return MinFree(bytes=value, percent=0.0)
     if isinstance(value, str) and (match := _PERCENT.match(value)):
         percent = float(match.group(1))

@@ -109,6 +109,10 @@ def test_a_follower_resumed_with_since_sees_every_event_once(
     assert {"supervisor", "coordinator"} <= sources
     kinds = {e["kind"] for e in log}
     assert {"child.starting", "rollover.step", "plan.accepted", "task.succeeded"} <= kinds
+    began = next(e["seq"] for e in log if e["kind"] == "rollover.step")
+    ended = next(e["seq"] for e in log if e["kind"] == "rollover.done")
+    readopted = [e for e in log if began < e["seq"] < ended and e["kind"].startswith("child.")]
+    assert readopted == [], "a re-exec re-adopts its children: none of them started"
 
     with Client(run_dir=tree.run_dir) as sdk:  # the SDK's iterator reads the same log
         plans = [e for e in sdk.events(plan=plan_id)]
@@ -116,10 +120,29 @@ def test_a_follower_resumed_with_since_sees_every_event_once(
 
 
 def test_events_options_are_checked(tree: Tree) -> None:
-    """A negative --since is refused in one line before anything is sent."""
-    refused = ctl_cli(tree, "events", "--since", "-1")
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    """A --since out of 0..2**63-1 is refused in one line before anything is sent."""
+    for since in ("-1", str(2**64 - 1)):
+        refused = ctl_cli(tree, "events", "--since", since)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     began = time.monotonic()
     listed = ctl_cli(tree, "events", "--plan", "nosuchplan")
     assert listed.returncode == 0 and listed.stdout == ""
     assert time.monotonic() - began < 30
+
+
+def test_a_reader_is_told_of_events_trimmed_before_it_read_them(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """With `events_s = 0`, `ctl prune` trims the whole log; a reader resuming after seq 1 is
+    told which events went, on stderr, and gets the rest."""
+    config = tmp_path / "tree.toml"
+    config.write_text("[retention]\nevents_s = 0\nevery_s = 3600\n")
+    tree = tree_factory(shards=1, config=config)
+    wait_until(lambda: len(whole_log(tree)) >= 3, 20, "a few events")
+    assert ctl_cli(tree, "prune").returncode == 0
+    resumed = ctl_cli(tree, "events", "--since", "1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    (line,) = resumed.stderr.splitlines()
+    assert line.startswith("orchestra-sup: events 2..") and "were trimmed" in line, line
+    kinds = [json.loads(x)["kind"] for x in resumed.stdout.splitlines()]
+    assert kinds and kinds[0] == "retention.pruned"

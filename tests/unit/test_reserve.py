@@ -24,7 +24,7 @@ def test_min_free_is_bytes_or_a_share(value: object, parsed: MinFree) -> None:
     assert parse_min_free(value) == parsed
 
 
-@pytest.mark.parametrize("value", [-1, "100%", "5", "1GiB", True, 2.5, "%"])
+@pytest.mark.parametrize("value", [-1, "100%", "5", "1GiB", True, 2.5, "%", 2**61])
 def test_a_bad_min_free_is_refused_in_one_line(value: object) -> None:
     with pytest.raises(ConfigError, match=r"\[state\] min_free"):
         parse_min_free(value)

@@ -79,6 +79,7 @@ from orchestra_sup.protocol.frames.envelope import (
     MessageId,
 )
 from orchestra_sup.protocol.frames.events import (
+    MAX_SEQ,
     CtlEvents,
     Event,
     Events,
@@ -177,6 +178,7 @@ __all__ = [
     "HAVE_MAX",
     "HOST_ROLE",
     "IDS_MAX",
+    "MAX_SEQ",
     "MESSAGE_MAX_BYTES",
     "Ack",
     "Answer",

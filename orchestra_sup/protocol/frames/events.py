@@ -12,6 +12,9 @@ import msgspec
 
 from orchestra_sup.protocol.frames.frame import Frame
 
+MAX_SEQ = (1 << 63) - 1
+"""The largest sequence number a reader may give (`CtlEvents.since`): msgpack's int bound."""
+
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the tree did, once.
