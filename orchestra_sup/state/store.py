@@ -522,10 +522,24 @@ def _describe(path: Path, exc: BaseException | str) -> StateError:
         text = f"write failed: {type(exc).__name__}: {exc}"
     text = text[:1].lower() + text[1:]
     full = text in _NO_ROOM or (isinstance(exc, OSError) and exc.errno in _NO_ROOM_CODES)
+    if not full and (free := _free_bytes(path)) is not None and free < ROOMLESS_BYTES:
+        # LMDB can report a write the full disk refused as EIO (tmpfs, msync)
+        text += f" (the disk is full: {free} bytes free)"
+        full = True
     until = "there is room" if full else "a write succeeds"
     return StateError(f"state {path}: {text}; new work is refused until {until}")
 
 
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+ROOMLESS_BYTES = 1 << 20
+"""Free bytes below which a failed commit is taken as one the full disk refused."""
 _NO_ROOM_CODES = (errno.ENOSPC, errno.EDQUOT)
 _NO_ROOM = {os.strerror(code)[:1].lower() + os.strerror(code)[1:] for code in _NO_ROOM_CODES}
 
