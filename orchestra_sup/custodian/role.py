@@ -31,7 +31,7 @@ from orchestra_sup.custodian.exports import Exports
 from orchestra_sup.custodian.owners import SandboxOwners
 from orchestra_sup.custodian.quarantine import land_bundle
 from orchestra_sup.custodian.workspace import Workspace, open_workspace
-from orchestra_sup.errors import ErrorCode, OrchestraError, RemoteError
+from orchestra_sup.errors import ErrorCode, GitError, OrchestraError, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import tools
 from orchestra_sup.protocol.channel import NO_SANDBOX, Channel
@@ -40,6 +40,7 @@ from orchestra_sup.runtime.node import Node
 from orchestra_sup.runtime.remote import host_of
 from orchestra_sup.state.permissions import PASSAGE, PRIVATE_DIR, private_dir
 from orchestra_sup.system.laneuser import decide, lane_needs
+from orchestra_sup.system.reserve import DiskReserve
 
 if TYPE_CHECKING:  # aiohttp is imported by a custodian whose tree has hosts, not by every one
     from orchestra_sup.cluster.fences import Fences
@@ -130,7 +131,9 @@ class Custodian:
         await asyncio.to_thread(private_dir, self.sandboxes, mode)
         self.owners = SandboxOwners(self.sandboxes, decision.own_uids)
         kept = node.args.retention
-        node.spawn(sandboxes.run(self.sandboxes, kept.sandboxes_s, kept.every_s))
+        self.reserve = DiskReserve(self.sandboxes, node.args.min_free)
+        short = self.reserve.is_short
+        node.spawn(sandboxes.run(self.sandboxes, kept.sandboxes_s, kept.every_s, short))
         own = "a uid of its own" if decision.own_uids else "the tree's uid"
         log.info("custodian: each sandbox and its lane get %s (%s)", own, decision.reason)
 
@@ -242,11 +245,22 @@ class Custodian:
         order with the commits, so `HEAD~3` means the head as it is now). Answers
         `SandboxReady` with the full sha it was made at; raises `RemoteError` for a bad lane
         id, or a rev that is not one revision (`bad_request`) or names no commit
-        (`not_found`), what `Workspace.create_sandbox` says."""
+        (`not_found`), what `Workspace.create_sandbox` says, and `state_degraded` when the
+        clone failed for want of space (the disk is short of `[state] min_free`, or git said
+        so): the shard asks again once there is room."""
         assert self.workspace is not None
         dest = self._sandbox_path(req.lane)
         async with self._writing():
-            path, rev = await self.workspace.create_sandbox(req.lane, dest, req.rev)
+            try:
+                path, rev = await self.workspace.create_sandbox(req.lane, dest, req.rev)
+            except (GitError, OSError) as exc:
+                space = await asyncio.to_thread(self.reserve.space)
+                if not space.short and "No space left on device" not in str(exc):
+                    raise
+                raise RemoteError(  # the tree's want, not the lane's: its shard waits
+                    ErrorCode.STATE_DEGRADED,
+                    f"no room for lane {req.lane}'s sandbox: {space.text()} at {self.sandboxes}",
+                ) from exc
             await asyncio.to_thread(self.owners.claim, Path(path))
         return f.SandboxReady(lane=req.lane, path=path, rev=rev)
 

@@ -3,9 +3,10 @@
 A shard tells its sandboxes' maker (the custodian, or on a host its mirror) when one of its
 lanes ended (`SandboxDone`, sent once the lane's result is in the shard's outbox). The maker
 marks it: an empty file `<sandboxes>/.ended/<lane>`, whose mtime is when. Every `every_s`, a
-sandbox whose mark is older than `sandboxes_s` is removed, then its mark; a mark with no
-sandbox goes too. So a live lane's sandbox is never touched (it has no mark: a lane moved to
-the next generation of its shard by a rollover is not ended), and what is removed, and when,
+sandbox whose mark is older than `sandboxes_s` is removed, then the record of its base commit
+beside it (`workspace.base_record`), then its mark; a mark with no sandbox goes too, with its
+record if there is one. So a live lane's sandbox is never touched (it has no mark: a lane moved
+to the next generation of its shard by a rollover is not ended), and what is removed, and when,
 survives a restart of the maker (the marks are files, next to the sandboxes).
 
 Removal runs on a thread, never on the loop. A sandbox the lane made hard to remove (a
@@ -18,13 +19,17 @@ Not covered: a lane whose shard died with it never says it ended; its sandbox st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from orchestra_sup.custodian.workspace import base_record
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +48,9 @@ def mark_ended(sandboxes: Path, lane: str) -> None:
 
 def prune(sandboxes: Path, keep_s: float, now: float | None = None) -> list[str]:
     """Remove the sandboxes marked ended longer than `keep_s` seconds before `now` (default:
-    the wall clock), then their marks; the lanes whose sandboxes went. Blocking: run it off
-    the loop. A sandbox that cannot be removed is logged, and its mark kept for the next run."""
+    the wall clock), then their base records and their marks; the lanes whose sandboxes went.
+    Blocking: run it off the loop. A sandbox that cannot be removed is logged, and its mark
+    kept for the next run."""
     marks = sandboxes / ENDED
     now = time.time() if now is None else now
     gone: list[str] = []
@@ -60,19 +66,27 @@ def prune(sandboxes: Path, keep_s: float, now: float | None = None) -> list[str]
             if os.path.lexists(sandbox):
                 shutil.rmtree(sandbox, onerror=_opened)
                 gone.append(entry.name)
+            with contextlib.suppress(FileNotFoundError):  # the mark goes last: a run killed
+                os.unlink(base_record(sandbox))  # here is finished by the next
             os.unlink(entry.path)
         except OSError as exc:
             log.warning("sandboxes: lane %s's sandbox stays for now: %s", entry.name, exc)
     return gone
 
 
-async def run(sandboxes: Path, keep_s: float, every_s: float) -> None:
-    """`prune` every `every_s` seconds, until cancelled."""
+async def run(
+    sandboxes: Path, keep_s: float, every_s: float, short: Callable[[], bool] = lambda: False
+) -> None:
+    """`prune` every `every_s` seconds, until cancelled; while `short()` (the state disk has
+    less free space than `[state] min_free`), every ended lane's sandbox goes at once,
+    whatever `keep_s` says: the room is for work the tree accepted, not for what ended."""
     while True:
         await asyncio.sleep(every_s)
-        gone = await asyncio.to_thread(prune, sandboxes, keep_s)
+        hurry = await asyncio.to_thread(short)
+        gone = await asyncio.to_thread(prune, sandboxes, 0.0 if hurry else keep_s)
         if gone:
-            log.info("sandboxes: %d finished lanes' sandboxes removed", len(gone))
+            why = " now: the state disk is short of its reserve" if hurry else ""
+            log.info("sandboxes: %d finished lanes' sandboxes removed%s", len(gone), why)
 
 
 def _opened(func: Any, path: str, _exc: Any) -> None:

@@ -131,7 +131,7 @@ async def open_workspace(path: Path | None, state_dir: Path) -> Workspace:
     return Workspace(await _validate_repo(default))
 
 
-def _base_record(sandbox: Path) -> Path:
+def base_record(sandbox: Path) -> Path:
     """Where the custodian keeps the base commit of the sandbox at `sandbox`: a sibling file,
     outside what the lane owns."""
     return sandbox.with_name(f".{sandbox.name}.base")
@@ -252,7 +252,7 @@ class Workspace:
             str(partial.absolute()),
         )
         await git.run(partial, "checkout", "--quiet", "--detach", base)
-        private_file(_base_record(dest)).write_text(base + "\n")  # 0600: the custodian's
+        private_file(base_record(dest)).write_text(base + "\n")  # 0600: the custodian's
         os.rename(partial, dest)
         return str(dest), base
 
@@ -353,7 +353,7 @@ class Workspace:
         were kept, its HEAD if that is a commit of the workspace's history (so nothing the lane
         committed becomes a parent). Raises `WorkspaceError` otherwise."""
         with contextlib.suppress(FileNotFoundError):
-            return _base_record(sandbox).read_text().strip()
+            return base_record(sandbox).read_text().strip()
         if await _is_checkout_root(sandbox):
             head = await git.run(
                 sandbox, *_trusting(sandbox), "rev-parse", "--verify", "HEAD^{commit}", check=False

@@ -91,8 +91,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     retention: RetentionSettings = RetentionSettings()
     """`[retention]`, for the coordinator (`coordinator.retention`)."""
     min_free: MinFree = MinFree()
-    """`[state] min_free`, for the coordinator: the state disk's reserve, below which it
-    refuses new plans and lanes (`system.reserve`)."""
+    """`[state] min_free`, for the coordinator (below it, it refuses new plans and lanes) and
+    the custodian (below it, ended lanes' sandboxes go at once) (`system.reserve`)."""
     isolation: IsolationSettings = IsolationSettings(mode="none")
     """`[isolation]` with its mode resolved ("bwrap" or "none"), for a shard's lanes."""
     log_format: LogFormat = LogFormat.TEXT

@@ -4,12 +4,14 @@
 A shell lane reads its messages from its inbox file (`$ORCHESTRA_INBOX`, one line each); a lane
 program from its mailbox (`LaneContext.recv`). Either way each message is an event row in the
 lane's transcript, and its idempotency key (`LaneMessage.key`) is remembered with the lane, so a
-re-sent message is acknowledged again and never delivered twice.
+re-sent message is acknowledged again and never delivered twice. An ended lane's inbox file is
+removed (`remove_inbox`, issue 22): one per lane that ever ran would pile up in `inboxes/`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -108,3 +110,18 @@ def _append_line(path: Path, text: str) -> None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     with open(os.open(path, flags, PRIVATE_FILE), "a", encoding="utf-8") as fh:
         fh.write(text.replace("\n", " ") + "\n")
+
+
+async def remove_inbox(state_dir: Path, lane: Lane) -> None:
+    """Remove ended `lane`'s inbox file (`host.inbox_path`; none is fine), after the line being
+    appended to it, if one is: nothing reads it again. Not covered: a message accepted just as
+    the lane ended, whose append starts after this, makes the file again (unread, as it was)."""
+    if lane.inbox_lock is None:
+        lane.inbox_lock = asyncio.Lock()
+    async with lane.inbox_lock:
+        await asyncio.to_thread(_unlink, inbox_path(state_dir, lane.id))
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

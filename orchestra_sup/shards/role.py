@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import assert_never
 
-from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown
+from orchestra_sup.errors import ErrorCode, OrchestraError, PeerDown, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.channel import Channel
 from orchestra_sup.protocol.endpoint import Endpoint
@@ -44,7 +44,7 @@ from orchestra_sup.shards.hitl import Questions
 from orchestra_sup.shards.host import Host, LaneServices, lane_uid
 from orchestra_sup.shards.lane import FINAL, Lane, LaneState
 from orchestra_sup.shards.limits import LaneLimits
-from orchestra_sup.shards.messages import deliver_answer, deliver_message
+from orchestra_sup.shards.messages import deliver_answer, deliver_message, remove_inbox
 from orchestra_sup.shards.outbox import DB as OUTBOX_DB
 from orchestra_sup.shards.outbox import DELIVER_ON_STOP_S, Outbox, result_id
 from orchestra_sup.shards.program import (
@@ -70,6 +70,8 @@ CUSTODIAN_WAIT_S = 60.0
 """How long a lane waits for a custodian that is down (restarting) before it fails."""
 CALL_TIMEOUT_S = 55.0
 """How long one call to the custodian (a sandbox, a commit) waits for its answer."""
+ROOM_WAIT_MAX_S = 10.0
+"""The longest pause between two asks for a sandbox while the state disk has no room."""
 RETRY_S = 0.05
 """Pause before re-sending to a custodian the roster says is up again."""
 LIVE_STATES = tuple(str(state) for state in LaneState if state not in FINAL)
@@ -387,8 +389,7 @@ class Shard:
                 raise asyncio.CancelledError
             program = load_program(spec.program, frozenset(self.node.args.lane_programs))
             if lane.sandbox is None:
-                ready = await self._custodian(f.SandboxCreate(lane=lane.id, rev=spec.rev))
-                assert isinstance(ready, f.SandboxReady)
+                ready = await self._make_sandbox(lane.id, spec.rev)
                 lane.sandbox, lane.rev = ready.path, ready.rev
                 if self.transcript is not None:
                     what = spec.run if spec.program == SHELL else f"{spec.program} {spec.run}"
@@ -517,6 +518,7 @@ class Shard:
         finally:
             self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
             self.node.retitle()
+        self.node.spawn(remove_inbox(self.node.paths.state_dir, lane))
         if lane.sandbox is not None:  # kept [retention] sandboxes_s from now, then removed
             self.node.spawn(self._sandbox_done(lane.id))
 
@@ -525,6 +527,26 @@ class Shard:
         hear of keeps the sandbox."""
         with contextlib.suppress(OrchestraError):
             await self._custodian(f.SandboxDone(lane=lane))
+
+    async def _make_sandbox(self, lane: str, rev: str | None) -> f.SandboxReady:
+        """Lane `lane`'s sandbox from its maker. While the state disk has no room for one
+        (`state_degraded`) it is asked again, after 1 s doubling to `ROOM_WAIT_MAX_S`, for as
+        long as that lasts: a task the tree accepted waits for room instead of failing (issue
+        22), as the stores wait for a commit. A cancel of the lane ends the wait."""
+        delay = 1.0
+        while True:
+            try:
+                ready = await self._custodian(f.SandboxCreate(lane=lane, rev=rev))
+            except RemoteError as exc:
+                if exc.code is not ErrorCode.STATE_DEGRADED:
+                    raise
+                if delay == 1.0 and self.transcript is not None:
+                    self.transcript.event(lane, f"waiting for room for its sandbox: {exc.message}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, ROOM_WAIT_MAX_S)
+                continue
+            assert isinstance(ready, f.SandboxReady)
+            return ready
 
     async def _custodian(self, body: f.Body) -> f.Body:
         """Call the custodian (on a host, its mirror: `ChildArgs.sandboxes`), waiting (up to

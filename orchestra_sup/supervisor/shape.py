@@ -89,7 +89,7 @@ def child_specs(settings: Settings) -> dict[str, ChildSpec]:
 
 READS: dict[str, frozenset[str]] = {
     "custodian": frozenset(
-        {"heartbeat_s", "isolation", "cpu", "cluster_listen", "fences", "retention"}
+        {"heartbeat_s", "isolation", "cpu", "cluster_listen", "fences", "retention", "min_free"}
     ),
     "mirror": frozenset({"heartbeat_s", "isolation", "cpu", "retention"}),
     "coordinator": frozenset(

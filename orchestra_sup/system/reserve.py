@@ -94,6 +94,9 @@ class DiskReserve:
         self.path = path
         self.min_free = min_free
 
+    def is_short(self) -> bool:
+        return self.space().short
+
     def check(self) -> None:
         space = self.space()
         if space.short:

@@ -18,7 +18,7 @@ import pytest
 
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, plan, task, wait_until
+from tests.integration.harness import Tree, git, make_repo, plan, task, wait_until
 from tests.integration.test_cli import assert_one_line_error, write
 from tests.integration.test_ctl_access import cli
 
@@ -114,3 +114,42 @@ def test_a_full_state_disk_refuses_new_plans_and_resumes_by_itself(
     for plan_id in (running, second):
         report = tree.ctl(f.CtlPlan(id=plan_id))
         assert isinstance(report, f.PlanReport) and report.ok, report
+
+
+BIG_BYTES = 24 << 20
+
+
+def test_an_accepted_task_waits_for_room_for_its_sandbox_and_ended_ones_make_way(
+    small_disk: Path, tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """The workspace holds a 24 MiB file, so each sandbox takes 24 MiB of the 96 MiB state
+    disk. While a runs, the disk is filled to 12 MiB free (short of its 32 MiB reserve). b,
+    which needs a, cannot get a sandbox: it waits instead of failing. The custodian, the disk
+    short, removes a's ended sandbox at once (`sandboxes_s` is a day), which makes room for
+    b's: the plan succeeds without anyone freeing space."""
+    repo = make_repo(tmp_path / "ws")
+    (repo / "big").write_bytes(os.urandom(BIG_BYTES))
+    git(repo, "add", "big")
+    git(repo, "commit", "-q", "-m", "big")
+    config = write(
+        tmp_path / "tree.toml",
+        f"[state]\nmin_free = {MIN_FREE}\n[retention]\nevery_s = 0.5\n",
+    )
+    tree = tree_factory(workspace=repo, shards=1, config=config, state_dir=small_disk / "state")
+    gate = tmp_path / "gate"
+    plan_id = tree.submit(
+        plan(
+            "two",
+            task("a", f"while [ ! -e {gate} ]; do sleep 0.05; done; echo a"),
+            task("b", "echo b", needs=["a"]),
+        )
+    )
+    wait_until(lambda: tree.task(plan_id, "a").status == "running", 30, "a to run")
+    sandbox_a = small_disk / "state" / "sandboxes" / str(tree.task(plan_id, "a").lane)
+    wait_until(lambda: (sandbox_a / "big").exists(), 10, "a's sandbox")
+    assert (sandbox_a / "big").stat().st_size == BIG_BYTES
+    fill_to(small_disk, 12 << 20)
+    gate.touch()
+    done = tree.wait_plan(plan_id, 60)
+    assert done.ok, [(t.id, t.status, t.error) for t in done.tasks]
+    assert not sandbox_a.exists()

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from orchestra_sup.custodian.sandboxes import ENDED, mark_ended, prune
+from orchestra_sup.custodian.workspace import base_record
 
 
 def sandbox(root: Path, lane: str) -> Path:
@@ -39,3 +40,18 @@ def test_no_marks_no_removal(tmp_path: Path) -> None:
     root = tmp_path / "sandboxes"
     live = sandbox(root, "p-a-1")
     assert prune(root, keep_s=0.0) == [] and live.is_dir()
+
+
+def test_a_removed_sandboxs_base_record_goes_with_it(tmp_path: Path) -> None:
+    """The record of a sandbox's base commit beside it (`workspace.base_record`) goes with the
+    sandbox, and with a mark whose sandbox is gone; a live sandbox's stays (issue 22: one a
+    lane, they piled up)."""
+    root = tmp_path / "sandboxes"
+    ended, live = sandbox(root, "p-a-1"), sandbox(root, "p-c-1")
+    for path in (ended, live, root / "p-gone-1"):
+        base_record(path).write_text("0" * 40 + "\n")
+    mark_ended(root, "p-a-1")
+    mark_ended(root, "p-gone-1")
+    assert prune(root, keep_s=0.0) == ["p-a-1"]
+    assert sorted(p.name for p in root.iterdir()) == [".ended", ".p-c-1.base", "p-c-1"]
+    assert list((root / ENDED).iterdir()) == []
