@@ -280,6 +280,43 @@ def chaos(
     return Measured(msgspec.to_builtins(report), _fields_text, ok=report.clean)
 
 
+@benchmark()
+def soak(
+    duration: Annotated[
+        float,
+        typer.Option("--duration", min=20.0, help="Seconds of submitting plans and sampling."),
+    ] = 1800.0,
+    bound: Annotated[
+        float,
+        typer.Option("--bound", min=1.0, help="Largest last/second-quarter ratio that is bounded."),
+    ] = 1.1,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also write every figure over time to this SVG file."),
+    ] = None,
+) -> Measured:
+    """Plans at a steady pace under short retention, sampling the state's size, the processes'
+    memory and descriptors, sandboxes and the event log: is it all bounded?
+
+    Exits 1 when a task failed or was lost, a child restarted, or a figure's last-quarter mean
+    is over --bound times its second-quarter mean; 2 when --plot cannot be written.
+    Example: orchestra-sup bench soak --duration 300 --plot soak.svg --json
+    """
+    from orchestra_sup.bench.soak import format_text, plot_report, run_soak
+
+    if plot is not None and not plot.parent.is_dir():
+        raise fail(f"--plot {plot}: no directory {plot.parent}", EXIT_USAGE)
+    report = guarded(lambda: run_soak(duration, bound=bound))
+    if plot is not None:
+        try:
+            plot_report(report, plot)
+        except OSError as exc:
+            raise fail(f"--plot {plot}: {exc.strerror}", EXIT_USAGE) from None
+    return Measured(
+        msgspec.to_builtins(report), lambda _: typer.echo(format_text(report)), ok=report.ok
+    )
+
+
 def _fields_text(value: dict[str, Any]) -> None:
     for key, field in value.items():
         typer.echo(f"{key:>16}: {field}")

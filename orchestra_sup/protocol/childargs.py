@@ -74,6 +74,8 @@ class ChildArgs(msgspec.Struct, frozen=True, kw_only=True):
     max_worker_loss: int = 3
     lane_grace_s: float = 5.0
     transcript_retention_s: float = 7 * 24 * 3600.0
+    prune_every_s: float = 60.0
+    """`[retention] every_s`, for a shard: seconds between two prunes of its transcripts."""
     boot: str = ""
     relay_deadline_s: float = 55.0
     lane_nice: int = 10

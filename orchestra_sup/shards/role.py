@@ -134,7 +134,8 @@ class Shard:
         # --- transcripts: prune now and periodically (lost lanes are closed on settling)
         self.transcript = Transcript(self.store)
         await self.transcript.open(node.args.transcript_retention_s)
-        node.spawn(self.transcript.prune_every(node.args.transcript_retention_s))
+        args = node.args
+        node.spawn(self.transcript.prune_every(args.transcript_retention_s, args.prune_every_s))
         # --- end transcripts
         self.outbox = Outbox(node, self.store)
         node.spawn(self.outbox.resend_loop())

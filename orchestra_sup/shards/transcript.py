@@ -30,7 +30,7 @@ A lane still unfinished in LMDB and not live here belonged to a generation that 
 closes it with a `lost` event row (`close_lost`) once it is the only generation of its name, never
 while a predecessor still drains (whose live lanes are unfinished too). Finished lanes older than
 `[retention] transcripts_s` are pruned (every row, then the entry) at open and every
-`PRUNE_EVERY_S` seconds.
+`[retention] every_s` seconds (`ChildArgs.prune_every_s`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ CHUNK_BYTES = 2 * 1024 * 1024
 limit even when every byte decodes to a 3-byte replacement character."""
 MAX_LIMIT = 10_000
 """Rows in one `LogChunk` at most, whatever the request's `limit`."""
-PRUNE_EVERY_S = 60.0
 READ_THREADS = 4
 """LMDB reads in flight at most; more wait their turn, off the loop."""
 DELETE_SLICE = 4096
@@ -215,7 +214,7 @@ class Transcript:
         before the store is closed."""
         await asyncio.to_thread(self._pool.shutdown, True)
 
-    async def prune_every(self, retention_s: float, every_s: float = PRUNE_EVERY_S) -> None:
+    async def prune_every(self, retention_s: float, every_s: float) -> None:
         """Prune every `every_s` seconds, for ever (a task the shard owns)."""
         while True:
             await asyncio.sleep(every_s)
