@@ -91,8 +91,10 @@ class Handover:
         serve: Callable[[Endpoint, bytes | None, f.Envelope], None],
         end: Callable[[Lane, f.ResultStatus, str | None], Awaitable[None]],
         info: Callable[[Lane], f.LaneInfo],
+        lost: Callable[[str], Awaitable[None]],
     ) -> None:
         self._node = node
+        self._lost = lost
         self._lanes = lanes
         self._transcript = transcript
         self._outbox = outbox
@@ -123,8 +125,15 @@ class Handover:
         for requests in held.values():
             for ep, peer, env in requests:
                 self._serve(ep, peer, env)
-        self._node.spawn(self._transcript.close_lost())
+        self._node.spawn(self._close_lost())
         self._node.spawn(self._outbox.adopt())
+
+    async def _close_lost(self) -> None:
+        """Close a gone generation's unfinished lanes as lost, and tell `lost` of each (their
+        sandboxes' maker: nothing runs in them any more, and their tasks go on, if at all, in
+        lanes of their own)."""
+        for lane in await self._transcript.close_lost():
+            await self._lost(lane)
 
     def arrived(self, lane_id: str) -> None:
         """Lane `lane_id` is live here now (resumed): serve the requests held for it, in order."""

@@ -151,6 +151,7 @@ class Shard:
             serve=self.handle,
             end=self._end,
             info=self._info,
+            lost=self._sandbox_done,
         )
 
     def load(self) -> int:

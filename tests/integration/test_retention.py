@@ -142,3 +142,27 @@ def test_a_finished_lanes_sandbox_goes_and_a_running_ones_stays(
     assert tree.wait_plan(plan_id, 30).ok
     wait_until(lambda: not (sandboxes / ids["long"]).exists(), 10, "the long lane's sandbox gone")
     wait_until(lambda: not list((sandboxes / ".ended").iterdir()), 10, "the marks gone")
+
+
+def test_a_lane_lost_with_its_shard_has_its_sandbox_removed(
+    tree_factory: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """A lane whose shard is SIGKILLed never says it ended; the shard's next generation closes
+    it as lost and tells the custodian, which removes its sandbox (`sandboxes_s = 0`), while
+    the task's next lane, in a sandbox of its own, runs to the end."""
+    config = tmp_path / "tree.toml"
+    config.write_text("[retention]\nsandboxes_s = 0\nevery_s = 0.2\n")
+    tree = tree_factory(shards=1, config=config)
+    gate = tmp_path / "gate"
+    plan_id = tree.submit(plan("lost", task("long", f"while [ ! -e {gate} ]; do sleep 0.05; done")))
+    wait_until(lambda: tree.task(plan_id).status == "running", 30, "the lane to run")
+    first = str(tree.task(plan_id).lane)
+    sandbox = tree.state_dir / "sandboxes" / first
+    wait_until(sandbox.is_dir, 10, "its sandbox")
+    shard = tree.child("shard-0")
+    assert shard.pid is not None
+    os.kill(shard.pid, signal.SIGKILL)
+    wait_until(lambda: tree.task(plan_id).lane not in (None, first), 30, "the task's next lane")
+    wait_until(lambda: not sandbox.exists(), 20, "the lost lane's sandbox removed")
+    gate.touch()
+    assert tree.wait_plan(plan_id, 30).ok
