@@ -135,7 +135,10 @@ class Coordinator:
             thread_start=cpupolicy.same_class(below=1),
         )
         store.start()
-        self.attach(node, store, EventLog.open(node.paths.state_dir, "coordinator"))
+        events = EventLog.open(
+            node.paths.state_dir, "coordinator", thread_start=cpupolicy.same_class(below=2)
+        )
+        self.attach(node, store, events)
         assert self.book is not None and self.placer is not None and self.answers is not None
         book = self.book
         with book.batch(pump=False):  # the roster's first change places what is ready

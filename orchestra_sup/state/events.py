@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -92,14 +93,18 @@ class EventLog:
         self._closed = False
 
     @classmethod
-    def open(cls, state_dir: Path, source: str) -> EventLog:
+    def open(
+        cls, state_dir: Path, source: str, thread_start: Callable[[], None] | None = None
+    ) -> EventLog:
         """The log of the tree whose state directory is `state_dir`, written as `source`;
-        made if missing. Raises `StateError` when it cannot be opened."""
+        made if missing. `thread_start` is its write-behind thread's first call (`Store`; the
+        first opener's, in a process that opens it twice). Raises `StateError` when it cannot
+        be opened."""
         path = (state_dir / EVENTS_DIR).absolute()
         with _shared_lock:
             store, users = _shared.get(path, (None, 0))
             if store is None:
-                store = Store(path, [DB])
+                store = Store(path, [DB], thread_start=thread_start)
                 store.start()
             _shared[path] = (store, users + 1)
         return cls(store, source)

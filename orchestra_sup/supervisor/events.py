@@ -14,6 +14,7 @@ from orchestra_sup.state.events import EventLog
 from orchestra_sup.supervisor.core import Worker
 from orchestra_sup.supervisor.process import describe
 from orchestra_sup.supervisor.spec import ChildState
+from orchestra_sup.system import cpupolicy
 
 
 class SupervisorEvents:
@@ -31,8 +32,9 @@ class SupervisorEvents:
 
     def open(self, state_dir: Path) -> None:
         """Open the log of `state_dir`. Raises `StateError` when it cannot be opened."""
-        if self.log is None:
-            self.log = EventLog.open(state_dir, self.source)
+        if self.log is None:  # its thread in real time, two below the loop: on no turn's path
+            below = cpupolicy.same_class(below=2)
+            self.log = EventLog.open(state_dir, self.source, thread_start=below)
 
     def close(self) -> None:
         if self.log is not None:

@@ -27,7 +27,8 @@ Threads: a scheduling class is per thread, and a thread created by one in a clas
 the threads on a turn's path itself: libzmq's I/O threads (`zmq_options`, set on the context
 before its first socket), a front thread, and one priority below the loop the coordinator's
 write-behind thread, whose synced commits (an inbox message, a placement) a reaction waits for
-(`same_class`; it blocks in fsync, and the guard demotes it if it ever spins). Other threads
+(`same_class`; it blocks in fsync, and the guard demotes it if it ever spins), and two below
+the loop the event log's write-behind (the supervisor's and the coordinator's). Other threads
 (asyncio's executor, the shards' write-behind) do slow work and stay in SCHED_OTHER (ADR 0020,
 "The write-behind thread").
 

@@ -76,7 +76,9 @@ def test_each_role_runs_in_its_class_and_lanes_below_the_hosts(
         for tid in os.listdir(f"/proc/{pid}/task")
     )
     assert {c for c, _ in classes} == {os.SCHED_FIFO}, classes
+    # ... and the event log's write-behind two below: its commits are on no reaction's path
     priorities = [p.sched_priority for _, p in classes]
+    assert priorities.count(2) == 1, priorities
     assert priorities.count(3) == 1 and priorities.count(4) >= 3, priorities
     probe = (
         '"$ORCHESTRA_PYTHON" -c "import os; print(os.sched_getscheduler(0), '
