@@ -85,6 +85,10 @@ transcripts_s = 604800    # a finished lane's transcript (`ctl logs`): 7 days
 events_s = 2592000        # an event of the event log (`ctl events`): 30 days
 every_s = 60.0            # seconds between two prunes (`ctl prune`: now)
 
+[http]                    # the HTTP API (web/api.py; README, "HTTP API")
+listen = "127.0.0.1:8080" # serve it here (default "": not served); loopback only, until TLS
+                          # is built; `start --http` replaces it
+
 [state]                   # the state directory's disk (system/reserve.py)
 min_free = "5%"           # below this free space (bytes, or a share "N%") new plans and lanes
                           # are refused; what was accepted runs on; space back: accepted again
@@ -109,6 +113,7 @@ from orchestra_sup.cluster.settings import ClusterSettings, cluster_section
 from orchestra_sup.configfile import bounded, read_toml, toml_value
 from orchestra_sup.errors import ConfigError, did_you_mean
 from orchestra_sup.protocol.childargs import Quota, RetentionSettings
+from orchestra_sup.protocol.httplisten import HttpSettings, http_listen
 from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN
 from orchestra_sup.system.cpupolicy import (
     LANE_CLASSES,
@@ -231,6 +236,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """`[retention]`: what the tree keeps of what ended (`coordinator.retention`)."""
     min_free: MinFree = MinFree()
     """`[state] min_free`: the state disk's reserve (`system.reserve`)."""
+    http: HttpSettings = HttpSettings()
+    """`[http]`: where the HTTP API is served (`protocol.httplisten`, `web.api`)."""
     cluster: ClusterSettings = ClusterSettings()
     """`[cluster]`: the etcd cluster of a tree past one machine (`cluster.settings`)."""
 
@@ -278,7 +285,7 @@ _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 _SECTIONS = (
     "supervisor", "shards", "lanes", "relay", "coordinator", "quotas", "isolation", "cpu",
-    "retention", "state", "cluster",
+    "retention", "state", "http", "cluster",
 )  # fmt: skip
 _CHECKED_APART = {
     "supervisor": ("metrics_host",),
@@ -287,6 +294,7 @@ _CHECKED_APART = {
     "coordinator": ("programs",),
     "cpu": ("reserved_cpus",),
     "state": ("min_free",),
+    "http": ("listen",),
 }
 """Keys each section accepts that `_check` does not see (their own checks run apart), so that
 an unknown-key error still lists every key the section takes."""
@@ -353,8 +361,8 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
             raise ConfigError(f"[{section}] must be a table, got {toml_value(body)}")
         if section == "shards":
             sections[section] = _shards_section(body)
-        elif section in ("cluster", "state"):
-            continue  # checked as a whole below (`cluster_section`, `_state_section`)
+        elif section in ("cluster", "state", "http"):
+            continue  # checked as a whole below (`cluster_section`, `_state_section`, ...)
         elif section == "quotas":
             sections[section] = _quotas_section(body)
         elif section == "supervisor" and "metrics_host" in body:
@@ -401,8 +409,17 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         cpu=CpuSettings(**sections.get("cpu", {})),
         retention=retention,
         min_free=_state_section(data.get("state", {})),
+        http=_http_section(data.get("http", {})),
         cluster=cluster_section(data.get("cluster", {})),
     )
+
+
+def _http_section(body: dict[str, Any]) -> HttpSettings:
+    """`[http]`: its one key, `listen` (`protocol.httplisten`). Raises `ConfigError`."""
+    unknown = sorted(set(body) - {"listen"})
+    if unknown:
+        raise ConfigError(f"unknown key [http] {unknown[0]} (known: listen)")
+    return HttpSettings(listen=http_listen(body.get("listen", "")))
 
 
 def _state_section(body: dict[str, Any]) -> MinFree:
@@ -559,3 +576,13 @@ def with_metrics(settings: Settings, port: int | None, host: str | None) -> Sett
     if host is not None and sup.metrics_port is None:
         raise ConfigError("--metrics-host needs --metrics-port (or [supervisor] metrics_port)")
     return msgspec.structs.replace(settings, supervisor=sup)
+
+
+def with_http(settings: Settings, listen: str | None) -> Settings:
+    """`settings` with `start --http` in place of `[http] listen` (None: not given). Raises
+    `ConfigError` as `httplisten.http_listen`."""
+    if listen is None:
+        return settings
+    return msgspec.structs.replace(
+        settings, http=HttpSettings(listen=http_listen(listen, "--http"))
+    )

@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "custodian": 7,
     "shards": 7,
     "node": 8,  # a child's entry point and the fork template: picks and runs a role
+    "web": 8,  # the HTTP API the supervisor serves: ctl's requests as JSON, events as SSE
     "supervisor": 9,  # the root supervisor, which starts the children
     "client": 10,  # driving a tree from a program: the ctl client, the SDK, a private tree
     "bench": 11,  # the benchmarks, run through the client

@@ -14,6 +14,7 @@ from orchestra_sup.cli.options import LaneArg
 from orchestra_sup.cli.output import out
 from orchestra_sup.client.grant import parse_grant
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 
 
 def _required_text(option: str, text: str) -> str:
@@ -26,7 +27,7 @@ def _respond(ctl: CtlCommand, ask: f.CtlRespond) -> None:
     ctl.show(
         f.HitlRecorded,
         ask,
-        json=render.recorded_json,
+        json=shapes.recorded_json,
         table=lambda reply: out.print(render.recorded_line(reply)),
     )
 

@@ -13,6 +13,7 @@ import typer
 from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import EXIT_INTERRUPTED, fail, guarded
 from orchestra_sup.cli.output import discard_stdout
+from orchestra_sup.errors import TreeUnreachable
 from orchestra_sup.protocol import frames as f
 
 
@@ -31,7 +32,7 @@ def event_line(event: f.Event) -> str:
         if value
     )
     detail = f"  {event.detail}" if event.detail else ""
-    return f"{event.seq:>8} {when} {event.source:<12} {event.kind:<22} {what}{detail}".rstrip()
+    return f"{event.seq:>8} {when} {event.source:<12} {event.kind:<24} {what}{detail}".rstrip()
 
 
 @ctl_options(
@@ -78,14 +79,24 @@ def events(
                 flush=True,
             )
 
-        for event in read_events(
+        last = since
+        events = read_events(
             ctl.client, since=since, plan=plan, follow=follow, timeout_s=ctl.timeout, on_gap=gap
-        ):
-            if ctl.as_json:
-                print(json.dumps(msgspec.to_builtins(event)), flush=follow)
-            else:
-                print(event_line(event), flush=follow)
+        )
+        try:
+            for event in events:
+                last = event.seq
+                show(event)
+        except TreeUnreachable as exc:
+            resume = f"; resume with --since {last}" if follow else ""
+            raise TreeUnreachable(f"{exc}{resume}") from None
         sys.stdout.flush()
+
+    def show(event: f.Event) -> None:
+        if ctl.as_json:
+            print(json.dumps(msgspec.to_builtins(event)), flush=follow)
+        else:
+            print(event_line(event), flush=follow)
 
     try:
         guarded(go)

@@ -18,6 +18,7 @@ from orchestra_sup.cli.output import out, print_json
 from orchestra_sup.config import SupervisorSettings
 from orchestra_sup.errors import ConfigError, ErrorCode, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 
 DRAIN_DEFAULT_S = SupervisorSettings().drain_timeout_s
 """`[supervisor] drain_timeout_s`'s default: what `stop-host` waits beyond --timeout, unless
@@ -179,7 +180,7 @@ def rollover(
 
     final = guarded(go)
     if ctl.as_json:
-        print_json(render.rollover_json(final))
+        print_json(shapes.rollover_json(final))
     elif final.ok:
         out.print(f"rollover {final.id} of {name} done: orchestra-sup {final.release.version}")
     if not final.ok:

@@ -17,6 +17,7 @@ from orchestra_sup.cli.output import print_json, screen
 from orchestra_sup.client.sdk import message_request
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 
 
 @ctl_options()
@@ -77,7 +78,7 @@ def _show_plan(ctl: CtlCommand, plan_id: str, wait: bool) -> None:
     else:
         report = ctl.expect(f.PlanReport, f.CtlPlan(id=plan_id))
     if ctl.as_json:
-        print_json(render.plan_json(report))
+        print_json(shapes.plan_json(report))
     else:
         render.plan_table(report, *screen(), ctl.command())
     if wait:

@@ -33,7 +33,8 @@ def prune(
         out.print(
             f"{verb} {report.plan_count} plans ({report.tasks} tasks, {report.inbox} inbox "
             f"entries, {report.sessions} sessions); {report.keys} keys expired, {report.kept} "
-            f"kept for pruned plans; {report.events} events ({report.took_s * 1000:.1f} ms)"
+            f"kept for pruned plans; {'?' if report.dry_run else report.events} events "
+            f"({report.took_s * 1000:.1f} ms)"
         )
         for plan_id in report.plans:
             out.print(f"  {plan_id}")

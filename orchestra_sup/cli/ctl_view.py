@@ -15,6 +15,7 @@ from orchestra_sup.cli.ctlcontext import CtlCommand, ctl_options
 from orchestra_sup.cli.exits import guarded
 from orchestra_sup.cli.output import TTY, discard_stdout, out, screen
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 
 
 @ctl_options(wide=True)
@@ -27,7 +28,7 @@ def status(ctl: CtlCommand) -> None:
     ctl.show(
         f.StatusReply,
         f.CtlStatus(),
-        json=render.status_json,
+        json=shapes.status_json,
         table=lambda reply: render.status_table(reply, *ctl.screen()),
     )
 
@@ -41,7 +42,7 @@ def tree(ctl: CtlCommand) -> None:
     ctl.show(
         f.StatusReply,
         f.CtlStatus(),
-        json=render.tree_json,
+        json=shapes.tree_json,
         table=lambda reply: render.tree_text(reply, out),
     )
 
@@ -59,7 +60,7 @@ def lanes(ctl: CtlCommand) -> None:
         console, width = ctl.screen()
         render.lanes_table(reply, console, width=width, command=ctl.command())
 
-    ctl.show(f.LaneList, f.CtlLanes(), json=render.lanes_json, table=table)
+    ctl.show(f.LaneList, f.CtlLanes(), json=shapes.lanes_json, table=table)
 
 
 @ctl_options(

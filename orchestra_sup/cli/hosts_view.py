@@ -7,9 +7,6 @@ supervises only through the host's agent. JSON has the same under "cluster".
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
 from rich.console import RenderableType
 from rich.text import Text
 from rich.tree import Tree
@@ -29,19 +26,6 @@ HOST_FIELDS = (
     Field("capabilities", rank=4),
 )
 """The hosts' table, each column with the rank a narrow terminal drops it by (`columns.fit`)."""
-
-
-def cluster_json(reply: f.StatusReply) -> dict[str, Any]:
-    """{"listen", "etcd_quorum", "refused", "fenced", "hosts": [HostInfo as builtins, ...]};
-    "fenced" is the results and commits of hosts' fenced attempts refused (`ChildInfo.fenced`
-    summed)."""
-    return {
-        "listen": reply.cluster_listen,
-        "etcd_quorum": reply.etcd_quorum,
-        "refused": reply.hosts_refused,
-        "fenced": sum(c.fenced for c in reply.children),
-        "hosts": msgspec.to_builtins(reply.hosts),
-    }
 
 
 def cluster_parts(reply: f.StatusReply, width: int | None, wide_hint: str) -> list[RenderableType]:

@@ -5,60 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
 from rich.console import Console, Group, RenderableType
 from rich.text import Text
 from rich.tree import Tree
 
 from orchestra_sup.cli.columns import Field, dropped_line, fit, pack
-from orchestra_sup.cli.hosts_view import add_hosts, cluster_json, cluster_parts
+from orchestra_sup.cli.hosts_view import add_hosts, cluster_parts
 from orchestra_sup.cli.session_view import session_view
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.patterns import DAG
-
-
-def status_json(reply: f.StatusReply) -> dict[str, Any]:
-    return {
-        "supervisor": {
-            "pid": reply.supervisor_pid,
-            "version": reply.version,
-            "release": reply.release,
-            "rollover": reply.rollover,
-            "isolation": reply.isolation,
-            "cpu": reply.cpu,
-            "rt_demoted": reply.rt_demoted,
-            "lane_cpu": reply.lane_cpu,
-            "run_dir": reply.run_dir,
-            "state_dir": reply.state_dir,
-            "workspace": reply.workspace,
-            "loop_lag_ms": list(reply.loop_lag_ms),
-            "bad_frames": reply.bad_frames,
-            "stale_frames": reply.stale_frames,
-            "internal_errors": reply.internal_errors,
-            "ctl_refused": reply.ctl_refused,
-            "metrics_url": reply.metrics_url,
-            "state_disk": msgspec.to_builtins(reply.state_disk),
-            "descriptors": msgspec.to_builtins(reply.descriptors),
-            "ctl_connections": reply.ctl_connections,
-            "ctl_connections_max": reply.ctl_connections_max,
-        },
-        "children": msgspec.to_builtins(reply.children),
-        "cluster": cluster_json(reply),
-    }
-
-
-def plan_json(report: f.PlanReport) -> dict[str, Any]:
-    out = msgspec.to_builtins(report)
-    out.pop("t", None)
-    return out
-
-
-def rollover_json(report: f.RolloverReport) -> dict[str, Any]:
-    """{"id", "target", "release": {"python", "version", "proto_min", "proto_max"}, "done",
-    "ok", "error", "events": [{"seq", "at_s", "child", "text", "took_s"}]}."""
-    out = msgspec.to_builtins(report)
-    out.pop("t", None)
-    return out
+from orchestra_sup.protocol.shapes import tree_json
 
 
 def rollover_line(event: f.RolloverEvent) -> str:
@@ -87,58 +43,10 @@ def reload_lines(report: f.ReloadReport) -> list[str]:
     return lines
 
 
-def recorded_json(reply: f.HitlRecorded) -> dict[str, Any]:
-    """{"lane", "plan", "task", "outcome"}: what a HITL answer did."""
-    return {"lane": reply.lane, "plan": reply.plan, "task": reply.task, "outcome": reply.outcome}
-
-
 def recorded_line(reply: f.HitlRecorded) -> str:
     """What a HITL answer did, in one line: "plan 3f2a9c1b7d44: task deploy approved: it runs"
     (the coordinator's `outcome`, whitespace collapsed)."""
     return f"plan {reply.plan}: {one_line(reply.outcome, 500)}"
-
-
-def lanes_json(reply: f.LaneList) -> dict[str, Any]:
-    """{"lanes": [{"lane", "task", "plan", "shard", "state", "sandbox", "question", "since"}],
-    "unanswered": [name, ...]}: `question` and `since` (Unix seconds) are set on a lane that
-    waits for a human (state "awaiting_approval"), else null; `shard` is "" for a task no lane
-    holds yet; `unanswered` names the children whose lanes are missing."""
-    return {"lanes": msgspec.to_builtins(reply.lanes), "unanswered": list(reply.unanswered)}
-
-
-SUPERVISOR_KEYS = ("name", "strategy", "max_restarts", "max_seconds")
-"""A supervisor's fields in `tree_json`, before its "children"."""
-WORKER_KEYS = ("name", "role", "pid", "generation", "state")
-"""A worker's fields in `tree_json`."""
-
-
-def tree_json(reply: f.StatusReply) -> dict[str, Any]:
-    """The tree nested: {"name", "strategy", "max_restarts", "max_seconds", "children": [...]},
-    a worker being {"name", "role", "pid", "generation", "state"}; the root also has "hosts",
-    each {"name", "state", "pid", "boot", "lease", "shards": [{"name", "pid", "generation",
-    "state"}, ...]} (`hosts_view`)."""
-    workers = {c.name: c for c in reply.children}
-    sups = {s.name: s for s in reply.supervisors}
-
-    def node(name: str) -> dict[str, Any]:
-        if name in sups:
-            s = sups[name]
-            return _fields(s, SUPERVISOR_KEYS) | {"children": [node(c) for c in s.children]}
-        return _fields(workers[name], WORKER_KEYS)
-
-    roots = [s.name for s in reply.supervisors if s.parent is None]
-    if not roots:
-        return {}
-    return node(roots[0]) | {"hosts": [_host_node(h) for h in reply.hosts]}
-
-
-def _host_node(host: f.HostInfo) -> dict[str, Any]:
-    shards = [_fields(s, ("name", "pid", "generation", "state")) for s in host.shards]
-    return _fields(host, ("name", "state", "pid", "boot", "lease")) | {"shards": shards}
-
-
-def _fields(struct: object, keys: tuple[str, ...]) -> dict[str, Any]:
-    return {key: getattr(struct, key) for key in keys}
 
 
 def tree_text(reply: f.StatusReply, console: Console) -> None:
@@ -225,6 +133,8 @@ def status_view(reply: f.StatusReply, width: int | None) -> Group:
         lines.append(f"interpreter {reply.release}")
     if reply.metrics_url:
         lines.append(f"metrics {reply.metrics_url}")
+    if reply.http_url:
+        lines.append(f"http api {reply.http_url}")
     if reply.rollover is not None:
         lines.append(f"rollover {reply.rollover}")
     if reply.state_disk is not None:

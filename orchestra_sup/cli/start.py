@@ -24,11 +24,12 @@ from orchestra_sup.cli.options import (
     WorkspaceOpt,
 )
 from orchestra_sup.cli.output import out, print_json, screen
-from orchestra_sup.config import load_settings, with_metrics
+from orchestra_sup.config import load_settings, with_http, with_metrics
 from orchestra_sup.coordinator.plan import load_plan
 from orchestra_sup.errors import ConfigError, OrchestraError
 from orchestra_sup.paths import resolve_paths
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 from orchestra_sup.protocol.keys import default_keys_dir, load_server_keys
 from orchestra_sup.system.pathcheck import check_paths
 
@@ -104,6 +105,14 @@ def start(
             "(default: \\[supervisor] metrics_host, 127.0.0.1).",
         ),
     ] = None,
+    http: Annotated[
+        str | None,
+        typer.Option(
+            "--http",
+            help="Serve the HTTP API on HOST:PORT, a loopback address (port 0: any free one; "
+            "`ctl status` shows the URL). Default: \\[http] listen, else not served.",
+        ),
+    ] = None,
 ) -> None:
     """Run the tree in the foreground until SIGTERM, SIGINT or `ctl stop`. SIGHUP (or
     `ctl reload`) reads --config again, these options still applied on top.
@@ -137,7 +146,7 @@ def start(
             }
         )
         settings = load_settings(config, shards=shards, lanes_per_shard=lanes_per_shard)
-        settings = with_metrics(settings, metrics_port, metrics_on)
+        settings = with_http(with_metrics(settings, metrics_port, metrics_on), http)
         paths = resolve_paths(state_dir, run_dir, workspace)
         remote = None
         if ctl_tcp is not None:
@@ -160,6 +169,7 @@ def start(
         lanes_per_shard=lanes_per_shard,
         metrics_port=metrics_port,
         metrics_host=metrics_on,
+        http=http,
     )
     code = guarded(
         lambda: asyncio.run(
@@ -262,7 +272,7 @@ def run(
     except KeyboardInterrupt:
         raise fail("interrupted; the tree was stopped", EXIT_INTERRUPTED) from None
     if as_json:
-        print_json({**render.plan_json(report), "state_dir": str(state)})
+        print_json({**shapes.plan_json(report), "state_dir": str(state)})
     else:
         render.plan_table(report, *screen())
         out.print(f"state: {state}")

@@ -37,6 +37,7 @@ from orchestra_sup.cli import render
 from orchestra_sup.cli.columns import Field, Fitted, dropped_line, fit, pack
 from orchestra_sup.errors import RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 
 QUIT_KEYS = b"qQ"
 """Keys that end the interactive view (as in top(1) and less(1))."""
@@ -101,14 +102,14 @@ class Watcher:
 
 
 def frame_json(frame: Frame) -> dict[str, Any]:
-    """One refresh for programs: {"status": `render.status_json` or null, "lanes":
-    `render.lanes_json` or null, "error": null or the one-line reason}. A frame with an error
+    """One refresh for programs: {"status": `shapes.status_json` or null, "lanes":
+    `shapes.lanes_json` or null, "error": null or the one-line reason}. A frame with an error
     carries no status or lanes: old answers are not passed off as current ones."""
     if frame.error is not None:
         return {"status": None, "lanes": None, "error": frame.error}
     return {
-        "status": None if frame.status is None else render.status_json(frame.status),
-        "lanes": None if frame.lanes is None else render.lanes_json(frame.lanes),
+        "status": None if frame.status is None else shapes.status_json(frame.status),
+        "lanes": None if frame.lanes is None else shapes.lanes_json(frame.lanes),
         "error": None,
     }
 

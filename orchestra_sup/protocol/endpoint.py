@@ -114,7 +114,16 @@ class KeyIdentity:
     name: str
 
 
-Caller = PeerCredentials | KeyIdentity
+@dataclass(frozen=True, slots=True)
+class TokenIdentity:
+    """An HTTP API client whose bearer token the supervisor's web server checked
+    (`protocol.tokens`): `name` is the token's, `role` what it may do ("read", "operate")."""
+
+    name: str
+    role: str
+
+
+Caller = PeerCredentials | KeyIdentity | TokenIdentity
 
 
 def frame_caller(frame: zmq.Frame) -> Caller | None:

@@ -43,10 +43,12 @@ from orchestra_sup.protocol.endpoint import (
     Endpoint,
     KeyIdentity,
     PeerCredentials,
+    TokenIdentity,
     needs_caller,
     reply_when_done,
     routing_id,
 )
+from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.release import version
 from orchestra_sup.runtime.node import debug_raise, debug_spin
 from orchestra_sup.runtime.remote import HOST_SEPARATOR
@@ -119,7 +121,7 @@ class CtlService:
     def admit(self, caller: Caller | None) -> str | None:
         """None when `caller` may steer the tree; else why not, in one line (and counted)."""
         match caller:
-            case KeyIdentity():
+            case KeyIdentity() | TokenIdentity():  # checked already: the ZAP gate, the web's
                 return None
             case PeerCredentials(uid=uid) if uid == self.owner_uid:
                 return None
@@ -168,14 +170,37 @@ class CtlService:
         served = SERVES.admit(ep, peer, env)
         if served is None:
             return
-        answer = self.answer(ep, served)
+        answer = self.answer(ep.caller, served)
         if isinstance(answer, Coroutine):  # answered once it is done, off the receive loop
             self.host.spawn(reply_when_done(ep, peer, env, answer))
         else:
             ep.reply(env, peer, answer)
 
-    def answer(self, ep: Endpoint, env: f.Envelope[Serves]) -> f.Body | Coroutine[Any, Any, f.Body]:
-        """The answer to the admitted request `env` came with on `ep`: a frame at once, or the
+    async def ask(self, caller: TokenIdentity, body: f.Body, ttl_s: float) -> f.Body:
+        """`body` answered as if it had come on ctl from `caller`, waiting at most `ttl_s`
+        seconds for a child's part: the HTTP API's way in (`web.api`)."""
+        if not isinstance(body, Serves):
+            return SERVES.unsupported(body)
+        env = f.Envelope(
+            v=PROTOCOL_VERSION,
+            id="http",
+            corr=None,
+            sender="http",
+            gen=0,
+            ttl_s=ttl_s,
+            dest_gen=None,
+            body=body,
+        )
+        try:
+            answer = self.answer(caller, env)
+            return await answer if isinstance(answer, Coroutine) else answer
+        except RemoteError as exc:
+            return f.Error(code=exc.code, message=exc.message)
+
+    def answer(
+        self, caller: Caller | None, env: f.Envelope[Serves]
+    ) -> f.Body | Coroutine[Any, Any, f.Body]:
+        """The answer to the admitted request `env` from `caller`: a frame at once, or the
         work that answers it."""
         host, body = self.host, env.body
         match body:
@@ -223,8 +248,8 @@ class CtlService:
             case f.CtlRolloverStatus():
                 return host.rollovers.status(body)
             case f.CtlRespond():
-                assert ep.caller is not None  # admitted
-                return self._respond(body, ep.caller, env.ttl_s)
+                assert caller is not None  # admitted
+                return self._respond(body, caller, env.ttl_s)
             case f.CtlLanes():
                 return self._lanes(env.ttl_s)
             case f.CtlLogs():
@@ -280,6 +305,7 @@ class CtlService:
             lane_cpu=f"{layer_here(host.settings.cpu.lanes)}, nice {host.settings.lanes.nice}",
             metrics_url=host.metrics_url,
             state_disk=host.state_disk(),
+            http_url=host.http.url,
             descriptors=sockets.descriptors(),
             ctl_connections=sockets.ctl_connections(),
             ctl_connections_max=host.settings.supervisor.ctl_connections,
@@ -348,13 +374,15 @@ class CtlService:
 
     async def _respond(self, req: f.CtlRespond, caller: Caller, ttl_s: float | None) -> f.Body:
         """Forward `req` to the coordinator as `HitlRespond`, stamped with who `caller` is: an
-        `ipc://` caller's uid and user name, or a CURVE client's key name as "key:<name>" (uid
-        -1: a key is not a user). Nothing of who answered is taken from `req` (extra fields a
-        sender adds to the frame are not even decoded). Answers `HitlRecorded`, or the
-        coordinator's `Error` (`not_found`, `bad_request`), or `peer_down`/`timeout` when it
-        cannot be asked."""
+        `ipc://` caller's uid and user name, a CURVE client's key name as "key:<name>", or an
+        HTTP token's as "token:<name>" (uid -1: neither is a user). Nothing of who answered is
+        taken from `req` (extra fields a sender adds to the frame are not even decoded).
+        Answers `HitlRecorded`, or the coordinator's `Error` (`not_found`, `bad_request`), or
+        `peer_down`/`timeout` when it cannot be asked."""
         if isinstance(caller, KeyIdentity):
             responder = f"key:{caller.name}"
+        elif isinstance(caller, TokenIdentity):
+            responder = f"token:{caller.name}"
         else:
             responder = await asyncio.to_thread(user_name, caller.uid)  # NSS may read files
         return await self._forward("coordinator", stamped(req, caller, responder), ttl_s)

@@ -174,7 +174,7 @@ class HostLink:
             ep.reply(env, peer, f.Error(code=ErrorCode.UNEXPECTED, message=message))
             return
         log.info("the root asks: %s", type(env.body).__name__)
-        answer = self.sup.ctl_service.answer(ep, env)
+        answer = self.sup.ctl_service.answer(ep.caller, env)
         if isinstance(answer, Coroutine):
             self.sup.spawn(reply_when_done(ep, peer, env, answer))
         else:

@@ -71,6 +71,7 @@ from orchestra_sup.supervisor.events import SupervisorEvents
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.hostlink import HostJoin, HostLink
 from orchestra_sup.supervisor.hosts import Hosts
+from orchestra_sup.supervisor.httpserve import HttpServer
 from orchestra_sup.supervisor.metrics import MetricsServer, start_server
 from orchestra_sup.supervisor.reexec import (
     HELD_SIGNALS,
@@ -184,6 +185,7 @@ class RootSupervisor:
         self.children = Children(list(self.tree.workers()), self.seam, self.sockets)
         self.lag = LoopLag()
         self.ctl_service = CtlService(self)
+        self.http = HttpServer(self.ctl_service, paths.state_dir, self.sockets.keys_dir)
         self._stop = asyncio.Event()
         self._exit_code = EXIT_OK
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -263,6 +265,7 @@ class RootSupervisor:
         if self.handoff is not None:
             self.seam.on_sigchld()  # orphans whose SIGCHLD fell into the exec
         try:
+            await self.http.open(self.settings.http.listen)  # before any child: a port in use
             await self.seam.open()
             if self.handoff is not None:
                 self._adopted()
@@ -290,6 +293,7 @@ class RootSupervisor:
                 task.cancel()
             if self.metrics is not None:
                 self.metrics.close()
+            await self.http.close()
             self.sockets.close_endpoints(0.0)
             self.seam.close_context(self.sockets.ctx)
             self.events.close()

@@ -29,6 +29,7 @@ from orchestra_sup.supervisor.cpu import SupervisorCpu
 from orchestra_sup.supervisor.events import SupervisorEvents
 from orchestra_sup.supervisor.gate import ChangeGate
 from orchestra_sup.supervisor.hosts import Hosts
+from orchestra_sup.supervisor.httpserve import HttpServer
 from orchestra_sup.supervisor.runlock import DirLock
 from orchestra_sup.supervisor.seam import ProcessSeam
 from orchestra_sup.supervisor.sockets import RootSockets
@@ -128,6 +129,7 @@ class CtlHost(TreeHost, MetricsHost, Protocol):
     paths: Paths
     debug_hooks: bool
     gate: ChangeGate
+    http: HttpServer
     cpu: SupervisorCpu
     hosts: Hosts
 

@@ -22,6 +22,7 @@ from orchestra_sup.config import settings_from_mapping
 from orchestra_sup.errors import ConfigError
 from orchestra_sup.histogram import BATCH_BOUNDS_ROWS, LOOP_LAG_BOUNDS_S, RELAY_BOUNDS_S, Buckets
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 from orchestra_sup.supervisor.core import ExitCause, exit_cause
 from orchestra_sup.supervisor.metrics import (
     ChildSample,
@@ -345,8 +346,8 @@ def status(metrics_url: str) -> f.StatusReply:
 def test_status_shows_the_metrics_url() -> None:
     """`ctl status --json` carries the URL ("" when off); the table prints it only when on."""
     url = "http://127.0.0.1:9464/metrics"
-    assert render.status_json(status(url))["supervisor"]["metrics_url"] == url
-    assert render.status_json(status(""))["supervisor"]["metrics_url"] == ""
+    assert shapes.status_json(status(url))["supervisor"]["metrics_url"] == url
+    assert shapes.status_json(status(""))["supervisor"]["metrics_url"] == ""
     console = Console(file=io.StringIO(), width=200)
     render.status_table(status(url), console)
     assert f"metrics {url}" in console.file.getvalue()  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from rich.console import Console
 from orchestra_sup.cli import render
 from orchestra_sup.cli.render import plan_verdict
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 
 
 def report(done: bool, *statuses: str) -> f.PlanReport:
@@ -93,12 +94,12 @@ def test_lanes_table_names_the_children_that_did_not_answer() -> None:
     assert "no answer from coordinator, shard-1" in text
     empty = printed(lambda c: render.lanes_table(f.LaneList(lanes=[], unanswered=["shard-0"]), c))
     assert "no answer from shard-0" in empty
-    assert render.lanes_json(partial)["unanswered"] == ["coordinator", "shard-1"]
+    assert shapes.lanes_json(partial)["unanswered"] == ["coordinator", "shard-1"]
 
 
 def test_lanes_json_carries_the_whole_question_and_since() -> None:
     """`ctl lanes --json`: every lane has `question` and `since` (null when not waiting)."""
-    lanes = render.lanes_json(pending_lanes())["lanes"]
+    lanes = shapes.lanes_json(pending_lanes())["lanes"]
     assert [(x["question"], x["since"]) for x in lanes] == [(None, None), (QUESTION, 1000.0)]
     assert all(
         set(x)
@@ -178,7 +179,7 @@ def test_plan_table_shows_failure_classes_and_questions() -> None:
 def test_plan_json_carries_the_issue_8_task_fields() -> None:
     """`ctl plan --json` / `run --json` have each task's failure, spent, question, answers and
     retry_at, and the plan's spent and budget."""
-    out = render.plan_json(failing_report())
+    out = shapes.plan_json(failing_report())
     build, deploy, test = out["tasks"]
     assert build["failure"] == "budget_exhaustion"
     assert build["spent"] == {"wall_s": 1.5, "cpu_s": 10.0, "output_bytes": 3}
@@ -206,7 +207,7 @@ def test_recorded_line_and_json() -> None:
         lane="l", plan="p1", task="deploy", outcome="task deploy approved:\nit runs"
     )
     assert render.recorded_line(rec) == "plan p1: task deploy approved: it runs"
-    assert render.recorded_json(rec) == {
+    assert shapes.recorded_json(rec) == {
         "lane": "l",
         "plan": "p1",
         "task": "deploy",
@@ -231,7 +232,7 @@ def test_status_says_what_was_refused_and_how_lanes_are_isolated() -> None:
     text = printed(lambda c: render.status_table(reply, c))
     assert "refused frames stale/bad 1/2" in text and "internal errors 4" in text
     assert "ctl refused 3" in text and "isolation bwrap" in text
-    sup = render.status_json(reply)["supervisor"]
+    sup = shapes.status_json(reply)["supervisor"]
     assert (sup["ctl_refused"], sup["bad_frames"], sup["stale_frames"]) == (3, 2, 1)
     assert sup["internal_errors"] == 4
     assert sup["isolation"] == "bwrap"
@@ -378,5 +379,5 @@ def test_status_shows_the_hosts_under_the_children_and_says_none_for_one_host() 
     (row,) = [line for line in text.splitlines() if line.startswith("host-a ")]
     assert " joined " in row and " 4194301 " in row and " 2/2 " in row
     assert max(len(line) for line in text.splitlines()) <= 80
-    assert render.status_json(reply)["cluster"]["hosts"][0]["lease"] == 0x7F3A
+    assert shapes.status_json(reply)["cluster"]["hosts"][0]["lease"] == 0x7F3A
     assert "cluster" not in printed(lambda c: render.status_table(busy_status(), c, 80), width=80)

@@ -76,6 +76,8 @@ class StatusReply(Frame, tag="status_reply"):
     10"; `system.lanecpu.layer_here`)."""
     metrics_url: str = ""
     """Where the supervisor serves Prometheus metrics (`start --metrics-port`); "" when off."""
+    http_url: str = ""
+    """Where the supervisor serves the HTTP API (`[http] listen`, `start --http`); "" when off."""
     state_disk: DiskSpace | None = None
     """The state directory's disk against `[state] min_free` (`system.reserve`): while `short`,
     the coordinator refuses new plans and lanes. None from a host's agent."""

@@ -1,0 +1,325 @@
+"""The HTTP API, version 1: what `ctl` does, as JSON with the shapes of `ctl --json`
+(`protocol.shapes`), and the event log as server-sent events (issue 23).
+
+It is an aiohttp application on the supervisor's own event loop (aiohttp is already the etcd
+client's HTTP stack here, and it serves from the loop the supervisor has, with no second
+server thread to hand requests across). A request is the same ctl frame `orchestra-sup ctl`
+sends, answered by the same service (`Desk.ask`), so the two cannot drift apart.
+
+Who may do what: every request carries `Authorization: Bearer <token>` (`keys init
+--http-token`, `protocol.tokens`). Without a valid one the answer is 401 and nothing about the
+tree. A `read` token may GET; `operate` may also POST (submit, cancel, answer, message). An
+answer is recorded as `token:<name>`, which the server stamps (ARCHITECTURE.md invariant 18).
+
+Paths (`ROUTES` lists them): `GET /v1/status`, `/v1/tree`, `/v1/plans`, `/v1/plans/{id}`,
+`/v1/lanes`, `/v1/events` (SSE: `Last-Event-ID`, or `?since=`, resumes after that seq; `?plan=`
+filters); `POST /v1/plans` (the plan file's TOML, or its JSON with `Content-Type:
+application/json`), `POST /v1/lanes/{lane}/approve`, `/reject`, `/redirect`,
+`/accept-partial` (a JSON body `{"text": ...}`, optional but for redirect), `/cancel`.
+
+Errors are `{"error": {"code", "message"}}`, the code the tree's (`ErrorCode`) or the server's
+(`unauthorized`, `forbidden`, `bad_request`, `too_large`), with the HTTP status `STATUS` maps
+it to, as ctl maps codes onto exit statuses (usage errors 4xx, the tree's state 5xx).
+
+Limits: a body of at most `BODY_MAX` bytes (413 beyond), each request's part in the tree
+bounded by `ASK_TTL_S`; every answer carries `SECURITY_HEADERS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tomllib
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+from aiohttp import web
+
+from orchestra_sup.coordinator.plan import plan_from_mapping
+from orchestra_sup.errors import ErrorCode, OrchestraError, PlanError
+from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
+from orchestra_sup.protocol.endpoint import TokenIdentity
+from orchestra_sup.protocol.tokens import TokenTable
+
+log = logging.getLogger("orchestra_sup.supervisor")
+
+BODY_MAX = 1 << 20
+"""Bytes a request body may hold (a plan file is far smaller)."""
+ASK_TTL_S = 30.0
+"""Seconds a request's part in the tree (a child's answer) may take."""
+EVENTS_POLL_S = 0.5
+"""Seconds an event stream that has sent every committed event waits before asking again."""
+KEEPALIVE_S = 15.0
+"""Seconds of silence after which an event stream sends a comment line (proxies keep it)."""
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+}
+STATUS = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.PATH_ESCAPE: 400,
+    ErrorCode.BAD_FRAME: 400,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.VERSION_SKEW: 409,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.FENCED: 409,
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.BUSY: 503,
+    ErrorCode.PEER_DOWN: 503,
+    ErrorCode.SHARD_FULL: 503,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.STATE_DEGRADED: 507,
+}
+"""HTTP status by the tree's error code; any other code is 500."""
+VERDICTS = {
+    "approve": "approve",
+    "reject": "reject",
+    "redirect": "redirect",
+    "accept-partial": "accept_partial",
+}
+"""Path verb -> the answer's verdict (`CtlRespond.verdict`)."""
+
+_WHO = web.RequestKey("who", TokenIdentity)
+
+
+class Desk(Protocol):
+    """What the API asks of the supervisor: a ctl request answered as from `caller`
+    (`supervisor.ctl.CtlService.ask`)."""
+
+    async def ask(self, caller: TokenIdentity, body: f.Body, ttl_s: float) -> f.Body: ...
+
+
+def make_app(desk: Desk, tokens: TokenTable) -> web.Application:
+    """The API's application over `desk`, admitting the bearers of `tokens`."""
+    app = web.Application(
+        client_max_size=BODY_MAX, middlewares=[_headers, _errors, _authorized(tokens)]
+    )
+    api = Api(desk)
+    app.add_routes(
+        [
+            web.get("/v1/status", api.status),
+            web.get("/v1/tree", api.tree),
+            web.get("/v1/plans", api.plans),
+            web.post("/v1/plans", api.submit),
+            web.get("/v1/plans/{id}", api.plan),
+            web.get("/v1/lanes", api.lanes),
+            web.post("/v1/lanes/{lane}/cancel", api.cancel),
+            web.post("/v1/lanes/{lane}/{verb}", api.respond),
+            web.get("/v1/events", api.events),
+        ]
+    )
+    return app
+
+
+class Refused(OrchestraError):
+    """A request refused: answered `{"error": {"code", "message"}}` with HTTP `status`
+    (`_errors`). Never leaves this module."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def _refusal(status: int, code: str, message: str, **headers: str) -> web.Response:
+    body = {"error": {"code": code, "message": message}}
+    return web.json_response(body, status=status, headers={**SECURITY_HEADERS, **headers})
+
+
+class Api:
+    """The handlers; each sends one ctl frame to `desk` and shapes its answer."""
+
+    def __init__(self, desk: Desk) -> None:
+        self.desk = desk
+
+    async def _ask(self, request: web.Request, body: f.Body, answer: type[Any]) -> Any:
+        reply = await self.desk.ask(request[_WHO], body, ASK_TTL_S)
+        if isinstance(reply, f.Error):
+            raise Refused(STATUS.get(reply.code, 500), str(reply.code), reply.message)
+        if not isinstance(reply, answer):
+            message = f"the tree answered {type(reply).__name__}, not {answer.__name__}"
+            raise Refused(500, "unexpected", message)
+        return reply
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            shapes.status_json(await self._ask(request, f.CtlStatus(), f.StatusReply))
+        )
+
+    async def tree(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            shapes.tree_json(await self._ask(request, f.CtlStatus(), f.StatusReply))
+        )
+
+    async def plans(self, request: web.Request) -> web.Response:
+        reply = await self._ask(request, f.CtlPlans(), f.PlanList)
+        return web.json_response({"plans": msgspec.to_builtins(reply.plans)})
+
+    async def plan(self, request: web.Request) -> web.Response:
+        reply = await self._ask(request, f.CtlPlan(id=request.match_info["id"]), f.PlanReport)
+        return web.json_response(shapes.plan_json(reply))
+
+    async def lanes(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            shapes.lanes_json(await self._ask(request, f.CtlLanes(), f.LaneList))
+        )
+
+    async def submit(self, request: web.Request) -> web.Response:
+        _operates(request)
+        spec = _plan(await _body(request), request.content_type)
+        reply = await self._ask(request, f.CtlSubmit(plan=spec), f.PlanAccepted)
+        return web.json_response({"id": reply.id}, status=201)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        _operates(request)
+        await self._ask(request, f.CtlCancel(lane=request.match_info["lane"]), f.Ack)
+        return web.json_response({"lane": request.match_info["lane"], "cancelled": True})
+
+    async def respond(self, request: web.Request) -> web.Response:
+        _operates(request)
+        verb = request.match_info["verb"]
+        if verb not in VERDICTS:
+            raise Refused(
+                404,
+                "not_found",
+                f"no action {verb!r} on a lane (one of: {', '.join([*VERDICTS, 'cancel'])})",
+            )
+        text = _text(await _body(request))
+        body = f.CtlRespond(lane=request.match_info["lane"], verdict=VERDICTS[verb], text=text)
+        return web.json_response(
+            shapes.recorded_json(await self._ask(request, body, f.HitlRecorded))
+        )
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """The event log from a seq on, as `text/event-stream`: each event `id: <seq>`,
+        `event: <kind>`, `data: <ctl events --json's object>`; resumed after `Last-Event-ID`
+        (or `?since=`), for as long as the client reads."""
+        since = _seq(request.headers.get("Last-Event-ID") or request.query.get("since", "0"))
+        plan = request.query.get("plan", "")
+        stream = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", **SECURITY_HEADERS}
+        )
+        await stream.prepare(request)
+        quiet = 0.0
+        while True:
+            try:
+                page = await self._ask(request, f.CtlEvents(since=since, plan=plan), f.EventsPage)
+            except Refused:  # the headers are sent: the stream ends, the client resumes
+                return stream
+            for event in page.events:
+                data = json.dumps(msgspec.to_builtins(event))
+                await stream.write(
+                    f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n".encode()
+                )
+            since = max(since, page.next)
+            if page.events:
+                quiet = 0.0
+            if page.next >= page.last:
+                await asyncio.sleep(EVENTS_POLL_S)
+                quiet += EVENTS_POLL_S
+                if quiet >= KEEPALIVE_S:
+                    await stream.write(b": keep-alive\n\n")
+                    quiet = 0.0
+
+
+async def _body(request: web.Request) -> str:
+    """The request's body as UTF-8 text (400 when it is not)."""
+    try:
+        return (await request.read()).decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused(400, "bad_request", "the body is not UTF-8 text") from None
+
+
+def _operates(request: web.Request) -> None:
+    who = request[_WHO]
+    if who.role != "operate":
+        raise Refused(403, "forbidden", f"token {who.name!r} may read, not {request.method}")
+
+
+def _plan(text: str, content_type: str) -> f.PlanSpec:
+    """The plan a POST body holds: JSON with `application/json`, else TOML."""
+    try:
+        data = json.loads(text) if content_type == "application/json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise Refused(400, "bad_request", f"the plan is not valid JSON or TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise Refused(400, "bad_request", "the plan must be a table (an object)")
+    try:
+        return plan_from_mapping(data, source="the request's plan")
+    except PlanError as exc:
+        raise Refused(400, "bad_request", str(exc)) from None
+
+
+def _text(body: str) -> str:
+    """An answer's `text` from its optional JSON body `{"text": ...}`."""
+    if not body.strip():
+        return ""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        raise Refused(400, "bad_request", 'the body must be JSON: {"text": "..."}') from None
+    text = value.get("text", "") if isinstance(value, dict) else None
+    if not isinstance(text, str):
+        raise Refused(400, "bad_request", 'the body must be JSON: {"text": "..."}')
+    return text
+
+
+def _seq(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or int(raw) > f.MAX_SEQ:
+        raise Refused(400, "bad_request", f"not a sequence number: {raw[:40]!r}")
+    return int(raw)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await handler(request)
+    if not response.prepared:
+        response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A `Refused` as its JSON error; aiohttp's own refusals (404 path, 405 method, 413 body)
+    as JSON errors too; and a bug in a handler as a JSON 500 (logged), never a traceback."""
+    try:
+        return await handler(request)
+    except Refused as refused:
+        return _refusal(refused.status, refused.code, str(refused))
+    except web.HTTPRequestEntityTooLarge:
+        return _refusal(413, "too_large", f"the body is over {BODY_MAX} bytes")
+    except web.HTTPNotFound:
+        return _refusal(404, "not_found", f"no {request.path} in the API (see /v1/...)")
+    except web.HTTPMethodNotAllowed:
+        return _refusal(405, "bad_request", f"{request.method} is not allowed on {request.path}")
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("HTTP API: %s %s failed", request.method, request.path)
+        return _refusal(500, "internal", "the server failed this request (see its log)")
+
+
+def _authorized(
+    tokens: TokenTable,
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+        token = tokens.check(bearer.strip()) if scheme.lower() == "bearer" else None
+        if token is None:
+            message = "a valid bearer token is needed (keys init --http-token)"
+            return _refusal(401, "unauthorized", message, **{"WWW-Authenticate": "Bearer"})
+        request[_WHO] = TokenIdentity(name=token.name, role=token.role)
+        return await handler(request)
+
+    return check

@@ -1,0 +1,195 @@
+"""The HTTP API (`web.api`, issue 23) against a real tree over real HTTP: tokens and roles,
+the JSON shapes of `ctl --json`, an answer recorded as `token:NAME`, the event stream resumed
+with `Last-Event-ID`, and bad requests refused without harm to the tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra_sup.protocol import frames as f
+from tests.integration.harness import Tree, wait_until
+from tests.integration.test_cli import assert_one_line_error
+from tests.integration.test_hitl_ctl import APPROVE_PLAN
+from tests.integration.test_hitl_ctl import ctl as ctl_cli
+
+pytestmark = pytest.mark.integration
+
+
+def token(state: Path, name: str, role: str = "operate") -> str:
+    argv = [sys.executable, "-m", "orchestra_sup", "keys", "init", "--state-dir", str(state)]
+    made = subprocess.run(
+        [*argv, "--http-token", name, "--role", role, "--json"], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    return str(json.loads(made.stdout)["token"])
+
+
+class Http:
+    """Requests to one tree's API with one token (None: none)."""
+
+    def __init__(self, url: str, bearer: str | None) -> None:
+        self.url = url.rstrip("/").removesuffix("/v1")
+        self.bearer = bearer
+
+    def call(
+        self, method: str, path: str, body: bytes | None = None, **headers: str
+    ) -> tuple[int, Any, dict[str, str]]:
+        request = urllib.request.Request(self.url + path, data=body, method=method)
+        if self.bearer is not None:
+            request.add_header("Authorization", f"Bearer {self.bearer}")
+        for name, value in headers.items():
+            request.add_header(name.replace("_", "-"), value)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, json.loads(reply.read()), dict(reply.headers)
+        except urllib.error.HTTPError as refused:
+            return refused.code, json.loads(refused.read()), dict(refused.headers)
+
+
+@pytest.fixture
+def api(tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path) -> tuple[Tree, str, str]:
+    """A tree serving the API on a free loopback port, and an operate and a read token."""
+    state = tmp_path / "state"
+    ops, viewer = token(state, "ops"), token(state, "viewer", "read")
+    tree = tree_factory(workspace=repo, shards=1, extra_args=["--http", "127.0.0.1:0"])
+    assert tree.state_dir == state
+    return tree, ops, viewer
+
+
+def test_no_token_no_tree(api: tuple[Tree, str, str]) -> None:
+    """Without a valid bearer token: 401, a JSON error, nothing about the tree."""
+    tree, ops, _ = api
+    url = tree.status().http_url
+    assert url.startswith("http://127.0.0.1:")
+    for bearer in (None, "osup_ops_" + "x" * 43, ops[:-1]):
+        status, body, headers = Http(url, bearer).call("GET", "/v1/status")
+        assert status == 401 and body["error"]["code"] == "unauthorized", body
+        assert headers["WWW-Authenticate"] == "Bearer"
+        assert "children" not in json.dumps(body)
+        assert headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_the_read_role_sees_and_changes_nothing(api: tuple[Tree, str, str], tmp_path: Path) -> None:
+    tree, _, viewer = api
+    http = Http(tree.status().http_url, viewer)
+    status, body, headers = http.call("GET", "/v1/status")
+    assert status == 200 and headers["X-Frame-Options"] == "DENY"
+    shown = json.loads(ctl_cli(tree, "status", "--json").stdout)
+    assert body.keys() == shown.keys() and body["supervisor"].keys() == shown["supervisor"].keys()
+    assert [c["name"] for c in body["children"]] == [c["name"] for c in shown["children"]]
+    status, body, _ = http.call("GET", "/v1/tree")
+    assert status == 200 and body["name"] == "root"
+    status, body, _ = http.call(
+        "POST", "/v1/plans", b'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n'
+    )
+    assert status == 403 and body["error"]["code"] == "forbidden"
+    status, body, _ = http.call("GET", "/v1/plans")
+    assert status == 200 and body == {"plans": []}
+
+
+def test_an_operator_submits_answers_and_follows_events(
+    api: tuple[Tree, str, str], tmp_path: Path
+) -> None:
+    """Submit (TOML and JSON), a plan's report in `ctl plan --json`'s shape, an approval over
+    HTTP recorded as `token:ops`, and the event stream resumed from `Last-Event-ID`."""
+    tree, ops, _ = api
+    http = Http(tree.status().http_url, ops)
+    status, body, _ = http.call("POST", "/v1/plans", APPROVE_PLAN.encode())
+    assert status == 201, body
+    plan_id = body["id"]
+
+    def waiting() -> dict[str, Any] | None:
+        lanes = http.call("GET", "/v1/lanes")[1]["lanes"]
+        return next((x for x in lanes if x["plan"] == plan_id), None)
+
+    entry = wait_until(waiting, 20, "the task to wait for approval")
+    assert isinstance(entry, dict) and entry["state"] == "awaiting_approval"
+    lane = entry["lane"]
+    status, body, _ = http.call("POST", f"/v1/lanes/{lane}/approve", b'{"text": "ship it"}')
+    assert status == 200 and body["plan"] == plan_id, body
+    report = tree.wait_plan(plan_id, 30)
+    assert report.ok
+    (answer,) = report.tasks[0].answers
+    assert (answer.responder, answer.uid, answer.text) == ("token:ops", -1, "ship it")
+    status, body, _ = http.call("GET", f"/v1/plans/{plan_id}")
+    assert status == 200 and body == json.loads(ctl_cli(tree, "plan", plan_id, "--json").stdout)
+
+    spec = {"name": "j", "task": [{"id": "a", "run": "echo json"}]}
+    status, body, _ = http.call(
+        "POST", "/v1/plans", json.dumps(spec).encode(), Content_Type="application/json"
+    )
+    assert status == 201, body
+    assert tree.wait_plan(body["id"], 30).ok
+
+    log = [json.loads(x) for x in ctl_cli(tree, "events", "--json").stdout.splitlines()]
+    answered = next(e for e in log if e["kind"] == "hitl.answered")
+    assert answered["who"] == "token:ops (uid -1)"
+    resume = log[len(log) // 2]["seq"]
+    got = sse(http, resume, count=5)
+    assert [e["seq"] for e in got] == list(range(resume + 1, resume + 6))
+    assert got == log[len(log) // 2 + 1 : len(log) // 2 + 6]
+
+
+def sse(http: Http, last_id: int, count: int) -> list[dict[str, Any]]:
+    """The first `count` events of `GET /v1/events` sent `Last-Event-ID: last_id`."""
+    request = urllib.request.Request(http.url + "/v1/events")
+    request.add_header("Authorization", f"Bearer {http.bearer}")
+    request.add_header("Last-Event-ID", str(last_id))
+    events: list[dict[str, Any]] = []
+    with urllib.request.urlopen(request, timeout=30) as stream:
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+        seq = None
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("id: "):
+                seq = int(line[4:])
+            elif line.startswith("data: "):
+                event = json.loads(line[6:])
+                assert event["seq"] == seq
+                events.append(event)
+                if len(events) == count:
+                    break
+    return events
+
+
+def test_bad_requests_are_refused_and_the_tree_goes_on(api: tuple[Tree, str, str]) -> None:
+    tree, ops, _ = api
+    http = Http(tree.status().http_url, ops)
+    for body, code in (
+        (b"\xff\xfe not a plan", 400),
+        (b'name = "p"\n[[task]]\nid = "a"\nrun = 3\n', 400),
+        (b"[1, 2]", 400),
+        (b"x" * (2 << 20), 413),
+    ):
+        status, reply, _ = http.call("POST", "/v1/plans", body)
+        assert status == code and "code" in reply["error"], (status, reply)
+    status, reply, _ = http.call("POST", "/v1/lanes/nolane/approve", b"{nope")
+    assert status == 400
+    status, reply, _ = http.call("POST", "/v1/lanes/nolane/approve")
+    assert status == 404 and reply["error"]["code"] == "not_found"
+    status, reply, _ = http.call("POST", "/v1/lanes/nolane/explode")
+    assert status == 404
+    status, reply, _ = http.call("GET", "/v1/nowhere")
+    assert status == 404 and reply["error"]["code"] == "not_found"
+    status, reply, _ = http.call("GET", "/v1/events", Last_Event_ID="-3")
+    assert status == 400
+    assert http.call("GET", "/v1/status")[0] == 200
+    status = tree.status()
+    assert isinstance(status, f.StatusReply) and status.internal_errors == 0
+
+
+def test_a_non_loopback_address_is_refused_at_start(tree: Tree, tmp_path: Path) -> None:
+    """Serving beyond this machine needs TLS, which is not built: one line, exit 2."""
+    argv = [sys.executable, "-m", "orchestra_sup", "start", "--state-dir", str(tmp_path / "s")]
+    argv += ["--run-dir", str(tmp_path / "r"), "--http", "0.0.0.0:8080"]
+    started = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert_one_line_error(started, 2, "--http", "loopback", "TLS")

@@ -1,0 +1,76 @@
+"""The HTTP API's bearer tokens (`protocol.tokens`, `keys init --http-token`): printed once,
+kept hashed, checked in constant time, each with its role."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestra_sup.errors import ConfigError
+from orchestra_sup.protocol.tokens import READ, TOKENS_DIR, Token, TokenTable, issue_token
+
+
+def test_a_token_is_checked_by_its_hash_and_says_whose_it_is(tmp_path: Path) -> None:
+    ops = issue_token(tmp_path, "ops")
+    ci = issue_token(tmp_path, "ci.bot_1", READ)
+    table = TokenTable.load(tmp_path)
+    assert len(table) == 2
+    assert table.check(ops) == Token(name="ops", role="operate")
+    assert table.check(ci) == Token(name="ci.bot_1", role="read")
+    assert not table.check(ci).operates  # type: ignore[union-attr]
+    record = (tmp_path / TOKENS_DIR / "ops.toml").read_text()
+    assert ops not in record and ops.split("_")[-1] not in record  # only the hash is kept
+    assert stat.S_IMODE((tmp_path / TOKENS_DIR / "ops.toml").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "",
+        "Bearer x",
+        "osup_ops_" + "A" * 43,  # a real name, a wrong secret
+        "osup_nobody_" + "A" * 43,  # no such name
+        "osup_ops_" + "A" * 42,  # too short
+    ],
+)
+def test_anything_else_is_no_token(tmp_path: Path, forged: str) -> None:
+    issue_token(tmp_path, "ops")
+    assert TokenTable.load(tmp_path).check(forged) is None
+
+
+def test_a_token_is_never_replaced_and_bad_names_and_roles_are_refused(tmp_path: Path) -> None:
+    issue_token(tmp_path, "ops")
+    with pytest.raises(ConfigError, match="exists"):
+        issue_token(tmp_path, "ops")
+    with pytest.raises(ConfigError, match="key name"):
+        issue_token(tmp_path, "a/b")
+    with pytest.raises(ConfigError, match="role 'admin'"):
+        issue_token(tmp_path, "x", "admin")
+
+
+def test_a_damaged_token_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    issue_token(tmp_path, "ops")
+    (tmp_path / TOKENS_DIR / "ops.toml").write_text('role = "root"\n')
+    with pytest.raises(ConfigError, match="needs role"):
+        TokenTable.load(tmp_path)
+
+
+def test_keys_init_prints_the_token_once(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "orchestra_sup", "keys", "init", "--dir", str(tmp_path)]
+    made = subprocess.run(
+        [*argv, "--http-token", "dash", "--role", "read", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    token = json.loads(made.stdout)["token"]
+    assert TokenTable.load(tmp_path).check(token) == Token(name="dash", role="read")
+    again = subprocess.run([*argv, "--http-token", "dash"], capture_output=True, text=True)
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
+    stray = subprocess.run([*argv, "--role", "read"], capture_output=True, text=True)
+    assert stray.returncode == 2 and "--role is for --http-token" in stray.stderr
