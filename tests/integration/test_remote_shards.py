@@ -5,6 +5,7 @@ for its own processes only."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -37,7 +38,8 @@ def kill_host(agent: Agent) -> None:
     procs = [psutil.Process(agent.proc.pid)]
     procs += procs[0].children(recursive=True)
     for proc in procs:
-        proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended since it was listed
+            proc.send_signal(signal.SIGKILL)
     agent.proc.wait()
 
 
