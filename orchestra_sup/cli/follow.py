@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import IO, Any
+from typing import IO
 
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.errors import ErrorCode, RemoteError, TreeUnreachable
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 
 POLL_S = 5.0
 """How long one `--follow` exchange waits at the shard for new rows (a long poll)."""
@@ -32,12 +33,6 @@ ENDED = frozenset({"succeeded", "failed", "skipped", "cancelled"})
 """The statuses of a task that runs no more."""
 
 
-def log_row_json(row: f.LogRow, lane: str) -> dict[str, Any]:
-    """One transcript row for programs: exactly {"seq", "ts", "stream", "data", "lane"}, `lane`
-    being the lane whose transcript it is (`seq` counts from 0 in each lane's)."""
-    return {"seq": row.seq, "ts": row.ts, "stream": row.stream, "data": row.data, "lane": lane}
-
-
 class LogSink:
     """Writes `ctl logs` rows as they come, flushed after each batch.
 
@@ -45,7 +40,8 @@ class LogSink:
     `ctl logs LANE > out.txt` holds the command's stdout); an "event" row as one `# event: ...` line
     on `stderr`, started on a line of its own; a move to the next attempt's lane (`moved`) as a
     `# next attempt: ...` line there too. JSON: one object per row per line on `stdout`
-    (`log_row_json`: each names its lane). Text is written as UTF-8 bytes whatever the locale.
+    (`shapes.log_row_json`: each names its lane). Text is written as UTF-8 bytes whatever the
+    locale.
     """
 
     def __init__(self, as_json: bool, stdout: IO[str], stderr: IO[str]):
@@ -57,7 +53,7 @@ class LogSink:
     def write(self, rows: list[f.LogRow], lane: str) -> None:
         for row in rows:
             if self.as_json:
-                self.stdout.write(json.dumps(log_row_json(row, lane)) + "\n")
+                self.stdout.write(json.dumps(shapes.log_row_json(row, lane)) + "\n")
             elif row.stream == "event":
                 self._note(f"# event: {row.data}\n")
             else:

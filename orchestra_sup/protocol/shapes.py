@@ -117,3 +117,9 @@ def cluster_json(reply: f.StatusReply) -> dict[str, Any]:
         "fenced": sum(c.fenced for c in reply.children),
         "hosts": msgspec.to_builtins(reply.hosts),
     }
+
+
+def log_row_json(row: f.LogRow, lane: str) -> dict[str, Any]:
+    """One transcript row for programs: exactly {"seq", "ts", "stream", "data", "lane"}, `lane`
+    being the lane whose transcript it is (`seq` counts from 0 in each lane's)."""
+    return {"seq": row.seq, "ts": row.ts, "stream": row.stream, "data": row.data, "lane": lane}

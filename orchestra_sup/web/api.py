@@ -11,11 +11,13 @@ Who may do what: every request carries `Authorization: Bearer <token>` (`keys in
 tree. A `read` token may GET; `operate` may also POST (submit, cancel, answer, message). An
 answer is recorded as `token:<name>`, which the server stamps (ARCHITECTURE.md invariant 18).
 
-Paths (`ROUTES` lists them): `GET /v1/status`, `/v1/tree`, `/v1/plans`, `/v1/plans/{id}`,
-`/v1/lanes`, `/v1/events` (SSE: `Last-Event-ID`, or `?since=`, resumes after that seq; `?plan=`
-filters); `POST /v1/plans` (the plan file's TOML, or its JSON with `Content-Type:
-application/json`), `POST /v1/lanes/{lane}/approve`, `/reject`, `/redirect`,
-`/accept-partial` (a JSON body `{"text": ...}`, optional but for redirect), `/cancel`.
+Paths (`make_app` lists them): `GET /v1/status`, `/v1/tree`, `/v1/plans`, `/v1/plans/{id}`,
+`/v1/lanes`, `/v1/lanes/{lane}/logs`, `/v1/events` (SSE: `Last-Event-ID`, or `?since=`,
+resumes after that seq; `?plan=` filters); `POST /v1/plans` (the plan file's TOML, or its JSON
+with `Content-Type: application/json`), `/v1/plans/{id}/message`, `/v1/lanes/{lane}/approve`,
+`/reject`, `/redirect`, `/accept-partial` (a JSON body `{"text": ...}`, optional but for
+redirect and message), `/v1/lanes/{lane}/cancel`, `/v1/children/{name}/restart`,
+`/v1/reload`, `/v1/tools/{tool}` (a JSON object of string parameters, as `ctl call`).
 
 Errors are `{"error": {"code", "message"}}`, the code the tree's (`ErrorCode`) or the server's
 (`unauthorized`, `forbidden`, `bad_request`, `too_large`), with the HTTP status `STATUS` maps
@@ -109,6 +111,11 @@ def make_app(desk: Desk, tokens: TokenTable) -> web.Application:
             web.get("/v1/plans", api.plans),
             web.post("/v1/plans", api.submit),
             web.get("/v1/plans/{id}", api.plan),
+            web.post("/v1/plans/{id}/message", api.message),
+            web.post("/v1/children/{name}/restart", api.restart),
+            web.post("/v1/reload", api.reload),
+            web.post("/v1/tools/{tool}", api.call),
+            web.get("/v1/lanes/{lane}/logs", api.logs),
             web.get("/v1/lanes", api.lanes),
             web.post("/v1/lanes/{lane}/cancel", api.cancel),
             web.post("/v1/lanes/{lane}/{verb}", api.respond),
@@ -176,6 +183,61 @@ class Api:
         spec = _plan(await _body(request), request.content_type)
         reply = await self._ask(request, f.CtlSubmit(plan=spec), f.PlanAccepted)
         return web.json_response({"id": reply.id}, status=201)
+
+    async def message(self, request: web.Request) -> web.Response:
+        _operates(request)
+        plan_id, text = request.match_info["id"], _text(await _body(request))
+        if not text:
+            raise Refused(400, "bad_request", 'a message needs a body {"text": "..."}')
+        await self._ask(request, f.CtlMessage(plan=plan_id, text=text), f.Ack)
+        return web.json_response({"plan": plan_id, "sent": True})
+
+    async def restart(self, request: web.Request) -> web.Response:
+        _operates(request)
+        name = request.match_info["name"]
+        await self._ask(request, f.CtlRestart(name=name), f.Ack)
+        return web.json_response({"restarted": name})
+
+    async def reload(self, request: web.Request) -> web.Response:
+        _operates(request)
+        reply = await self._ask(request, f.CtlReload(), f.ReloadReport)
+        out = msgspec.to_builtins(reply)
+        out.pop("t", None)
+        return web.json_response(out, status=409 if reply.refused else 200)
+
+    async def call(self, request: web.Request) -> web.Response:
+        """A relayed tool (`ctl call TOOL KEY=VALUE ...`): the body a JSON object of string
+        parameters; answered `{"value": ...}`."""
+        _operates(request)
+        raw = await _body(request)
+        try:
+            params = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            params = None
+        if not isinstance(params, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in params.items()
+        ):
+            raise Refused(
+                400, "bad_request", 'the body must be a JSON object of strings: {"path": "README"}'
+            )
+        body = f.CtlCall(tool=request.match_info["tool"], params=params)
+        reply = await self._ask(request, body, f.ToolResult)
+        return web.json_response({"value": reply.value})
+
+    async def logs(self, request: web.Request) -> web.Response:
+        """A lane's transcript rows after `?after=SEQ` (default: from the first), at most
+        `?limit=N` (default 1000), as `ctl logs --json` prints each, and whether the lane is
+        `done`."""
+        lane = request.match_info["lane"]
+        after = _seq(request.query.get("after", "0")) if "after" in request.query else -1
+        limit = min(_seq(request.query.get("limit", "1000")) or 1, 10_000)
+        reply = await self._ask(
+            request, f.CtlLogs(lane=lane, after_seq=after, limit=limit), f.LogChunk
+        )
+        if not reply.found:
+            raise Refused(404, "not_found", f"no lane {lane!r} on any shard")
+        rows = [shapes.log_row_json(row, lane) for row in reply.rows]
+        return web.json_response({"lane": lane, "rows": rows, "done": reply.done})
 
     async def cancel(self, request: web.Request) -> web.Response:
         _operates(request)

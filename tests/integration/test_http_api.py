@@ -193,3 +193,35 @@ def test_a_non_loopback_address_is_refused_at_start(tree: Tree, tmp_path: Path) 
     argv += ["--run-dir", str(tmp_path / "r"), "--http", "0.0.0.0:8080"]
     started = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert_one_line_error(started, 2, "--http", "loopback", "TLS")
+
+
+def test_the_rest_of_ctl_over_http(api: tuple[Tree, str, str]) -> None:
+    """A lane's transcript, a relayed tool, a restart, a reload and a message, each as its ctl
+    command answers it; a read token may read the transcript and nothing else here."""
+    tree, ops, viewer = api
+    http, reader = Http(tree.status().http_url, ops), Http(tree.status().http_url, viewer)
+    plan = b'name = "say"\n[[task]]\nid = "a"\nrun = "echo hi-http"\n'
+    plan_id = http.call("POST", "/v1/plans", plan)[1]["id"]
+    report = tree.wait_plan(plan_id, 30)
+    lane = report.tasks[0].lane
+    status, body, _ = reader.call("GET", f"/v1/lanes/{lane}/logs")
+    assert status == 200 and body["done"] is True, body
+    assert "hi-http\n" in [r["data"] for r in body["rows"] if r["stream"] == "stdout"]
+    assert http.call("GET", "/v1/lanes/nolane/logs")[0] == 404
+
+    status, body, _ = http.call("POST", "/v1/tools/stat", b'{"path": "README"}')
+    assert status == 200 and body["value"]["type"] == "file", body
+    assert http.call("POST", "/v1/tools/stat", b'{"path": 3}')[0] == 400
+    assert reader.call("POST", "/v1/tools/stat", b'{"path": "README"}')[0] == 403
+
+    before = tree.child("shard-0").generation
+    status, body, _ = http.call("POST", "/v1/children/shard-0/restart")
+    assert status == 200 and body == {"restarted": "shard-0"}
+    assert tree.child("shard-0").generation == before + 1
+    assert http.call("POST", "/v1/children/nochild/restart")[0] == 404
+
+    status, body, _ = http.call("POST", "/v1/reload")
+    assert status == 200 and body["config"] == "", body  # started without --config
+    status, body, _ = http.call("POST", f"/v1/plans/{plan_id}/message", b'{"text": "hello"}')
+    assert status in (400, 404), body  # a plan that is no session takes no message
+    assert http.call("POST", f"/v1/plans/{plan_id}/message")[0] == 400
