@@ -74,7 +74,7 @@ def issue_token(keys_dir: Path, name: str, role: str = OPERATE) -> str:
 class TokenTable:
     """The tokens of `keys_dir`, read once (`load`); `check(bearer)` says whose a presented
     token is, or None. A token added or deleted later takes effect when the table is read
-    again (`ctl reload`, or a restart)."""
+    again: at the supervisor's next start (or re-exec)."""
 
     def __init__(self, tokens: dict[str, tuple[str, str]]) -> None:
         self._tokens = tokens  # name -> (role, sha256 hex)

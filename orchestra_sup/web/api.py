@@ -54,6 +54,8 @@ ASK_TTL_S = 30.0
 """Seconds a request's part in the tree (a child's answer) may take."""
 EVENTS_POLL_S = 0.5
 """Seconds an event stream that has sent every committed event waits before asking again."""
+EVENTS_PAGE = 200
+"""Events an event stream asks for and writes at once, then yields the loop."""
 KEEPALIVE_S = 15.0
 """Seconds of silence after which an event stream sends a comment line (proxies keep it)."""
 SECURITY_HEADERS = {
@@ -89,6 +91,7 @@ VERDICTS = {
 """Path verb -> the answer's verdict (`CtlRespond.verdict`)."""
 
 _WHO = web.RequestKey("who", TokenIdentity)
+_encode = msgspec.json.Encoder().encode
 
 
 class Desk(Protocol):
@@ -180,7 +183,8 @@ class Api:
 
     async def submit(self, request: web.Request) -> web.Response:
         _operates(request)
-        spec = _plan(await _body(request), request.content_type)
+        # parsed and checked off the loop: a 1 MiB plan of 20,000 tasks takes about 0.5 s
+        spec = await asyncio.to_thread(_plan, await _body(request), request.content_type)
         reply = await self._ask(request, f.CtlSubmit(plan=spec), f.PlanAccepted)
         return web.json_response({"id": reply.id}, status=201)
 
@@ -212,7 +216,7 @@ class Api:
         raw = await _body(request)
         try:
             params = json.loads(raw) if raw.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             params = None
         if not isinstance(params, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in params.items()
@@ -272,14 +276,20 @@ class Api:
         quiet = 0.0
         while True:
             try:
-                page = await self._ask(request, f.CtlEvents(since=since, plan=plan), f.EventsPage)
+                ask = f.CtlEvents(since=since, plan=plan, limit=EVENTS_PAGE)
+                page = await self._ask(request, ask, f.EventsPage)
             except Refused:  # the headers are sent: the stream ends, the client resumes
                 return stream
-            for event in page.events:
-                data = json.dumps(msgspec.to_builtins(event))
-                await stream.write(
-                    f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n".encode()
-                )
+            chunk = b"".join(
+                b"id: %d\nevent: %s\ndata: %s\n\n" % (e.seq, e.kind.encode(), _encode(e))
+                for e in page.events
+            )
+            try:
+                if chunk:
+                    await stream.write(chunk)
+                await asyncio.sleep(0)  # a replay of a long log lets the loop serve between pages
+            except ConnectionResetError:  # the client went: an EventSource's normal end
+                return stream
             since = max(since, page.next)
             if page.events:
                 quiet = 0.0
@@ -287,7 +297,10 @@ class Api:
                 await asyncio.sleep(EVENTS_POLL_S)
                 quiet += EVENTS_POLL_S
                 if quiet >= KEEPALIVE_S:
-                    await stream.write(b": keep-alive\n\n")
+                    try:
+                        await stream.write(b": keep-alive\n\n")
+                    except ConnectionResetError:
+                        return stream
                     quiet = 0.0
 
 
@@ -309,7 +322,7 @@ def _plan(text: str, content_type: str) -> f.PlanSpec:
     """The plan a POST body holds: JSON with `application/json`, else TOML."""
     try:
         data = json.loads(text) if content_type == "application/json" else tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError
         raise Refused(400, "bad_request", f"the plan is not valid JSON or TOML: {exc}") from None
     if not isinstance(data, dict):
         raise Refused(400, "bad_request", "the plan must be a table (an object)")
@@ -317,6 +330,8 @@ def _plan(text: str, content_type: str) -> f.PlanSpec:
         return plan_from_mapping(data, source="the request's plan")
     except PlanError as exc:
         raise Refused(400, "bad_request", str(exc)) from None
+    except (ValueError, OverflowError, RecursionError) as exc:  # a number no check expected
+        raise Refused(400, "bad_request", f"the plan has a value out of range: {exc}") from None
 
 
 def _text(body: str) -> str:
@@ -325,7 +340,7 @@ def _text(body: str) -> str:
         return ""
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise Refused(400, "bad_request", 'the body must be JSON: {"text": "..."}') from None
     text = value.get("text", "") if isinstance(value, dict) else None
     if not isinstance(text, str):
@@ -334,7 +349,7 @@ def _text(body: str) -> str:
 
 
 def _seq(raw: str) -> int:
-    if not raw.isascii() or not raw.isdigit() or int(raw) > f.MAX_SEQ:
+    if len(raw) > 19 or not raw.isascii() or not raw.isdigit() or int(raw) > f.MAX_SEQ:
         raise Refused(400, "bad_request", f"not a sequence number: {raw[:40]!r}")
     return int(raw)
 

@@ -180,8 +180,15 @@ def test_bad_requests_are_refused_and_the_tree_goes_on(api: tuple[Tree, str, str
     assert status == 404
     status, reply, _ = http.call("GET", "/v1/nowhere")
     assert status == 404 and reply["error"]["code"] == "not_found"
-    status, reply, _ = http.call("GET", "/v1/events", Last_Event_ID="-3")
-    assert status == 400
+    for last_id in ("-3", "9" * 5000):
+        status, reply, _ = http.call("GET", "/v1/events", Last_Event_ID=last_id)
+        assert status == 400, reply
+    nested = b"[" * 100_000
+    for path in ("/v1/plans", "/v1/tools/stat", "/v1/lanes/x/approve"):
+        status, reply, _ = http.call("POST", path, nested, Content_Type="application/json")
+        assert status == 400, (path, reply)
+    huge = b'name = "p"\n[[task]]\nid = "a"\nrun = "true"\ntimeout_s = 1' + b"0" * 400 + b"\n"
+    assert http.call("POST", "/v1/plans", huge)[0] == 400
     assert http.call("GET", "/v1/status")[0] == 200
     status = tree.status()
     assert isinstance(status, f.StatusReply) and status.internal_errors == 0
