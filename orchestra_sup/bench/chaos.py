@@ -51,7 +51,7 @@ import msgspec
 import psutil
 
 from orchestra_sup.bench.chaoshosts import Hosts
-from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.ctl import CtlClient, status_or_none
 from orchestra_sup.client.oneshot import private_tree
 from orchestra_sup.errors import OrchestraError, SupervisionError
 from orchestra_sup.protocol import frames as f
@@ -156,12 +156,12 @@ def run_chaos(
                         kills += _kill_one(client, rng)
                     next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
                 time.sleep(0.05)
-            alive = _status(client) is not None
+            alive = status_or_none(client) is not None
             if joined is not None:
                 joined.heal()
             for plan_id in pending:
                 reports.append(_wait(client, plan_id))
-            status = _status(client)
+            status = status_or_none(client)
             if status is not None:
                 restarts = sum(c.restarts for c in status.children)
     finally:
@@ -214,7 +214,7 @@ def _wait_joined(client: CtlClient, joined: Hosts) -> None:
     deadline = time.monotonic() + JOIN_S
     count = len(joined.hosts)
     while time.monotonic() < deadline:
-        status = _status(client)
+        status = status_or_none(client)
         if status is not None and sum(h.state == "joined" for h in status.hosts) == count:
             return
         time.sleep(0.2)
@@ -264,17 +264,9 @@ def _wait(client: CtlClient, plan_id: str) -> f.PlanReport:
     return last or f.PlanReport(plan="?", id=plan_id, done=False, ok=False, tasks=[])
 
 
-def _status(client: CtlClient) -> f.StatusReply | None:
-    try:
-        reply = client.request(f.CtlStatus(), timeout_s=5.0)
-    except OrchestraError:
-        return None
-    return reply if isinstance(reply, f.StatusReply) else None
-
-
 def _kill_one(client: CtlClient, rng: random.Random) -> int:
     """SIGKILL one running child picked at random; 1 if a process was killed."""
-    status = _status(client)
+    status = status_or_none(client)
     if status is None:
         return 0
     running = [c for c in status.children if c.state == "running" and c.pid]

@@ -47,9 +47,8 @@ from pathlib import Path
 import msgspec
 
 from orchestra_sup.bench import footprint
-from orchestra_sup.client.ctl import CtlClient
+from orchestra_sup.client.ctl import CtlClient, status_or_none
 from orchestra_sup.client.oneshot import private_tree
-from orchestra_sup.errors import OrchestraError
 from orchestra_sup.protocol import frames as f
 
 RETENTION: dict[str, dict[str, float]] = {
@@ -274,7 +273,7 @@ class _Run:
             time.sleep(TICK_S)
         for plan_id in filter(None, self.slots):
             self._lost(plan_id)
-        status = _status(self.client)
+        status = status_or_none(self.client)
         self.restarts = sum(c.restarts for c in status.children) if status else 0
 
     def _poll(self) -> None:
@@ -316,15 +315,7 @@ class _Run:
         self.lost += sum(t.status != "succeeded" for t in reply.tasks) or 1
 
     def _sample(self) -> footprint.Figures:
-        return footprint.sample(self.state, _status(self.client))
-
-
-def _status(client: CtlClient) -> f.StatusReply | None:
-    try:
-        reply = client.request(f.CtlStatus(), timeout_s=5.0)
-    except OrchestraError:
-        return None
-    return reply if isinstance(reply, f.StatusReply) else None
+        return footprint.sample(self.state, status_or_none(self.client))
 
 
 def _toml(tables: dict[str, dict[str, float]]) -> str:

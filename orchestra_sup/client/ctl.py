@@ -24,7 +24,14 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from orchestra_sup.errors import ConfigError, ProtocolError, RemoteError, TreeBusy, TreeUnreachable
+from orchestra_sup.errors import (
+    ConfigError,
+    OrchestraError,
+    ProtocolError,
+    RemoteError,
+    TreeBusy,
+    TreeUnreachable,
+)
 from orchestra_sup.protocol import curve
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import SOCKET_MAX_BYTES, Codec
@@ -165,3 +172,13 @@ class CtlClient:
             if isinstance(reply.body, f.Error):
                 raise RemoteError(reply.body.code, reply.body.message)
             return reply.body
+
+
+def status_or_none(client: CtlClient, timeout_s: float = 5.0) -> f.StatusReply | None:
+    """The tree's `ctl status`, or None when it does not answer within `timeout_s` seconds or
+    answers anything else: for a bench polling a tree that it is harming or measuring."""
+    try:
+        reply = client.request(f.CtlStatus(), timeout_s=timeout_s)
+    except OrchestraError:
+        return None
+    return reply if isinstance(reply, f.StatusReply) else None
