@@ -18,6 +18,8 @@ with `Content-Type: application/json`), `/v1/plans/{id}/message`, `/v1/lanes/{la
 `/reject`, `/redirect`, `/accept-partial` (a JSON body `{"text": ...}`, optional but for
 redirect and message), `/v1/lanes/{lane}/cancel`, `/v1/children/{name}/restart`,
 `/v1/reload`, `/v1/tools/{tool}` (a JSON object of string parameters, as `ctl call`).
+`GET /v1/whoami` answers who the token is, and `/v1/events?status=S` also pushes the status
+every S seconds (`Api.events`): what the console needs.
 
 Errors are `{"error": {"code", "message"}}`, the code the tree's (`ErrorCode`) or the server's
 (`unauthorized`, `forbidden`, `bad_request`, `too_large`), with the HTTP status `STATUS` maps
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import tomllib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -56,6 +59,8 @@ EVENTS_POLL_S = 0.5
 """Seconds an event stream that has sent every committed event waits before asking again."""
 EVENTS_PAGE = 200
 """Events an event stream asks for and writes at once, then yields the loop."""
+STATUS_EVERY_S = (1.0, 60.0)
+"""The least and most seconds `/v1/events?status=` may ask between two status messages."""
 KEEPALIVE_S = 15.0
 """Seconds of silence after which an event stream sends a comment line (proxies keep it)."""
 SECURITY_HEADERS = {
@@ -110,6 +115,7 @@ def make_app(desk: Desk, tokens: TokenTable) -> web.Application:
     app.add_routes(
         [
             web.get("/v1/status", api.status),
+            web.get("/v1/whoami", api.whoami),
             web.get("/v1/tree", api.tree),
             web.get("/v1/plans", api.plans),
             web.post("/v1/plans", api.submit),
@@ -162,6 +168,11 @@ class Api:
         return web.json_response(
             shapes.status_json(await self._ask(request, f.CtlStatus(), f.StatusReply))
         )
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        """The caller's token: {"name", "role"} (role "read" or "operate")."""
+        who = request[_WHO]
+        return web.json_response({"name": who.name, "role": who.role})
 
     async def tree(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -266,21 +277,30 @@ class Api:
     async def events(self, request: web.Request) -> web.StreamResponse:
         """The event log from a seq on, as `text/event-stream`: each event `id: <seq>`,
         `event: <kind>`, `data: <ctl events --json's object>`; resumed after `Last-Event-ID`
-        (or `?since=`), for as long as the client reads."""
+        (or `?since=`), for as long as the client reads. With `?status=S` (seconds, within
+        `STATUS_EVERY_S`), also `event: status` with `/v1/status`'s object as `data:` and no
+        `id:` (so resuming is the same), once when the stream opens and every S seconds on."""
         since = _seq(request.headers.get("Last-Event-ID") or request.query.get("since", "0"))
         plan = request.query.get("plan", "")
+        every = _every(request.query["status"]) if "status" in request.query else None
         stream = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", **SECURITY_HEADERS}
         )
         await stream.prepare(request)
-        quiet = 0.0
+        clock = asyncio.get_running_loop().time
+        quiet, status_at = 0.0, clock()
         while True:
+            chunk = b""
             try:
+                if every is not None and clock() >= status_at:
+                    reply = await self._ask(request, f.CtlStatus(), f.StatusReply)
+                    chunk = b"event: status\ndata: %s\n\n" % _encode(shapes.status_json(reply))
+                    status_at = clock() + every
                 ask = f.CtlEvents(since=since, plan=plan, limit=EVENTS_PAGE)
                 page = await self._ask(request, ask, f.EventsPage)
             except Refused:  # the headers are sent: the stream ends, the client resumes
                 return stream
-            chunk = b"".join(
+            chunk += b"".join(
                 b"id: %d\nevent: %s\ndata: %s\n\n" % (e.seq, e.kind.encode(), _encode(e))
                 for e in page.events
             )
@@ -291,7 +311,7 @@ class Api:
             except ConnectionResetError:  # the client went: an EventSource's normal end
                 return stream
             since = max(since, page.next)
-            if page.events:
+            if chunk:
                 quiet = 0.0
             if page.next >= page.last:
                 await asyncio.sleep(EVENTS_POLL_S)
@@ -346,6 +366,19 @@ def _text(body: str) -> str:
     if not isinstance(text, str):
         raise Refused(400, "bad_request", 'the body must be JSON: {"text": "..."}')
     return text
+
+
+def _every(raw: str) -> float:
+    """`?status=`'s seconds between two status messages (400 unless within `STATUS_EVERY_S`)."""
+    try:
+        every = float(raw) if len(raw) <= 20 else math.nan
+    except ValueError:
+        every = math.nan
+    low, high = STATUS_EVERY_S
+    if not low <= every <= high:  # NaN is within no bounds
+        message = f"?status= takes seconds from {low:g} to {high:g}, not {raw[:40]!r}"
+        raise Refused(400, "bad_request", message)
+    return every
 
 
 def _seq(raw: str) -> int:

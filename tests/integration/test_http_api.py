@@ -4,12 +4,14 @@ with `Last-Event-ID`, and bad requests refused without harm to the tree."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,8 @@ def test_the_read_role_sees_and_changes_nothing(api: tuple[Tree, str, str], tmp_
     assert [c["name"] for c in body["children"]] == [c["name"] for c in shown["children"]]
     status, body, _ = http.call("GET", "/v1/tree")
     assert status == 200 and body["name"] == "root"
+    assert http.call("GET", "/v1/whoami")[:2] == (200, {"name": "viewer", "role": "read"})
+    assert Http(tree.status().http_url, None).call("GET", "/v1/whoami")[0] == 401
     status, body, _ = http.call(
         "POST", "/v1/plans", b'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n'
     )
@@ -159,6 +163,61 @@ def sse(http: Http, last_id: int, count: int) -> list[dict[str, Any]]:
                 if len(events) == count:
                     break
     return events
+
+
+def messages(http: Http, path: str, **headers: str) -> Iterator[tuple[float, dict[str, str]]]:
+    """Each server-sent message of `GET path` as it arrives: (monotonic seconds, its fields,
+    "id", "event" and "data", as sent)."""
+    request = urllib.request.Request(http.url + path)
+    request.add_header("Authorization", f"Bearer {http.bearer}")
+    for name, value in headers.items():
+        request.add_header(name.replace("_", "-"), value)
+    with urllib.request.urlopen(request, timeout=30) as stream:
+        fields: dict[str, str] = {}
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line:
+                name, _, value = line.partition(": ")
+                assert name not in fields, (name, fields)
+                fields[name] = value
+            elif fields:
+                yield time.monotonic(), fields
+                fields = {}
+
+
+def test_the_event_stream_carries_the_status_too(api: tuple[Tree, str, str]) -> None:
+    """`?status=S`: the `/v1/status` object as `event: status` with no `id:` when the stream
+    opens and every S seconds on, between events whose ids go on from `Last-Event-ID` with no
+    gap; S out of 1..60 or not a number is a 400."""
+    tree, ops, _ = api
+    http = Http(tree.status().http_url, ops)
+    for bad in ("0.5", "61", "nan", "inf", "-1", "two", "", "1" * 30):
+        status, body, _ = http.call("GET", f"/v1/events?status={bad}")
+        assert status == 400 and body["error"]["code"] == "bad_request", (bad, body)
+    plan_id = http.call("POST", "/v1/plans", b'name = "s"\n[[task]]\nid = "a"\nrun = "true"\n')
+    assert tree.wait_plan(plan_id[1]["id"], 30).ok
+    log = [json.loads(x) for x in ctl_cli(tree, "events", "--json").stdout.splitlines()]
+    resume = log[2]["seq"]
+    shown = json.loads(ctl_cli(tree, "status", "--json").stdout)
+    got: list[tuple[float, dict[str, str]]] = []
+    seen = False  # the newest event of `log` came
+    for when, fields in messages(http, "/v1/events?status=1", Last_Event_ID=str(resume)):
+        got.append((when, fields))
+        seen = seen or fields.get("id") == str(log[-1]["seq"])
+        if seen and sum(m["event"] == "status" for _, m in got) >= 3:
+            break
+    statuses = [(when, m) for when, m in got if m["event"] == "status"]
+    events = [m for _, m in got if m["event"] != "status"]
+    assert got[0][1]["event"] == "status"
+    assert all(m.keys() == {"event", "data"} for _, m in statuses)
+    for _, m in statuses:
+        body = json.loads(m["data"])
+        assert body.keys() == shown.keys() and body["supervisor"]["pid"] == tree.proc.pid
+        assert [c["name"] for c in body["children"]] == [c["name"] for c in shown["children"]]
+    assert [int(m["id"]) for m in events] == list(range(resume + 1, resume + 1 + len(events)))
+    assert [json.loads(m["data"]) for m in events][: len(log) - 3] == log[3:]
+    apart = [b[0] - a[0] for a, b in itertools.pairwise(statuses)]
+    assert all(gap >= 0.9 for gap in apart), apart
 
 
 def test_bad_requests_are_refused_and_the_tree_goes_on(api: tuple[Tree, str, str]) -> None:
