@@ -135,6 +135,7 @@ def status_view(reply: f.StatusReply, width: int | None) -> Group:
         lines.append(f"metrics {reply.metrics_url}")
     if reply.http_url:
         lines.append(f"http api {reply.http_url}")
+        lines.append(f"console {reply.http_url.removesuffix('v1/')}")
     if reply.rollover is not None:
         lines.append(f"rollover {reply.rollover}")
     if reply.state_disk is not None:

@@ -20,6 +20,7 @@ redirect and message), `/v1/lanes/{lane}/cancel`, `/v1/children/{name}/restart`,
 `/v1/reload`, `/v1/tools/{tool}` (a JSON object of string parameters, as `ctl call`).
 `GET /v1/whoami` answers who the token is, and `/v1/events?status=S` also pushes the status
 every S seconds (`Api.events`): what the console needs.
+The console's page and its files (`web.static`: `GET /`, `/console/{file}`) need no token.
 
 Errors are `{"error": {"code", "message"}}`, the code the tree's (`ErrorCode`) or the server's
 (`unauthorized`, `forbidden`, `bad_request`, `too_large`), with the HTTP status `STATUS` maps
@@ -48,6 +49,7 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import shapes
 from orchestra_sup.protocol.endpoint import TokenIdentity
 from orchestra_sup.protocol.tokens import TokenTable
+from orchestra_sup.web import static
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -108,12 +110,14 @@ class Desk(Protocol):
 
 def make_app(desk: Desk, tokens: TokenTable) -> web.Application:
     """The API's application over `desk`, admitting the bearers of `tokens`."""
+    page = static.Console()
     app = web.Application(
-        client_max_size=BODY_MAX, middlewares=[_headers, _errors, _authorized(tokens)]
+        client_max_size=BODY_MAX, middlewares=[_headers, _errors, _authorized(tokens, page)]
     )
     api = Api(desk)
     app.add_routes(
         [
+            *static.routes(page),
             web.get("/v1/status", api.status),
             web.get("/v1/whoami", api.whoami),
             web.get("/v1/tree", api.tree),
@@ -420,10 +424,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def _authorized(
-    tokens: TokenTable,
+    tokens: TokenTable, page: static.Console
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if static.public(request, page):
+            return await handler(request)
         scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
         token = tokens.check(bearer.strip()) if scheme.lower() == "bearer" else None
         if token is None:

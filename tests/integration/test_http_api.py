@@ -220,6 +220,27 @@ def test_the_event_stream_carries_the_status_too(api: tuple[Tree, str, str]) -> 
     assert all(gap >= 0.9 for gap in apart), apart
 
 
+def test_the_console_is_served_without_a_token(api: tuple[Tree, str, str]) -> None:
+    """The console's page and files hold nothing about the tree: no token needed, the same
+    security headers, each with its media type; any other file is a 404 and `/v1` still needs
+    the token."""
+    tree, _, _ = api
+    root = Http(tree.status().http_url, None).url
+    for path, media in (
+        ("/", "text/html"),
+        ("/console/console.js", "text/javascript"),
+        ("/console/console.css", "text/css"),
+        ("/console/icon.svg", "image/svg+xml"),
+    ):
+        with urllib.request.urlopen(root + path, timeout=30) as reply:
+            assert reply.status == 200 and reply.headers["Content-Type"].startswith(media)
+            assert reply.headers["Content-Security-Policy"].startswith("default-src 'self'")
+            assert reply.headers["X-Content-Type-Options"] == "nosniff"
+    for path in ("/console/index.html", "/console/..%2Fapi.py", "/console/nope.js"):
+        assert Http(root, None).call("GET", path)[0] == 404, path
+    assert Http(root, None).call("GET", "/v1/status")[0] == 401
+
+
 def test_bad_requests_are_refused_and_the_tree_goes_on(api: tuple[Tree, str, str]) -> None:
     tree, ops, _ = api
     http = Http(tree.status().http_url, ops)
