@@ -16,10 +16,12 @@ apt_install = command -v $(1) >/dev/null || { [ "$$(id -u)" = 0 ] && command -v 
 	  || echo "setup: $(2) not installed: $(4)"
 
 # Lanes run under bubblewrap where it is installed (README, "Isolation"); the cluster tests run
-# a real etcd cluster (README, "Hosts on other machines").
+# a real etcd cluster (README, "Hosts on other machines"); the console's browser tests drive a
+# headless Chromium (README, "Console").
 $(STAMP): pyproject.toml
 	@$(call apt_install,bwrap,bubblewrap,lanes run sandboxed,lanes run without it (README Isolation))
 	@$(call apt_install,etcd,etcd-server,the cluster tests run,the cluster tests skip)
+	@$(call apt_install,chromium,chromium chromium-driver,the console's browser tests run,the console's browser tests skip)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
