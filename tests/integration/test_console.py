@@ -32,6 +32,7 @@ if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
     )
 
 from selenium import webdriver  # noqa: E402  (after the skip: needs no browser to import)
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -58,7 +59,7 @@ SIZES = ((1280, 800, False), (390, 844, True))
 
 
 @pytest.fixture
-def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebDriver]:
+def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[webdriver.Chrome]:
     """A headless Chromium with a fresh profile, its console log kept."""
     # Selenium Manager, were it called, would fail on this path instead of downloading
     monkeypatch.setenv("SE_MANAGER_PATH", str(tmp_path / "no-selenium-manager"))
@@ -94,7 +95,23 @@ def console_url(tree: Tree) -> str:
 
 
 def wait(driver: WebDriver, what: str, until: Callable[[WebDriver], object]) -> object:
-    return WebDriverWait(driver, WAIT_S).until(until, f"the console to show {what}")
+    """`until(driver)`'s first truthy value within `WAIT_S` (an element the page redrew
+    meanwhile is looked for again)."""
+    waiting = WebDriverWait(driver, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
+    return waiting.until(until, f"the console to show {what}")
+
+
+def click(driver: WebDriver, css: str, what: str) -> None:
+    """Click the element `css` finds once it is shown, again if the page redrew it first."""
+
+    def clicked(d: WebDriver) -> bool:
+        found = _shown(d, css)
+        if found is None:
+            return False
+        found.click()
+        return True
+
+    wait(driver, what, clicked)
 
 
 def sign_in(driver: WebDriver, url: str, bearer: str) -> None:
@@ -151,7 +168,7 @@ def screenshots(driver: WebDriver, where: Path) -> list[Path]:
 
 
 def test_an_operator_answers_while_a_shard_is_killed(
-    console_tree: tuple[Tree, str, str], browser: WebDriver, tmp_path: Path
+    console_tree: tuple[Tree, str, str], browser: webdriver.Chrome, tmp_path: Path
 ) -> None:
     """The question of an `approve = true` task appears; the shard SIGKILLed meanwhile shows
     its next generation; the Approve button answers it, recorded as `token:ops`; the plan is
@@ -182,7 +199,7 @@ def test_an_operator_answers_while_a_shard_is_killed(
     shots = screenshots(browser, Path(os.environ.get("ORCHESTRA_SUP_SCREENSHOTS") or tmp_path))
     assert all(p.stat().st_size > 10_000 for p in shots)
 
-    question(browser, plan_id).find_element(By.CSS_SELECTOR, '[data-verb="approve"]').click()
+    click(browser, f'[data-plan="{plan_id}"] [data-verb="approve"]', "the Approve button")
     wait(
         browser,
         f"plan {plan_id} succeeded",
@@ -195,7 +212,7 @@ def test_an_operator_answers_while_a_shard_is_killed(
     assert not browser.find_elements(By.CSS_SELECTOR, ".question")
 
     lane = report["tasks"][0]["lane"]
-    browser.find_element(By.CSS_SELECTOR, f'#plans [data-show-lane="{lane}"]').click()
+    click(browser, f'#plans [data-show-lane="{lane}"]', f"lane {lane} in its plan")
     wait(
         browser,
         f"lane {lane}'s transcript",
