@@ -384,6 +384,13 @@ async function open(token) {
 
 // --- drawing ---------------------------------------------------------------------------------
 
+/** Seconds for people: "42 s", "15 min", "3 h". */
+function duration(s) {
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 90 * 60) return `${Math.round(s / 60)} min`;
+  return `${Math.round(s / 3600)} h`;
+}
+
 const lag = (ms) => (ms ? ms.map((x) => x.toFixed(1)).join("/") : "-");
 
 function renderStatus(status) {
@@ -584,7 +591,7 @@ function renderQuestions() {
       state.cards.set(lane.lane, card);
     }
     const since = lane.since ? Math.max(0, Date.now() / 1000 - lane.since) : 0;
-    card.querySelector(".since").textContent = `waiting ${Math.round(since)} s`;
+    card.querySelector(".since").textContent = `waiting ${duration(since)}`;
   }
   $("question-count").textContent = String(waiting.length);
   $("no-questions").hidden = waiting.length > 0;
