@@ -265,7 +265,7 @@ class RootSupervisor:
         if self.handoff is not None:
             self.seam.on_sigchld()  # orphans whose SIGCHLD fell into the exec
         try:
-            await self.http.open(self.settings.http.listen)  # before any child: a port in use
+            await self.http.open(self.settings.http)  # before any child: a port in use
             await self.seam.open()
             if self.handoff is not None:
                 self._adopted()

@@ -23,8 +23,11 @@ Errors are `{"error": {"code", "message"}}`, the code the tree's (`ErrorCode`) o
 (`unauthorized`, `forbidden`, `bad_request`, `too_large`), with the HTTP status `STATUS` maps
 it to, as ctl maps codes onto exit statuses (usage errors 4xx, the tree's state 5xx).
 
-Limits: a body of at most `BODY_MAX` bytes (413 beyond), each request's part in the tree
-bounded by `ASK_TTL_S`; every answer carries `SECURITY_HEADERS`.
+Limits: a body of at most `BODY_MAX` bytes (413 beyond); a request (but an event stream) of
+at most `Limits.request_s` seconds, body included (504 beyond), its part in the tree at most
+`ASK_TTL_S`; an event stream's write at most `Limits.write_s` (a client that stops reading is
+let go); every answer carries `SECURITY_HEADERS`. Connections are bounded by the server
+(`supervisor.httpserve`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import json
 import logging
 import tomllib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
@@ -94,6 +98,16 @@ _WHO = web.RequestKey("who", TokenIdentity)
 _encode = msgspec.json.Encoder().encode
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Seconds a request may take, its body and answer included (`request_s`), and one write
+    of an event stream may wait for the client to read (`write_s`): `[http] request_s` and
+    `idle_s` (`protocol.httplisten`)."""
+
+    request_s: float = 60.0
+    write_s: float = 15.0
+
+
 class Desk(Protocol):
     """What the API asks of the supervisor: a ctl request answered as from `caller`
     (`supervisor.ctl.CtlService.ask`)."""
@@ -101,12 +115,15 @@ class Desk(Protocol):
     async def ask(self, caller: TokenIdentity, body: f.Body, ttl_s: float) -> f.Body: ...
 
 
-def make_app(desk: Desk, tokens: TokenTable) -> web.Application:
-    """The API's application over `desk`, admitting the bearers of `tokens`."""
+def make_app(desk: Desk, tokens: TokenTable, limits: Limits | None = None) -> web.Application:
+    """The API's application over `desk`, admitting the bearers of `tokens`, within `limits`
+    (None: `Limits()`)."""
+    limits = limits or Limits()
     app = web.Application(
-        client_max_size=BODY_MAX, middlewares=[_headers, _errors, _authorized(tokens)]
+        client_max_size=BODY_MAX,
+        middlewares=[_headers, _errors, _bounded(limits.request_s), _authorized(tokens)],
     )
-    api = Api(desk)
+    api = Api(desk, limits)
     app.add_routes(
         [
             web.get("/v1/status", api.status),
@@ -146,8 +163,9 @@ def _refusal(status: int, code: str, message: str, **headers: str) -> web.Respon
 class Api:
     """The handlers; each sends one ctl frame to `desk` and shapes its answer."""
 
-    def __init__(self, desk: Desk) -> None:
+    def __init__(self, desk: Desk, limits: Limits) -> None:
         self.desk = desk
+        self.limits = limits
 
     async def _ask(self, request: web.Request, body: f.Body, answer: type[Any]) -> Any:
         reply = await self.desk.ask(request[_WHO], body, ASK_TTL_S)
@@ -284,12 +302,9 @@ class Api:
                 b"id: %d\nevent: %s\ndata: %s\n\n" % (e.seq, e.kind.encode(), _encode(e))
                 for e in page.events
             )
-            try:
-                if chunk:
-                    await stream.write(chunk)
-                await asyncio.sleep(0)  # a replay of a long log lets the loop serve between pages
-            except ConnectionResetError:  # the client went: an EventSource's normal end
+            if chunk and not await self._send(stream, chunk):
                 return stream
+            await asyncio.sleep(0)  # a replay of a long log lets the loop serve between pages
             since = max(since, page.next)
             if page.events:
                 quiet = 0.0
@@ -297,11 +312,19 @@ class Api:
                 await asyncio.sleep(EVENTS_POLL_S)
                 quiet += EVENTS_POLL_S
                 if quiet >= KEEPALIVE_S:
-                    try:
-                        await stream.write(b": keep-alive\n\n")
-                    except ConnectionResetError:
+                    if not await self._send(stream, b": keep-alive\n\n"):
                         return stream
                     quiet = 0.0
+
+    async def _send(self, stream: web.StreamResponse, chunk: bytes) -> bool:
+        """Write `chunk` to an event stream; False when the client went (an EventSource's
+        normal end) or did not read it within `write_s` (the stream is then let go)."""
+        try:
+            async with asyncio.timeout(self.limits.write_s):
+                await stream.write(chunk)
+        except (ConnectionResetError, TimeoutError):
+            return False
+        return True
 
 
 async def _body(request: web.Request) -> str:
@@ -386,12 +409,30 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _refusal(500, "internal", "the server failed this request (see its log)")
 
 
+def _bounded(request_s: float) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request but an event stream within `request_s` (504 beyond)."""
+        if request.path == "/v1/events":
+            return await handler(request)
+        try:
+            async with asyncio.timeout(request_s):
+                return await handler(request)
+        except TimeoutError:
+            raise Refused(504, "timeout", f"the request took over {request_s:g} s") from None
+
+    return bounded
+
+
 def _authorized(
     tokens: TokenTable,
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+        presented = request.headers.getall("Authorization", [])
+        if len(presented) > 1:  # which one a proxy or the client meant is not ours to guess
+            return _refusal(400, "bad_request", "more than one Authorization header")
+        scheme, _, bearer = (presented[0] if presented else "").partition(" ")
         token = tokens.check(bearer.strip()) if scheme.lower() == "bearer" else None
         if token is None:
             message = "a valid bearer token is needed (keys init --http-token)"
