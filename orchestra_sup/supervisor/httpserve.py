@@ -75,7 +75,7 @@ class HttpServer:
         host, port = host_port(settings.listen)
         limits = Limits(request_s=settings.request_s, write_s=settings.idle_s)
         runner = web.AppRunner(
-            make_app(self.desk, tokens, limits),
+            make_app(self.desk, tokens, limits, settings.releases),
             access_log=None,
             shutdown_timeout=SHUTDOWN_S,
             keepalive_timeout=settings.idle_s,

@@ -48,7 +48,20 @@ from orchestra_sup.errors import ErrorCode, OrchestraError, PlanError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import shapes
 from orchestra_sup.protocol.endpoint import TokenIdentity
+from orchestra_sup.protocol.shapes import LogRowView
 from orchestra_sup.protocol.tokens import TokenTable
+from orchestra_sup.web import openapi
+from orchestra_sup.web.routes import (
+    ROUTES,
+    Accepted,
+    Caller,
+    Cancelled,
+    Logs,
+    Restarted,
+    RolloverAsk,
+    Sent,
+    ToolValue,
+)
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -94,8 +107,19 @@ VERDICTS = {
 }
 """Path verb -> the answer's verdict (`CtlRespond.verdict`)."""
 
+PUBLIC = frozenset({"/v1/openapi.json"})
+"""Paths served without a token: they say nothing about the tree."""
+ROLLOVER_WAIT_MAX_S = 10.0
+"""Seconds a rollover poll may be held (`?wait=`), well inside `Limits.request_s`."""
+ROLLOVER_BODY = '{"target": "shards", "release": "", "drain_timeout_s": null}'
+
 _WHO = web.RequestKey("who", TokenIdentity)
 _encode = msgspec.json.Encoder().encode
+
+
+def _json(answer: msgspec.Struct, status: int = 200) -> web.Response:
+    """`answer` (a type of `web.routes`) as the JSON body."""
+    return web.Response(body=_encode(answer), status=status, content_type="application/json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,32 +139,20 @@ class Desk(Protocol):
     async def ask(self, caller: TokenIdentity, body: f.Body, ttl_s: float) -> f.Body: ...
 
 
-def make_app(desk: Desk, tokens: TokenTable, limits: Limits | None = None) -> web.Application:
+def make_app(
+    desk: Desk, tokens: TokenTable, limits: Limits | None = None, releases: tuple[str, ...] = ()
+) -> web.Application:
     """The API's application over `desk`, admitting the bearers of `tokens`, within `limits`
-    (None: `Limits()`)."""
+    (None: `Limits()`); its paths are `web.routes.ROUTES`. A rollover may name the
+    supervisor's own interpreter or one of `releases` (`[http] releases`)."""
     limits = limits or Limits()
     app = web.Application(
         client_max_size=BODY_MAX,
         middlewares=[_headers, _errors, _bounded(limits.request_s), _authorized(tokens)],
     )
-    api = Api(desk, limits)
+    api = Api(desk, limits, releases)
     app.add_routes(
-        [
-            web.get("/v1/status", api.status),
-            web.get("/v1/tree", api.tree),
-            web.get("/v1/plans", api.plans),
-            web.post("/v1/plans", api.submit),
-            web.get("/v1/plans/{id}", api.plan),
-            web.post("/v1/plans/{id}/message", api.message),
-            web.post("/v1/children/{name}/restart", api.restart),
-            web.post("/v1/reload", api.reload),
-            web.post("/v1/tools/{tool}", api.call),
-            web.get("/v1/lanes/{lane}/logs", api.logs),
-            web.get("/v1/lanes", api.lanes),
-            web.post("/v1/lanes/{lane}/cancel", api.cancel),
-            web.post("/v1/lanes/{lane}/{verb}", api.respond),
-            web.get("/v1/events", api.events),
-        ]
+        [web.route(route.method, route.path, getattr(api, route.handler)) for route in ROUTES]
     )
     return app
 
@@ -163,9 +175,18 @@ def _refusal(status: int, code: str, message: str, **headers: str) -> web.Respon
 class Api:
     """The handlers; each sends one ctl frame to `desk` and shapes its answer."""
 
-    def __init__(self, desk: Desk, limits: Limits) -> None:
+    def __init__(self, desk: Desk, limits: Limits, releases: tuple[str, ...]) -> None:
         self.desk = desk
         self.limits = limits
+        self.releases = releases
+        self._openapi = _encode(openapi.document())
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._openapi, content_type="application/json")
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        who = request[_WHO]
+        return _json(Caller(name=who.name, role=who.role))
 
     async def _ask(self, request: web.Request, body: f.Body, answer: type[Any]) -> Any:
         reply = await self.desk.ask(request[_WHO], body, ASK_TTL_S)
@@ -204,7 +225,7 @@ class Api:
         # parsed and checked off the loop: a 1 MiB plan of 20,000 tasks takes about 0.5 s
         spec = await asyncio.to_thread(_plan, await _body(request), request.content_type)
         reply = await self._ask(request, f.CtlSubmit(plan=spec), f.PlanAccepted)
-        return web.json_response({"id": reply.id}, status=201)
+        return _json(Accepted(id=reply.id), 201)
 
     async def message(self, request: web.Request) -> web.Response:
         _operates(request)
@@ -212,13 +233,13 @@ class Api:
         if not text:
             raise Refused(400, "bad_request", 'a message needs a body {"text": "..."}')
         await self._ask(request, f.CtlMessage(plan=plan_id, text=text), f.Ack)
-        return web.json_response({"plan": plan_id, "sent": True})
+        return _json(Sent(plan=plan_id, sent=True))
 
     async def restart(self, request: web.Request) -> web.Response:
         _operates(request)
         name = request.match_info["name"]
         await self._ask(request, f.CtlRestart(name=name), f.Ack)
-        return web.json_response({"restarted": name})
+        return _json(Restarted(restarted=name))
 
     async def reload(self, request: web.Request) -> web.Response:
         _operates(request)
@@ -244,7 +265,7 @@ class Api:
             )
         body = f.CtlCall(tool=request.match_info["tool"], params=params)
         reply = await self._ask(request, body, f.ToolResult)
-        return web.json_response({"value": reply.value})
+        return _json(ToolValue(value=reply.value))
 
     async def logs(self, request: web.Request) -> web.Response:
         """A lane's transcript rows after `?after=SEQ` (default: from the first), at most
@@ -258,23 +279,60 @@ class Api:
         )
         if not reply.found:
             raise Refused(404, "not_found", f"no lane {lane!r} on any shard")
-        rows = [shapes.log_row_json(row, lane) for row in reply.rows]
-        return web.json_response({"lane": lane, "rows": rows, "done": reply.done})
+        rows = [
+            LogRowView(seq=row.seq, ts=row.ts, stream=row.stream, data=row.data, lane=lane)
+            for row in reply.rows
+        ]
+        return _json(Logs(lane=lane, rows=rows, done=reply.done))
 
     async def cancel(self, request: web.Request) -> web.Response:
         _operates(request)
         await self._ask(request, f.CtlCancel(lane=request.match_info["lane"]), f.Ack)
-        return web.json_response({"lane": request.match_info["lane"], "cancelled": True})
+        return _json(Cancelled(lane=request.match_info["lane"], cancelled=True))
+
+    async def rollover(self, request: web.Request) -> web.Response:
+        """A rollover begun (`ctl rollover`): answered 202 with its first report, at once;
+        `GET /v1/rollovers/{id}` follows it. The release must be the supervisor's own ("")
+        or one of `[http] releases`: a token must not choose a program to run."""
+        _operates(request)
+        try:
+            ask = msgspec.json.decode(await _body(request), type=RolloverAsk)
+        except msgspec.DecodeError as exc:  # ValidationError is one
+            raise Refused(400, "bad_request", f"the body must be {ROLLOVER_BODY}: {exc}") from None
+        if ask.release and ask.release not in self.releases:
+            raise Refused(
+                403,
+                "forbidden",
+                f"release {ask.release!r} is not in [http] releases; over HTTP a rollover may "
+                'name the supervisor\'s own interpreter ("") or one listed there',
+            )
+        body = f.CtlRollover(
+            name=ask.target, release=ask.release, drain_timeout_s=ask.drain_timeout_s
+        )
+        reply = await self._ask(request, body, f.RolloverReport)
+        headers = {"Location": f"/v1/rollovers/{reply.id}"}
+        return web.json_response(shapes.rollover_json(reply), status=202, headers=headers)
+
+    async def rollover_status(self, request: web.Request) -> web.Response:
+        """A rollover's report with its events after `?after=SEQ` (default: every one),
+        held up to `?wait=S` seconds (0..10, default 0) for a new one (a long poll)."""
+        after = _seq(request.query["after"]) if "after" in request.query else -1
+        try:
+            wait = float(request.query.get("wait", "0"))
+        except ValueError:
+            wait = -1.0
+        if not 0 <= wait <= ROLLOVER_WAIT_MAX_S:
+            raise Refused(400, "bad_request", f"wait: 0..{ROLLOVER_WAIT_MAX_S:g} seconds")
+        body = f.CtlRolloverStatus(id=request.match_info["id"], after_seq=after, wait_s=wait)
+        return web.json_response(
+            shapes.rollover_json(await self._ask(request, body, f.RolloverReport))
+        )
 
     async def respond(self, request: web.Request) -> web.Response:
+        """An answer to a lane's question; the verdict is the path's last part (its routes
+        are `VERDICTS`' keys only)."""
         _operates(request)
-        verb = request.match_info["verb"]
-        if verb not in VERDICTS:
-            raise Refused(
-                404,
-                "not_found",
-                f"no action {verb!r} on a lane (one of: {', '.join([*VERDICTS, 'cancel'])})",
-            )
+        verb = request.path.rsplit("/", 1)[1]
         text = _text(await _body(request))
         body = f.CtlRespond(lane=request.match_info["lane"], verdict=VERDICTS[verb], text=text)
         return web.json_response(
@@ -429,6 +487,8 @@ def _authorized(
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in PUBLIC:
+            return await handler(request)
         presented = request.headers.getall("Authorization", [])
         if len(presented) > 1:  # which one a proxy or the client meant is not ours to guess
             return _refusal(400, "bad_request", "more than one Authorization header")
