@@ -16,10 +16,11 @@ one made or revoked with the tree running counts from its next request.
 TLS: with `[http] cert` and `key`, the API is served over TLS 1.2 or later, and only then from
 a non-loopback address (`httplisten.http_listen`).
 
-A re-exec needs nothing of it: the listening socket and every connection are close-on-exec,
-so the old image's go with the exec, a client sees its connection end (an `EventSource`
-reconnects by itself, sending `Last-Event-ID`), and the new image binds the address again; a
-failed exec leaves the old image serving.
+At a re-exec the listening socket and every connection are close-on-exec, so the old image's
+go with the exec, a client sees its connection end (an `EventSource` reconnects by itself,
+sending `Last-Event-ID`), and the new image binds the address again: for `HOST:0`, the port
+the old image had (`Handoff.http_bound`), so clients find it where they left it (another one
+when that port was taken meanwhile). A failed exec leaves the old image serving.
 """
 
 from __future__ import annotations
@@ -53,13 +54,17 @@ _FULL_BODY = b'{"error": {"code": "busy", "message": "too many connections to th
 
 class HttpServer:
     """The API over `desk`, admitting the tokens in the keys directory (`keys_dir`, that of
-    `start --keys`; None: the state directory's, `keys.default_keys_dir`); `url` once open,
-    `refused` the connections turned away for `max_connections`."""
+    `start --keys`; None: the state directory's, `keys.default_keys_dir`); `url` and `bound`
+    ("HOST:PORT") once open, `refused` the connections turned away for `max_connections`.
+    `rebind`: the address an earlier image of this supervisor had bound (`Handoff`), taken
+    again for a `listen` of port 0."""
 
-    def __init__(self, desk: Desk, state_dir: Path, keys_dir: str | None) -> None:
+    def __init__(self, desk: Desk, state_dir: Path, keys_dir: str | None, rebind: str = ""):
         self.desk = desk
         self.keys_dir = Path(keys_dir) if keys_dir else default_keys_dir(state_dir)
+        self.rebind = rebind
         self.url = ""
+        self.bound = ""
         self.refused = 0
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
@@ -84,23 +89,32 @@ class HttpServer:
         await runner.setup()
         assert runner.server is not None
         bounded = _Bounded(runner.server, settings.max_connections, settings.idle_s + 1, self)
-        try:
-            server = await asyncio.get_running_loop().create_server(
-                bounded,
-                host,
-                port,
-                ssl=tls,
-                ssl_handshake_timeout=settings.idle_s if tls else None,
-                backlog=128,
-                reuse_address=True,
-            )
-        except OSError as exc:
-            await runner.cleanup()
-            where = settings.listen
-            raise ConfigError(f"--http {where}: cannot listen there: {exc.strerror}") from exc
+        ports = [port]
+        if port == 0 and self.rebind and host_port(self.rebind)[0] == host:
+            ports.insert(0, host_port(self.rebind)[1])
+        for each in ports:
+            try:
+                server = await asyncio.get_running_loop().create_server(
+                    bounded,
+                    host,
+                    each,
+                    ssl=tls,
+                    ssl_handshake_timeout=settings.idle_s if tls else None,
+                    backlog=128,
+                    reuse_address=True,
+                )
+                break
+            except OSError as exc:
+                if each != ports[-1]:
+                    log.warning("HTTP API: port %d taken meanwhile (%s)", each, exc.strerror)
+                    continue
+                await runner.cleanup()
+                where = settings.listen
+                raise ConfigError(f"--http {where}: cannot listen there: {exc.strerror}") from exc
         self._runner, self._server = runner, server
         bound = server.sockets[0].getsockname()[1]  # the port taken, for port 0
         shown = f"[{host}]" if ":" in host else host
+        self.bound = f"{shown}:{bound}"
         self.url = f"{'https' if tls else 'http'}://{shown}:{bound}/v1/"
         if not len(tokens):
             log.warning("HTTP API at %s: no token yet (keys init --http-token NAME)", self.url)

@@ -1,6 +1,6 @@
-"""The HTTP API's limits and TLS (`supervisor.httpserve`, `[http]`, issue 23) on a real tree:
-bounded connections, idle and slow clients let go, tokens counted from their next request,
-and a non-loopback address served only over TLS."""
+"""The HTTP API's server (`supervisor.httpserve`, `[http]`, issue 23) on a real tree: bounded
+connections, idle and slow clients let go, tokens counted from their next request, a
+non-loopback address served only over TLS, and the port of `HOST:0` kept across a re-exec."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.tokens import TOKENS_DIR
 from tests.integration.harness import Tree, wait_until
 from tests.integration.test_cli import assert_one_line_error
-from tests.integration.test_http_api import Http, token
+from tests.integration.test_http_api import Http, api, token
 
 pytestmark = pytest.mark.integration
+__all__ = ["api"]  # the fixture, used by name
 
 LIMITS = '[http]\nlisten = "127.0.0.1:0"\nmax_connections = 8\nidle_s = 1.0\nrequest_s = 2.0\n'
 
@@ -147,3 +148,16 @@ def test_a_certificate_that_cannot_be_loaded_is_refused_at_start(tmp_path: Path)
     argv += ["--run-dir", str(tmp_path / "r"), "--config", str(config)]
     started = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert_one_line_error(started, 2, "[http] cert", "cannot be loaded")
+
+
+def test_a_re_exec_keeps_the_port_of_host_0(api: tuple[Tree, str, str]) -> None:
+    """`--http 127.0.0.1:0` after `ctl rollover supervisor`: the new image serves the port
+    the old one had (`Handoff.http_bound`), so a client finds the tree where it left it."""
+    tree, ops, _ = api
+    before = tree.status()
+    done = tree.rollover("supervisor")
+    assert done.returncode == 0, done.stderr
+    after = tree.status()
+    assert after.version == before.version and after.http_url == before.http_url
+    status, body, _ = Http(before.http_url, ops).call("GET", "/v1/status")
+    assert status == 200 and body["supervisor"]["pid"] == before.supervisor_pid
