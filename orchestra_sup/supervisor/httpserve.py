@@ -37,7 +37,7 @@ from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol.httplisten import HttpSettings, host_port
 from orchestra_sup.protocol.keys import default_keys_dir
 from orchestra_sup.protocol.tokens import TokenTable
-from orchestra_sup.web.api import Desk, Limits, make_app
+from orchestra_sup.web.api import Desk, Limits, end_streams, make_app
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -125,6 +125,7 @@ class HttpServer:
             self._server.close()
             self._server = None
         if self._runner is not None:
+            end_streams(self._runner.app)
             await self._runner.cleanup()
             self._runner = None
 

@@ -114,6 +114,8 @@ ROLLOVER_WAIT_MAX_S = 10.0
 ROLLOVER_BODY = '{"target": "shards", "release": "", "drain_timeout_s": null}'
 
 _WHO = web.RequestKey("who", TokenIdentity)
+STREAMS = web.AppKey("streams", set[asyncio.Task[Any]])
+"""The tasks serving event streams now (`end_streams`)."""
 _encode = msgspec.json.Encoder().encode
 
 
@@ -146,15 +148,25 @@ def make_app(
     (None: `Limits()`); its paths are `web.routes.ROUTES`. A rollover may name the
     supervisor's own interpreter or one of `releases` (`[http] releases`)."""
     limits = limits or Limits()
+    streams: set[asyncio.Task[Any]] = set()
     app = web.Application(
         client_max_size=BODY_MAX,
-        middlewares=[_headers, _errors, _bounded(limits.request_s), _authorized(tokens)],
+        middlewares=[_headers, _errors, _bounded(limits.request_s, streams), _authorized(tokens)],
     )
+    app[STREAMS] = streams
     api = Api(desk, limits, releases)
     app.add_routes(
         [web.route(route.method, route.path, getattr(api, route.handler)) for route in ROUTES]
     )
     return app
+
+
+def end_streams(app: web.Application) -> None:
+    """End every event stream of `app` now: a stream never ends by itself, and a server
+    stopping would otherwise wait out its shutdown timeout for each (the clients resume with
+    `Last-Event-ID`)."""
+    for task in app[STREAMS]:
+        task.cancel()
 
 
 class Refused(OrchestraError):
@@ -467,12 +479,21 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _refusal(500, "internal", "the server failed this request (see its log)")
 
 
-def _bounded(request_s: float) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def _bounded(
+    request_s: float, streams: set[asyncio.Task[Any]]
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every request but an event stream within `request_s` (504 beyond)."""
+        """Every request but an event stream within `request_s` (504 beyond); an event
+        stream's task in `streams` while it runs (`end_streams`)."""
         if request.path == "/v1/events":
-            return await handler(request)
+            task = asyncio.current_task()
+            assert task is not None
+            streams.add(task)
+            try:
+                return await handler(request)
+            finally:
+                streams.discard(task)
         try:
             async with asyncio.timeout(request_s):
                 return await handler(request)
