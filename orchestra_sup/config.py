@@ -86,8 +86,13 @@ events_s = 2592000        # an event of the event log (`ctl events`): 30 days
 every_s = 60.0            # seconds between two prunes (`ctl prune`: now)
 
 [http]                    # the HTTP API (web/api.py; README, "HTTP API")
-listen = "127.0.0.1:8080" # serve it here (default "": not served); loopback only, until TLS
-                          # is built; `start --http` replaces it
+listen = "127.0.0.1:8080" # serve it here (default "": not served); `start --http` replaces it
+cert = ""                 # PEM certificate chain and key: TLS, and then any address; without
+key = ""                  #   them, a loopback address only
+max_connections = 256     # open connections at most; one more is answered 503 and closed
+idle_s = 15.0             # seconds a connection may stay open without a whole request
+request_s = 60.0          # seconds a request may take (an event stream: each write, idle_s)
+releases = []             # interpreters a rollover over HTTP may name, beside the supervisor's
 
 [state]                   # the state directory's disk (system/reserve.py)
 min_free = "5%"           # below this free space (bytes, or a share "N%") new plans and lanes
@@ -113,7 +118,7 @@ from orchestra_sup.cluster.settings import ClusterSettings, cluster_section
 from orchestra_sup.configfile import bounded, read_toml, toml_value
 from orchestra_sup.errors import ConfigError, did_you_mean
 from orchestra_sup.protocol.childargs import Quota, RetentionSettings
-from orchestra_sup.protocol.httplisten import HttpSettings, http_listen
+from orchestra_sup.protocol.httplisten import HttpSettings, http_section, with_listen
 from orchestra_sup.protocol.patterns import NAME_PATTERN, PROGRAM_PATTERN
 from orchestra_sup.system.cpupolicy import (
     LANE_CLASSES,
@@ -294,7 +299,7 @@ _CHECKED_APART = {
     "coordinator": ("programs",),
     "cpu": ("reserved_cpus",),
     "state": ("min_free",),
-    "http": ("listen",),
+    "http": ("listen", "cert", "key", "max_connections", "idle_s", "request_s", "releases"),
 }
 """Keys each section accepts that `_check` does not see (their own checks run apart), so that
 an unknown-key error still lists every key the section takes."""
@@ -409,17 +414,9 @@ def settings_from_mapping(data: dict[str, Any]) -> Settings:
         cpu=CpuSettings(**sections.get("cpu", {})),
         retention=retention,
         min_free=_state_section(data.get("state", {})),
-        http=_http_section(data.get("http", {})),
+        http=http_section(data.get("http", {})),
         cluster=cluster_section(data.get("cluster", {})),
     )
-
-
-def _http_section(body: dict[str, Any]) -> HttpSettings:
-    """`[http]`: its one key, `listen` (`protocol.httplisten`). Raises `ConfigError`."""
-    unknown = sorted(set(body) - {"listen"})
-    if unknown:
-        raise ConfigError(f"unknown key [http] {unknown[0]} (known: listen)")
-    return HttpSettings(listen=http_listen(body.get("listen", "")))
 
 
 def _state_section(body: dict[str, Any]) -> MinFree:
@@ -583,6 +580,4 @@ def with_http(settings: Settings, listen: str | None) -> Settings:
     `ConfigError` as `httplisten.http_listen`."""
     if listen is None:
         return settings
-    return msgspec.structs.replace(
-        settings, http=HttpSettings(listen=http_listen(listen, "--http"))
-    )
+    return msgspec.structs.replace(settings, http=with_listen(settings.http, listen))

@@ -72,43 +72,67 @@ def issue_token(keys_dir: Path, name: str, role: str = OPERATE) -> str:
 
 
 class TokenTable:
-    """The tokens of `keys_dir`, read once (`load`); `check(bearer)` says whose a presented
-    token is, or None. A token added or deleted later takes effect when the table is read
-    again: at the supervisor's next start (or re-exec)."""
+    """The tokens of `keys_dir` as they are on disk when presented: `check(bearer)` looks at
+    the file of the name the token carries, so a token made with `keys init` is admitted at
+    once and one whose file is deleted (revoked) is refused at once, with no restart or
+    reload. One `stat` per request; a file is read again only when it changed."""
 
-    def __init__(self, tokens: dict[str, tuple[str, str]]) -> None:
-        self._tokens = tokens  # name -> (role, sha256 hex)
+    def __init__(self, keys_dir: Path) -> None:
+        self.dir = keys_dir / TOKENS_DIR
+        self._read: dict[str, tuple[tuple[int, int, int], str, str]] = {}
+        """name -> ((inode, mtime ns, size), role, sha256 hex), as last read."""
 
     @classmethod
     def load(cls, keys_dir: Path) -> TokenTable:
-        """Raises `ConfigError` for a token file that cannot be read or says nonsense."""
-        tokens: dict[str, tuple[str, str]] = {}
-        where = keys_dir / TOKENS_DIR
-        if not where.is_dir():
-            return cls(tokens)
-        for path in sorted(where.glob("*.toml")):
-            try:
-                data = tomllib.loads(path.read_text())
-            except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"HTTP token {path}: cannot be read: {exc}") from exc
-            role, digest = data.get("role"), data.get("sha256")
-            if role not in ROLES or not isinstance(digest, str) or len(digest) != 64:
-                raise ConfigError(f"HTTP token {path}: needs role (read|operate) and sha256")
-            tokens[path.stem] = (role, digest)
-        return cls(tokens)
+        """The table, each token file read once now. Raises `ConfigError` for a token file
+        that cannot be read or says nonsense (at start: later, such a file only refuses its
+        own token, `check`)."""
+        table = cls(keys_dir)
+        for path in sorted(table.dir.glob("*.toml")) if table.dir.is_dir() else ():
+            table._record(path.stem)
+        return table
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        """Token files in the keys directory now."""
+        return len(list(self.dir.glob("*.toml"))) if self.dir.is_dir() else 0
 
     def check(self, bearer: str) -> Token | None:
+        """Whose `bearer` is, or None: not a token's shape, no file for its name (never made,
+        or revoked), an unreadable file, or a secret that is not the one hashed there."""
         match = _TOKEN.fullmatch(bearer)
         if match is None:
             return None
         name = match.group(1)
-        known = self._tokens.get(name)
-        if known is None or not hmac.compare_digest(known[1], _digest(bearer)):
+        try:
+            role, digest = self._record(name)
+        except ConfigError:
+            self._read.pop(name, None)
             return None
-        return Token(name=name, role=known[0])
+        if not hmac.compare_digest(digest, _digest(bearer)):
+            return None
+        return Token(name=name, role=role)
+
+    def _record(self, name: str) -> tuple[str, str]:
+        """(role, digest) of token `name`, read again when its file changed. Raises
+        `ConfigError` when the file is missing, unreadable or says nonsense."""
+        path = self.dir / f"{name}.toml"
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise ConfigError(f"HTTP token {path}: {exc.strerror}") from None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._read.get(name)
+        if known is not None and known[0] == stamp:
+            return known[1], known[2]
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"HTTP token {path}: cannot be read: {exc}") from exc
+        role, digest = data.get("role"), data.get("sha256")
+        if role not in ROLES or not isinstance(digest, str) or len(digest) != 64:
+            raise ConfigError(f"HTTP token {path}: needs role (read|operate) and sha256")
+        self._read[name] = (stamp, role, digest)
+        return role, digest
 
 
 def _digest(token: str) -> str:

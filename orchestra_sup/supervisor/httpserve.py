@@ -1,68 +1,193 @@
 """The HTTP API (`web.api`) served on the supervisor's loop, when `[http] listen` (or `start
---http`) names an address.
+--http`) names an address, within the limits of `[http]` (`protocol.httplisten`).
 
-Its tokens are read from the keys directory when it opens (`protocol.tokens`): one made later
-is admitted from the next start. A re-exec needs nothing of it: the listening socket and every
-connection are close-on-exec, so the old image's go with the exec, a client sees its
-connection end (an `EventSource` reconnects by itself, sending `Last-Event-ID`), and the new
-image binds the address again; a failed exec leaves the old image serving.
+Limits, each because a client that is slow or hostile must not cost the tree:
+- connections: at most `max_connections` open; one more is answered 503 in one JSON line and
+  closed at once (`_Bounded`), so a crowd of silent connections cannot take the descriptors
+  the supervisor needs for its children and `ctl`;
+- idle: a connection without a whole request for `idle_s` is closed (aiohttp's keep-alive
+  timer, armed from the accept);
+- time: a request may take `request_s`, body and answer included (`web.api`), and an event
+  stream's write `idle_s`.
+
+Tokens are read from the keys directory as they are presented (`protocol.tokens.TokenTable`):
+one made or revoked with the tree running counts from its next request.
+
+TLS: with `[http] cert` and `key`, the API is served over TLS 1.2 or later, and only then from
+a non-loopback address (`httplisten.http_listen`).
+
+At a re-exec the listening socket and every connection are close-on-exec, so the old image's
+go with the exec, a client sees its connection end (an `EventSource` reconnects by itself,
+sending `Last-Event-ID`), and the new image binds the address again: for `HOST:0`, the port
+the old image had (`Handoff.http_bound`), so clients find it where they left it (another one
+when that port was taken meanwhile). A failed exec leaves the old image serving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import ssl
+import time
 from pathlib import Path
 
 from aiohttp import web
 
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.protocol.httplisten import host_port
+from orchestra_sup.protocol.httplisten import HttpSettings, host_port
 from orchestra_sup.protocol.keys import default_keys_dir
 from orchestra_sup.protocol.tokens import TokenTable
-from orchestra_sup.web.api import Desk, make_app
+from orchestra_sup.web.api import Desk, Limits, end_streams, make_app
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
 SHUTDOWN_S = 1.0
 """Seconds requests in flight get when the tree stops."""
+FULL_LINGER_S = 1.0
+"""Seconds a connection over the bound is held for its request to be read (`_Full`)."""
+FULL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s"
+)
+_FULL_BODY = b'{"error": {"code": "busy", "message": "too many connections to the HTTP API"}}'
 
 
 class HttpServer:
     """The API over `desk`, admitting the tokens in the keys directory (`keys_dir`, that of
-    `start --keys`; None: the state directory's, `keys.default_keys_dir`); `url` once open."""
+    `start --keys`; None: the state directory's, `keys.default_keys_dir`); `url` and `bound`
+    ("HOST:PORT") once open, `refused` the connections turned away for `max_connections`.
+    `rebind`: the address an earlier image of this supervisor had bound (`Handoff`), taken
+    again for a `listen` of port 0."""
 
-    def __init__(self, desk: Desk, state_dir: Path, keys_dir: str | None) -> None:
+    def __init__(self, desk: Desk, state_dir: Path, keys_dir: str | None, rebind: str = ""):
         self.desk = desk
         self.keys_dir = Path(keys_dir) if keys_dir else default_keys_dir(state_dir)
+        self.rebind = rebind
         self.url = ""
+        self.bound = ""
+        self.refused = 0
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
 
-    async def open(self, listen: str) -> None:
-        """Serve on `listen` ("HOST:PORT", checked: `httplisten.http_listen`; "": nothing).
-        Raises `ConfigError` when a token file cannot be read or the address cannot be bound."""
-        if not listen:
+    async def open(self, settings: HttpSettings) -> None:
+        """Serve as `settings` say ("" `listen`: nothing). Raises `ConfigError` when a token
+        file cannot be read, the certificate or key cannot be loaded, or the address cannot
+        be bound."""
+        if not settings.listen:
             return
         tokens = TokenTable.load(self.keys_dir)
-        host, port = host_port(listen)
+        tls = _tls(settings) if settings.tls else None
+        host, port = host_port(settings.listen)
+        limits = Limits(request_s=settings.request_s, write_s=settings.idle_s)
         runner = web.AppRunner(
-            make_app(self.desk, tokens), access_log=None, shutdown_timeout=SHUTDOWN_S
+            make_app(self.desk, tokens, limits, settings.releases),
+            access_log=None,
+            shutdown_timeout=SHUTDOWN_S,
+            keepalive_timeout=settings.idle_s,
+            handler_cancellation=True,  # a client gone cancels its handler: nothing waits on it
         )
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise ConfigError(f"--http {listen}: cannot listen there: {exc.strerror}") from exc
-        self._runner = runner
-        bound = runner.addresses[0][1]  # the port taken, for port 0
+        assert runner.server is not None
+        bounded = _Bounded(runner.server, settings.max_connections, settings.idle_s + 1, self)
+        ports = [port]
+        if port == 0 and self.rebind and host_port(self.rebind)[0] == host:
+            ports.insert(0, host_port(self.rebind)[1])
+        for each in ports:
+            try:
+                server = await asyncio.get_running_loop().create_server(
+                    bounded,
+                    host,
+                    each,
+                    ssl=tls,
+                    ssl_handshake_timeout=settings.idle_s if tls else None,
+                    backlog=128,
+                    reuse_address=True,
+                )
+                break
+            except OSError as exc:
+                if each != ports[-1]:
+                    log.warning("HTTP API: port %d taken meanwhile (%s)", each, exc.strerror)
+                    continue
+                await runner.cleanup()
+                where = settings.listen
+                raise ConfigError(f"--http {where}: cannot listen there: {exc.strerror}") from exc
+        self._runner, self._server = runner, server
+        bound = server.sockets[0].getsockname()[1]  # the port taken, for port 0
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{bound}/v1/"
+        self.bound = f"{shown}:{bound}"
+        self.url = f"{'https' if tls else 'http'}://{shown}:{bound}/v1/"
         if not len(tokens):
             log.warning("HTTP API at %s: no token yet (keys init --http-token NAME)", self.url)
         log.info("HTTP API at %s, %d tokens", self.url, len(tokens))
 
     async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         if self._runner is not None:
+            end_streams(self._runner.app)
             await self._runner.cleanup()
             self._runner = None
+
+
+def _tls(settings: HttpSettings) -> ssl.SSLContext:
+    """A server context of `settings`' certificate chain and key, TLS 1.2 at least. Raises
+    `ConfigError` naming the file when either cannot be loaded."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(settings.cert, settings.key)
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
+        raise ConfigError(
+            f"[http] cert {settings.cert} and key {settings.key}: cannot be loaded: {reason}"
+        ) from None
+    return context
+
+
+class _Bounded:
+    """The protocol factory of the listening socket: aiohttp's request handler while fewer
+    than `most` connections are open, else a `_Full` that answers 503 and closes.
+
+    Open is those aiohttp holds and those handed out whose `connection_made` has not come yet
+    (`pending`: accepted in one burst, every factory call runs before the first of them is
+    made; a TLS handshake delays it up to `grace_s`, after which a handler never made is
+    counted gone)."""
+
+    def __init__(self, server: web.Server, most: int, grace_s: float, counts: HttpServer):
+        self.server, self.most, self.grace_s, self.counts = server, most, grace_s, counts
+        self.pending: dict[asyncio.BaseProtocol, float] = {}
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        now = time.monotonic()
+        made = set(self.server.connections)
+        self.pending = {
+            handler: at
+            for handler, at in self.pending.items()
+            if handler not in made and now - at < self.grace_s
+        }
+        if len(made) + len(self.pending) >= self.most:
+            self.counts.refused += 1
+            return _Full()
+        handler = self.server()
+        self.pending[handler] = now
+        return handler
+
+
+class _Full(asyncio.Protocol):
+    """A connection over the bound: answered 503 at once, closed once the client's request
+    is read (closing with it unread would reset the connection, and the answer with it), or
+    after `FULL_LINGER_S`, whichever is first."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(FULL % (len(_FULL_BODY), _FULL_BODY))
+        self.timer = asyncio.get_running_loop().call_later(FULL_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.timer.cancel()
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.timer.cancel()

@@ -91,7 +91,8 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     carry it): the old one's plus one, 2 from a release that did not count them;
 
     `config` is where the settings came from (`start --config` and its overrides), so a SIGHUP
-    to the new image reloads the same file (None: nothing to re-read)."""
+    to the new image reloads the same file (None: nothing to re-read); `http_bound` the
+    address the HTTP API was bound to ("HOST:PORT"; ""), so `--http HOST:0` keeps its port."""
 
     boot: str
     release: str
@@ -108,6 +109,7 @@ class Handoff(msgspec.Struct, frozen=True, kw_only=True):
     log_format: LogFormat = LogFormat.TEXT
     generation: int = 2
     config: ConfigSource | None = None
+    http_bound: str = ""
 
     def paths(self) -> Paths:
         return Paths(
@@ -243,6 +245,7 @@ def _handoff(sup: ReexecHost, release: str, carry: bytes) -> Handoff:
         log_format=sup.log_format,
         generation=sup.generation + 1,
         config=sup.config,
+        http_bound=sup.http.bound,
     )
 
 

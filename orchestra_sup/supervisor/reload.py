@@ -66,7 +66,10 @@ IMMUTABLE = {
     "[supervisor] metrics_port": "the metrics endpoint is bound once, when the tree starts",
     "[supervisor] metrics_host": "the metrics endpoint is bound once, when the tree starts",
     "[cluster] listen": "the hosts' endpoint is bound once, when the tree starts",
-    "[http] listen": "the HTTP API is bound once, when the tree starts",
+    **{
+        f"[http] {key}": "the HTTP API is set up once, when the tree starts"
+        for key in ("listen", "cert", "key", "max_connections", "idle_s", "request_s", "releases")
+    },
     "[cluster] coordinator_listen": "hosts are told the data ports once, when they join",
     "[cluster] custodian_listen": "hosts are told the data ports once, when they join",
     "[cluster] keys": "its keys are read once, when the tree starts",

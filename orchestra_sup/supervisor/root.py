@@ -185,7 +185,8 @@ class RootSupervisor:
         self.children = Children(list(self.tree.workers()), self.seam, self.sockets)
         self.lag = LoopLag()
         self.ctl_service = CtlService(self)
-        self.http = HttpServer(self.ctl_service, paths.state_dir, self.sockets.keys_dir)
+        rebind = handoff.http_bound if handoff is not None else ""
+        self.http = HttpServer(self.ctl_service, paths.state_dir, self.sockets.keys_dir, rebind)
         self._stop = asyncio.Event()
         self._exit_code = EXIT_OK
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -265,7 +266,7 @@ class RootSupervisor:
         if self.handoff is not None:
             self.seam.on_sigchld()  # orphans whose SIGCHLD fell into the exec
         try:
-            await self.http.open(self.settings.http.listen)  # before any child: a port in use
+            await self.http.open(self.settings.http)  # before any child: a port in use
             await self.seam.open()
             if self.handoff is not None:
                 self._adopted()

@@ -62,10 +62,12 @@ class TreeHost(Protocol):
 class ReexecHost(TreeHost, Protocol):
     """What re-executing the supervisor needs besides: what the `Handoff` records (the
     directories and their `dir_locks`, this run's `boot`, `log_format`, this image's
-    `generation`, the `config` source), the sockets bound again after a failed exec
-    (`open_sockets`), and a stop with an exit status when they cannot be (`request_stop`)."""
+    `generation`, the `config` source, the address `http` is bound to), the sockets bound
+    again after a failed exec (`open_sockets`), and a stop with an exit status when they
+    cannot be (`request_stop`)."""
 
     paths: Paths
+    http: HttpServer
     dir_locks: tuple[DirLock, DirLock] | None
     boot: str
     log_format: LogFormat

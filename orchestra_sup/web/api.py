@@ -18,16 +18,18 @@ with `Content-Type: application/json`), `/v1/plans/{id}/message`, `/v1/lanes/{la
 `/reject`, `/redirect`, `/accept-partial` (a JSON body `{"text": ...}`, optional but for
 redirect and message), `/v1/lanes/{lane}/cancel`, `/v1/children/{name}/restart`,
 `/v1/reload`, `/v1/tools/{tool}` (a JSON object of string parameters, as `ctl call`).
-`GET /v1/whoami` answers who the token is, and `/v1/events?status=S` also pushes the status
-every S seconds (`Api.events`): what the console needs.
-The console's page and its files (`web.static`: `GET /`, `/console/{file}`) need no token.
+`/v1/events?status=S` also pushes the status every S seconds (`Api.events`): what the console
+needs. The console's page and its files (`web.static`: `GET /`, `/console/{file}`) need no token.
 
 Errors are `{"error": {"code", "message"}}`, the code the tree's (`ErrorCode`) or the server's
 (`unauthorized`, `forbidden`, `bad_request`, `too_large`), with the HTTP status `STATUS` maps
 it to, as ctl maps codes onto exit statuses (usage errors 4xx, the tree's state 5xx).
 
-Limits: a body of at most `BODY_MAX` bytes (413 beyond), each request's part in the tree
-bounded by `ASK_TTL_S`; every answer carries `SECURITY_HEADERS`.
+Limits: a body of at most `BODY_MAX` bytes (413 beyond); a request (but an event stream) of
+at most `Limits.request_s` seconds, body included (504 beyond), its part in the tree at most
+`ASK_TTL_S`; an event stream's write at most `Limits.write_s` (a client that stops reading is
+let go); every answer carries `SECURITY_HEADERS`. Connections are bounded by the server
+(`supervisor.httpserve`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import logging
 import math
 import tomllib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
@@ -48,8 +51,20 @@ from orchestra_sup.errors import ErrorCode, OrchestraError, PlanError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import shapes
 from orchestra_sup.protocol.endpoint import TokenIdentity
+from orchestra_sup.protocol.shapes import LogRowView
 from orchestra_sup.protocol.tokens import TokenTable
-from orchestra_sup.web import static
+from orchestra_sup.web import openapi, static
+from orchestra_sup.web.routes import (
+    ROUTES,
+    Accepted,
+    Caller,
+    Cancelled,
+    Logs,
+    Restarted,
+    RolloverAsk,
+    Sent,
+    ToolValue,
+)
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
@@ -97,8 +112,31 @@ VERDICTS = {
 }
 """Path verb -> the answer's verdict (`CtlRespond.verdict`)."""
 
+PUBLIC = frozenset({"/v1/openapi.json"})
+"""Paths served without a token: they say nothing about the tree."""
+ROLLOVER_WAIT_MAX_S = 10.0
+"""Seconds a rollover poll may be held (`?wait=`), well inside `Limits.request_s`."""
+ROLLOVER_BODY = '{"target": "shards", "release": "", "drain_timeout_s": null}'
+
 _WHO = web.RequestKey("who", TokenIdentity)
+STREAMS = web.AppKey("streams", set[asyncio.Task[Any]])
+"""The tasks serving event streams now (`end_streams`)."""
 _encode = msgspec.json.Encoder().encode
+
+
+def _json(answer: msgspec.Struct, status: int = 200) -> web.Response:
+    """`answer` (a type of `web.routes`) as the JSON body."""
+    return web.Response(body=_encode(answer), status=status, content_type="application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Seconds a request may take, its body and answer included (`request_s`), and one write
+    of an event stream may wait for the client to read (`write_s`): `[http] request_s` and
+    `idle_s` (`protocol.httplisten`)."""
+
+    request_s: float = 60.0
+    write_s: float = 15.0
 
 
 class Desk(Protocol):
@@ -108,34 +146,35 @@ class Desk(Protocol):
     async def ask(self, caller: TokenIdentity, body: f.Body, ttl_s: float) -> f.Body: ...
 
 
-def make_app(desk: Desk, tokens: TokenTable) -> web.Application:
-    """The API's application over `desk`, admitting the bearers of `tokens`."""
+def make_app(
+    desk: Desk, tokens: TokenTable, limits: Limits | None = None, releases: tuple[str, ...] = ()
+) -> web.Application:
+    """The API's application over `desk`, admitting the bearers of `tokens`, within `limits`
+    (None: `Limits()`); its paths are `web.routes.ROUTES`. A rollover may name the
+    supervisor's own interpreter or one of `releases` (`[http] releases`)."""
+    limits = limits or Limits()
+    streams: set[asyncio.Task[Any]] = set()
     page = static.Console()
+    bounded = _bounded(limits.request_s, streams)
     app = web.Application(
-        client_max_size=BODY_MAX, middlewares=[_headers, _errors, _authorized(tokens, page)]
+        client_max_size=BODY_MAX,
+        middlewares=[_headers, _errors, bounded, _authorized(tokens, page)],
     )
-    api = Api(desk)
+    app[STREAMS] = streams
+    api = Api(desk, limits, releases)
     app.add_routes(
-        [
-            *static.routes(page),
-            web.get("/v1/status", api.status),
-            web.get("/v1/whoami", api.whoami),
-            web.get("/v1/tree", api.tree),
-            web.get("/v1/plans", api.plans),
-            web.post("/v1/plans", api.submit),
-            web.get("/v1/plans/{id}", api.plan),
-            web.post("/v1/plans/{id}/message", api.message),
-            web.post("/v1/children/{name}/restart", api.restart),
-            web.post("/v1/reload", api.reload),
-            web.post("/v1/tools/{tool}", api.call),
-            web.get("/v1/lanes/{lane}/logs", api.logs),
-            web.get("/v1/lanes", api.lanes),
-            web.post("/v1/lanes/{lane}/cancel", api.cancel),
-            web.post("/v1/lanes/{lane}/{verb}", api.respond),
-            web.get("/v1/events", api.events),
-        ]
+        [web.route(route.method, route.path, getattr(api, route.handler)) for route in ROUTES]
     )
+    app.add_routes(static.routes(page))
     return app
+
+
+def end_streams(app: web.Application) -> None:
+    """End every event stream of `app` now: a stream never ends by itself, and a server
+    stopping would otherwise wait out its shutdown timeout for each (the clients resume with
+    `Last-Event-ID`)."""
+    for task in app[STREAMS]:
+        task.cancel()
 
 
 class Refused(OrchestraError):
@@ -156,8 +195,18 @@ def _refusal(status: int, code: str, message: str, **headers: str) -> web.Respon
 class Api:
     """The handlers; each sends one ctl frame to `desk` and shapes its answer."""
 
-    def __init__(self, desk: Desk) -> None:
+    def __init__(self, desk: Desk, limits: Limits, releases: tuple[str, ...]) -> None:
         self.desk = desk
+        self.limits = limits
+        self.releases = releases
+        self._openapi = _encode(openapi.document())
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._openapi, content_type="application/json")
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        who = request[_WHO]
+        return _json(Caller(name=who.name, role=who.role))
 
     async def _ask(self, request: web.Request, body: f.Body, answer: type[Any]) -> Any:
         reply = await self.desk.ask(request[_WHO], body, ASK_TTL_S)
@@ -172,11 +221,6 @@ class Api:
         return web.json_response(
             shapes.status_json(await self._ask(request, f.CtlStatus(), f.StatusReply))
         )
-
-    async def whoami(self, request: web.Request) -> web.Response:
-        """The caller's token: {"name", "role"} (role "read" or "operate")."""
-        who = request[_WHO]
-        return web.json_response({"name": who.name, "role": who.role})
 
     async def tree(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -201,7 +245,7 @@ class Api:
         # parsed and checked off the loop: a 1 MiB plan of 20,000 tasks takes about 0.5 s
         spec = await asyncio.to_thread(_plan, await _body(request), request.content_type)
         reply = await self._ask(request, f.CtlSubmit(plan=spec), f.PlanAccepted)
-        return web.json_response({"id": reply.id}, status=201)
+        return _json(Accepted(id=reply.id), 201)
 
     async def message(self, request: web.Request) -> web.Response:
         _operates(request)
@@ -209,13 +253,13 @@ class Api:
         if not text:
             raise Refused(400, "bad_request", 'a message needs a body {"text": "..."}')
         await self._ask(request, f.CtlMessage(plan=plan_id, text=text), f.Ack)
-        return web.json_response({"plan": plan_id, "sent": True})
+        return _json(Sent(plan=plan_id, sent=True))
 
     async def restart(self, request: web.Request) -> web.Response:
         _operates(request)
         name = request.match_info["name"]
         await self._ask(request, f.CtlRestart(name=name), f.Ack)
-        return web.json_response({"restarted": name})
+        return _json(Restarted(restarted=name))
 
     async def reload(self, request: web.Request) -> web.Response:
         _operates(request)
@@ -241,7 +285,7 @@ class Api:
             )
         body = f.CtlCall(tool=request.match_info["tool"], params=params)
         reply = await self._ask(request, body, f.ToolResult)
-        return web.json_response({"value": reply.value})
+        return _json(ToolValue(value=reply.value))
 
     async def logs(self, request: web.Request) -> web.Response:
         """A lane's transcript rows after `?after=SEQ` (default: from the first), at most
@@ -255,23 +299,60 @@ class Api:
         )
         if not reply.found:
             raise Refused(404, "not_found", f"no lane {lane!r} on any shard")
-        rows = [shapes.log_row_json(row, lane) for row in reply.rows]
-        return web.json_response({"lane": lane, "rows": rows, "done": reply.done})
+        rows = [
+            LogRowView(seq=row.seq, ts=row.ts, stream=row.stream, data=row.data, lane=lane)
+            for row in reply.rows
+        ]
+        return _json(Logs(lane=lane, rows=rows, done=reply.done))
 
     async def cancel(self, request: web.Request) -> web.Response:
         _operates(request)
         await self._ask(request, f.CtlCancel(lane=request.match_info["lane"]), f.Ack)
-        return web.json_response({"lane": request.match_info["lane"], "cancelled": True})
+        return _json(Cancelled(lane=request.match_info["lane"], cancelled=True))
+
+    async def rollover(self, request: web.Request) -> web.Response:
+        """A rollover begun (`ctl rollover`): answered 202 with its first report, at once;
+        `GET /v1/rollovers/{id}` follows it. The release must be the supervisor's own ("")
+        or one of `[http] releases`: a token must not choose a program to run."""
+        _operates(request)
+        try:
+            ask = msgspec.json.decode(await _body(request), type=RolloverAsk)
+        except msgspec.DecodeError as exc:  # ValidationError is one
+            raise Refused(400, "bad_request", f"the body must be {ROLLOVER_BODY}: {exc}") from None
+        if ask.release and ask.release not in self.releases:
+            raise Refused(
+                403,
+                "forbidden",
+                f"release {ask.release!r} is not in [http] releases; over HTTP a rollover may "
+                'name the supervisor\'s own interpreter ("") or one listed there',
+            )
+        body = f.CtlRollover(
+            name=ask.target, release=ask.release, drain_timeout_s=ask.drain_timeout_s
+        )
+        reply = await self._ask(request, body, f.RolloverReport)
+        headers = {"Location": f"/v1/rollovers/{reply.id}"}
+        return web.json_response(shapes.rollover_json(reply), status=202, headers=headers)
+
+    async def rollover_status(self, request: web.Request) -> web.Response:
+        """A rollover's report with its events after `?after=SEQ` (default: every one),
+        held up to `?wait=S` seconds (0..10, default 0) for a new one (a long poll)."""
+        after = _seq(request.query["after"]) if "after" in request.query else -1
+        try:
+            wait = float(request.query.get("wait", "0"))
+        except ValueError:
+            wait = -1.0
+        if not 0 <= wait <= ROLLOVER_WAIT_MAX_S:
+            raise Refused(400, "bad_request", f"wait: 0..{ROLLOVER_WAIT_MAX_S:g} seconds")
+        body = f.CtlRolloverStatus(id=request.match_info["id"], after_seq=after, wait_s=wait)
+        return web.json_response(
+            shapes.rollover_json(await self._ask(request, body, f.RolloverReport))
+        )
 
     async def respond(self, request: web.Request) -> web.Response:
+        """An answer to a lane's question; the verdict is the path's last part (its routes
+        are `VERDICTS`' keys only)."""
         _operates(request)
-        verb = request.match_info["verb"]
-        if verb not in VERDICTS:
-            raise Refused(
-                404,
-                "not_found",
-                f"no action {verb!r} on a lane (one of: {', '.join([*VERDICTS, 'cancel'])})",
-            )
+        verb = request.path.rsplit("/", 1)[1]
         text = _text(await _body(request))
         body = f.CtlRespond(lane=request.match_info["lane"], verdict=VERDICTS[verb], text=text)
         return web.json_response(
@@ -308,12 +389,9 @@ class Api:
                 b"id: %d\nevent: %s\ndata: %s\n\n" % (e.seq, e.kind.encode(), _encode(e))
                 for e in page.events
             )
-            try:
-                if chunk:
-                    await stream.write(chunk)
-                await asyncio.sleep(0)  # a replay of a long log lets the loop serve between pages
-            except ConnectionResetError:  # the client went: an EventSource's normal end
+            if chunk and not await self._send(stream, chunk):
                 return stream
+            await asyncio.sleep(0)  # a replay of a long log lets the loop serve between pages
             since = max(since, page.next)
             if chunk:
                 quiet = 0.0
@@ -321,11 +399,19 @@ class Api:
                 await asyncio.sleep(EVENTS_POLL_S)
                 quiet += EVENTS_POLL_S
                 if quiet >= KEEPALIVE_S:
-                    try:
-                        await stream.write(b": keep-alive\n\n")
-                    except ConnectionResetError:
+                    if not await self._send(stream, b": keep-alive\n\n"):
                         return stream
                     quiet = 0.0
+
+    async def _send(self, stream: web.StreamResponse, chunk: bytes) -> bool:
+        """Write `chunk` to an event stream; False when the client went (an EventSource's
+        normal end) or did not read it within `write_s` (the stream is then let go)."""
+        try:
+            async with asyncio.timeout(self.limits.write_s):
+                await stream.write(chunk)
+        except (ConnectionResetError, TimeoutError):
+            return False
+        return True
 
 
 async def _body(request: web.Request) -> str:
@@ -423,14 +509,41 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _refusal(500, "internal", "the server failed this request (see its log)")
 
 
+def _bounded(
+    request_s: float, streams: set[asyncio.Task[Any]]
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def bounded(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request but an event stream within `request_s` (504 beyond); an event
+        stream's task in `streams` while it runs (`end_streams`)."""
+        if request.path == "/v1/events":
+            task = asyncio.current_task()
+            assert task is not None
+            streams.add(task)
+            try:
+                return await handler(request)
+            finally:
+                streams.discard(task)
+        try:
+            async with asyncio.timeout(request_s):
+                return await handler(request)
+        except TimeoutError:
+            raise Refused(504, "timeout", f"the request took over {request_s:g} s") from None
+
+    return bounded
+
+
 def _authorized(
     tokens: TokenTable, page: static.Console
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if static.public(request, page):
+        if request.path in PUBLIC or static.public(request, page):
             return await handler(request)
-        scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+        presented = request.headers.getall("Authorization", [])
+        if len(presented) > 1:  # which one a proxy or the client meant is not ours to guess
+            return _refusal(400, "bad_request", "more than one Authorization header")
+        scheme, _, bearer = (presented[0] if presented else "").partition(" ")
         token = tokens.check(bearer.strip()) if scheme.lower() == "bearer" else None
         if token is None:
             message = "a valid bearer token is needed (keys init --http-token)"

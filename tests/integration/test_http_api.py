@@ -275,7 +275,7 @@ def test_bad_requests_are_refused_and_the_tree_goes_on(api: tuple[Tree, str, str
 
 
 def test_a_non_loopback_address_is_refused_at_start(tree: Tree, tmp_path: Path) -> None:
-    """Serving beyond this machine needs TLS, which is not built: one line, exit 2."""
+    """Serving beyond this machine without a certificate and key: one line, exit 2."""
     argv = [sys.executable, "-m", "orchestra_sup", "start", "--state-dir", str(tmp_path / "s")]
     argv += ["--run-dir", str(tmp_path / "r"), "--http", "0.0.0.0:8080"]
     started = subprocess.run(argv, capture_output=True, text=True, timeout=60)

@@ -1,4 +1,5 @@
-"""`[http] listen` and `start --http` (`protocol.httplisten`): loopback only, until TLS."""
+"""`[http]` and `start --http` (`protocol.httplisten`): loopback only without TLS, and the
+server's limits."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from orchestra_sup.config import settings_from_mapping, with_http
 from orchestra_sup.errors import ConfigError
-from orchestra_sup.protocol.httplisten import host_port, http_listen
+from orchestra_sup.protocol.httplisten import host_port, http_listen, http_section
 
 
 @pytest.mark.parametrize(
@@ -43,3 +44,34 @@ def test_the_config_and_the_flag() -> None:
         with_http(on, "0.0.0.0:1")
     with pytest.raises(ConfigError, match=r"unknown key \[http\] port"):
         settings_from_mapping({"http": {"port": 1}})
+
+
+def test_with_a_certificate_and_key_any_address_is_served() -> None:
+    tls = {"cert": "/etc/osup/api.pem", "key": "/etc/osup/api.key"}
+    assert http_section({"listen": "0.0.0.0:8443", **tls}).tls
+    on = settings_from_mapping({"http": tls})
+    assert with_http(on, "[::]:8443").http.listen == "[::]:8443"
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ({"cert": "/a.pem"}, "TLS needs both"),
+        ({"key": "/a.key"}, "TLS needs both"),
+        ({"max_connections": 0}, "max_connections = 0"),
+        ({"max_connections": "many"}, r"\[http\]: Expected `int`"),
+        ({"idle_s": 0}, "idle_s = 0"),
+        ({"request_s": 1e9}, "request_s"),
+        ({"releases": "/usr/bin/python3"}, r"Expected `array`"),
+        ({"listen": "10.0.0.5:80"}, "set \\[http\\] cert and key"),
+    ],
+)
+def test_bad_http_settings_are_refused_naming_the_key(body: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        http_section(body)
+
+
+def test_the_limits_default_to_what_the_docs_say() -> None:
+    settings = http_section({})
+    assert (settings.max_connections, settings.idle_s, settings.request_s) == (256, 15.0, 60.0)
+    assert settings.releases == () and not settings.tls

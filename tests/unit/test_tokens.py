@@ -74,3 +74,18 @@ def test_keys_init_prints_the_token_once(tmp_path: Path) -> None:
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
     stray = subprocess.run([*argv, "--role", "read"], capture_output=True, text=True)
     assert stray.returncode == 2 and "--role is for --http-token" in stray.stderr
+
+
+def test_a_token_made_or_revoked_later_counts_at_its_next_request(tmp_path: Path) -> None:
+    """The table reads a token's file when it is presented: no restart admits a new token or
+    refuses a revoked one, and a role changed on disk is the role of the next request."""
+    table = TokenTable.load(tmp_path)
+    assert len(table) == 0
+    late = issue_token(tmp_path, "late")
+    assert table.check(late) == Token(name="late", role="operate")
+    record = tmp_path / TOKENS_DIR / "late.toml"
+    record.write_text(record.read_text().replace("operate", "read") + "\n")
+    assert table.check(late) == Token(name="late", role="read")
+    record.unlink()
+    assert table.check(late) is None
+    assert len(table) == 0
