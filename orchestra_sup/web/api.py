@@ -76,6 +76,8 @@ EVENTS_POLL_S = 0.5
 """Seconds an event stream that has sent every committed event waits before asking again."""
 EVENTS_PAGE = 200
 """Events an event stream asks for and writes at once, then yields the loop."""
+TAIL_MAX = 10_000
+"""The most events `/v1/events?tail=` starts back from the newest."""
 STATUS_EVERY_S = (1.0, 60.0)
 """The least and most seconds `/v1/events?status=` may ask between two status messages."""
 KEEPALIVE_S = 15.0
@@ -362,12 +364,18 @@ class Api:
     async def events(self, request: web.Request) -> web.StreamResponse:
         """The event log from a seq on, as `text/event-stream`: each event `id: <seq>`,
         `event: <kind>`, `data: <ctl events --json's object>`; resumed after `Last-Event-ID`
-        (or `?since=`), for as long as the client reads. With `?status=S` (seconds, within
-        `STATUS_EVERY_S`), also `event: status` with `/v1/status`'s object as `data:` and no
-        `id:` (so resuming is the same), once when the stream opens and every S seconds on."""
-        since = _seq(request.headers.get("Last-Event-ID") or request.query.get("since", "0"))
+        (or `?since=`), for as long as the client reads; without either, `?tail=N` starts
+        at the newest N (at most `TAIL_MAX`) rather than the oldest kept. With `?status=S`
+        (seconds, within `STATUS_EVERY_S`), also `event: status` with `/v1/status`'s object
+        as `data:` and no `id:` (so resuming is the same), once when the stream opens and
+        every S seconds on."""
+        resume = request.headers.get("Last-Event-ID") or request.query.get("since")
+        since = _seq(resume or "0")
         plan = request.query.get("plan", "")
         every = _every(request.query["status"]) if "status" in request.query else None
+        if "tail" in request.query and resume is None:  # a new page: the newest, not 30 days
+            newest = await self._ask(request, f.CtlEvents(since=0, limit=1), f.EventsPage)
+            since = max(0, newest.last - min(_seq(request.query["tail"]), TAIL_MAX))
         stream = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", **SECURITY_HEADERS}
         )

@@ -195,6 +195,7 @@ ROUTES = (
         query=(
             ("since", "events after this seq"),
             ("plan", "only this plan's"),
+            ("tail", "without since or Last-Event-ID: from the newest this many, 0..10000"),
             ("status", "also the status (event: status, no id) every this many s, 1..60"),
         ),
     ),

@@ -220,6 +220,23 @@ def test_the_event_stream_carries_the_status_too(api: tuple[Tree, str, str]) -> 
     assert all(gap >= 0.9 for gap in apart), apart
 
 
+def test_a_new_stream_can_start_at_the_newest_events(api: tuple[Tree, str, str]) -> None:
+    """`?tail=N` with neither `since` nor `Last-Event-ID` starts at the newest N events, not
+    at the oldest kept (a page opened on a tree of 30 days of log); with `Last-Event-ID` the
+    stream resumes there, tail or not."""
+    tree, ops, _ = api
+    http = Http(tree.status().http_url, ops)
+    plan_id = http.call("POST", "/v1/plans", b'name = "t"\n[[task]]\nid = "a"\nrun = "true"\n')
+    assert tree.wait_plan(plan_id[1]["id"], 30).ok
+    log = [json.loads(x) for x in ctl_cli(tree, "events", "--json").stdout.splitlines()]
+    assert len(log) > 5
+    first = next(messages(http, "/v1/events?tail=3"))[1]
+    assert int(first["id"]) == log[-3]["seq"]
+    resumed = next(messages(http, "/v1/events?tail=3", Last_Event_ID=str(log[0]["seq"])))[1]
+    assert int(resumed["id"]) == log[1]["seq"]
+    assert http.call("GET", "/v1/events?tail=x")[0] == 400
+
+
 def test_the_console_is_served_without_a_token(api: tuple[Tree, str, str]) -> None:
     """The console's page and files hold nothing about the tree: no token needed, the same
     security headers, each with its media type; any other file is a 404 and `/v1` still needs

@@ -212,7 +212,9 @@ async function follow(session, stale) {
   while (state.session === session) {
     try {
       const extra = state.lastEventId === null ? {} : { "Last-Event-ID": state.lastEventId };
-      const response = await fetch(`/v1/events?status=${STATUS_EVERY_S}`, {
+      // a first connection starts at the newest rows shown, not at the oldest event kept
+      const query = `status=${STATUS_EVERY_S}&tail=${EVENTS_KEPT}`;
+      const response = await fetch(`/v1/events?${query}`, {
         headers: headers(extra),
         cache: "no-store",
         signal: session.abort.signal,
