@@ -19,6 +19,7 @@ import hmac
 import os
 import re
 import secrets
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol.keys import check_name
 
 TOKENS_DIR = "http-tokens"
+RECORD_MAX = 4096
+"""Bytes a token file may hold (its two lines are about 90)."""
 READ, OPERATE = "read", "operate"
 ROLES = (READ, OPERATE)
 PREFIX = "osup_"
@@ -83,14 +86,17 @@ class TokenTable:
         """name -> ((inode, mtime ns, size), role, sha256 hex), as last read."""
 
     @classmethod
-    def load(cls, keys_dir: Path) -> TokenTable:
-        """The table, each token file read once now. Raises `ConfigError` for a token file
-        that cannot be read or says nonsense (at start: later, such a file only refuses its
-        own token, `check`)."""
-        table = cls(keys_dir)
+    def load(cls, keys_dir: Path) -> tuple[TokenTable, list[str]]:
+        """The table, each token file read once now, and a line for each that cannot be read
+        or says nonsense (its token is refused, as at any request: one damaged file must not
+        keep the API, or a re-exec of the tree, from starting)."""
+        table, damaged = cls(keys_dir), []
         for path in sorted(table.dir.glob("*.toml")) if table.dir.is_dir() else ():
-            table._record(path.stem)
-        return table
+            try:
+                table._record(path.stem)
+            except ConfigError as exc:
+                damaged.append(str(exc))
+        return table, damaged
 
     def __len__(self) -> int:
         """Token files in the keys directory now."""
@@ -125,7 +131,7 @@ class TokenTable:
         if known is not None and known[0] == stamp:
             return known[1], known[2]
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(_read_small(path))
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"HTTP token {path}: cannot be read: {exc}") from exc
         role, digest = data.get("role"), data.get("sha256")
@@ -133,6 +139,20 @@ class TokenTable:
             raise ConfigError(f"HTTP token {path}: needs role (read|operate) and sha256")
         self._read[name] = (stamp, role, digest)
         return role, digest
+
+
+def _read_small(path: Path) -> str:
+    """A token file's text: a regular file of at most `RECORD_MAX` bytes. It is read on the
+    supervisor's loop, so nothing else may be: a FIFO would block it, /dev/zero fill memory.
+    Raises `OSError` (ValueError's text for the rest)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX:
+            raise OSError(f"not a regular file of at most {RECORD_MAX} bytes")
+        return os.read(fd, RECORD_MAX).decode()
+    finally:
+        os.close(fd)
 
 
 def _digest(token: str) -> str:

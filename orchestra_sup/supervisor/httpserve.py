@@ -56,10 +56,12 @@ class HttpServer:
     """The API over `desk`, admitting the tokens in the keys directory (`keys_dir`, that of
     `start --keys`; None: the state directory's, `keys.default_keys_dir`); `url` and `bound`
     ("HOST:PORT") once open, `refused` the connections turned away for `max_connections`.
-    `rebind`: the address an earlier image of this supervisor had bound (`Handoff`), taken
-    again for a `listen` of port 0."""
+    `rebind`: after a re-exec, the address the earlier image had bound (`Handoff`; "" when
+    it served none), taken again for a `listen` of port 0; None at a first start."""
 
-    def __init__(self, desk: Desk, state_dir: Path, keys_dir: str | None, rebind: str = ""):
+    def __init__(
+        self, desk: Desk, state_dir: Path, keys_dir: str | None, rebind: str | None = None
+    ):
         self.desk = desk
         self.keys_dir = Path(keys_dir) if keys_dir else default_keys_dir(state_dir)
         self.rebind = rebind
@@ -70,12 +72,23 @@ class HttpServer:
         self._server: asyncio.Server | None = None
 
     async def open(self, settings: HttpSettings) -> None:
-        """Serve as `settings` say ("" `listen`: nothing). Raises `ConfigError` when a token
-        file cannot be read, the certificate or key cannot be loaded, or the address cannot
-        be bound."""
+        """Serve as `settings` say ("" `listen`: nothing). Raises `ConfigError` when the
+        certificate or key cannot be loaded or the address cannot be bound, at a first start;
+        after a re-exec the tree is running already and must not stop for its API (a key
+        renewed meanwhile, a port taken): the error is logged and the API is not served."""
         if not settings.listen:
             return
-        tokens = TokenTable.load(self.keys_dir)
+        try:
+            await self._open(settings)
+        except ConfigError as exc:
+            if self.rebind is None:
+                raise
+            log.error("HTTP API not served after the re-exec: %s", exc)
+
+    async def _open(self, settings: HttpSettings) -> None:
+        tokens, damaged = TokenTable.load(self.keys_dir)
+        for line in damaged:
+            log.warning("%s; that token is refused", line)
         tls = _tls(settings) if settings.tls else None
         host, port = host_port(settings.listen)
         limits = Limits(request_s=settings.request_s, write_s=settings.idle_s)

@@ -185,7 +185,7 @@ class RootSupervisor:
         self.children = Children(list(self.tree.workers()), self.seam, self.sockets)
         self.lag = LoopLag()
         self.ctl_service = CtlService(self)
-        rebind = handoff.http_bound if handoff is not None else ""
+        rebind = handoff.http_bound if handoff is not None else None
         self.http = HttpServer(self.ctl_service, paths.state_dir, self.sockets.keys_dir, rebind)
         self._stop = asyncio.Event()
         self._exit_code = EXIT_OK

@@ -113,15 +113,21 @@ def test_two_authorization_headers_and_tokens_made_or_revoked_live(
     assert Http(url, late).call("GET", "/v1/status")[0] == 401
 
 
+def certificate(where: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key, `where/name.pem` and `.key`."""
+    cert, key = where / f"{name}.pem", where / f"{name}.key"
+    made = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=127.0.0.1"
+    argv = ["openssl", "req", "-x509", *made.split(), "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run([*argv, "-keyout", key, "-out", cert], check=True, capture_output=True)
+    return cert, key
+
+
 def test_a_non_loopback_address_is_served_over_tls(
     tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
 ) -> None:
     """With a certificate and key, 0.0.0.0 is served, over TLS only: a client that trusts
     the certificate is answered; plain HTTP to the port is not."""
-    cert, key = tmp_path / "api.pem", tmp_path / "api.key"
-    made = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=127.0.0.1"
-    argv = ["openssl", "req", "-x509", *made.split(), "-addext", "subjectAltName=IP:127.0.0.1"]
-    subprocess.run([*argv, "-keyout", key, "-out", cert], check=True, capture_output=True)
+    cert, key = certificate(tmp_path, "api")
     config = tmp_path / "orchestra.toml"
     config.write_text(f'[http]\nlisten = "0.0.0.0:0"\ncert = "{cert}"\nkey = "{key}"\n')
     ops = token(tmp_path / "state", "ops")
@@ -161,3 +167,30 @@ def test_a_re_exec_keeps_the_port_of_host_0(api: tuple[Tree, str, str]) -> None:
     assert after.version == before.version and after.http_url == before.http_url
     status, body, _ = Http(before.http_url, ops).call("GET", "/v1/status")
     assert status == 200 and body["supervisor"]["pid"] == before.supervisor_pid
+
+
+def test_a_re_exec_outlives_a_damaged_token_and_a_key_renewed_badly(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """What a running tree only refuses must not stop it at a re-exec: a token file that says
+    nonsense refuses its own token and the API is served again; a key that no longer matches
+    the certificate leaves the new image running its children without the API (logged)."""
+    cert, key = certificate(tmp_path, "api")
+    config = tmp_path / "orchestra.toml"
+    config.write_text(f'[http]\nlisten = "127.0.0.1:0"\ncert = "{cert}"\nkey = "{key}"\n')
+    ops = token(tmp_path / "state", "ops")
+    tree = tree_factory(workspace=repo, shards=1, config=config)
+    (tree.state_dir / "keys" / TOKENS_DIR / "junk.toml").write_text("this is not toml\n")
+    before = tree.status()
+    assert tree.rollover("supervisor").returncode == 0
+    port = urlsplit(before.http_url).port
+    trusted = ssl.create_default_context(cafile=str(cert))
+    request = urllib.request.Request(f"https://127.0.0.1:{port}/v1/status")
+    request.add_header("Authorization", f"Bearer {ops}")
+    with urllib.request.urlopen(request, context=trusted, timeout=30) as reply:
+        assert json.loads(reply.read())["supervisor"]["pid"] == before.supervisor_pid
+    key.write_bytes(certificate(tmp_path, "other")[1].read_bytes())
+    assert tree.rollover("supervisor").returncode == 0
+    after = tree.status()
+    assert after.supervisor_pid == before.supervisor_pid and after.http_url == ""
+    assert [c.pid for c in after.children] == [c.pid for c in before.children]
