@@ -3,14 +3,14 @@ orchestra_sup.bench.consoleclient`, started by `bench.console`, never by hand.
 
 Its stdin's first line is a JSON object: `url` (the API's, `.../v1/`), `token` (a bearer
 token), `consoles` (how many) and `since` (the event log's seq to stream after). Each console is
-what the console page does, over its own connection pool (`aiohttp.ClientSession`, as each
-browser has its own): GET `/v1/status`, `/v1/tree`, `/v1/plans` and `/v1/lanes` once, then hold
-`/v1/events` open from `since` on (`Last-Event-ID`), reading every event; on every `plan.*` or
-`task.*` event it GETs that plan again (`/v1/plans/{id}`), at most one such GET in flight per
-plan: events that arrive meanwhile make one more once it is answered. A stream that ends is
-opened again after the last seq read (`RETRY_S` later), as an `EventSource` does. The stream
-asks `?status=2` first; answered 400 (a server that does not take it) it asks without, from
-then on.
+what the console page does, over a connection pool of its own (`aiohttp.ClientSession`, of
+`CONNECTIONS`, as each browser has): GET `/v1/status`, `/v1/tree`, `/v1/plans` and `/v1/lanes`
+once, then hold `/v1/events` open from `since` on (`Last-Event-ID`), reading every event; on
+every `plan.*` or `task.*` event it GETs that plan again (`/v1/plans/{id}`), at most one such
+GET in flight per plan: events that arrive meanwhile make one more once it is answered. A
+stream that ends is opened again after the last seq read (`RETRY_S` later), as an
+`EventSource` does. The stream asks `?status=2` first; answered 400 (a server that does not
+take it) it asks without, from then on.
 
 Once every console has its stream open, one line `{"ready": true}` goes to stdout, and the
 window starts. The next line on stdin (or its end) stops the consoles, and one line goes to
@@ -37,6 +37,8 @@ STATUS_PARAM = "status=2"
 """The query a stream asks first; a server that answers it 400 is asked without."""
 GET_TIMEOUT_S = 30.0
 """Seconds a GET may take before it counts as failed."""
+CONNECTIONS = 6
+"""Connections a console opens to the server at most, as a browser does to one host."""
 REFETCHED = ("plan.", "task.")
 """Event kinds (prefixes) on which a console GETs the event's plan again."""
 RETRY_S = 0.5
@@ -191,7 +193,12 @@ async def run(config: dict[str, Any]) -> Report:
     timeout = aiohttp.ClientTimeout(total=GET_TIMEOUT_S)
     headers = {"Authorization": f"Bearer {config['token']}"}
     sessions = [
-        aiohttp.ClientSession(headers=headers, timeout=timeout) for _ in range(config["consoles"])
+        aiohttp.ClientSession(
+            headers=headers,
+            timeout=timeout,
+            connector=aiohttp.TCPConnector(limit_per_host=CONNECTIONS),
+        )
+        for _ in range(config["consoles"])
     ]
     consoles = [Console(s, config["url"], int(config["since"]), window) for s in sessions]
     readies = [asyncio.Event() for _ in consoles]

@@ -320,7 +320,7 @@ def soak(
 @benchmark()
 def console(
     consoles: Annotated[
-        int, typer.Option("--consoles", min=1, max=200, help="Console pages streaming at once.")
+        int, typer.Option("--consoles", min=1, help="Console pages streaming at once.")
     ] = 20,
     duration: Annotated[
         float, typer.Option("--duration", min=2.0, help="Seconds of each phase.")
