@@ -7,8 +7,9 @@ for it, and its metrics; from `WARMUP_S` seconds before the first phase to the e
 slot given its next plan once its last is done and `soak.PLAN_EVERY_S` seconds have passed, so
 the event log grows at a steady pace set by the clock, not by how fast the tree runs.
 
-Each of `runs` runs has two phases of `duration_s` seconds, in the order none, consoles in even
-runs and consoles, none in odd ones (ABBA: a drift over the bench favours neither):
+Each of `runs` runs has two phases of `duration_s` seconds: none, then consoles in the first,
+third, ... run, consoles, then none in the second, fourth, ... (ABBA: a drift over the bench
+favours neither side):
 
 - `none`: no HTTP client;
 - `consoles`: `consoles` console pages streaming, all in one child process
