@@ -85,6 +85,8 @@ WARMUP_S = 5.0
 """Seconds of load before the first phase."""
 READY_TIMEOUT_S = 60.0
 """Seconds the consoles have to open their streams."""
+STOP_TIMEOUT_S = 30.0
+"""Seconds the console process has to report and exit once told to stop."""
 TICK_S = 0.2
 """Seconds between two polls of the plans in flight."""
 PLAN_TIMEOUT_S = 120.0
@@ -228,11 +230,13 @@ class _Bench:
 
     def phase(self, with_consoles: bool) -> dict[str, Any]:
         """One phase of `duration_s` seconds, with the consoles streaming or without."""
-        consoles = _Consoles(self.http_url, self.token, self.consoles, self.load.last_seq())
+        consoles = None
+        if with_consoles:
+            consoles = _Consoles(self.http_url, self.token, self.consoles, self.load.last_seq())
         try:
-            if with_consoles and not self.load.drive(consoles.ready, READY_TIMEOUT_S):
+            if consoles is not None and not self.load.drive(consoles.ready, READY_TIMEOUT_S):
                 raise SupervisionError(f"the consoles were not streaming in {READY_TIMEOUT_S} s")
-            client_cpu = consoles.cpu_s()
+            client_cpu = consoles.cpu_s() if consoles is not None else 0.0
             before, cpu, seq = self._lag(), self._cpu_s(), self.load.last_seq()
             started = time.monotonic()
             self.load.drive(lambda: False, self.duration_s)
@@ -243,12 +247,13 @@ class _Bench:
                 "supervisor_cpu_s_per_s": round((self._cpu_s() - cpu) / seconds, 3),
                 "events_logged_per_s": round((self.load.last_seq() - seq) / seconds, 1),
             }
-            if with_consoles:
+            if consoles is not None:
                 client_cpu = (consoles.cpu_s() - client_cpu) / seconds
                 out["consoles"] = _console_figures(consoles.stop(), client_cpu)
             return out
         finally:
-            consoles.kill()
+            if consoles is not None:
+                consoles.kill()
 
     def _lag(self) -> f.Histogram:
         lag = loop_lag(self.metrics_url, "supervisor")
@@ -262,8 +267,8 @@ class _Bench:
 
 
 class _Consoles:
-    """The console process (`bench.consoleclient`), started only when first asked whether it
-    is ready."""
+    """The console process (`bench.consoleclient`), started when first asked whether it is
+    ready."""
 
     def __init__(self, url: str, token: str, consoles: int, since: int) -> None:
         self.config = {"url": url, "token": token, "consoles": consoles, "since": since}
@@ -291,20 +296,22 @@ class _Consoles:
         return bool(json.loads(line).get("ready"))
 
     def cpu_s(self) -> float:
-        """CPU seconds the process has used (0 when not started)."""
-        if self.proc is None:
-            return 0.0
+        """CPU seconds the process has used (it is started)."""
+        assert self.proc is not None
         times = psutil.Process(self.proc.pid).cpu_times()
         return times.user + times.system
 
     def stop(self) -> Report:
-        """Stop the consoles; what they report."""
+        """Stop the consoles; what they report. Raises `SupervisionError` when the process
+        does not report within `STOP_TIMEOUT_S` seconds, or fails."""
         assert self.proc is not None and self.proc.stdin is not None
         assert self.proc.stdout is not None
         self.proc.stdin.write(b"stop\n")
         self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], STOP_TIMEOUT_S)[0]:
+            raise SupervisionError(f"the console process did not report in {STOP_TIMEOUT_S} s")
         line = self.proc.stdout.readline()
-        if self.proc.wait(timeout=30.0) != 0 or not line:
+        if self.proc.wait(timeout=STOP_TIMEOUT_S) != 0 or not line:
             raise SupervisionError(f"the console process exited with {self.proc.returncode}")
         return msgspec.json.decode(line, type=Report)
 
