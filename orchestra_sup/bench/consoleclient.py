@@ -7,10 +7,10 @@ what the console page does, over a connection pool of its own (`aiohttp.ClientSe
 `CONNECTIONS`, as each browser has): GET `/v1/status`, `/v1/tree`, `/v1/plans` and `/v1/lanes`
 once, then hold `/v1/events` open from `since` on (`Last-Event-ID`), reading every event; on
 every `plan.*` or `task.*` event it GETs that plan again (`/v1/plans/{id}`), at most one such
-GET in flight per plan: events that arrive meanwhile make one more once it is answered. A
-stream that ends is opened again after the last seq read (`RETRY_S` later), as an
-`EventSource` does. The stream asks `?status=2` first; answered 400 (a server that does not
-take it) it asks without, from then on.
+GET pending per plan: events read before it is sent are covered by it, and those read while it
+is in flight make one more once it is answered. A stream that ends is opened again after the
+last seq read (`RETRY_S` later), as an `EventSource` does. The stream asks `?status=2` first;
+answered 400 (a server that does not take it) it asks without, from then on.
 
 Once every console has its stream open, one line `{"ready": true}` goes to stdout, and the
 window starts. The next line on stdin (or its end) stops the consoles, and one line goes to
