@@ -30,7 +30,7 @@ Per run and phase: `lag` (`p50_ms`, `p99_ms`, `max_ms`, `mean_ms`, `samples`), `
 `supervisor_cpu_s_per_s` (the supervisor process's CPU seconds per second, every thread of
 it), `events_logged_per_s` (the log's last seq over the phase); for consoles also `consoles`:
 `events_per_s` (log events every console read, summed, per second of the window),
-`requests` and `requests_per_s` (GETs within the window, the streams' openings included),
+`requests` and `requests_per_s` (GETs made within the window, streams opened not counted),
 `requests_by` (every request by what and HTTP status), `delivery_lag_ms` (an event's `at` to
 a console reading it: p50, p99, ...), `first_seq` and `last_seq` (each console's), `gaps`,
 `repeats`, `reconnects`, `other`, `status_param` (`consoleclient.Report` says what each is),
