@@ -84,9 +84,10 @@ SHAPES: dict[str, Callable[[int], list[f.TaskSpec]]] = {
 }
 
 
-def coordinator_lag(metrics_url: str) -> f.Histogram | None:
-    """The coordinator's loop-lag histogram as the supervisor's metrics endpoint serves it, or
-    None before its first heartbeat with one."""
+def loop_lag(metrics_url: str, process: str = "coordinator") -> f.Histogram | None:
+    """Process `process`'s loop-lag histogram (`supervisor`, or a child's name) as the
+    supervisor's metrics endpoint serves it, or None before a child's first heartbeat with
+    one."""
     with urllib.request.urlopen(metrics_url, timeout=10.0) as answer:
         text = answer.read().decode()
     buckets: list[tuple[float, int]] = []
@@ -95,7 +96,7 @@ def coordinator_lag(metrics_url: str) -> f.Histogram | None:
         if family.name != LAG:
             continue
         for sample in family.samples:
-            if sample.labels.get("process") != "coordinator":
+            if sample.labels.get("process") != process:
                 continue
             if sample.name == f"{LAG}_bucket":
                 buckets.append((float(sample.labels["le"]), int(sample.value)))
@@ -133,7 +134,7 @@ def _fresh_lag(url: str, since: f.Histogram | None, timeout_s: float = 30.0) -> 
     carries them comes every 0.5 s."""
     deadline = time.monotonic() + timeout_s
     while True:
-        now = coordinator_lag(url)
+        now = loop_lag(url)
         if now is not None and (since is None or now.counts[-1] > since.counts[-1]):
             return now
         if time.monotonic() > deadline:
@@ -143,7 +144,7 @@ def _fresh_lag(url: str, since: f.Histogram | None, timeout_s: float = 30.0) -> 
 
 def run_once(client: CtlClient, url: str, spec: f.PlanSpec, timeout_s: float) -> dict[str, Any]:
     """Submit `spec`, wait for it to be done; its figures (see the module docstring)."""
-    before = _fresh_lag(url, coordinator_lag(url))
+    before = _fresh_lag(url, loop_lag(url))
     started = time.perf_counter()
     accepted = client.request(f.CtlSubmit(plan=spec), timeout_s=120.0)
     assert isinstance(accepted, f.PlanAccepted)
@@ -159,7 +160,7 @@ def run_once(client: CtlClient, url: str, spec: f.PlanSpec, timeout_s: float) ->
     if not report.ok:
         bad = next(t for t in report.tasks if t.status != "succeeded")
         raise SupervisionError(f"plan {spec.name}: task {bad.id} {bad.status}: {bad.error}")
-    lag = lag_between(before, _fresh_lag(url, coordinator_lag(url)))
+    lag = lag_between(before, _fresh_lag(url, loop_lag(url)))
     p99, worst = quantile(lag, 0.99), quantile(lag, 1.0)
     return {
         "submit_to_done_s": round(elapsed, 3),

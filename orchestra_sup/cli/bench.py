@@ -317,6 +317,31 @@ def soak(
     )
 
 
+@benchmark()
+def console(
+    consoles: Annotated[
+        int, typer.Option("--consoles", min=1, help="Console pages streaming at once.")
+    ] = 20,
+    duration: Annotated[
+        float, typer.Option("--duration", min=2.0, help="Seconds of each phase.")
+    ] = 30.0,
+    runs: Annotated[
+        int, typer.Option("--runs", min=1, help="Runs of both phases, in ABBA order.")
+    ] = 3,
+) -> Measured:
+    """The supervisor's loop lag with console pages streaming the HTTP API's events, beside
+    none, under a steady plan load, on one private tree (2 shards).
+
+    Exits 1 when a task failed, a child restarted, or the consoles read no events or saw a seq
+    missed or repeated.
+    Example: orchestra-sup bench console --consoles 20 --duration 30 --runs 3 --json
+    """
+    from orchestra_sup.bench.console import format_table, run_console_bench
+
+    result = guarded(lambda: run_console_bench(consoles, duration, runs))
+    return Measured(result, _echo(format_table), ok=result["clean"])
+
+
 def _fields_text(value: dict[str, Any]) -> None:
     for key, field in value.items():
         typer.echo(f"{key:>16}: {field}")
