@@ -109,8 +109,9 @@ def start(
         str | None,
         typer.Option(
             "--http",
-            help="Serve the HTTP API on HOST:PORT, a loopback address (port 0: any free one; "
-            "`ctl status` shows the URL). Default: \\[http] listen, else not served.",
+            help="Serve the HTTP API on HOST:PORT: a loopback address, or any with \\[http] "
+            "cert and key (port 0: any free one; `ctl status` shows the URL). Default: "
+            "\\[http] listen, else not served.",
         ),
     ] = None,
 ) -> None:

@@ -117,11 +117,12 @@ class PlanStore:
         dirty.clear()
         for task_id, status in plan.transitions:
             rec = plan.tasks[task_id]
+            asked = rec.pending.lane if rec.pending is not None else ""  # a question's lane
             self.events.emit(
                 f"task.{status}",
                 plan=plan.id,
                 task=task_id,
-                lane=rec.lane or "",
+                lane=rec.lane or asked,
                 child=rec.shard or "",
                 detail=rec.error or f"attempt {rec.attempts}",
             )

@@ -64,6 +64,12 @@ def http_section(body: dict[str, Any]) -> HttpSettings:
         value = getattr(settings, name)
         if not 0.1 <= value <= 3600:
             raise ConfigError(f"[http] {name} = {value}: expected 0.1..3600 seconds")
+    relative = [path for path in settings.releases if not path.startswith("/")]
+    if relative:
+        raise ConfigError(
+            f"[http] releases: {relative[0]!r} is not an absolute path (a rollover over HTTP "
+            "must not run what the supervisor's working directory happens to hold)"
+        )
     http_listen(settings.listen, "[http] listen =", tls=settings.tls)
     return settings
 

@@ -2,11 +2,12 @@
 --http`) names an address, within the limits of `[http]` (`protocol.httplisten`).
 
 Limits, each because a client that is slow or hostile must not cost the tree:
-- connections: at most `max_connections` open; one more is answered 503 in one JSON line and
-  closed at once (`_Bounded`), so a crowd of silent connections cannot take the descriptors
-  the supervisor needs for its children and `ctl`;
+- connections: at most `max_connections` open, TLS handshakes included; one more is turned
+  away at once (`httpgate.Gate`), so a crowd of silent connections cannot take the
+  descriptors the supervisor needs for its children and `ctl`;
 - idle: a connection without a whole request for `idle_s` is closed (aiohttp's keep-alive
-  timer, armed from the accept);
+  timer, armed from the accept), a TLS handshake that takes longer aborted, and a client
+  that reads nothing of its answer for `idle_s` let go (`Gate.sweep`);
 - time: a request may take `request_s`, body and answer included (`web.api`), and an event
   stream's write `idle_s`.
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from pathlib import Path
 
 from aiohttp import web
@@ -37,25 +37,19 @@ from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol.httplisten import HttpSettings, host_port
 from orchestra_sup.protocol.keys import default_keys_dir
 from orchestra_sup.protocol.tokens import TokenTable
+from orchestra_sup.supervisor.httpgate import Gate
 from orchestra_sup.web.api import Desk, Limits, end_streams, make_app
 
 log = logging.getLogger("orchestra_sup.supervisor")
 
 SHUTDOWN_S = 1.0
 """Seconds requests in flight get when the tree stops."""
-FULL_LINGER_S = 1.0
-"""Seconds a connection over the bound is held for its request to be read (`_Full`)."""
-FULL = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-    b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s"
-)
-_FULL_BODY = b'{"error": {"code": "busy", "message": "too many connections to the HTTP API"}}'
 
 
 class HttpServer:
     """The API over `desk`, admitting the tokens in the keys directory (`keys_dir`, that of
     `start --keys`; None: the state directory's, `keys.default_keys_dir`); `url` and `bound`
-    ("HOST:PORT") once open, `refused` the connections turned away for `max_connections`.
+    ("HOST:PORT") and its connections' `gate` once open.
     `rebind`: after a re-exec, the address the earlier image had bound (`Handoff`; "" when
     it served none), taken again for a `listen` of port 0; None at a first start."""
 
@@ -67,7 +61,7 @@ class HttpServer:
         self.rebind = rebind
         self.url = ""
         self.bound = ""
-        self.refused = 0
+        self.gate: Gate | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
 
@@ -101,20 +95,14 @@ class HttpServer:
         )
         await runner.setup()
         assert runner.server is not None
-        bounded = _Bounded(runner.server, settings.max_connections, settings.idle_s + 1, self)
+        gate = Gate(runner.server, settings.max_connections, tls, settings.idle_s)
         ports = [port]
         if port == 0 and self.rebind and host_port(self.rebind)[0] == host:
             ports.insert(0, host_port(self.rebind)[1])
         for each in ports:
             try:
                 server = await asyncio.get_running_loop().create_server(
-                    bounded,
-                    host,
-                    each,
-                    ssl=tls,
-                    ssl_handshake_timeout=settings.idle_s if tls else None,
-                    backlog=128,
-                    reuse_address=True,
+                    gate, host, each, backlog=128, reuse_address=True
                 )
                 break
             except OSError as exc:
@@ -124,16 +112,26 @@ class HttpServer:
                 await runner.cleanup()
                 where = settings.listen
                 raise ConfigError(f"--http {where}: cannot listen there: {exc.strerror}") from exc
-        self._runner, self._server = runner, server
+        self._runner, self._server, self.gate = runner, server, gate
+        gate.start_sweeping(settings.idle_s)
         bound = server.sockets[0].getsockname()[1]  # the port taken, for port 0
         shown = f"[{host}]" if ":" in host else host
         self.bound = f"{shown}:{bound}"
         self.url = f"{'https' if tls else 'http'}://{shown}:{bound}/v1/"
         if not len(tokens):
-            log.warning("HTTP API at %s: no token yet (keys init --http-token NAME)", self.url)
-        log.info("HTTP API at %s, %d tokens", self.url, len(tokens))
+            log.warning(
+                "HTTP API at %s: no token in %s yet (orchestra-sup keys init --dir %s "
+                "--http-token NAME)",
+                self.url,
+                self.keys_dir,
+                self.keys_dir,
+            )
+        else:
+            log.info("HTTP API at %s, %d tokens in %s", self.url, len(tokens), self.keys_dir)
 
     async def close(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -143,64 +141,23 @@ class HttpServer:
             self._runner = None
 
 
+def _no_passphrase() -> str:
+    """An encrypted key would make OpenSSL prompt on the terminal, holding the start there."""
+    raise ConfigError("the key is encrypted; give its decrypted PEM (openssl pkey -in KEY)")
+
+
 def _tls(settings: HttpSettings) -> ssl.SSLContext:
     """A server context of `settings`' certificate chain and key, TLS 1.2 at least. Raises
     `ConfigError` naming the file when either cannot be loaded."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(settings.cert, settings.key)
+        context.load_cert_chain(settings.cert, settings.key, password=_no_passphrase)
+    except ConfigError as exc:
+        raise ConfigError(f"[http] key {settings.key}: {exc}") from None
     except (OSError, ssl.SSLError) as exc:
         reason = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc
         raise ConfigError(
             f"[http] cert {settings.cert} and key {settings.key}: cannot be loaded: {reason}"
         ) from None
     return context
-
-
-class _Bounded:
-    """The protocol factory of the listening socket: aiohttp's request handler while fewer
-    than `most` connections are open, else a `_Full` that answers 503 and closes.
-
-    Open is those aiohttp holds and those handed out whose `connection_made` has not come yet
-    (`pending`: accepted in one burst, every factory call runs before the first of them is
-    made; a TLS handshake delays it up to `grace_s`, after which a handler never made is
-    counted gone)."""
-
-    def __init__(self, server: web.Server, most: int, grace_s: float, counts: HttpServer):
-        self.server, self.most, self.grace_s, self.counts = server, most, grace_s, counts
-        self.pending: dict[asyncio.BaseProtocol, float] = {}
-
-    def __call__(self) -> asyncio.BaseProtocol:
-        now = time.monotonic()
-        made = set(self.server.connections)
-        self.pending = {
-            handler: at
-            for handler, at in self.pending.items()
-            if handler not in made and now - at < self.grace_s
-        }
-        if len(made) + len(self.pending) >= self.most:
-            self.counts.refused += 1
-            return _Full()
-        handler = self.server()
-        self.pending[handler] = now
-        return handler
-
-
-class _Full(asyncio.Protocol):
-    """A connection over the bound: answered 503 at once, closed once the client's request
-    is read (closing with it unread would reset the connection, and the answer with it), or
-    after `FULL_LINGER_S`, whichever is first."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(FULL % (len(_FULL_BODY), _FULL_BODY))
-        self.timer = asyncio.get_running_loop().call_later(FULL_LINGER_S, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        self.timer.cancel()
-        self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.timer.cancel()

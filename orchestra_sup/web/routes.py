@@ -6,11 +6,12 @@ are both read from `ROUTES`, so a path cannot be served undocumented or document
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from orchestra_sup.protocol import shapes
+from orchestra_sup.protocol.frames.values import Budget
 
 
 class Accepted(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -69,15 +70,25 @@ class ErrorDetail(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ErrorBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Every refusal, with the HTTP status its code maps to (`web.api.STATUS`)."""
+    """Every refusal, with the HTTP status its code maps to (`web.replies.STATUS`)."""
 
     error: ErrorDetail
 
 
 class Text(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """An answer's or a message's text (optional for approve, reject, accept-partial)."""
+    """A message's text."""
+
+    text: str
+
+
+class AnswerBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An answer to a lane's question, as `ctl approve` and its kin take it: `text` (needed
+    for reject and redirect), `grant` more budget with an approval of a task stopped at its
+    budget, `retries` more attempts with an approval of a task that used its retries."""
 
     text: str = ""
+    grant: Budget | None = None
+    retries: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 0
 
 
 class RolloverAsk(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -110,6 +121,10 @@ class Route:
     operate: bool = False
     query: tuple[tuple[str, str], ...] = ()
     """(name, what it is) of each query parameter."""
+    public: bool = False
+    """Served without a token (it says nothing about the tree)."""
+    refused: type[Any] | None = None
+    """The type of a 409 answer that is not an `ErrorBody` (a reload refused)."""
 
 
 ROUTES = (
@@ -145,7 +160,7 @@ ROUTES = (
             "respond",
             f"Answer a lane's question: {verb}",
             shapes.RecordedView,
-            body=Text,
+            body=AnswerBody,
             operate=True,
         )
         for verb in ("approve", "reject", "redirect", "accept-partial")
@@ -158,7 +173,15 @@ ROUTES = (
         Restarted,
         operate=True,
     ),
-    Route("POST", "/v1/reload", "reload", "Re-read the config", shapes.ReloadView, operate=True),
+    Route(
+        "POST",
+        "/v1/reload",
+        "reload",
+        "Re-read the config",
+        shapes.ReloadView,
+        operate=True,
+        refused=shapes.ReloadView,
+    ),
     Route(
         "POST",
         "/v1/rollovers",
@@ -199,5 +222,5 @@ ROUTES = (
             ("status", "also the status (event: status, no id) every this many s, 1..60"),
         ),
     ),
-    Route("GET", "/v1/openapi.json", "openapi", "This document", None),
+    Route("GET", "/v1/openapi.json", "openapi", "This document", None, public=True),
 )

@@ -137,6 +137,8 @@ def test_an_operator_submits_answers_and_follows_events(
     log = [json.loads(x) for x in ctl_cli(tree, "events", "--json").stdout.splitlines()]
     answered = next(e for e in log if e["kind"] == "hitl.answered")
     assert answered["who"] == "token:ops (uid -1)"
+    asked = next(e for e in log if e["kind"] == "task.awaiting_approval")
+    assert asked["lane"] == lane  # a client answers it from the event alone
     resume = log[len(log) // 2]["seq"]
     got = sse(http, resume, count=5)
     assert [e["seq"] for e in got] == list(range(resume + 1, resume + 6))
@@ -271,6 +273,11 @@ def test_bad_requests_are_refused_and_the_tree_goes_on(api: tuple[Tree, str, str
         assert status == code and "code" in reply["error"], (status, reply)
     status, reply, _ = http.call("POST", "/v1/lanes/nolane/approve", b"{nope")
     assert status == 400
+    for body, named in ((b'{"txt": "typo"}', "txt"), (b'{"retries": -1}', "retries")):
+        status, reply, _ = http.call("POST", "/v1/lanes/nolane/reject", body)
+        assert status == 400 and named in reply["error"]["message"], reply
+    status, reply, _ = http.call("POST", "/v1/plans", b'{"name": "j", "task": [{"id": 3}]}')
+    assert status == 400 and "JSON" not in reply["error"]["message"], reply  # read as JSON
     status, reply, _ = http.call("POST", "/v1/lanes/nolane/approve")
     assert status == 404 and reply["error"]["code"] == "not_found"
     status, reply, _ = http.call("POST", "/v1/lanes/nolane/explode")

@@ -146,14 +146,26 @@ def test_a_non_loopback_address_is_served_over_tls(
 
 
 def test_a_certificate_that_cannot_be_loaded_is_refused_at_start(tmp_path: Path) -> None:
-    """A cert or key that cannot be read stops the start in one line naming both files."""
+    """A cert or key that cannot be read stops the start in one line naming both files; an
+    encrypted key is said to be one, with no passphrase prompt holding the start."""
     config = tmp_path / "orchestra.toml"
     missing = tmp_path / "nowhere.pem"
-    config.write_text(f'[http]\nlisten = "0.0.0.0:0"\ncert = "{missing}"\nkey = "{missing}"\n')
-    argv = [sys.executable, "-m", "orchestra_sup", "start", "--state-dir", str(tmp_path / "s")]
-    argv += ["--run-dir", str(tmp_path / "r"), "--config", str(config)]
-    started = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert_one_line_error(started, 2, "[http] cert", "cannot be loaded")
+    cert, key = certificate(tmp_path, "api")
+    locked = tmp_path / "locked.key"
+    argv = ["openssl", "pkey", "-in", key, "-aes256", "-passout", "pass:secret", "-out", locked]
+    subprocess.run(argv, check=True, capture_output=True)
+    for (pem, private), words in (
+        ((missing, missing), ("[http] cert", "cannot be loaded")),
+        ((cert, locked), ("[http] key", "encrypted")),
+    ):
+        config.write_text(f'[http]\nlisten = "0.0.0.0:0"\ncert = "{pem}"\nkey = "{private}"\n')
+        argv = [sys.executable, "-m", "orchestra_sup", "start", "--state-dir", str(tmp_path / "s")]
+        argv += ["--run-dir", str(tmp_path / "r"), "--config", str(config)]
+        started = subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
+        assert_one_line_error(started, 2, *words)
+        assert "pass phrase" not in started.stdout + started.stderr
 
 
 def test_a_re_exec_keeps_the_port_of_host_0(api: tuple[Tree, str, str]) -> None:
@@ -194,3 +206,63 @@ def test_a_re_exec_outlives_a_damaged_token_and_a_key_renewed_badly(
     after = tree.status()
     assert after.supervisor_pid == before.supervisor_pid and after.http_url == ""
     assert [c.pid for c in after.children] == [c.pid for c in before.children]
+
+
+def test_tls_handshakes_count_against_the_bound(
+    tree_factory: Callable[..., Tree], repo: Path, tmp_path: Path
+) -> None:
+    """Eight TCP connections that never begin their TLS handshake fill a bound of eight: a
+    ninth is closed at once, ctl goes on; the eight are aborted after idle_s, and a client
+    that trusts the certificate is answered again."""
+    cert, key = certificate(tmp_path, "api")
+    config = tmp_path / "orchestra.toml"
+    config.write_text(
+        f'[http]\nlisten = "127.0.0.1:0"\ncert = "{cert}"\nkey = "{key}"\n'
+        "max_connections = 8\nidle_s = 1.0\n"
+    )
+    ops = token(tmp_path / "state", "ops")
+    tree = tree_factory(workspace=repo, shards=1, config=config)
+    address = _address(tree)
+    trusted = ssl.create_default_context(cafile=str(cert))
+
+    def answered() -> bool:
+        request = urllib.request.Request(f"https://127.0.0.1:{address[1]}/v1/whoami")
+        request.add_header("Authorization", f"Bearer {ops}")
+        try:
+            with urllib.request.urlopen(request, context=trusted, timeout=10) as reply:
+                return bool(reply.status == 200)
+        except OSError:  # URLError, a reset: turned away
+            return False
+
+    def turned_away() -> bool:
+        with socket.create_connection(address, timeout=10) as extra:
+            return _closed_by_server(extra)
+
+    with ExitStack() as held:
+        silent = [held.enter_context(socket.create_connection(address)) for _ in range(8)]
+        wait_until(turned_away, 10, "a ninth connection closed at once")
+        assert not answered()
+        assert isinstance(tree.status(), f.StatusReply)
+        for sock in silent:
+            sock.settimeout(10)
+            assert _closed_by_server(sock), "a handshake outlived idle_s"
+    wait_until(answered, 10, "the API to answer over TLS again")
+
+
+def test_a_client_that_reads_nothing_is_let_go(limited: tuple[Tree, str]) -> None:
+    """A client that pipelines requests for large answers and never reads one is reset
+    within two sweeps of idle_s: its answers' writes, which no request timeout covers, do not
+    hold the connection (and its descriptor) for as long as the client likes."""
+    tree, _ = limited
+    hog = socket.socket()
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.connect(_address(tree))
+    with hog:
+        hog.sendall(b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+        hog.setblocking(False)
+        wait_until(
+            lambda: hog.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0,
+            20,
+            "the server to reset a connection that reads nothing",
+        )
+    assert isinstance(tree.status(), f.StatusReply)

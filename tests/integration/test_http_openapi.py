@@ -40,6 +40,9 @@ def test_every_documented_path_answers_the_documented_type(api: tuple[Tree, str,
     status, document, _ = anonymous.call("GET", "/v1/openapi.json")
     assert status == 200
     validate(document)
+    assert document["paths"]["/v1/openapi.json"]["get"]["security"] == []  # served so
+    refused = document["paths"]["/v1/reload"]["post"]["responses"]["409"]
+    assert refused["content"]["application/json"]["schema"]["$ref"].endswith("/Reload")
     served = {(m.upper(), p) for p, ops_ in document["paths"].items() for m in ops_}
     assert served == {(r.method, r.path) for r in ROUTES}
 

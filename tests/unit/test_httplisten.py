@@ -75,3 +75,13 @@ def test_the_limits_default_to_what_the_docs_say() -> None:
     settings = http_section({})
     assert (settings.max_connections, settings.idle_s, settings.request_s) == (256, 15.0, 60.0)
     assert settings.releases == () and not settings.tls
+
+
+def test_a_release_over_http_is_an_absolute_path() -> None:
+    """A relative release would be whatever the supervisor's working directory holds."""
+    assert http_section({"releases": ["/opt/osup-2/bin/python"]}).releases == (
+        "/opt/osup-2/bin/python",
+    )
+    for bad in ("relative/python", " ", ""):
+        with pytest.raises(ConfigError, match="not an absolute path"):
+            http_section({"releases": [bad]})
