@@ -134,7 +134,11 @@ def status_view(reply: f.StatusReply, width: int | None) -> Group:
     if reply.metrics_url:
         lines.append(f"metrics {reply.metrics_url}")
     if reply.http_url:
-        lines.append(f"http api {reply.http_url}")
+        counts = reply.http
+        shown = f" ({counts.open} of {counts.max} connections" if counts is not None else ""
+        if counts is not None and (counts.refused or counts.reset):
+            shown += f"; {counts.refused} refused, {counts.reset} reset for not reading"
+        lines.append(f"http api {reply.http_url}{shown + ')' if shown else ''}")
         lines.append(f"console {reply.http_url.removesuffix('v1/')}")
     if reply.rollover is not None:
         lines.append(f"rollover {reply.rollover}")

@@ -70,6 +70,7 @@ class SupervisorView(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ctl_refused: int
     metrics_url: str
     http_url: str
+    http: f.HttpCounts | None
     state_disk: StateDiskView | None
     descriptors: Descriptors | None
     ctl_connections: int
@@ -183,6 +184,7 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
         ctl_refused=reply.ctl_refused,
         metrics_url=reply.metrics_url,
         http_url=reply.http_url,
+        http=reply.http,
         state_disk=None
         if disk is None
         else StateDiskView(

@@ -306,6 +306,7 @@ class CtlService:
             metrics_url=host.metrics_url,
             state_disk=host.state_disk(),
             http_url=host.http.url,
+            http=host.http.counts(),
             descriptors=sockets.descriptors(),
             ctl_connections=sockets.ctl_connections(),
             ctl_connections_max=host.settings.supervisor.ctl_connections,

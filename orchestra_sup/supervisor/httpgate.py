@@ -59,14 +59,20 @@ class Gate:
         self._sweeper: asyncio.TimerHandle | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
 
-    def __call__(self) -> asyncio.BaseProtocol:
+    def open(self) -> int:
+        """Connections open now: aiohttp's, and those accepted it does not hold yet (`pending`
+        is pruned of the ones it holds since, and of any older than a handshake may take)."""
         now = time.monotonic()
         made = set(self.server.connections)
         grace = self.handshake_s + 1  # a handler never made (an accept that failed) is gone
         self.pending = {
             each: at for each, at in self.pending.items() if each not in made and now - at < grace
         }
-        if len(made) + len(self.pending) >= self.most:
+        return len(made) + len(self.pending)
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        now = time.monotonic()
+        if self.open() >= self.most:
             self.refused += 1
             return _Full() if self.tls is None else _Shut()
         if self.tls is None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from aiohttp import web
 
 from orchestra_sup.errors import ConfigError
+from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.httplisten import HttpSettings, host_port
 from orchestra_sup.protocol.keys import default_keys_dir
 from orchestra_sup.protocol.tokens import TokenTable
@@ -128,6 +129,18 @@ class HttpServer:
             )
         else:
             log.info("HTTP API at %s, %d tokens in %s", self.url, len(tokens), self.keys_dir)
+
+    def counts(self) -> f.HttpCounts | None:
+        """The connections now and since the start (None: not served)."""
+        gate = self.gate
+        if gate is None:
+            return None
+        return f.HttpCounts(
+            open=gate.open(),
+            max=gate.most,
+            refused=gate.refused,
+            reset=gate.stuck,
+        )
 
     async def close(self) -> None:
         if self.gate is not None:

@@ -61,7 +61,9 @@ def test_silent_connections_are_bounded_and_let_go(limited: tuple[Tree, str]) ->
     with ExitStack() as held:
         silent = [held.enter_context(socket.create_connection(address)) for _ in range(8)]
         wait_until(lambda: _full(address), 10, "a ninth connection is refused")
-        assert isinstance(tree.status(), f.StatusReply)  # ctl is not shut out
+        counts = tree.status().http  # ctl is not shut out, and says so
+        assert counts is not None and counts.max == 8 and counts.refused >= 1, counts
+        assert counts.open <= 8, counts  # the silent ones close after idle_s
         for sock in silent:
             sock.settimeout(10)
             assert _closed_by_server(sock), "a silent connection outlived idle_s"
@@ -265,4 +267,5 @@ def test_a_client_that_reads_nothing_is_let_go(limited: tuple[Tree, str]) -> Non
             20,
             "the server to reset a connection that reads nothing",
         )
-    assert isinstance(tree.status(), f.StatusReply)
+    counts = tree.status().http
+    assert counts is not None and counts.reset == 1, counts

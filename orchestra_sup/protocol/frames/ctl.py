@@ -38,6 +38,17 @@ class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
     children: list[str]
 
 
+class HttpCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """The HTTP API's connections: `open` now (TLS handshakes included) of at most `max`
+    (`[http] max_connections`); since the supervisor started, `refused` over the bound and
+    `reset` for reading nothing of their answers."""
+
+    open: int
+    max: int
+    refused: int = 0
+    reset: int = 0
+
+
 class StatusReply(Frame, tag="status_reply"):
     """`ctl status`: the supervisor and every child. `loop_lag_ms` is the supervisor's own
     event-loop lag, (p50, p99, max) in milliseconds over its sliding window."""
@@ -98,6 +109,8 @@ class StatusReply(Frame, tag="status_reply"):
     hosts_refused: int = 0
     """Host `Hello`s refused since the supervisor started: a key not the host's own, a wrong
     routing id, another role, a protocol the root does not speak."""
+    http: HttpCounts | None = None
+    """The HTTP API's connections (None: not served; `supervisor.httpgate`)."""
 
 
 class CtlRestart(Frame, tag="ctl_restart"):
