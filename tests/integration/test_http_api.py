@@ -336,3 +336,33 @@ def test_the_rest_of_ctl_over_http(api: tuple[Tree, str, str]) -> None:
     status, body, _ = http.call("POST", f"/v1/plans/{plan_id}/message", b'{"text": "hello"}')
     assert status in (400, 404), body  # a plan that is no session takes no message
     assert http.call("POST", f"/v1/plans/{plan_id}/message")[0] == 400
+
+
+def test_an_approval_over_http_grants_retries_as_ctl_does(api: tuple[Tree, str, str]) -> None:
+    """A task that failed with no retry left is approved over HTTP with `{"retries": 1}` (as
+    `ctl approve --retries 1`), and runs once more; without retries the approval is refused."""
+    tree, ops, _ = api
+    http = Http(tree.status().http_url, ops)
+    plan = b'name = "f"\n[[task]]\nid = "flaky"\nrun = "exit 3"\non_failure = "pause"\n'
+    plan_id = http.call("POST", "/v1/plans", plan)[1]["id"]
+
+    def paused(attempts: int) -> str | None:
+        lanes = http.call("GET", "/v1/lanes")[1]["lanes"]
+        waiting = [x for x in lanes if x["plan"] == plan_id and x["state"] == "awaiting_approval"]
+        if (
+            waiting
+            and http.call("GET", f"/v1/plans/{plan_id}")[1]["tasks"][0]["attempts"] == attempts
+        ):
+            return str(waiting[0]["lane"])
+        return None
+
+    lane = wait_until(lambda: paused(1), 30, "the failed attempt to pause")
+    status, body, _ = http.call("POST", f"/v1/lanes/{lane}/approve", b"{}")
+    assert status == 400 and "retries" in body["error"]["message"], body
+    status, body, _ = http.call("POST", f"/v1/lanes/{lane}/approve", b'{"retries": 1}')
+    assert status == 200, body
+    lane = wait_until(lambda: paused(2), 30, "the granted attempt to fail and pause again")
+    assert http.call("POST", f"/v1/lanes/{lane}/accept-partial", b"{}")[0] == 200
+    report = tree.wait_plan(plan_id, 30)
+    assert report.tasks[0].attempts == 2
+    assert [a.responder for a in report.tasks[0].answers] == ["token:ops", "token:ops"]

@@ -619,25 +619,28 @@ function answerControls(lane) {
   const accepts = lane.accepts && lane.accepts.length ? lane.accepts : DEFAULT_ACCEPTS;
   const note = el("p", { class: "outcome", role: "status" });
   const buttons = VERBS.filter(([name]) => accepts.includes(name)).map(([name, verb, label]) => {
-    const button = el("button", { type: "button", "data-verb": verb }, label);
-    if (name === "approve" && lane.needs_retries) {
-      button.disabled = true;
-      button.title = "needs retries granted: orchestra-sup ctl approve LANE --retries N";
-    }
-    button.addEventListener("click", () => answer(lane.lane, verb, text, note));
+    // a task that used its retries is approved with one more attempt (ctl approve --retries 1)
+    const retries = name === "approve" && lane.needs_retries ? 1 : 0;
+    const shown = retries ? `${label} +1 attempt` : label;
+    const button = el("button", { type: "button", "data-verb": verb }, shown);
+    button.addEventListener("click", () => answer(lane.lane, verb, text, note, retries));
     return button;
   });
   return [
-    el("label", { for: id, class: "meta" }, "answer text (needed for redirect)"),
+    el("label", { for: id, class: "meta" }, "answer text (needed for reject and redirect)"),
     text,
     el("div", { class: "buttons" }, ...buttons),
     note,
   ];
 }
 
-async function answer(lane, verb, text, note) {
+async function answer(lane, verb, text, note, retries) {
   if (verb === "redirect" && !text.value.trim()) {
     note.textContent = "a redirect needs a text: what to do instead";
+    return;
+  }
+  if (verb === "reject" && !text.value.trim()) {
+    note.textContent = "a reject needs a text: why";
     return;
   }
   const card = state.cards.get(lane);
@@ -645,7 +648,7 @@ async function answer(lane, verb, text, note) {
   for (const b of buttons) b.disabled = true;
   note.textContent = `sending ${verb}…`;
   try {
-    const body = JSON.stringify({ text: text.value });
+    const body = JSON.stringify(retries ? { text: text.value, retries } : { text: text.value });
     const done = await api(`${lanePath(lane)}/${verb}`, { method: "POST", body });
     note.textContent = `${verb}: ${done.outcome}`;
     mark("lanes", "plans", `report:${done.plan}`);
