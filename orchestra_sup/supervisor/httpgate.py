@@ -58,6 +58,16 @@ class Gate:
         self._buffered: dict[web.RequestHandler, int] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
+        # A handler leaves `pending` the moment aiohttp holds it: one made and lost between
+        # two counts would otherwise stay counted for `grace` (a breaker shut the API out
+        # with one short connection at a time). aiohttp's handler reports to its server.
+        told = server.connection_made
+
+        def held(handler: web.RequestHandler, transport: asyncio.Transport) -> None:
+            self.pending.pop(handler, None)
+            told(handler, transport)
+
+        server.connection_made = held  # type: ignore[method-assign]
 
     def open(self) -> int:
         """Connections open now: aiohttp's, and those accepted it does not hold yet (`pending`
@@ -97,7 +107,7 @@ class Gate:
         buffered: dict[web.RequestHandler, int] = {}
         for handler in self.server.connections:
             transport = handler.transport
-            if transport is None or transport.is_closing():
+            if transport is None:  # a closing one too: its close waits on the same buffer
                 continue
             size = transport.get_write_buffer_size()  # type: ignore[attr-defined]
             before = self._buffered.get(handler)
@@ -158,7 +168,8 @@ class _Handshake(asyncio.Protocol):
                 server_side=True,
                 ssl_handshake_timeout=gate.handshake_s,
             )
-        except (OSError, asyncio.CancelledError):  # ssl.SSLError and timeouts are OSErrors
+        except (OSError, asyncio.CancelledError) as exc:  # SSLError, timeouts are OSErrors
+            exc.__traceback__ = None  # its frames hold the TLS layer's buffers in a cycle
             transport.abort()
             return
         finally:

@@ -269,3 +269,15 @@ def test_a_client_that_reads_nothing_is_let_go(limited: tuple[Tree, str]) -> Non
         )
     counts = tree.status().http
     assert counts is not None and counts.reset == 1, counts
+
+
+def test_short_connections_one_at_a_time_never_fill_the_bound(limited: tuple[Tree, str]) -> None:
+    """Thirty connections one after another, each closed after its answer, on a bound of
+    eight: each is answered, and none is counted once it is gone."""
+    tree, _ = limited
+    url = Http(tree.status().http_url, None).url + "/v1/openapi.json"
+    for _ in range(30):
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert reply.status == 200
+    counts = tree.status().http
+    assert counts is not None and counts.refused == 0, counts
