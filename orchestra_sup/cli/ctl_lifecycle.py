@@ -224,9 +224,7 @@ def reload(ctl: CtlCommand) -> None:
     report = guarded(go)
     assert isinstance(report, f.ReloadReport)
     if ctl.as_json:
-        value = msgspec.to_builtins(report)
-        del value["t"]
-        print_json(value)
+        print_json(shapes.reload_json(report))
     if report.refused:
         raise fail(f"config reload refused: {report.error}", EXIT_USAGE)
     if not ctl.as_json:

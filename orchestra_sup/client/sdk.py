@@ -47,6 +47,7 @@ from orchestra_sup.errors import (
 )
 from orchestra_sup.paths import default_run_dir
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.protocol import shapes
 from orchestra_sup.protocol.keys import ClientKeys
 from orchestra_sup.protocol.tools import call_params
 
@@ -150,13 +151,6 @@ def grant_budget(grant: str | Mapping[str, float] | None) -> f.Budget | None:
     if isinstance(grant, Mapping):
         grant = ",".join(f"{key}={value}" for key, value in grant.items())
     return parse_grant(grant)
-
-
-def plain(frame: f.Frame) -> dict[str, Any]:
-    """A frame as ctl's `--json` prints it: its fields as JSON values, without the wire tag."""
-    out = msgspec.to_builtins(frame)
-    out.pop("t", None)
-    return out
 
 
 def checked_endpoint(connect: str | None, keys: ClientKeys | None) -> None:
@@ -309,7 +303,7 @@ class Client(ClientOptions):
         if not (math.isfinite(wait_s) and wait_s >= 0):
             raise ConfigError(f"wait_s={wait_s!r}: give 0 or more seconds")
         body = f.CtlPlan(id=plan_id, wait_s=wait_s)
-        return plain(self._expect(f.PlanReport, body, self.timeout_s + wait_s))
+        return shapes.plan_json(self._expect(f.PlanReport, body, self.timeout_s + wait_s))
 
     def plans(self) -> list[dict[str, Any]]:
         """Every plan the coordinator holds, newest first, as `ctl plans --json`'s "plans":
@@ -397,7 +391,7 @@ class Client(ClientOptions):
         retries: int = 0,
     ) -> dict[str, Any]:
         ask = f.CtlRespond(lane=lane, verdict=verdict, text=text, grant=grant, retries=retries)
-        return plain(self._expect(f.HitlRecorded, ask))
+        return shapes.recorded_json(self._expect(f.HitlRecorded, ask))
 
     # --- lanes and tools -------------------------------------------------------------------------
 

@@ -199,15 +199,25 @@ def status_json(reply: f.StatusReply) -> dict[str, Any]:
 
 
 def plan_json(report: f.PlanReport) -> dict[str, Any]:
-    out = msgspec.to_builtins(report)
-    out.pop("t", None)
-    return out
+    """`PlanView`: the report without its tag."""
+    return untagged_json(report)
 
 
 def rollover_json(report: f.RolloverReport) -> dict[str, Any]:
-    """{"id", "target", "release": {"python", "version", "proto_min", "proto_max"}, "done",
-    "ok", "error", "events": [{"seq", "at_s", "child", "text", "took_s"}]}."""
-    out = msgspec.to_builtins(report)
+    """`RolloverView`: {"id", "target", "release": {"python", "version", "proto_min",
+    "proto_max"}, "done", "ok", "error", "events": [{"seq", "at_s", "child", "text",
+    "took_s"}]}."""
+    return untagged_json(report)
+
+
+def reload_json(report: f.ReloadReport) -> dict[str, Any]:
+    """`ReloadView`: what a config reload did."""
+    return untagged_json(report)
+
+
+def untagged_json(frame: f.Frame) -> dict[str, Any]:
+    """`frame` as plain values without its tag "t": the shape `view_of(type(frame))` has."""
+    out: dict[str, Any] = msgspec.to_builtins(frame)
     out.pop("t", None)
     return out
 
@@ -279,8 +289,11 @@ def _cluster(reply: f.StatusReply) -> ClusterView:
     )
 
 
+def log_row_view(row: f.LogRow, lane: str) -> LogRowView:
+    """One transcript row for programs, `lane` being the lane whose transcript it is."""
+    return LogRowView(seq=row.seq, ts=row.ts, stream=row.stream, data=row.data, lane=lane)
+
+
 def log_row_json(row: f.LogRow, lane: str) -> dict[str, Any]:
-    """`LogRowView`: one transcript row for programs, `lane` being the lane whose transcript
-    it is."""
-    view = LogRowView(seq=row.seq, ts=row.ts, stream=row.stream, data=row.data, lane=lane)
-    return msgspec.to_builtins(view)  # type: ignore[no-any-return]
+    """`log_row_view` as plain values (`ctl logs --json`)."""
+    return msgspec.to_builtins(log_row_view(row, lane))  # type: ignore[no-any-return]

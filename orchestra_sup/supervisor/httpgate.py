@@ -70,15 +70,14 @@ class Gate:
         server.connection_made = held  # type: ignore[method-assign]
 
     def open(self) -> int:
-        """Connections open now: aiohttp's, and those accepted it does not hold yet (`pending`
-        is pruned of the ones it holds since, and of any older than a handshake may take)."""
+        """Connections open now: aiohttp's, and those accepted it does not hold yet. An entry
+        leaves `pending` when aiohttp holds it (`held`) or its handshake ends; one older than
+        a handshake may take is an accept that failed before either, and is dropped here."""
         now = time.monotonic()
-        made = set(self.server.connections)
-        grace = self.handshake_s + 1  # a handler never made (an accept that failed) is gone
-        self.pending = {
-            each: at for each, at in self.pending.items() if each not in made and now - at < grace
-        }
-        return len(made) + len(self.pending)
+        grace = self.handshake_s + 1
+        if any(now - at >= grace for at in self.pending.values()):
+            self.pending = {each: at for each, at in self.pending.items() if now - at < grace}
+        return len(self.server.connections) + len(self.pending)
 
     def __call__(self) -> asyncio.BaseProtocol:
         now = time.monotonic()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,12 +45,20 @@ from orchestra_sup.errors import PlanError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import shapes
 from orchestra_sup.protocol.endpoint import TokenIdentity
-from orchestra_sup.protocol.shapes import LogRowView
 from orchestra_sup.protocol.tokens import TokenTable
 from orchestra_sup.web import openapi, static, stream
-from orchestra_sup.web.replies import SECURITY_HEADERS, Refused, encode, json_reply, refusal, seq
+from orchestra_sup.web.replies import (
+    SECURITY_HEADERS,
+    Refused,
+    encode,
+    json_reply,
+    refusal,
+    seconds,
+    seq,
+)
 from orchestra_sup.web.routes import (
     ROUTES,
+    VERDICTS,
     Accepted,
     AnswerBody,
     Caller,
@@ -70,13 +77,6 @@ BODY_MAX = 1 << 20
 """Bytes a request body may hold (a plan file is far smaller)."""
 ASK_TTL_S = 30.0
 """Seconds a request's part in the tree (a child's answer) may take."""
-VERDICTS = {
-    "approve": "approve",
-    "reject": "reject",
-    "redirect": "redirect",
-    "accept-partial": "accept_partial",
-}
-"""Path verb -> the answer's verdict (`CtlRespond.verdict`)."""
 
 PUBLIC = frozenset(route.path for route in ROUTES if route.public)
 """Paths served without a token: they say nothing about the tree."""
@@ -85,7 +85,6 @@ ROLLOVER_WAIT_MAX_S = 10.0
 ANSWER_BODY = '{"text": "...", "grant": {"wall_s": 600}, "retries": 1}, each optional'
 ROLLOVER_BODY = '{"target": "shards", "release": "", "drain_timeout_s": null}'
 
-_SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?", re.ASCII)
 _WHO = web.RequestKey("who", TokenIdentity)
 STREAMS = web.AppKey("streams", set[asyncio.Task[Any]])
 """The tasks serving event streams now (`end_streams`)."""
@@ -185,14 +184,12 @@ class Api:
         return json_reply(shapes.lanes_json(await self._ask(request, f.CtlLanes(), f.LaneList)))
 
     async def submit(self, request: web.Request) -> web.Response:
-        _operates(request)
         # parsed and checked off the loop: a 1 MiB plan of 20,000 tasks takes about 0.5 s
         spec = await asyncio.to_thread(_plan, await _body(request), request.content_type)
         reply = await self._ask(request, f.CtlSubmit(plan=spec), f.PlanAccepted)
         return json_reply(Accepted(id=reply.id), 201)
 
     async def message(self, request: web.Request) -> web.Response:
-        _operates(request)
         plan_id = request.match_info["id"]
         text = _decoded(await _body(request), Text, '{"text": "..."}').text
         if not text:
@@ -201,22 +198,17 @@ class Api:
         return json_reply(Sent(plan=plan_id, sent=True))
 
     async def restart(self, request: web.Request) -> web.Response:
-        _operates(request)
         name = request.match_info["name"]
         await self._ask(request, f.CtlRestart(name=name), f.Ack)
         return json_reply(Restarted(restarted=name))
 
     async def reload(self, request: web.Request) -> web.Response:
-        _operates(request)
         reply = await self._ask(request, f.CtlReload(), f.ReloadReport)
-        out = msgspec.to_builtins(reply)
-        out.pop("t", None)
-        return json_reply(out, 409 if reply.refused else 200)
+        return json_reply(shapes.reload_json(reply), 409 if reply.refused else 200)
 
     async def call(self, request: web.Request) -> web.Response:
         """A relayed tool (`ctl call TOOL KEY=VALUE ...`): the body a JSON object of string
         parameters; answered `{"value": ...}`."""
-        _operates(request)
         raw = await _body(request)
         try:
             params = json.loads(raw) if raw.strip() else {}
@@ -244,14 +236,10 @@ class Api:
         )
         if not reply.found:
             raise Refused(404, "not_found", f"no lane {lane!r} on any shard")
-        rows = [
-            LogRowView(seq=row.seq, ts=row.ts, stream=row.stream, data=row.data, lane=lane)
-            for row in reply.rows
-        ]
+        rows = [shapes.log_row_view(row, lane) for row in reply.rows]
         return json_reply(Logs(lane=lane, rows=rows, done=reply.done))
 
     async def cancel(self, request: web.Request) -> web.Response:
-        _operates(request)
         await self._ask(request, f.CtlCancel(lane=request.match_info["lane"]), f.Ack)
         return json_reply(Cancelled(lane=request.match_info["lane"], cancelled=True))
 
@@ -259,7 +247,6 @@ class Api:
         """A rollover begun (`ctl rollover`): answered 202 with its first report, at once;
         `GET /v1/rollovers/{id}` follows it. The release must be the supervisor's own ("")
         or one of `[http] releases`: a token must not choose a program to run."""
-        _operates(request)
         try:
             ask = msgspec.json.decode(await _body(request), type=RolloverAsk)
         except msgspec.DecodeError as exc:  # ValidationError is one
@@ -282,17 +269,13 @@ class Api:
         """A rollover's report with its events after `?after=SEQ` (default: every one),
         held up to `?wait=S` seconds (0..10, default 0) for a new one (a long poll)."""
         after = seq(request.query["after"]) if "after" in request.query else -1
-        raw = request.query.get("wait", "0")
-        wait = float(raw) if _SECONDS.fullmatch(raw) else -1.0
-        if not 0 <= wait <= ROLLOVER_WAIT_MAX_S:
-            raise Refused(400, "bad_request", f"wait: 0..{ROLLOVER_WAIT_MAX_S:g} seconds")
+        wait = seconds(request.query.get("wait", "0"), 0.0, ROLLOVER_WAIT_MAX_S, "wait")
         body = f.CtlRolloverStatus(id=request.match_info["id"], after_seq=after, wait_s=wait)
         return json_reply(shapes.rollover_json(await self._ask(request, body, f.RolloverReport)))
 
     async def respond(self, request: web.Request) -> web.Response:
         """An answer to a lane's question; the verdict is the path's last part (its routes
         are `VERDICTS`' keys only)."""
-        _operates(request)
         verb = request.path.rsplit("/", 1)[1]
         answer = _decoded(await _body(request), AnswerBody, ANSWER_BODY)
         body = f.CtlRespond(
@@ -320,12 +303,6 @@ async def _body(request: web.Request) -> str:
         return (await request.read()).decode("utf-8")
     except UnicodeDecodeError:
         raise Refused(400, "bad_request", "the body is not UTF-8 text") from None
-
-
-def _operates(request: web.Request) -> None:
-    who = request[_WHO]
-    if who.role != "operate":
-        raise Refused(403, "forbidden", f"token {who.name!r} may read, not {request.method}")
 
 
 def _plan(text: str, content_type: str) -> f.PlanSpec:
@@ -434,6 +411,9 @@ def _authorized(
         if token is None:
             message = "a valid bearer token is needed (keys init --http-token)"
             return refusal(401, "unauthorized", message, **{"WWW-Authenticate": "Bearer"})
+        if request.method != "GET" and not token.operates:  # `Route.operate`
+            message = f"token {token.name!r} may read, not {request.method} (operate may)"
+            return refusal(403, "forbidden", message)
         request[_WHO] = TokenIdentity(name=token.name, role=token.role)
         return await handler(request)
 

@@ -5,6 +5,8 @@ statuses (usage errors 4xx, the tree's state 5xx)."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import msgspec
@@ -74,3 +76,16 @@ def seq(raw: str) -> int:
     if len(raw) > 19 or not raw.isascii() or not raw.isdigit() or int(raw) > f.MAX_SEQ:
         raise Refused(400, "bad_request", f"not a sequence number: {raw[:40]!r}")
     return int(raw)
+
+
+_SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?", re.ASCII)
+
+
+def seconds(raw: str, low: float, high: float, name: str) -> float:
+    """Seconds of the query parameter `name` (`?wait=`, `?status=`): ASCII digits with an
+    optional fraction, from `low` to `high`; `Refused` (400) otherwise."""
+    value = float(raw) if _SECONDS.fullmatch(raw) else math.nan
+    if not low <= value <= high:  # NaN is within no bounds
+        message = f"?{name}= takes seconds from {low:g} to {high:g}, not {raw[:40]!r}"
+        raise Refused(400, "bad_request", message)
+    return value

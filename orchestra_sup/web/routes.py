@@ -101,6 +101,14 @@ class RolloverAsk(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drain_timeout_s: float | None = None
 
 
+VERDICTS = {
+    "approve": "approve",
+    "reject": "reject",
+    "redirect": "redirect",
+    "accept-partial": "accept_partial",
+}
+"""A lane's answer routes by their path's last part -> the answer's verdict
+(`CtlRespond.verdict`)."""
 PLAN_BODY = "plan"
 """A request body that is a plan file (TOML, or its JSON), checked by the server."""
 
@@ -109,7 +117,8 @@ PLAN_BODY = "plan"
 class Route:
     """One path of the API. `handler`: the `web.api.Api` method serving it; `answer`: the
     type of its 2xx body (None: an event stream); `body`: the request body's type, or
-    `PLAN_BODY`, or None; `operate`: only an `operate` token may ask it."""
+    `PLAN_BODY`, or None. A route that is not a GET changes the tree: only an `operate` token
+    may ask it (`operate`)."""
 
     method: str
     path: str
@@ -118,7 +127,6 @@ class Route:
     answer: type[Any] | None
     status: int = 200
     body: type[Any] | str | None = None
-    operate: bool = False
     query: tuple[tuple[str, str], ...] = ()
     """(name, what it is) of each query parameter."""
     public: bool = False
@@ -126,13 +134,17 @@ class Route:
     refused: type[Any] | None = None
     """The type of a 409 answer that is not an `ErrorBody` (a reload refused)."""
 
+    @property
+    def operate(self) -> bool:
+        return self.method != "GET"
+
 
 ROUTES = (
     Route("GET", "/v1/status", "status", "The supervisor and every child", shapes.StatusView),
     Route("GET", "/v1/tree", "tree", "The supervision tree, nested", shapes.TreeNode),
     Route("GET", "/v1/whoami", "whoami", "The token this request carries", Caller),
     Route("GET", "/v1/plans", "plans", "Every plan kept", shapes.PlansView),
-    Route("POST", "/v1/plans", "submit", "Submit a plan", Accepted, 201, PLAN_BODY, operate=True),
+    Route("POST", "/v1/plans", "submit", "Submit a plan", Accepted, 201, PLAN_BODY),
     Route("GET", "/v1/plans/{id}", "plan", "A plan and its tasks", shapes.PlanView),
     Route(
         "POST",
@@ -141,7 +153,6 @@ ROUTES = (
         "A message to a plan's coordinator session",
         Sent,
         body=Text,
-        operate=True,
     ),
     Route("GET", "/v1/lanes", "lanes", "Every live lane", shapes.LanesView),
     Route(
@@ -152,7 +163,7 @@ ROUTES = (
         Logs,
         query=(("after", "rows after this seq"), ("limit", "at most this many, 1..10000")),
     ),
-    Route("POST", "/v1/lanes/{lane}/cancel", "cancel", "Cancel a lane", Cancelled, operate=True),
+    Route("POST", "/v1/lanes/{lane}/cancel", "cancel", "Cancel a lane", Cancelled),
     *(
         Route(
             "POST",
@@ -161,9 +172,8 @@ ROUTES = (
             f"Answer a lane's question: {verb}",
             shapes.RecordedView,
             body=AnswerBody,
-            operate=True,
         )
-        for verb in ("approve", "reject", "redirect", "accept-partial")
+        for verb in VERDICTS
     ),
     Route(
         "POST",
@@ -171,7 +181,6 @@ ROUTES = (
         "restart",
         "Restart a child",
         Restarted,
-        operate=True,
     ),
     Route(
         "POST",
@@ -179,7 +188,6 @@ ROUTES = (
         "reload",
         "Re-read the config",
         shapes.ReloadView,
-        operate=True,
         refused=shapes.ReloadView,
     ),
     Route(
@@ -190,7 +198,6 @@ ROUTES = (
         shapes.RolloverView,
         202,
         RolloverAsk,
-        operate=True,
     ),
     Route(
         "GET",
@@ -207,7 +214,6 @@ ROUTES = (
         "Call a relayed tool (ctl call)",
         ToolValue,
         body=dict[str, str],
-        operate=True,
     ),
     Route(
         "GET",

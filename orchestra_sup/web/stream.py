@@ -17,7 +17,6 @@ writes, not the tree's work.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from aiohttp import web
 
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol import shapes
-from orchestra_sup.web.replies import SECURITY_HEADERS, Refused, encode, seq
+from orchestra_sup.web.replies import SECURITY_HEADERS, Refused, encode, seconds, seq
 
 EVENTS_POLL_S = 0.5
 """Seconds an event stream that has sent every committed event waits before asking again."""
@@ -94,7 +93,11 @@ async def serve(request: web.Request, ask: Ask, feed: Feed, write_s: float) -> w
     resume = request.headers.get("Last-Event-ID") or request.query.get("since")
     since = seq(resume or "0")
     plan = request.query.get("plan", "")
-    every = _every(request.query["status"]) if "status" in request.query else None
+    every = (
+        seconds(request.query["status"], *STATUS_EVERY_S, "status")
+        if "status" in request.query
+        else None
+    )
     if "tail" in request.query and resume is None:  # a new page: the newest, not 30 days
         newest = await ask(f.CtlEvents(since=0, limit=1), f.EventsPage)
         since = max(0, newest.last - min(seq(request.query["tail"]), TAIL_MAX))
@@ -136,16 +139,3 @@ async def _send(stream: web.StreamResponse, chunk: bytes, write_s: float) -> boo
     except (ConnectionResetError, TimeoutError):
         return False
     return True
-
-
-def _every(raw: str) -> float:
-    """`?status=`'s seconds between two status messages (400 unless within `STATUS_EVERY_S`)."""
-    try:
-        every = float(raw) if len(raw) <= 20 else math.nan
-    except ValueError:
-        every = math.nan
-    low, high = STATUS_EVERY_S
-    if not low <= every <= high:  # NaN is within no bounds
-        message = f"?status= takes seconds from {low:g} to {high:g}, not {raw[:40]!r}"
-        raise Refused(400, "bad_request", message)
-    return every

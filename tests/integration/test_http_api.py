@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from orchestra_sup.protocol import frames as f
+from orchestra_sup.web.routes import ROUTES
 from tests.integration.harness import Tree, wait_until
 from tests.integration.test_cli import assert_one_line_error
 from tests.integration.test_hitl_ctl import APPROVE_PLAN
@@ -96,6 +98,13 @@ def test_the_read_role_sees_and_changes_nothing(api: tuple[Tree, str, str], tmp_
         "POST", "/v1/plans", b'name = "p"\n[[task]]\nid = "a"\nrun = "true"\n'
     )
     assert status == 403 and body["error"]["code"] == "forbidden"
+    before = [(c.pid, c.generation) for c in tree.status().children]
+    for route in ROUTES:  # every route that changes the tree, with any parameters
+        if route.operate:
+            path = re.sub(r"{(\w+)}", "shard-0", route.path)
+            status, body, _ = http.call(route.method, path, b"{}")
+            assert status == 403 and body["error"]["code"] == "forbidden", (path, body)
+    assert [(c.pid, c.generation) for c in tree.status().children] == before
     status, body, _ = http.call("GET", "/v1/plans")
     assert status == 200 and body == {"plans": []}
 
