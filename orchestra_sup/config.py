@@ -71,11 +71,9 @@ lane_user = "auto"        # a tree run as root: "auto" runs each lane as its san
 [cpu]                     # the CPU policy by role (system/cpupolicy.py; README, "CPU policy")
 realtime = "off"          # "auto": the control plane in SCHED_FIFO where allowed; "on": refuse
                           # to start where it is not; "off": SCHED_OTHER, as before
-rt_priority = 5           # the supervisor's SCHED_FIFO priority; coordinator, custodian one below,
-                          # the shards at 1 (from 5 up; under 5 they stay in SCHED_OTHER)
+rt_priority = 5           # the supervisor's SCHED_FIFO priority; coordinator, custodian one below
 rttime_s = 1.0            # RLIMIT_RTTIME: CPU seconds a real-time thread may run without
-                          # blocking before SIGXCPU (SIGKILL one second later); a shard
-                          # leaves real time instead and goes on
+                          # blocking before SIGXCPU (SIGKILL one second later)
 reserved_cpus = ""        # CPUs the control plane is pinned to ("0", "0,2-3"); "": not pinned
 lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE; "nice": as before
 

@@ -16,10 +16,7 @@ Child watching on Python 3.11: `install_child_watcher` puts an `asyncio.PidfdChi
 event-loop policy (no helper thread per child, no SIGCHLD handler) when the kernel supports
 pidfds; on Python >= 3.12 the event loop does this itself and the helper is a no-op. The
 supervised processes of orchestra-sup run one event loop each, which is what the 3.11 pidfd
-watcher supports. Its reap (`waitpid` on the loop's thread) runs in SCHED_OTHER
-(`cpupolicy.ordinary`): a host in real time must not wait in the kernel's reap above the work
-it waits for (docs/adr/0020-cpu-policy.md). On Python >= 3.12 the loop's own watcher reaps in
-the loop's class, with the supervisor's real-time guard behind it.
+watcher supports.
 """
 
 from __future__ import annotations
@@ -38,8 +35,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
-
-from orchestra_sup.system import cpupolicy
 
 __all__ = ["ShellOutcome", "install_child_watcher", "run_shell"]
 
@@ -104,21 +99,13 @@ def install_child_watcher() -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         policy = asyncio.get_event_loop_policy()
         watcher = policy.get_child_watcher()
-        if isinstance(watcher, _OrdinaryReaps):
+        if isinstance(watcher, asyncio.PidfdChildWatcher):
             if not watcher.is_active():
                 watcher.attach_loop(loop)
             return
-        pidfd_watcher = _OrdinaryReaps()
+        pidfd_watcher = asyncio.PidfdChildWatcher()
         policy.set_child_watcher(pidfd_watcher)
         pidfd_watcher.attach_loop(loop)
-
-
-class _OrdinaryReaps(asyncio.PidfdChildWatcher):
-    """A pidfd watcher whose reap runs with the loop's thread in SCHED_OTHER (module docstring)."""
-
-    def _do_wait(self, pid: int) -> None:  # asyncio 3.11's (private): where it reaps `pid`
-        with cpupolicy.ordinary():
-            super()._do_wait(pid)  # type: ignore[misc]
 
 
 def _killpg(pgid: int) -> None:

@@ -13,8 +13,8 @@ from orchestra_sup.config import Settings
 from orchestra_sup.supervisor.core import ExitCause, Worker
 from orchestra_sup.supervisor.shape import cpu_plans
 from orchestra_sup.system import cpupolicy
-from orchestra_sup.system.cpupolicy import CpuSettings, leave_realtime
-from orchestra_sup.system.rtguard import RtGuard
+from orchestra_sup.system.cpupolicy import CpuSettings
+from orchestra_sup.system.rtguard import RtGuard, demote
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class SupervisorCpu:
 
     def _on_rttime(self, _signum: int, _frame: object) -> None:
         keep = self._guard.thread_id if self._guard is not None else None
-        threads = leave_realtime(os.getpid(), keep=keep)
+        threads = demote(os.getpid(), keep=keep)
         self.demoted += 1
         log.error(
             "the supervisor ran %g s in real time without blocking (RLIMIT_RTTIME): "

@@ -20,16 +20,7 @@ ranks the tree's processes by what the machine allows, in this order:
 3. The lanes' class (`lanes`, `system.lanecpu`): "idle" puts them in a cgroup of `cpu.idle = 1`
    (else a minimal `cpu.shares`), else SCHED_IDLE; always after `[lanes] nice`.
 
-The shards (hosts) run in SCHED_FIFO at `HOST_PRIORITY`, below every thread of the control plane
-and above every lane, when `rt_priority` leaves room for that (`HOSTS_RT_FROM`); else in
-SCHED_OTHER at nice 0. A host's loop drains its lanes' output and admits their starts: in
-SCHED_OTHER it waited behind the lanes for a CPU (`bench isolation`: its loop-lag p99 12 ms
-under load, 2 ms in real time), and a coordinator program's next `start_lane` waited with it.
-A host busy draining is not a fault, so a host that RLIMIT_RTTIME stops is not killed:
-`CpuPlan.on_rttime = "leave"` makes its SIGXCPU put every thread of it back in SCHED_OTHER,
-where it goes on serving its lanes (`leave_realtime`); the guard does the same to a host that
-holds a CPU in bursts. A control-plane process that spins is a fault: SIGXCPU's default action
-ends it and its supervisor restarts it.
+The shards (hosts) stay in SCHED_OTHER at nice 0: above the lanes, below the control plane.
 
 Threads: a scheduling class is per thread, and a thread created by one in a class with
 `SCHED_RESET_ON_FORK` starts in SCHED_OTHER. A real-time process therefore applies its class to
@@ -48,10 +39,8 @@ real time needs root, CAP_SYS_NICE or a `LimitRTPRIO=` a user may not grant.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import resource
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -60,8 +49,6 @@ import msgspec
 
 if TYPE_CHECKING:
     import zmq
-
-log = logging.getLogger(__name__)
 
 REALTIME = ("off", "auto", "on")
 LANE_CLASSES = ("nice", "idle")
@@ -72,15 +59,6 @@ RTTIME_HARD_MARGIN_S = 1.0
 """Seconds between RLIMIT_RTTIME's soft limit (SIGXCPU) and its hard limit (SIGKILL)."""
 CONTROL = ("supervisor", "coordinator", "custodian")
 """The roles of the control plane."""
-HOST_PRIORITY = 1
-"""The hosts' (shards') SCHED_FIFO priority in real time: the lowest, above every lane."""
-CONTROL_SPAN = 3
-"""How far below `rt_priority` the control plane's lowest thread runs (the event log's
-write-behind: `same_class(below=2)` under the coordinator's loop, one below the supervisor)."""
-HOSTS_RT_FROM = HOST_PRIORITY + CONTROL_SPAN + 1
-"""The least `rt_priority` (5, the default) that puts the hosts in real time: below it there is
-no priority between the lanes and the control plane's lowest thread, and the hosts stay in
-SCHED_OTHER."""
 
 
 class CpuSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,15 +89,12 @@ class CpuPlan(msgspec.Struct, frozen=True, kw_only=True):
     main thread (its event loop) takes that class, or only the threads of its turn path (its
     ZeroMQ I/O threads, its front: the custodian's loop runs git and reaps it, off any turn's
     path); `rttime_us`: its RLIMIT_RTTIME soft limit, microseconds (0: left as it is); `cpus`:
-    its affinity (empty: left as it is, inherited); `on_rttime`: what RLIMIT_RTTIME's SIGXCPU
-    does to it, "exit" (the signal's default action: it dies and is restarted) or "leave"
-    (every thread of it goes back to SCHED_OTHER and it goes on: a host)."""
+    its affinity (empty: left as it is, inherited)."""
 
     priority: int = 0
     loop: bool = True
     rttime_us: int = 0
     cpus: tuple[int, ...] = ()
-    on_rttime: Literal["exit", "leave"] = "exit"
 
 
 def parse_cpus(text: str) -> frozenset[int]:
@@ -216,11 +191,9 @@ def role_plans(
 ) -> dict[str, CpuPlan]:
     """Each role's plan ("supervisor", "coordinator", "custodian", "shard") under `settings`,
     with `realtime` saying whether real time is in force (`resolve_realtime`) and `machine`
-    the CPUs a host widens back to (`machine_cpus`): the control plane from `rt_priority` down,
-    the hosts at `HOST_PRIORITY` (from `HOSTS_RT_FROM`). Pure."""
+    the CPUs a host widens back to (`machine_cpus`). Pure."""
     reserved = tuple(sorted(parse_cpus(settings.reserved_cpus)))
     rttime = int(settings.rttime_s * 1e6) if realtime else 0
-    hosts = realtime and settings.rt_priority >= HOSTS_RT_FROM  # the hosts in real time too
     plans = {
         "supervisor": CpuPlan(
             priority=settings.rt_priority if realtime else 0, rttime_us=rttime, cpus=reserved
@@ -234,13 +207,8 @@ def role_plans(
             )
             for role in CONTROL[1:]
         },
-        "shard": CpuPlan(
-            priority=HOST_PRIORITY if hosts else 0,
-            rttime_us=rttime if hosts else 0,
-            # Widened back only when the control plane was pinned (else inherited, untouched).
-            cpus=tuple(sorted(machine)) if reserved else (),
-            on_rttime="leave" if hosts else "exit",
-        ),
+        # Widened back only when the control plane was pinned (else inherited, untouched).
+        "shard": CpuPlan(cpus=tuple(sorted(machine)) if reserved else ()),
     }
     return plans
 
@@ -287,10 +255,9 @@ _applied = CpuPlan()
 def apply(plan: CpuPlan) -> None:
     """Apply `plan` to this process, before it starts any thread (a thread inherits the
     affinity; the class see the module docstring): affinity, then RLIMIT_RTTIME, then, where
-    `plan.loop`, SCHED_FIFO with SCHED_RESET_ON_FORK for the calling (main) thread, and for
-    `on_rttime = "leave"` the SIGXCPU handler (`signal.signal`: call it on the main thread).
-    Raises `OSError` when the kernel refuses a step (the steps before it stay applied, and no
-    thread is put in real time later)."""
+    `plan.loop`, SCHED_FIFO with SCHED_RESET_ON_FORK for the calling (main) thread. Raises
+    `OSError` when the kernel refuses a step (the steps before it stay applied, and no thread
+    is put in real time later)."""
     global _applied
     if plan.cpus:
         os.sched_setaffinity(0, plan.cpus)
@@ -299,25 +266,7 @@ def apply(plan: CpuPlan) -> None:
         resource.setrlimit(resource.RLIMIT_RTTIME, (plan.rttime_us, hard))
     if plan.priority and plan.loop:
         enter_thread(plan)
-    if plan.priority and plan.on_rttime == "leave":
-        signal.signal(signal.SIGXCPU, _leave_on_rttime)
     _applied = plan
-
-
-def _leave_on_rttime(_signum: int, _frame: object) -> None:
-    """SIGXCPU under `on_rttime = "leave"`: a thread of this process ran `rttime_us` in real
-    time without blocking. Every thread leaves real time (so the hard limit's SIGKILL, which
-    counts real-time CPU only, never comes) and threads made from now on take no class."""
-    global _applied
-    seconds = _applied.rttime_us / 1e6
-    _applied = CpuPlan(cpus=_applied.cpus)
-    threads = leave_realtime(os.getpid())
-    log.error(
-        "ran %g s in real time without blocking (RLIMIT_RTTIME): %d threads put back in "
-        "SCHED_OTHER, where it goes on",
-        seconds,
-        threads,
-    )
 
 
 def enter_thread(plan: CpuPlan) -> None:
@@ -417,41 +366,15 @@ def in_force(pid: int) -> str:
 def _realtime_threads(pid: int) -> int:
     """The highest SCHED_FIFO priority among `pid`'s threads (0: none in it)."""
     highest = 0
-    for tid in threads_of(pid):
+    try:
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return 0
+    for tid in tids:
         with contextlib.suppress(OSError):
-            if is_realtime(tid):
+            if os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK == os.SCHED_FIFO:
                 highest = max(highest, os.sched_getparam(tid).sched_priority)
     return highest
-
-
-def threads_of(pid: int) -> list[int]:
-    """The thread ids of process `pid` ([] when it is gone or unreadable)."""
-    try:
-        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return []
-
-
-def is_realtime(tid: int) -> bool:
-    """Whether thread `tid` is in SCHED_FIFO or SCHED_RR (False when it is gone)."""
-    try:
-        policy = os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK
-    except OSError:
-        return False
-    return policy in (os.SCHED_FIFO, os.SCHED_RR)
-
-
-def leave_realtime(pid: int, keep: int | None = None) -> int:
-    """Put every real-time thread of process `pid` but `keep` (a thread id) in SCHED_OTHER;
-    returns how many were: the real-time guard's remedy (`system.rtguard`, rtkit's), and a
-    host's own on SIGXCPU. Never raises (a thread gone meanwhile is skipped)."""
-    count = 0
-    for tid in threads_of(pid):
-        if tid != keep and is_realtime(tid):
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-                count += 1
-    return count
 
 
 _POLICY_NAMES = {

@@ -22,18 +22,14 @@ demoted: when the supervisor is the runaway, the guard stays above the tree for 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 
-from orchestra_sup.system.cpupolicy import (
-    CpuPlan,
-    enter_thread,
-    is_realtime,
-    leave_realtime,
-    threads_of,
-)
+from orchestra_sup.system.cpupolicy import CpuPlan, enter_thread
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +41,21 @@ kernel lets real time take at most 95% of a CPU (`sched_rt_runtime_us`), so a sp
 a control plane doing its work in bursts, however busy, is far below it."""
 
 
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _is_realtime(tid: int) -> bool:
+    try:
+        policy = os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK
+    except OSError:
+        return False
+    return policy in (os.SCHED_FIFO, os.SCHED_RR)
+
+
 def _ran_ns(pid: int, tid: int) -> int | None:
     """Nanoseconds thread `tid` of `pid` has run on a CPU, or None when it is gone."""
     try:
@@ -52,6 +63,18 @@ def _ran_ns(pid: int, tid: int) -> int | None:
             return int(fh.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def demote(pid: int, keep: int | None = None) -> int:
+    """Put every real-time thread of process `pid` but `keep` (a thread id) in SCHED_OTHER;
+    returns how many were. Never raises (a thread gone meanwhile is skipped)."""
+    count = 0
+    for tid in _threads(pid):
+        if tid != keep and _is_realtime(tid):
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                count += 1
+    return count
 
 
 class RtGuard:
@@ -129,8 +152,8 @@ class RtGuard:
         runaways: list[int] = []
         own = threading.get_native_id()  # the guard's: it watches, it is not watched
         for pid in pids:
-            for tid in threads_of(pid):
-                if tid == own or not is_realtime(tid):
+            for tid in _threads(pid):
+                if tid == own or not _is_realtime(tid):
                     continue
                 ran = _ran_ns(pid, tid)
                 if ran is None:
@@ -144,7 +167,7 @@ class RtGuard:
         for key in set(self._samples) - seen:
             del self._samples[key]
         for pid in runaways:
-            threads = leave_realtime(pid, keep=own)
+            threads = demote(pid, keep=own)
             self.demoted += 1
             for key in [k for k in self._samples if k[0] == pid]:
                 del self._samples[key]

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +14,6 @@ import psutil
 import pytest
 
 from orchestra_sup.shards.shell import ShellOutcome, install_child_watcher, run_shell
-from orchestra_sup.system.cpupolicy import realtime_refusal
 from tests.procs import dead as _dead
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
@@ -295,41 +292,3 @@ def test_nice_lowers_the_commands_priority(tmp_path: Path, nice: int) -> None:
 def test_nice_out_of_range_is_refused(tmp_path: Path, nice: int) -> None:
     with pytest.raises(ValueError, match="nice must be between 0 and 19"):
         _run("true", tmp_path, nice=nice)
-
-
-REAP_IN_CLASS = """
-import asyncio, os, sys
-from orchestra_sup.shards import shell
-from orchestra_sup.system import cpupolicy
-
-cpupolicy.apply(cpupolicy.CpuPlan(priority=1))
-seen = []
-waitpid = os.waitpid
-
-
-def observed(pid, options):
-    seen.append(os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK)
-    return waitpid(pid, options)
-
-
-os.waitpid = observed
-outcome = asyncio.run(shell.run_shell("exit 3", cwd=".", env={}, timeout_s=10))
-print(outcome.exit_code, seen, os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK)
-"""
-
-
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12's loop reaps with its own watcher")
-@pytest.mark.skipif(realtime_refusal(1) is not None, reason="SCHED_FIFO is refused here")
-def test_a_host_in_real_time_reaps_its_commands_in_sched_other(tmp_path: Path) -> None:
-    """A reap can wait in the kernel on work done at a lower priority (docs/adr/0020): a host's
-    loop in SCHED_FIFO makes it in SCHED_OTHER, and is back in its class after."""
-    repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", REAP_IN_CLASS],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=repo,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == f"3 [{os.SCHED_OTHER}] {os.SCHED_FIFO}\n"
