@@ -12,15 +12,21 @@
   makes a new one per call, as it does for a caller without one: every message is really
   delivered (key claimed, transcript row, one line appended to the lane's inbox file, then the
   acknowledgement), none is answered as a duplicate.
-- Interleaving: the work is split into `rounds` rounds, each running the floor and then every
-  relay for its share of the iterations (with its share of the warm-up), so a machine whose
-  speed drifts during the run (a shared, 2-vCPU box) weighs on every figure alike.
+- Python floors (`bench.pyfloor`): the least a relay in Python on both ends pays, on the same
+  machine in the same run: `loop_echo` (a uvloop client of the echo, waiting the coordinator's
+  way) and `stat`, `read_file` (that client against a second process that decodes, runs the
+  custodian's inline tool and encodes). Each read relay's `ratio_p50_python`/`ratio_p99_python`
+  is to its own Python floor: what the product adds over the least Python can do.
+- Interleaving: the work is split into `rounds` rounds, each running the floor, the Python
+  floors and then every relay for its share of the iterations (with its share of the warm-up),
+  so a machine whose speed drifts during the run (a shared, 2-vCPU box) weighs on every figure
+  alike.
 
-Every run reports p50/p90/p99/p99.9/max in microseconds and each relay's ratio to the floor,
-with the iteration, warm-up and round counts, every sample (`samples_us`: "baseline" and each
-relay, for plots) and the machine it ran on (`machine`: CPUs, idle states, load, steal; see
-`orchestra_sup.bench.machine`). Absolute times on a shared machine are noise; the ratios taken
-in one run are the result.
+Every run reports p50/p90/p99/p99.9/max in microseconds and each figure's ratio to the floor,
+with the iteration, warm-up and round counts, every sample (`samples_us`: "baseline",
+"python_<rung>" and each relay, for plots) and the machine it ran on (`machine`: CPUs, idle
+states, load, steal; see `orchestra_sup.bench.machine`). Absolute times on a shared machine are
+noise; the ratios taken in one run are the result.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from typing import Any
 
 import zmq
 
-from orchestra_sup.bench import machine
+from orchestra_sup.bench import machine, pyfloor
 from orchestra_sup.bench.stats import summary
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree
@@ -81,27 +87,37 @@ RELAYS: tuple[tuple[str, dict[str, str]], ...] = (
     ("read_file", {"path": "README"}),
     ("message_lane", {"text": "x"}),  # + the live lane's id
 )
+PYTHON_FLOORS = ("loop_echo", "stat", "read_file")
+"""`bench.pyfloor`'s rungs: the loop client against the echo, then against the Python peer for
+each read relay."""
 LANE_READY_S = 30.0
 
 
 @contextlib.contextmanager
-def _echo(workdir: Path) -> Iterator[zmq.Socket]:
-    """A ROUTER echo in a second process (terminated on the way out), and a blocking DEALER
-    connected to it."""
-    addr = f"ipc://{workdir / 'echo.ipc'}"
-    echo = subprocess.Popen([sys.executable, "-c", ECHO, addr], stdout=subprocess.PIPE)
+def _peer(code: str, address: str, *args: str) -> Iterator[None]:
+    """`python -c code address *args` in a second process, from its "ready" line to the end of
+    the block (terminated on the way out)."""
+    proc = subprocess.Popen([sys.executable, "-c", code, address, *args], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def _blocking(address: str) -> Iterator[zmq.Socket]:
+    """A blocking DEALER connected to `address`."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     try:
-        assert echo.stdout is not None and echo.stdout.readline().strip() == b"ready"
-        sock.connect(addr)
+        sock.connect(address)
         yield sock
     finally:
         sock.close()
         ctx.term()
-        echo.terminate()
-        echo.wait(timeout=10)
 
 
 def _floor(sock: zmq.Socket, iterations: int, warmup: int) -> list[float]:
@@ -171,22 +187,33 @@ def _seed_workspace(repo: Path) -> None:
 
 def _measure(
     work: Path, shares: list[int], warm: int
-) -> tuple[list[float], dict[str, list[float]]]:
-    """The floor's samples and each relay's, in us, over `shares` interleaved rounds."""
+) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
+    """The floor's samples, the Python floors' (`bench.pyfloor`) and each relay's, in us, over
+    `shares` interleaved rounds."""
     repo = work / "ws"
     _seed_workspace(repo)
+    echo_at, python_at = f"ipc://{work / 'echo.ipc'}", f"ipc://{work / 'python.ipc'}"
     floor: list[float] = []
+    floors: dict[str, list[float]] = {rung: [] for rung in PYTHON_FLOORS}
     samples: dict[str, list[float]] = {tool: [] for tool, _ in RELAYS}
     with (
         private_tree(
             workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=None
         ) as client,
-        _echo(work) as echo,
+        _peer(ECHO, echo_at),
+        _peer(pyfloor.SERVER, python_at, str(repo)),
+        _blocking(echo_at) as echo,
     ):
         lane = _start_lane(client)
         try:
             for share in shares:
                 floor += _floor(echo, share, warm)
+                floors["loop_echo"] += pyfloor.loop_round_trips(
+                    echo_at, request_frame(), share, warm
+                )
+                for tool in PYTHON_FLOORS[1:]:
+                    frame = request_frame(f.ToolCall(tool=tool, params=dict(RELAYS)[tool]))
+                    floors[tool] += pyfloor.loop_round_trips(python_at, frame, share, warm)
                 for tool, params in RELAYS:
                     if tool == "message_lane":
                         params = {**params, "lane": lane}
@@ -198,7 +225,7 @@ def _measure(
                     samples[tool] += reply.samples_us
         finally:
             _call(client, "cancel_lane", lane=lane)
-    return floor, samples
+    return floor, floors, samples
 
 
 def run_relay_bench(
@@ -216,21 +243,25 @@ def run_relay_bench(
         tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp,
     ):
         start = machine.sample()
-        floor, samples = _measure(Path(tmp), shares, warm)
+        floor, floors, samples = _measure(Path(tmp), shares, warm)
         end = machine.sample()
     base = summary(floor, "us", digits=1)
+    pythons = {rung: _against(summary(xs, "us", digits=1), base) for rung, xs in floors.items()}
     relays: dict[str, Any] = {}
     for tool, xs in samples.items():
-        stats = summary(xs, "us", digits=1)
-        stats["ratio_p50"] = round(stats["p50_us"] / base["p50_us"], 2)
-        stats["ratio_p99"] = round(stats["p99_us"] / base["p99_us"], 2)
+        stats = _against(summary(xs, "us", digits=1), base)
+        if tool in pythons:
+            stats["ratio_p50_python"] = round(stats["p50_us"] / pythons[tool]["p50_us"], 2)
+            stats["ratio_p99_python"] = round(stats["p99_us"] / pythons[tool]["p99_us"], 2)
         relays[tool] = stats
     return {
         "baseline": base,
+        "python_floors": pythons,
         "relays": relays,
         "machine": machine.record(start, end, hold_cpu_latency=hold_cpu_latency),
         "samples_us": {
             "baseline": [round(x, 1) for x in floor],
+            **{f"python_{rung}": [round(x, 1) for x in xs] for rung, xs in floors.items()},
             **{tool: [round(x, 1) for x in xs] for tool, xs in samples.items()},
         },
         "method": {
@@ -243,24 +274,47 @@ def run_relay_bench(
             "coordinator -> custodian (stat, read_file) or shard (message_lane, a new "
             "idempotency key per call, every message delivered) -> coordinator, including "
             "the peer's work",
-            "interleaving": "rounds of floor then each relay, samples pooled",
+            "python_floors": "a uvloop add_reader client (the coordinator's way of waiting, "
+            "none of its bookkeeping) against the echo (loop_echo), and against a second "
+            "process that decodes the request, runs the custodian's inline tool and encodes "
+            "its reply (stat, read_file)",
+            "interleaving": "rounds of floor, each Python floor, then each relay, samples pooled",
             "percentiles": "nearest rank",
         },
     }
 
 
+def _against(stats: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """`stats` with `ratio_p50` and `ratio_p99` to the raw floor `base` of the same run."""
+    stats["ratio_p50"] = round(stats["p50_us"] / base["p50_us"], 2)
+    stats["ratio_p99"] = round(stats["p99_us"] / base["p99_us"], 2)
+    return stats
+
+
 def format_text(result: dict[str, Any]) -> str:
-    """The floor and each relay's p50, p99, p99.9 and max, and the machine, for people."""
+    """The floor, each Python floor and each relay's p50, p99, p99.9 and max (ratios to the
+    floor; a read relay's also to its Python floor), and the machine, for people."""
     base = result["baseline"]
     lines = [
         f"raw pyzmq floor: p50 {base['p50_us']} us, p99 {base['p99_us']} us, "
         f"p99.9 {base['p999_us']} us, max {base['max_us']} us ({base['n']} round trips)"
     ]
+    for rung, stats in result["python_floors"].items():
+        lines.append(
+            f"python floor {rung}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "
+            f"p99 {stats['p99_us']} us ({stats['ratio_p99']}x), "
+            f"p99.9 {stats['p999_us']} us, max {stats['max_us']} us"
+        )
     for tool, stats in result["relays"].items():
+        python = (
+            f" [{stats['ratio_p50_python']}x / {stats['ratio_p99_python']}x its python floor]"
+            if "ratio_p50_python" in stats
+            else ""
+        )
         lines.append(
             f"relay {tool}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "
             f"p99 {stats['p99_us']} us ({stats['ratio_p99']}x), "
-            f"p99.9 {stats['p999_us']} us, max {stats['max_us']} us"
+            f"p99.9 {stats['p999_us']} us, max {stats['max_us']} us{python}"
         )
     lines.append(f"machine: {machine.one_line(result['machine'])}")
     return "\n".join(lines)

@@ -102,6 +102,14 @@ def _headlines(name: str, r: dict[str, Any]) -> list[tuple[str, str]]:
     if name == "relay":
         base = r["baseline"]
         rows = [("raw pyzmq round trip p50 / p99", f"{base['p50_us']} / {base['p99_us']} us")]
+        for rung, s in r["python_floors"].items():
+            rows.append(
+                (
+                    f"python floor {rung} p50 / p99",
+                    f"{s['p50_us']} / {s['p99_us']} us "
+                    f"({s['ratio_p50']}x / {s['ratio_p99']}x the floor)",
+                )
+            )
         for tool, s in r["relays"].items():
             rows.append(
                 (

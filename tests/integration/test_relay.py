@@ -153,8 +153,9 @@ def test_the_coordinator_runs_on_uvloop_and_the_others_on_asyncio(
 
 
 def test_bench_relay_emits_well_formed_json() -> None:
-    """`bench relay` with tiny counts: a floor, three relays (message_lane to a live lane among
-    them), ratios, p99.9 and max, every sample, the machine, and how it was measured."""
+    """`bench relay` with tiny counts: a floor, the Python floors, three relays (message_lane to
+    a live lane among them), ratios, p99.9 and max, every sample, the machine, and how it was
+    measured."""
     proc = bench_relay("--iterations", "50", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -165,9 +166,25 @@ def test_bench_relay_emits_well_formed_json() -> None:
         assert stats["p50_us"] > 0 and stats["ratio_p50"] > 0 and stats["ratio_p99"] > 0
         assert stats["p99_us"] <= stats["p999_us"] <= stats["max_us"]
         assert stats["n"] == 50
+    assert set(result["python_floors"]) == {"loop_echo", "stat", "read_file"}
+    for stats in result["python_floors"].values():
+        assert stats["n"] == 50 and stats["ratio_p50"] > 0 and stats["ratio_p99"] > 0
+    for tool in ("stat", "read_file"):
+        stats = result["relays"][tool]
+        python = result["python_floors"][tool]
+        assert stats["ratio_p50_python"] == round(stats["p50_us"] / python["p50_us"], 2)
+    assert "ratio_p50_python" not in result["relays"]["message_lane"]
     assert result["method"]["iterations"] == 50 and result["method"]["rounds"] >= 1
     samples = result["samples_us"]
-    assert set(samples) == {"baseline", "stat", "read_file", "message_lane"}
+    assert set(samples) == {
+        "baseline",
+        "python_loop_echo",
+        "python_stat",
+        "python_read_file",
+        "stat",
+        "read_file",
+        "message_lane",
+    }
     assert all(len(xs) == 50 for xs in samples.values())
     assert max(samples["stat"]) == result["relays"]["stat"]["max_us"]
     assert_machine_record(result["machine"], held=False)
@@ -190,7 +207,13 @@ def test_bench_relay_table_has_p999_max_and_the_machine() -> None:
     proc = bench_relay("--iterations", "20")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert all("p99.9 " in line and "max " in line for line in lines[:4])
+    assert all("p99.9 " in line and "max " in line for line in lines[:7])
+    assert [line.split(":")[0] for line in lines[1:4]] == [
+        "python floor loop_echo",
+        "python floor stat",
+        "python floor read_file",
+    ]
+    assert "its python floor]" in lines[4] and "its python floor]" in lines[5]
     assert lines[-1].startswith("machine: ") and "CPUs" in lines[-1] and "steal" in lines[-1]
 
 
