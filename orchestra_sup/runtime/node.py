@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 import typing
@@ -58,6 +57,7 @@ from orchestra_sup.protocol.endpoint import (
 )
 from orchestra_sup.protocol.keys import load_server_keys
 from orchestra_sup.release import protocol_range, version
+from orchestra_sup.runtime import debughooks
 from orchestra_sup.runtime.front import LOOP_ID, Front, Serve
 from orchestra_sup.runtime.hosting import Hosting, OwnProcess
 from orchestra_sup.runtime.looplag import LoopLag
@@ -125,21 +125,6 @@ def loop_kind(loop: asyncio.AbstractEventLoop) -> str:
     """Which event loop implementation `loop` is, by its top-level package: "uvloop" or
     "asyncio" (another's package name for any other)."""
     return type(loop).__module__.partition(".")[0]
-
-
-async def debug_raise(name: str) -> f.Body:
-    """The work of a `raise_in_task` debug hook: a task serving a request that raises."""
-    await asyncio.sleep(0)
-    raise RuntimeError(f"debug hook: a task of {name} serving a request raises")
-
-
-def debug_spin(name: str, seconds: float) -> None:
-    """The work of a `spin_loop` debug hook: hold the calling thread on the CPU for `seconds`,
-    never blocking (a runaway: in real time, RLIMIT_RTTIME's SIGXCPU comes first)."""
-    log.warning("%s: debug hook spins on the CPU for %g s", name, seconds)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
 
 
 class Node:
@@ -504,17 +489,15 @@ class Node:
         if hook.action == "raise":
             raise RuntimeError(f"debug hook: {self.name}'s handler raises")
         if hook.action == "raise_in_task":
-            self.answer(ep, peer, env, debug_raise(self.name))
+            self.answer(ep, peer, env, debughooks.debug_raise(self.name))
+            return
+        store = self.role.persistence()
+        refused = debughooks.refusal(self.name, hook, store)
+        if refused is not None:
+            ep.reply(env, peer, refused)
             return
         ep.reply(env, peer, f.Ack())
-        if hook.action == "ignore_sigterm":
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        elif hook.action == "spin_loop":
-            debug_spin(self.name, hook.seconds)
-        else:
-            log.warning("%s: debug hook blocks the event loop for %g s", self.name, hook.seconds)
-            time.sleep(hook.seconds)  # the whole point: a wedged loop, heartbeats stop
+        debughooks.act(self.name, hook, store)
 
     def _on_request(self, ep: Endpoint, peer: bytes | None, env: f.Envelope) -> None:
         """Hand a peer's request to the role, unless its sender is a generation the roster has

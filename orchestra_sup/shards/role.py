@@ -515,11 +515,14 @@ class Shard:
         lane.enter(LaneState(status))
         if self.transcript is not None:  # transcripts: the last row, then the finished entry
             self.transcript.end(lane.id, _end_event(result))
-        try:
-            await self.outbox.deliver(f.InboxPut(msg_id=result_id(lane.id), result=result))
-        finally:
-            self.lanes.pop(lane.id, None)  # the slot is free even if the outbox write failed
-            self.node.retitle()
+        # The slot is free before the result can leave: the outbox may send it before its own
+        # write lands (`Outbox.flush`), and a coordinator that has the result places the next
+        # lane here. Were the lane still counted, that start would be refused `shard_full`, and
+        # the coordinator would not offer this shard another lane until one of its lanes ended.
+        # A start re-sent for it is still known: `deliver` holds the result from its first line.
+        self.lanes.pop(lane.id, None)
+        self.node.retitle()
+        await self.outbox.deliver(f.InboxPut(msg_id=result_id(lane.id), result=result))
         self.node.spawn(remove_inbox(self.node.paths.state_dir, lane))
         if lane.sandbox is not None:  # kept [retention] sandboxes_s from now, then removed
             self.node.spawn(self._sandbox_done(lane.id))

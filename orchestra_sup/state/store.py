@@ -43,6 +43,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -223,6 +224,18 @@ class Store:
         done: asyncio.Future[None] = self._loop.create_future()
         self._enqueue((_PUT, self._dbs[db], key, value, done))
         return done
+
+    def hold(self, seconds: float) -> None:
+        """Fault injection (`ctl debug NAME hold_commits`): start no commit for `seconds` from
+        now, as behind a stalled disk. Returns at once; a commit already running ends first.
+        Writes go on queueing, their `put_durable` futures wait, reads are served."""
+        threading.Thread(
+            target=self._held, args=(seconds,), name=f"hold:{self.path.name}", daemon=True
+        ).start()
+
+    def _held(self, seconds: float) -> None:
+        with self._writing:  # the lock every commit takes (`_write`)
+            time.sleep(seconds)
 
     def check_writable(self) -> None:
         """Raise the degraded `StateError` while commits fail (call it before accepting work)."""

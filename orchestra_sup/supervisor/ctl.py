@@ -50,7 +50,7 @@ from orchestra_sup.protocol.endpoint import (
 )
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.release import version
-from orchestra_sup.runtime.node import debug_raise, debug_spin
+from orchestra_sup.runtime.debughooks import debug_raise, debug_spin
 from orchestra_sup.runtime.remote import HOST_SEPARATOR
 from orchestra_sup.supervisor.core import Supervisor, Worker
 from orchestra_sup.supervisor.gate import Busy

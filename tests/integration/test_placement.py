@@ -11,7 +11,7 @@ import pytest
 
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
-from tests.integration.harness import Tree, plan, task
+from tests.integration.harness import Tree, plan, task, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +114,35 @@ def test_a_malformed_ticket_is_refused(tree: Tree) -> None:
         tree.call("start_lane", run="true", ticket="shard-1")
     assert info.value.code is ErrorCode.BAD_REQUEST
     assert "is not <shard>.<generation>@<boot>" in str(info.value)
+
+
+def test_a_slot_is_free_before_its_lanes_result_can_reach_the_coordinator(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    """One shard of one slot. Lane `a` ends while the shard's commits are held (a stalled disk:
+    `hold_commits`), so its result leaves from memory (the outbox's resend) before its own write
+    lands, and the coordinator places `b`, which needs `a`, on that shard at once. The shard
+    must count `a`'s slot free by then: refused `shard_full`, `b` would wait until another lane
+    of that shard ended, and here none would."""
+    tree = tree_factory(
+        workspace=repo, shards=1, lanes=1, extra_env={"ORCHESTRA_SUP_DEBUG_HOOKS": "1"}
+    )
+    plan_id = tree.submit(plan("p", task("a", "sleep 2"), task("b", "true", needs=["a"])))
+    wait_until(lambda: tree.task(plan_id, "a").status == "running", 30.0, "lane a running")
+    hold = f.CtlDebug(name="shard-0", action="hold_commits", seconds=8.0)
+    assert tree.ctl(hold) == f.Ack()
+    report = tree.wait_plan(plan_id, timeout_s=40.0)
+    assert [(t.id, t.status, t.attempts) for t in report.tasks] == [
+        ("a", "succeeded", 1),
+        ("b", "succeeded", 1),
+    ]
+
+
+def test_hold_commits_is_refused_by_a_child_without_a_store(
+    tree_factory: Callable[..., Tree], repo: Path
+) -> None:
+    tree = tree_factory(workspace=repo, extra_env={"ORCHESTRA_SUP_DEBUG_HOOKS": "1"})
+    with pytest.raises(RemoteError) as info:
+        tree.ctl(f.CtlDebug(name="custodian", action="hold_commits", seconds=1.0))
+    assert info.value.code is ErrorCode.BAD_REQUEST
+    assert str(info.value) == "custodian has no state store to hold"

@@ -289,13 +289,18 @@ class BenchSamples(Frame, tag="bench_samples"):
     samples_us: list[float]
 
 
-DebugAction = Literal["block_loop", "spin_loop", "ignore_sigterm", "raise", "raise_in_task"]
+DebugAction = Literal[
+    "block_loop", "spin_loop", "hold_commits", "ignore_sigterm", "raise", "raise_in_task"
+]
 
 
 class CtlDebug(Frame, tag="ctl_debug"):
     """Fault injection for tests, refused unless the tree runs with ORCHESTRA_SUP_DEBUG_HOOKS=1:
     `block_loop` blocks child `name`'s event loop for `seconds` (asleep); `spin_loop` holds it
-    for `seconds` on the CPU, never blocking (a runaway, for `[cpu]`'s guards); `ignore_sigterm`
+    for `seconds` on the CPU, never blocking (a runaway, for `[cpu]`'s guards); `hold_commits`
+    starts no commit of its state store for `seconds` (`Store.hold`: writes queue and durable
+    writes wait, as behind a stalled disk; refused `bad_request` by a child with no store);
+    `ignore_sigterm`
     makes it ignore SIGTERM from then on; `raise` makes the handler serving this request raise
     `RuntimeError`, `raise_in_task` the task serving it (answered `internal`, as any bug). `name`
     "supervisor" takes the two `raise` actions and `spin_loop`, served by the supervisor
