@@ -54,7 +54,7 @@ from orchestra_sup.bench.policy import policy_config, write_config
 from orchestra_sup.bench.stats import nearest_rank
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree, wait_plan
-from orchestra_sup.errors import SupervisionError
+from orchestra_sup.errors import ErrorCode, RemoteError, SupervisionError
 from orchestra_sup.protocol import frames as f
 
 STEPPER = "orchestra_sup.bench.reaction:Stepper"
@@ -190,12 +190,16 @@ def session_steps(client: CtlClient, steps: int) -> list[tuple[int | None, int |
     return out
 
 
-def _load(client: CtlClient) -> list[str]:
+def _load(client: CtlClient, runs: int) -> list[str]:
     """Start the load and wait until every lane of it runs its command (`ctl lanes`: a lane
-    still waiting for its sandbox burns nothing yet); its lane ids."""
+    still waiting for its sandbox burns nothing yet); its lane ids. Each lane's timeout outlasts
+    `runs` sessions of the longest `SESSION_TIMEOUT_S`: the load must not end before they do."""
+    timeout_s = runs * SESSION_TIMEOUT_S + 60.0
     spec = f.PlanSpec(
         name="load",
-        tasks=[f.TaskSpec(id=f"burn{i}", run=BURNER, timeout_s=600.0) for i in range(LOADED_LANES)],
+        tasks=[
+            f.TaskSpec(id=f"burn{i}", run=BURNER, timeout_s=timeout_s) for i in range(LOADED_LANES)
+        ],
     )
     accepted = client.request(f.CtlSubmit(plan=spec), timeout_s=30.0)
     assert isinstance(accepted, f.PlanAccepted)
@@ -209,6 +213,16 @@ def _load(client: CtlClient) -> list[str]:
         if time.monotonic() > deadline:
             raise SupervisionError(f"the {LOADED_LANES} loaded lanes were not all running in 60 s")
         time.sleep(0.05)  # polling the shards' lanes, under the deadline above
+
+
+def _cancel(client: CtlClient, lane: str) -> None:
+    """Cancel load lane `lane`; one that has ended already is left be (a session that failed
+    keeps its own error, not this one's)."""
+    try:
+        client.request(f.CtlCancel(lane=lane), timeout_s=30.0)
+    except RemoteError as exc:
+        if exc.code is not ErrorCode.NOT_FOUND:
+            raise
 
 
 def measure(mode: str, steps: int, runs: int, work: Path, cpu: dict[str, Any]) -> dict[str, Any]:
@@ -229,12 +243,12 @@ def measure(mode: str, steps: int, runs: int, work: Path, cpu: dict[str, Any]) -
         colocated=mode == "colocated",
     ) as client:
         raw["idle"] = [session_steps(client, steps) for _ in range(runs)]
-        load = _load(client)
+        load = _load(client, runs)
         try:
             raw["loaded"] = [session_steps(client, steps) for _ in range(runs)]
         finally:
             for lane in load:
-                client.request(f.CtlCancel(lane=lane), timeout_s=30.0)
+                _cancel(client, lane)
         status = client.request(f.CtlStatus(), timeout_s=30.0)
         assert isinstance(status, f.StatusReply)
     figures = shape_figures(
