@@ -76,6 +76,8 @@ rttime_s = 1.0            # RLIMIT_RTTIME: CPU seconds a real-time thread may ru
                           # blocking before SIGXCPU (SIGKILL one second later)
 reserved_cpus = ""        # CPUs the control plane is pinned to ("0", "0,2-3"); "": not pinned
 lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE; "nice": as before
+busy_poll_s = 0.0002      # the custodian's front polls without sleeping this long after a frame
+                          # (not in real time, nor on one CPU); 0: it sleeps at once
 
 [retention]               # what a tree keeps of what ended (coordinator/retention.py)
 plans_s = 2592000         # a finished plan's record, inbox entries and session: 30 days
@@ -274,6 +276,7 @@ _LIMITS: dict[tuple[str, str], tuple[type, float, float]] = {
     ("isolation", "max_processes"): (int, 8, 1 << 22),
     ("cpu", "rt_priority"): (int, 2, RT_PRIORITY_MAX),
     ("cpu", "rttime_s"): (float, 0.05, 60),
+    ("cpu", "busy_poll_s"): (float, 0, 0.01),
     ("retention", "plans_s"): (float, 0, 10 * 365 * 86_400),
     ("retention", "keys_s"): (float, 0, 10 * 365 * 86_400),
     ("retention", "sandboxes_s"): (float, 0, 10 * 365 * 86_400),

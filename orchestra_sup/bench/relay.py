@@ -3,6 +3,12 @@
 - Baseline (the floor): a DEALER in this process and a ROUTER echo in a second process, both
   plain blocking pyzmq over `ipc://`, exchanging the very bytes of the relay's request frame
   (an `Envelope` carrying `ToolCall(stat)`); one round trip at a time.
+- The busy-polling floor (`busy_floor`): the same, against an echo that busy-polls for the
+  window the custodian's front does (`[cpu] busy_poll_s`, its default here: the bench's tree
+  runs the default `[cpu]`), so the relay's gain from busy polling is told apart from the
+  rest: the relays' ratios are to the blocking floor, the bound's; divide by this rung's for
+  what the relay adds over a raw pair that busy-polls too (ADR 0001, "Busy polling the
+  front").
 - Relays: inside the coordinator of a real private tree, calls through its relay one at a time
   (`CtlBenchRelay`: `Coordinator._bench` awaits `Toolkit.call`), timed with `perf_counter_ns`
   around the awaited call, so each figure is one real hop including the peer's handler and the
@@ -17,16 +23,16 @@
   way) and `stat`, `read_file` (that client against a second process that decodes, runs the
   custodian's inline tool and encodes). Each read relay's `ratio_p50_python`/`ratio_p99_python`
   is to its own Python floor: what the product adds over the least Python can do.
-- Interleaving: the work is split into `rounds` rounds, each running the floor, the Python
-  floors and then every relay for its share of the iterations (with its share of the warm-up),
-  so a machine whose speed drifts during the run (a shared, 2-vCPU box) weighs on every figure
-  alike.
+- Interleaving: the work is split into `rounds` rounds, each running the floor, the
+  busy-polling floor, the Python floors and then every relay for its share of the iterations
+  (with its share of the warm-up), so a machine whose speed drifts during the run (a shared,
+  2-vCPU box) weighs on every figure alike.
 
 Every run reports p50/p90/p99/p99.9/max in microseconds and each figure's ratio to the floor,
 with the iteration, warm-up and round counts, every sample (`samples_us`: "baseline",
-"python_<rung>" and each relay, for plots) and the machine it ran on (`machine`: CPUs, idle
-states, load, steal; see `orchestra_sup.bench.machine`). Absolute times on a shared machine are
-noise; the ratios taken in one run are the result.
+"busy_floor", "python_<rung>" and each relay, for plots) and the machine it ran on (`machine`:
+CPUs, idle states, load, steal; see `orchestra_sup.bench.machine`). Absolute times on a shared
+machine are noise; the ratios taken in one run are the result.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from orchestra_sup.errors import ErrorCode, RemoteError, SupervisionError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
+from orchestra_sup.system.cpupolicy import CpuSettings
 
 ECHO = """
 import sys, zmq
@@ -60,6 +67,29 @@ print("ready", flush=True)
 while True:
     sock.send_multipart(sock.recv_multipart())
 """
+
+
+BUSY_ECHO = """
+import os, sys, time, zmq
+window = float(sys.argv[2])
+ctx = zmq.Context()
+sock = ctx.socket(zmq.ROUTER)
+sock.bind(sys.argv[1])
+print("ready", flush=True)
+while True:
+    deadline = time.perf_counter() + window
+    while True:
+        try:
+            parts = sock.recv_multipart(zmq.NOBLOCK)
+            break
+        except zmq.Again:
+            if time.perf_counter() >= deadline:
+                parts = sock.recv_multipart()
+                break
+            os.sched_yield()
+    sock.send_multipart(parts)
+"""
+"""The echo, busy-polling as `runtime.front` does (window: argv[2], seconds)."""
 
 
 STAT = f.ToolCall(tool="stat", params={"path": "README"})
@@ -187,13 +217,15 @@ def _seed_workspace(repo: Path) -> None:
 
 def _measure(
     work: Path, shares: list[int], warm: int
-) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
-    """The floor's samples, the Python floors' (`bench.pyfloor`) and each relay's, in us, over
-    `shares` interleaved rounds."""
+) -> tuple[list[float], list[float], dict[str, list[float]], dict[str, list[float]]]:
+    """The floor's samples, the busy-polling floor's, the Python floors' (`bench.pyfloor`) and
+    each relay's, in us, over `shares` interleaved rounds."""
     repo = work / "ws"
     _seed_workspace(repo)
     echo_at, python_at = f"ipc://{work / 'echo.ipc'}", f"ipc://{work / 'python.ipc'}"
+    busy_at = f"ipc://{work / 'busy.ipc'}"
     floor: list[float] = []
+    busy: list[float] = []
     floors: dict[str, list[float]] = {rung: [] for rung in PYTHON_FLOORS}
     samples: dict[str, list[float]] = {tool: [] for tool, _ in RELAYS}
     with (
@@ -201,13 +233,16 @@ def _measure(
             workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=None
         ) as client,
         _peer(ECHO, echo_at),
+        _peer(BUSY_ECHO, busy_at, repr(CpuSettings().busy_poll_s)),
         _peer(pyfloor.SERVER, python_at, str(repo)),
         _blocking(echo_at) as echo,
+        _blocking(busy_at) as busy_echo,
     ):
         lane = _start_lane(client)
         try:
             for share in shares:
                 floor += _floor(echo, share, warm)
+                busy += _floor(busy_echo, share, warm)
                 floors["loop_echo"] += pyfloor.loop_round_trips(
                     echo_at, request_frame(), share, warm
                 )
@@ -225,7 +260,7 @@ def _measure(
                     samples[tool] += reply.samples_us
         finally:
             _call(client, "cancel_lane", lane=lane)
-    return floor, floors, samples
+    return floor, busy, floors, samples
 
 
 def run_relay_bench(
@@ -243,7 +278,7 @@ def run_relay_bench(
         tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp,
     ):
         start = machine.sample()
-        floor, floors, samples = _measure(Path(tmp), shares, warm)
+        floor, busy, floors, samples = _measure(Path(tmp), shares, warm)
         end = machine.sample()
     base = summary(floor, "us", digits=1)
     pythons = {rung: _against(summary(xs, "us", digits=1), base) for rung, xs in floors.items()}
@@ -256,11 +291,13 @@ def run_relay_bench(
         relays[tool] = stats
     return {
         "baseline": base,
+        "busy_floor": _against(summary(busy, "us", digits=1), base),
         "python_floors": pythons,
         "relays": relays,
         "machine": machine.record(start, end, hold_cpu_latency=hold_cpu_latency),
         "samples_us": {
             "baseline": [round(x, 1) for x in floor],
+            "busy_floor": [round(x, 1) for x in busy],
             **{f"python_{rung}": [round(x, 1) for x in xs] for rung, xs in floors.items()},
             **{tool: [round(x, 1) for x in xs] for tool, xs in samples.items()},
         },
@@ -270,6 +307,9 @@ def run_relay_bench(
             "rounds": rounds,
             "baseline": "blocking pyzmq DEALER -> ROUTER echo in a second process, ipc://, "
             "the relay's own request frame",
+            "busy_floor": "the same against an echo that busy-polls "
+            f"{CpuSettings().busy_poll_s} s after each frame, as the custodian's front does",
+            "busy_poll_s": CpuSettings().busy_poll_s,
             "relays": "sequential awaited calls inside the coordinator (Toolkit.call), "
             "coordinator -> custodian (stat, read_file) or shard (message_lane, a new "
             "idempotency key per call, every message delivered) -> coordinator, including "
@@ -278,7 +318,8 @@ def run_relay_bench(
             "none of its bookkeeping) against the echo (loop_echo), and against a second "
             "process that decodes the request, runs the custodian's inline tool and encodes "
             "its reply (stat, read_file)",
-            "interleaving": "rounds of floor, each Python floor, then each relay, samples pooled",
+            "interleaving": "rounds of floor, busy-polling floor, each Python floor, then each "
+            "relay, samples pooled",
             "percentiles": "nearest rank",
         },
     }
@@ -299,6 +340,12 @@ def format_text(result: dict[str, Any]) -> str:
         f"raw pyzmq floor: p50 {base['p50_us']} us, p99 {base['p99_us']} us, "
         f"p99.9 {base['p999_us']} us, max {base['max_us']} us ({base['n']} round trips)"
     ]
+    busy = result["busy_floor"]
+    lines.append(
+        f"busy-polling floor: p50 {busy['p50_us']} us ({busy['ratio_p50']}x), "
+        f"p99 {busy['p99_us']} us ({busy['ratio_p99']}x), "
+        f"p99.9 {busy['p999_us']} us, max {busy['max_us']} us"
+    )
     for rung, stats in result["python_floors"].items():
         lines.append(
             f"python floor {rung}: p50 {stats['p50_us']} us ({stats['ratio_p50']}x), "

@@ -17,18 +17,30 @@ node's `Endpoint` handles it exactly as if it came from the public ROUTER: typed
 `stale_generation`, counters. The loop's replies come back on the same socket and the front sends
 them on to their peer. One socket means the thread simply blocks in `recv`: no poller.
 
+Busy polling (`busy_poll_s`, `[cpu] busy_poll_s`): after each frame the thread polls its socket
+without sleeping for up to that long, yielding its CPU to any other runnable thread at each
+poll, and only then blocks. A caller's next read, sent within the window (a coordinator reading
+file after file), finds the thread running instead of asleep on a vCPU that halted: on these
+machines that wake is most of what a relay's `stat` adds to the raw round trip (ADR 0001,
+"Busy polling the front"). It costs at most `busy_poll_s` of one CPU per frame. A thread in a
+real-time class never busy-polls, whoever put it there: it would keep its CPU from every thread
+below it and run down RLIMIT_RTTIME (`cpupolicy.role_plans` gives a real-time custodian 0).
+
 Threading rules: `serve` runs on the front's thread, never on the loop, so it may block on disk
 (ARCHITECTURE §11.1 bounds what runs on the loop) but must not touch loop state. Frames are
 handled one at a time in arrival order, which bounds what the front has in flight at one.
-Idle, the thread sleeps in `recv`: no CPU. `close()` sends it a stop frame from `STOP_ID`; it
-forwards what the loop has already replied, closes its socket (linger 0) and exits.
+Idle, the thread sleeps in `recv` (after its busy-poll window): no CPU. `close()` sends it a
+stop frame from `STOP_ID`; it forwards what the loop has already replied, closes its socket
+(linger 0) and exits.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 
 import zmq
@@ -49,6 +61,7 @@ libzmq's own ids, and no generated id is this long, so no peer has it; a peer cl
 would be refused (it is connected first, and ROUTER ids are never handed over)."""
 STOP_ID = b"\0front-stop"
 """Routing id of the socket `close()` stops the thread with."""
+_REAL_TIME = (os.SCHED_FIFO, os.SCHED_RR)
 
 Serve = Callable[[f.Envelope], f.Body | None]
 """Called on the front's thread with a request for this generation: the reply body, or None to
@@ -62,13 +75,15 @@ class Front:
 
     Construction binds the ROUTER at `inner` (an `inproc://` address), where the node's server
     must connect (routing id `LOOP_ID`) before `start(public)`; that order makes the loop known
-    to the ROUTER before any peer can send. `start` binds `public` (on the caller's thread, so
-    it is bound when it returns) and starts the thread. `close()`, from the thread that called
-    `start`, stops the thread and returns once it has exited. `on_crash()` is called on
-    the front's thread if it ever dies of an unexpected error (the node then stops, so its
-    supervisor restarts it, rather than go on deaf). Counters: `answered` (requests `serve`
-    answered), `forwarded` (frames passed to the loop), `internal_errors` (requests answered
-    `internal`: `serve` raised an unexpected exception, or its reply could not be encoded).
+    to the ROUTER before any peer can send. `busy_poll_s` (seconds, default 0: block at once)
+    is the busy-poll window after each frame (module docstring). `start` binds `public` (on the
+    caller's thread, so it is bound when it returns) and starts the thread. `close()`, from the
+    thread that called `start`, stops the thread and returns once it has exited. `on_crash()`
+    is called on the front's thread if it ever dies of an unexpected error (the node then
+    stops, so its supervisor restarts it, rather than go on deaf). Counters: `answered`
+    (requests `serve` answered), `forwarded` (frames passed to the loop), `internal_errors`
+    (requests answered `internal`: `serve` raised an unexpected exception, or its reply could
+    not be encoded).
     """
 
     def __init__(
@@ -80,8 +95,10 @@ class Front:
         serve: Serve,
         on_crash: Callable[[], None],
         inner: str,
+        busy_poll_s: float = 0.0,
     ):
         self.name = name
+        self.busy_poll_s = busy_poll_s
         self.generation = generation
         self.serve = serve
         self.on_crash = on_crash
@@ -129,7 +146,7 @@ class Front:
     def _loop(self) -> None:
         router = self.router
         while True:
-            parts = router.recv_multipart()
+            parts = self._recv()
             sender = parts[0]
             if sender == STOP_ID:
                 # What the loop replied before it asked to stop still goes out.
@@ -143,6 +160,20 @@ class Front:
             elif not self._answer(parts):
                 self.forwarded += 1
                 router.send_multipart([LOOP_ID, *parts])  # blocks while the loop is behind
+
+    def _recv(self) -> list[bytes]:
+        """The next frame: polled for without sleeping for up to `busy_poll_s` (not in a
+        real-time class), then waited for in `recv`."""
+        deadline = time.perf_counter() + self.busy_poll_s
+        # The class is read at every poll: another process may change it (chrt) at any time.
+        while self.busy_poll_s and os.sched_getscheduler(0) not in _REAL_TIME:
+            try:
+                return self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                if time.perf_counter() >= deadline:
+                    break
+                os.sched_yield()  # a thread waiting for this CPU runs first
+        return self.router.recv_multipart()
 
     def _answer(self, parts: list[bytes]) -> bool:
         """Serve `parts` here if it is a request `serve` takes; False passes it to the loop."""

@@ -305,6 +305,7 @@ class Node:
             serve=serve,
             on_crash=lambda: loop.call_soon_threadsafe(self._front_crashed),
             inner=inner,
+            busy_poll_s=self.args.cpu.busy_poll_s,
         )
         self.server.connect(inner)
 

@@ -73,6 +73,9 @@ class CpuSettings(msgspec.Struct, frozen=True, kw_only=True):
     - `reserved_cpus`: CPUs the control plane is pinned to, as `taskset -c` writes them ("0",
       "0,2-3"); "" (default): not pinned. Each must be one this process may run on.
     - `lanes`: "nice" (default: `[lanes] nice` only) or "idle" (`system.lanecpu`).
+    - `busy_poll_s`: seconds the custodian's front polls its socket without sleeping after each
+      frame before it blocks (0..0.01, default 0.0002; 0: never), where it is in SCHED_OTHER
+      and may run on more than one CPU (`role_plans`; `runtime.front`, ADR 0001).
     """
 
     realtime: Literal["off", "auto", "on"] = "off"
@@ -80,6 +83,7 @@ class CpuSettings(msgspec.Struct, frozen=True, kw_only=True):
     rttime_s: float = 1.0
     reserved_cpus: str = ""
     lanes: Literal["nice", "idle"] = "nice"
+    busy_poll_s: float = 0.0002
 
 
 class CpuPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,12 +93,14 @@ class CpuPlan(msgspec.Struct, frozen=True, kw_only=True):
     main thread (its event loop) takes that class, or only the threads of its turn path (its
     ZeroMQ I/O threads, its front: the custodian's loop runs git and reaps it, off any turn's
     path); `rttime_us`: its RLIMIT_RTTIME soft limit, microseconds (0: left as it is); `cpus`:
-    its affinity (empty: left as it is, inherited)."""
+    its affinity (empty: left as it is, inherited); `busy_poll_s`: how long its front busy-polls
+    after each frame, seconds (0: it blocks at once; `runtime.front`)."""
 
     priority: int = 0
     loop: bool = True
     rttime_us: int = 0
     cpus: tuple[int, ...] = ()
+    busy_poll_s: float = 0.0
 
 
 def parse_cpus(text: str) -> frozenset[int]:
@@ -191,9 +197,16 @@ def role_plans(
 ) -> dict[str, CpuPlan]:
     """Each role's plan ("supervisor", "coordinator", "custodian", "shard") under `settings`,
     with `realtime` saying whether real time is in force (`resolve_realtime`) and `machine`
-    the CPUs a host widens back to (`machine_cpus`). Pure."""
+    the CPUs a host widens back to (`machine_cpus`). Pure.
+
+    Only the custodian busy-polls (its front answers reads where they arrive), and only in
+    SCHED_OTHER on more than one CPU: a real-time thread that spins keeps its CPU from every
+    thread below it (the coordinator shares the reserved CPU) and runs down RLIMIT_RTTIME, and
+    on one CPU nothing can send the frame it spins for."""
     reserved = tuple(sorted(parse_cpus(settings.reserved_cpus)))
     rttime = int(settings.rttime_s * 1e6) if realtime else 0
+    spread = len(reserved or machine) > 1
+    busy_poll_s = settings.busy_poll_s if spread and not realtime else 0.0
     plans = {
         "supervisor": CpuPlan(
             priority=settings.rt_priority if realtime else 0, rttime_us=rttime, cpus=reserved
@@ -204,6 +217,7 @@ def role_plans(
                 loop=not realtime or role != "custodian",  # the custodian: front, I/O only
                 rttime_us=rttime,
                 cpus=reserved,
+                busy_poll_s=busy_poll_s if role == "custodian" else 0.0,
             )
             for role in CONTROL[1:]
         },

@@ -17,6 +17,7 @@ import pytest
 from orchestra_sup.errors import ErrorCode, RemoteError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
+from orchestra_sup.system.cpupolicy import CpuSettings
 from tests.integration.harness import (
     RawPeer,
     Tree,
@@ -153,14 +154,18 @@ def test_the_coordinator_runs_on_uvloop_and_the_others_on_asyncio(
 
 
 def test_bench_relay_emits_well_formed_json() -> None:
-    """`bench relay` with tiny counts: a floor, the Python floors, three relays (message_lane to
-    a live lane among them), ratios, p99.9 and max, every sample, the machine, and how it was
-    measured."""
+    """`bench relay` with tiny counts: a floor, the busy-polling floor, the Python floors, three
+    relays (message_lane to a live lane among them), ratios, p99.9 and max, every sample, the
+    machine, and how it was measured (the busy-poll window among it)."""
     proc = bench_relay("--iterations", "50", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert set(result["baseline"]) >= {"p50_us", "p99_us", "p999_us", "max_us"}
     assert result["baseline"]["n"] == 50
+    busy = result["busy_floor"]
+    assert busy["n"] == 50
+    assert busy["ratio_p50"] == round(busy["p50_us"] / result["baseline"]["p50_us"], 2)
+    assert result["method"]["busy_poll_s"] == CpuSettings().busy_poll_s
     assert set(result["relays"]) == {"stat", "read_file", "message_lane"}
     for stats in result["relays"].values():
         assert stats["p50_us"] > 0 and stats["ratio_p50"] > 0 and stats["ratio_p99"] > 0
@@ -178,6 +183,7 @@ def test_bench_relay_emits_well_formed_json() -> None:
     samples = result["samples_us"]
     assert set(samples) == {
         "baseline",
+        "busy_floor",
         "python_loop_echo",
         "python_stat",
         "python_read_file",
@@ -207,13 +213,14 @@ def test_bench_relay_table_has_p999_max_and_the_machine() -> None:
     proc = bench_relay("--iterations", "20")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert all("p99.9 " in line and "max " in line for line in lines[:7])
-    assert [line.split(":")[0] for line in lines[1:4]] == [
+    assert all("p99.9 " in line and "max " in line for line in lines[:8])
+    assert [line.split(":")[0] for line in lines[1:5]] == [
+        "busy-polling floor",
         "python floor loop_echo",
         "python floor stat",
         "python floor read_file",
     ]
-    assert "its python floor]" in lines[4] and "its python floor]" in lines[5]
+    assert "its python floor]" in lines[5] and "its python floor]" in lines[6]
     assert lines[-1].startswith("machine: ") and "CPUs" in lines[-1] and "steal" in lines[-1]
 
 

@@ -40,9 +40,30 @@ def test_ranges_are_written_compactly() -> None:
     assert format_cpus(frozenset({0, 1, 2, 5, 7, 8})) == "0-2,5,7-8"
 
 
-def test_off_keeps_every_role_as_it_was() -> None:
+def test_off_keeps_every_role_as_it_was_but_the_custodians_busy_polling() -> None:
     plans = role_plans(CpuSettings(), realtime=False, machine=frozenset({0, 1}))
+    assert plans.pop("custodian") == CpuPlan(busy_poll_s=CpuSettings().busy_poll_s)
     assert set(plans.values()) == {CpuPlan()}
+
+
+@pytest.mark.parametrize(
+    ("settings", "realtime", "machine", "busy_poll_s"),
+    [
+        (CpuSettings(busy_poll_s=0.001), False, {0, 1}, 0.001),
+        (CpuSettings(busy_poll_s=0), False, {0, 1}, 0.0),
+        (CpuSettings(), False, {0}, 0.0),  # one CPU: nothing else could send the frame
+        (CpuSettings(reserved_cpus="0"), False, {0, 1}, 0.0),  # the control plane on one
+        (CpuSettings(reserved_cpus="0-1"), False, {0, 1, 2}, 0.0002),
+        (CpuSettings(realtime="auto"), True, {0, 1}, 0.0),  # a spinning FIFO thread starves
+        (CpuSettings(realtime="auto"), False, {0, 1}, 0.0002),  # "auto" refused: SCHED_OTHER
+    ],
+)
+def test_only_an_ordinary_custodian_on_more_than_one_cpu_busy_polls(
+    settings: CpuSettings, realtime: bool, machine: set[int], busy_poll_s: float
+) -> None:
+    plans = role_plans(settings, realtime=realtime, machine=frozenset(machine))
+    assert plans["custodian"].busy_poll_s == busy_poll_s
+    assert {plan.busy_poll_s for role, plan in plans.items() if role != "custodian"} == {0.0}
 
 
 def test_real_time_ranks_the_supervisor_above_its_control_plane_children() -> None:
@@ -67,6 +88,8 @@ def test_auto_where_real_time_is_refused_still_pins_but_takes_no_class() -> None
         ({"realtime": "yes"}, '[cpu] realtime = "yes": expected one of "off", "auto", "on"'),
         ({"rt_priority": 98}, "[cpu] rt_priority = 98: must be between 2 and 97"),
         ({"rttime_s": 0}, "[cpu] rttime_s = 0: must be between 0.05 and 60"),
+        ({"busy_poll_s": 0.5}, "[cpu] busy_poll_s = 0.5: must be between 0 and 0.01"),
+        ({"busy_poll_s": -1}, "[cpu] busy_poll_s = -1: must be between 0 and 0.01"),
         ({"reserved_cpus": 0}, "[cpu] reserved_cpus = 0: expected a CPU list"),
         ({"reserved_cpus": "0-x"}, "[cpu] reserved_cpus = \"0-x\": '0-x' is not a CPU"),
         ({"reserved_cpus": "4000"}, '[cpu] reserved_cpus = "4000": CPU 4000 is not one'),

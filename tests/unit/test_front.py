@@ -7,7 +7,9 @@ loop of the test's own (`asyncio.run`), or no loop at all where the point is tha
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from orchestra_sup.protocol.codec import MAX_FRAME_BYTES, Codec
 from orchestra_sup.protocol.endpoint import Endpoint
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
 from orchestra_sup.runtime.front import LOOP_ID, Front
+from orchestra_sup.system.cpupolicy import realtime_refusal
 
 INNER = "inproc://node.front"
 DEADLINE_MS = 5000
@@ -29,7 +32,9 @@ DEADLINE_MS = 5000
 class Rig:
     """A front for node `node` generation 1, its loop-side endpoint and a peer's DEALER."""
 
-    def __init__(self, tmp_path: Path, crashed: threading.Event | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, crashed: threading.Event | None = None, busy_poll_s: float = 0.0
+    ) -> None:
         self.ctx = zmq.Context()
         self.codec = Codec()
         self.served_on: list[int] = []
@@ -40,6 +45,7 @@ class Rig:
             serve=self.serve,
             on_crash=(crashed or threading.Event()).set,
             inner=INNER,
+            busy_poll_s=busy_poll_s,
         )
         self.inner = Endpoint(
             self.ctx,
@@ -214,3 +220,56 @@ def test_a_front_that_dies_says_so(tmp_path: Path) -> None:
     r.send(f.ListLanes())
     assert crashed.wait(DEADLINE_MS / 1000)
     r.close()
+
+
+def _task(tid: int) -> tuple[str, int]:
+    """(state letter, CPU clock ticks used) of this process's thread `tid` (proc(5) stat)."""
+    text = Path(f"/proc/self/task/{tid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def _asleep_within(tid: int, deadline_s: float) -> bool:
+    """Whether thread `tid` is seen asleep with its CPU time standing still over 0.2 s
+    (20 clock ticks a spinning thread would add) before `deadline_s` seconds pass."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        state, before = _task(tid)
+        time.sleep(0.2)
+        if state == "S" and _task(tid) == ("S", before):
+            return True
+    return False
+
+
+def test_a_busy_polling_front_stays_awake_after_a_frame_then_sleeps(tmp_path: Path) -> None:
+    """With `busy_poll_s`, the thread is still running once it has answered (the next request
+    finds it awake, not asleep on a halted CPU), and after the window it sleeps in recv: its
+    CPU time stops growing. Mutations: the window never ends (still spinning at the deadline);
+    no busy polling (seen asleep right after the reply)."""
+    r = Rig(tmp_path, busy_poll_s=1.0)
+    try:
+        tid = r.front._thread.native_id
+        assert tid is not None
+        r.send(f.ToolCall(tool="stat", params={"path": "a"}))
+        assert r.recv().body == f.ToolResult(value={"path": "a"})
+        assert "R" in {_task(tid)[0] for _ in range(20)}, "asleep right after its answer"
+        assert _asleep_within(tid, deadline_s=10.0), "still spinning after its window"
+    finally:
+        r.close()
+
+
+@pytest.mark.skipif(realtime_refusal(1) is not None, reason="SCHED_FIFO is refused here")
+def test_a_real_time_front_never_busy_polls(tmp_path: Path) -> None:
+    """A front thread put in SCHED_FIFO from outside (as `chrt` would), even in the middle of
+    a window, sleeps in recv at once: a spinning real-time thread keeps its CPU from every
+    thread below it. Mutation: the class is not read (it spins out its 30 s window)."""
+    r = Rig(tmp_path, busy_poll_s=30.0)
+    try:
+        tid = r.front._thread.native_id
+        assert tid is not None
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+        r.send(f.ToolCall(tool="stat", params={"path": "a"}))
+        assert r.recv().body == f.ToolResult(value={"path": "a"})
+        assert _asleep_within(tid, deadline_s=5.0), "a real-time front busy-polled"
+    finally:
+        r.close()
