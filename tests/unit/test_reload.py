@@ -12,6 +12,7 @@ from orchestra_sup.errors import ConfigError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.supervisor.reload import changed_settings, plan, quiet
 from orchestra_sup.supervisor.source import ConfigSource
+from orchestra_sup.system.cpupolicy import machine_cpus
 
 SHARDS3 = ["shard-0", "shard-1", "shard-2"]
 
@@ -136,6 +137,15 @@ def test_the_supervisors_own_cpu_class_cannot_change_live(key: str, value: objec
     assert step.refusal.startswith(f"[cpu] {key} cannot change while the tree runs")
     lanes = plan(settings(), settings(cpu={"lanes": "idle"}))
     assert lanes.refusal is None and lanes.restart == SHARDS3
+
+
+@pytest.mark.skipif(len(machine_cpus()) < 2, reason="on one CPU nothing busy-polls")
+def test_a_new_busy_poll_window_restarts_only_the_custodian() -> None:
+    """`[cpu] busy_poll_s` is the custodian's front's alone: a reload restarts the custodian,
+    whose next generation busy-polls for the new window, and no other child."""
+    step = plan(settings(), settings(cpu={"busy_poll_s": 0.001}))
+    assert step.refusal is None and step.changed == ["[cpu] busy_poll_s"]
+    assert step.restart == ["custodian"]
 
 
 def test_changed_settings_name_nested_tables() -> None:
