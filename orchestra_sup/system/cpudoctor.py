@@ -3,7 +3,8 @@
 
 Each is probed as the tree would use it: real time by taking SCHED_FIFO on a short-lived thread,
 the lanes' idle group by the writability of the cgroup it would be made in. "used" says what
-`realtime = "auto"` and `lanes = "idle"` would take here.
+`realtime = "auto"` and `lanes = "idle"` would take here (busy polling: used under "auto" only
+where real time is refused, as a real-time front never busy-polls).
 """
 
 from __future__ import annotations
@@ -74,6 +75,15 @@ def cpu_layers(settings: CpuSettings | None = None) -> list[Layer]:
             if len(machine) > 1
             else "one CPU only: nothing to reserve",
             used=False,  # reserved_cpus is the operator's choice, never automatic
+        ),
+        Layer(
+            name="busy polling",
+            available=len(machine) > 1,
+            detail=f"the custodian's front busy-polls {settings.busy_poll_s * 1e6:g} us after "
+            "each frame where it is in SCHED_OTHER (busy_poll_s; never in real time)"
+            if len(machine) > 1
+            else "one CPU only: no other thread could send the frame it would wait for",
+            used=len(machine) > 1 and settings.busy_poll_s > 0 and refusal is not None,
         ),
         Layer(
             name="cpu.idle cgroup",

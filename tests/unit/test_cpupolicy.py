@@ -14,6 +14,7 @@ from orchestra_sup.system.cpupolicy import (
     CpuSettings,
     format_cpus,
     in_force,
+    machine_cpus,
     parse_cpus,
     realtime_refusal,
     role_plans,
@@ -121,3 +122,7 @@ def test_doctor_says_which_cpu_layers_work_here_and_which_auto_takes() -> None:
     expected = {"cpu.idle": "cpu.idle cgroup", "cpu.shares": "cpu.shares cgroup"}
     assert lane_layers[0] == expected.get(layer_here("idle"), "SCHED_IDLE")
     assert not layers["affinity"].used  # reserved CPUs are the operator's choice
+    # under "auto" the custodian busy-polls only where it cannot take real time
+    many = len(machine_cpus()) > 1
+    assert layers["busy polling"].available is many
+    assert layers["busy polling"].used is (many and not allowed)
