@@ -4,11 +4,12 @@
   plain blocking pyzmq over `ipc://`, exchanging the very bytes of the relay's request frame
   (an `Envelope` carrying `ToolCall(stat)`); one round trip at a time.
 - The busy-polling floor (`busy_floor`): the same, against an echo that busy-polls for the
-  window the custodian's front does (`[cpu] busy_poll_s`, its default here: the bench's tree
-  runs the default `[cpu]`), so the relay's gain from busy polling is told apart from the
-  rest: the relays' ratios are to the blocking floor, the bound's; divide by this rung's for
-  what the relay adds over a raw pair that busy-polls too (ADR 0001, "Busy polling the
-  front").
+  window the custodian's front does (`[cpu] busy_poll_s` of the bench's tree: the default
+  `[cpu]`, or the `[cpu]` of `--cpu-config FILE`; with `busy_poll_s = 0` it is a second
+  blocking floor). It tells the relay's gain from busy polling apart from the rest: the
+  relays' ratios are to the blocking floor, the one the bound names; divide them by this
+  rung's for what the relay adds over a raw pair that busy-polls too (ADR 0001, "Busy polling
+  the front").
 - Relays: inside the coordinator of a real private tree, calls through its relay one at a time
   (`CtlBenchRelay`: `Coordinator._bench` awaits `Toolkit.call`), timed with `perf_counter_ns`
   around the awaited call, so each figure is one real hop including the peer's handler and the
@@ -49,14 +50,15 @@ from typing import Any
 import zmq
 
 from orchestra_sup.bench import machine, pyfloor
+from orchestra_sup.bench.policy import policy_config, write_config
 from orchestra_sup.bench.stats import summary
 from orchestra_sup.client.ctl import CtlClient
 from orchestra_sup.client.oneshot import private_tree
+from orchestra_sup.config import settings_from_mapping
 from orchestra_sup.errors import ErrorCode, RemoteError, SupervisionError
 from orchestra_sup.protocol import frames as f
 from orchestra_sup.protocol.codec import Codec
 from orchestra_sup.protocol.version import PROTOCOL_VERSION
-from orchestra_sup.system.cpupolicy import CpuSettings
 
 ECHO = """
 import sys, zmq
@@ -216,11 +218,13 @@ def _seed_workspace(repo: Path) -> None:
 
 
 def _measure(
-    work: Path, shares: list[int], warm: int
+    work: Path, shares: list[int], warm: int, cpu: dict[str, Any], window: float
 ) -> tuple[list[float], list[float], dict[str, list[float]], dict[str, list[float]]]:
     """The floor's samples, the busy-polling floor's, the Python floors' (`bench.pyfloor`) and
-    each relay's, in us, over `shares` interleaved rounds."""
+    each relay's, in us, over `shares` interleaved rounds; the tree runs with the `[cpu]` table
+    `cpu`, the busy-polling echo polls for `window` seconds."""
     repo = work / "ws"
+    config = write_config(work / "tree.toml", cpu) if cpu else None
     _seed_workspace(repo)
     echo_at, python_at = f"ipc://{work / 'echo.ipc'}", f"ipc://{work / 'python.ipc'}"
     busy_at = f"ipc://{work / 'busy.ipc'}"
@@ -230,10 +234,10 @@ def _measure(
     samples: dict[str, list[float]] = {tool: [] for tool, _ in RELAYS}
     with (
         private_tree(
-            workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=None
+            workspace=repo, state_dir=work / "state", shards=1, lanes_per_shard=8, config=config
         ) as client,
         _peer(ECHO, echo_at),
-        _peer(BUSY_ECHO, busy_at, repr(CpuSettings().busy_poll_s)),
+        _peer(BUSY_ECHO, busy_at, repr(window)),
         _peer(pyfloor.SERVER, python_at, str(repo)),
         _blocking(echo_at) as echo,
         _blocking(busy_at) as busy_echo,
@@ -264,12 +268,19 @@ def _measure(
 
 
 def run_relay_bench(
-    iterations: int = 5000, warmup: int = 500, rounds: int = 5, hold_cpu_latency: bool = False
+    iterations: int = 5000,
+    warmup: int = 500,
+    rounds: int = 5,
+    hold_cpu_latency: bool = False,
+    cpu_config: Path | None = None,
 ) -> dict[str, Any]:
     """Measure the floor and each relay; see the module docstring for the JSON shape. With
     `hold_cpu_latency`, `/dev/cpu_dma_latency` is held at 0 for the whole run, floor and relays
-    alike (`machine.cpu_latency_held`). Raises `ConfigError` before anything starts when that
-    hold cannot be taken."""
+    alike (`machine.cpu_latency_held`). `cpu_config`: a TOML file whose `[cpu]` the tree runs
+    with (None: the default `[cpu]`). Raises `ConfigError` (one line) before anything starts
+    when that hold cannot be taken, or `cpu_config` cannot be read or has a bad `[cpu]` value."""
+    cpu = {} if cpu_config is None else policy_config(cpu_config)
+    window = settings_from_mapping({"cpu": cpu}).cpu.busy_poll_s
     rounds = max(1, min(rounds, iterations))
     shares = [iterations // rounds + (r < iterations % rounds) for r in range(rounds)]
     warm = max(1, warmup // rounds)
@@ -278,7 +289,7 @@ def run_relay_bench(
         tempfile.TemporaryDirectory(prefix="osup-bench-") as tmp,
     ):
         start = machine.sample()
-        floor, busy, floors, samples = _measure(Path(tmp), shares, warm)
+        floor, busy, floors, samples = _measure(Path(tmp), shares, warm, cpu, window)
         end = machine.sample()
     base = summary(floor, "us", digits=1)
     pythons = {rung: _against(summary(xs, "us", digits=1), base) for rung, xs in floors.items()}
@@ -307,9 +318,10 @@ def run_relay_bench(
             "rounds": rounds,
             "baseline": "blocking pyzmq DEALER -> ROUTER echo in a second process, ipc://, "
             "the relay's own request frame",
-            "busy_floor": "the same against an echo that busy-polls "
-            f"{CpuSettings().busy_poll_s} s after each frame, as the custodian's front does",
-            "busy_poll_s": CpuSettings().busy_poll_s,
+            "busy_floor": f"the same against an echo that busy-polls {window} s after each "
+            "frame, as the custodian's front does",
+            "busy_poll_s": window,
+            "cpu": cpu,
             "relays": "sequential awaited calls inside the coordinator (Toolkit.call), "
             "coordinator -> custodian (stat, read_file) or shard (message_lane, a new "
             "idempotency key per call, every message delivered) -> coordinator, including "
@@ -341,8 +353,10 @@ def format_text(result: dict[str, Any]) -> str:
         f"p99.9 {base['p999_us']} us, max {base['max_us']} us ({base['n']} round trips)"
     ]
     busy = result["busy_floor"]
+    window_us = result["method"]["busy_poll_s"] * 1e6
     lines.append(
-        f"busy-polling floor: p50 {busy['p50_us']} us ({busy['ratio_p50']}x), "
+        f"busy-polling floor ({window_us:g} us window): "
+        f"p50 {busy['p50_us']} us ({busy['ratio_p50']}x), "
         f"p99 {busy['p99_us']} us ({busy['ratio_p99']}x), "
         f"p99.9 {busy['p999_us']} us, max {busy['max_us']} us"
     )
@@ -354,7 +368,8 @@ def format_text(result: dict[str, Any]) -> str:
         )
     for tool, stats in result["relays"].items():
         python = (
-            f" [{stats['ratio_p50_python']}x / {stats['ratio_p99_python']}x its python floor]"
+            f" [p50 {stats['ratio_p50_python']}x / p99 {stats['ratio_p99_python']}x its python "
+            "floor]"
             if "ratio_p50_python" in stats
             else ""
         )

@@ -84,6 +84,14 @@ def relay(
         int, typer.Option("--iterations", min=10, help="Timed round trips per variant.")
     ] = 5000,
     hold_cpu_latency: HoldCpuLatencyOpt = False,
+    cpu_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--cpu-config",
+            help="A TOML file whose \\[cpu] table the bench's tree runs with (default: the "
+            "default \\[cpu]; busy_poll_s = 0 there measures the relay without busy polling).",
+        ),
+    ] = None,
     remote: Annotated[
         bool,
         typer.Option(
@@ -95,7 +103,8 @@ def relay(
 ) -> Measured:
     """The relay's round trip next to raw pyzmq between two processes, in one run.
 
-    Exits 2 before anything starts when --hold-cpu-latency cannot open /dev/cpu_dma_latency.
+    Exits 2 before anything starts when --hold-cpu-latency cannot open /dev/cpu_dma_latency,
+    or --cpu-config cannot be read or holds a bad \\[cpu] value.
     Example: orchestra-sup bench relay --iterations 2000 --json
     """
     from orchestra_sup.bench.relay import format_text, run_relay_bench
@@ -110,7 +119,10 @@ def relay(
     return Measured(
         guarded(
             lambda: run_relay_bench(
-                iterations, max(10, iterations // 10), hold_cpu_latency=hold_cpu_latency
+                iterations,
+                max(10, iterations // 10),
+                hold_cpu_latency=hold_cpu_latency,
+                cpu_config=cpu_config,
             )
         ),
         _echo(format_text),

@@ -196,6 +196,24 @@ def test_bench_relay_emits_well_formed_json() -> None:
     assert_machine_record(result["machine"], held=False)
 
 
+def test_bench_relay_runs_its_tree_with_the_cpu_config_given(tmp_path: Path) -> None:
+    """--cpu-config FILE: the tree runs with that [cpu], and the busy-polling floor polls for
+    its window (0: a second blocking floor), both recorded in `method`; a bad value or a file
+    that cannot be read is one line naming it, exit 2, before anything starts."""
+    off = tmp_path / "off.toml"
+    off.write_text("[cpu]\nbusy_poll_s = 0\n")
+    proc = bench_relay("--iterations", "20", "--cpu-config", str(off), "--json")
+    assert proc.returncode == 0, proc.stderr
+    method = json.loads(proc.stdout)["method"]
+    assert method["busy_poll_s"] == 0 and method["cpu"] == {"busy_poll_s": 0}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[cpu]\nbusy_poll_s = 0.5\n")
+    for path, says in [(bad, "busy_poll_s = 0.5: must be between"), (tmp_path / "no", "no")]:
+        refused = bench_relay("--iterations", "20", "--cpu-config", str(path))
+        assert refused.returncode == 2 and says in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and not refused.stdout
+
+
 def test_bench_relay_holds_cpu_latency_or_refuses_in_one_line() -> None:
     """--hold-cpu-latency where /dev/cpu_dma_latency is writable (root here): the run holds it
     at 0 and says so; elsewhere one line naming the device, exit 2."""
@@ -215,12 +233,12 @@ def test_bench_relay_table_has_p999_max_and_the_machine() -> None:
     lines = proc.stdout.strip().splitlines()
     assert all("p99.9 " in line and "max " in line for line in lines[:8])
     assert [line.split(":")[0] for line in lines[1:5]] == [
-        "busy-polling floor",
+        f"busy-polling floor ({CpuSettings().busy_poll_s * 1e6:g} us window)",
         "python floor loop_echo",
         "python floor stat",
         "python floor read_file",
     ]
-    assert "its python floor]" in lines[5] and "its python floor]" in lines[6]
+    assert all("x its python floor]" in line and "[p50 " in line for line in lines[5:7])
     assert lines[-1].startswith("machine: ") and "CPUs" in lines[-1] and "steal" in lines[-1]
 
 
