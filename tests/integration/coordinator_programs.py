@@ -269,6 +269,15 @@ class Asks:
         return {"verdict": answer["verdict"], "text": answer["text"]}
 
 
+def write_pid(marker: Path) -> None:
+    """This process's pid into `marker`, whole or not at all (written aside, then renamed): a
+    test that waits for the file to exist reads the pid, never the empty file `write_text`
+    leaves between its open and its write."""
+    aside = marker.with_name(marker.name + ".part")
+    aside.write_text(str(os.getpid()))
+    os.replace(aside, marker)
+
+
 class Spins:
     """Writes its process's pid to `args["marker"]`, then spins on the coordinator's loop without
     ever blocking: a runaway, which in real time holds its CPU until RLIMIT_RTTIME stops it."""
@@ -277,7 +286,7 @@ class Spins:
         self.marker = Path(args["marker"])
 
     async def run(self, ctx: Any) -> Any:
-        self.marker.write_text(str(os.getpid()))
+        write_pid(self.marker)
         while True:  # the mistake this program exists to make
             pass
 
@@ -290,7 +299,7 @@ class Hogs:
         self.marker = Path(args["marker"])
 
     async def run(self, ctx: Any) -> Any:
-        self.marker.write_text(str(os.getpid()))
+        write_pid(self.marker)
         while True:
             end = time.monotonic() + 0.05
             while time.monotonic() < end:
