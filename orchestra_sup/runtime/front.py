@@ -17,14 +17,20 @@ node's `Endpoint` handles it exactly as if it came from the public ROUTER: typed
 `stale_generation`, counters. The loop's replies come back on the same socket and the front sends
 them on to their peer. One socket means the thread simply blocks in `recv`: no poller.
 
-Busy polling (`busy_poll_s`, `[cpu] busy_poll_s`): after each frame the thread polls its socket
-without sleeping for up to that long, yielding its CPU to any other runnable thread at each
-poll, and only then blocks. A caller's next read, sent within the window (a coordinator reading
-file after file), finds the thread running instead of asleep on a vCPU that halted: on these
-machines that wake is most of what a relay's `stat` adds to the raw round trip (ADR 0001,
-"Busy polling the front"). It costs at most `busy_poll_s` of one CPU per frame. A thread in a
-real-time class never busy-polls, whoever put it there: it would keep its CPU from every thread
-below it and run down RLIMIT_RTTIME (`cpupolicy.role_plans` gives a real-time custodian 0).
+Busy polling (`busy_poll_s`, `[cpu] busy_poll_s`): after each frame it answered or passed back
+from the loop, the thread polls its socket without sleeping for up to that long, yielding its
+CPU to any other runnable thread at each poll, and only then blocks (after a frame it passed
+to the loop it blocks at once: the loop's reply comes after the loop's work, and a window then
+would only take a CPU from that work). A caller's next read, sent within the window (a
+coordinator reading file after file), finds the thread running instead of asleep on a vCPU
+that halted: on these machines that wake is most of what a relay's `stat` adds to the raw
+round trip (ADR 0001, "Busy polling the front"). It costs at most `busy_poll_s` of one CPU
+per frame. A thread in a real-time class never busy-polls, whoever put it there (`chrt`, with
+or without reset-on-fork): it would keep its CPU from every thread below it and run down
+RLIMIT_RTTIME. Nor does one that may run on one CPU only, however it was pinned
+(`reserved_cpus`, `taskset`, systemd's `CPUAffinity=`): the peer it waits for could only run
+while it yields. `cpupolicy.role_plans` gives such a custodian 0 where it can tell, and
+`_may_spin` checks both at every poll.
 
 Threading rules: `serve` runs on the front's thread, never on the loop, so it may block on disk
 (ARCHITECTURE §11.1 bounds what runs on the loop) but must not touch loop state. Frames are
@@ -61,7 +67,16 @@ libzmq's own ids, and no generated id is this long, so no peer has it; a peer cl
 would be refused (it is connected first, and ROUTER ids are never handed over)."""
 STOP_ID = b"\0front-stop"
 """Routing id of the socket `close()` stops the thread with."""
-_REAL_TIME = (os.SCHED_FIFO, os.SCHED_RR)
+
+
+def _may_spin() -> bool:
+    """Whether the calling thread may busy-poll: it is in SCHED_OTHER (whatever its reset-on-fork
+    flag; not FIFO or RR, which would keep its CPU from every thread below it, nor DEADLINE,
+    where a yield gives up the rest of its period) and may run on more than one CPU (on one,
+    the peer it waits for could only run while it yields)."""
+    policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+    return policy == os.SCHED_OTHER and len(os.sched_getaffinity(0)) > 1
+
 
 Serve = Callable[[f.Envelope], f.Body | None]
 """Called on the front's thread with a request for this generation: the reply body, or None to
@@ -151,8 +166,9 @@ class Front:
 
     def _loop(self) -> None:
         router = self.router
+        poll = False  # after a frame the loop took, its reply comes after its work: no window
         while True:
-            parts = self._recv()
+            parts = self._recv(poll)
             sender = parts[0]
             if sender == STOP_ID:
                 # What the loop replied before it asked to stop still goes out.
@@ -161,18 +177,20 @@ class Front:
                     if parts[0] == LOOP_ID:
                         self._send(parts[1:])
                 return
+            poll = True
             if sender == LOOP_ID:
                 self._send(parts[1:])
             elif not self._answer(parts):
                 self.forwarded += 1
                 router.send_multipart([LOOP_ID, *parts])  # blocks while the loop is behind
+                poll = False
 
-    def _recv(self) -> list[bytes]:
-        """The next frame: polled for without sleeping for up to `busy_poll_s` (not in a
-        real-time class), then waited for in `recv`."""
+    def _recv(self, poll: bool) -> list[bytes]:
+        """The next frame: with `poll`, polled for without sleeping for up to `busy_poll_s`
+        while `_may_spin()`, then waited for in `recv`."""
         deadline = time.perf_counter() + self.busy_poll_s
-        # The class is read at every poll: another process may change it (chrt) at any time.
-        while self.busy_poll_s and os.sched_getscheduler(0) not in _REAL_TIME:
+        # Read at every poll: another process may change the class (chrt) at any time.
+        while poll and self.busy_poll_s and _may_spin():
             try:
                 return self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

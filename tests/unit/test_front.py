@@ -259,17 +259,57 @@ def test_a_busy_polling_front_stays_awake_after_a_frame_then_sleeps(tmp_path: Pa
 
 
 @pytest.mark.skipif(realtime_refusal(1) is not None, reason="SCHED_FIFO is refused here")
-def test_a_real_time_front_never_busy_polls(tmp_path: Path) -> None:
-    """A front thread put in SCHED_FIFO from outside (as `chrt` would), even in the middle of
-    a window, sleeps in recv at once: a spinning real-time thread keeps its CPU from every
-    thread below it. Mutation: the class is not read (it spins out its 30 s window)."""
+@pytest.mark.parametrize("flags", [0, os.SCHED_RESET_ON_FORK], ids=["fifo", "fifo-reset-on-fork"])
+def test_a_real_time_front_never_busy_polls(tmp_path: Path, flags: int) -> None:
+    """A front thread put in SCHED_FIFO from outside (as `chrt` would, with `-R` or without,
+    the reset-on-fork flag the tree's own real-time threads carry), even in the middle of a
+    window, sleeps in recv at once: a spinning real-time thread keeps its CPU from every thread
+    below it. Mutations: the class is not read (it spins out its 30 s window); the class read
+    with the flag left on and checked against FIFO and RR, as at first (the reset-on-fork case
+    spins)."""
     r = Rig(tmp_path, busy_poll_s=30.0)
     try:
         tid = r.front._thread.native_id
         assert tid is not None
-        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(tid, os.SCHED_FIFO | flags, os.sched_param(1))
         r.send(f.ToolCall(tool="stat", params={"path": "a"}))
         assert r.recv().body == f.ToolResult(value={"path": "a"})
         assert _asleep_within(tid, deadline_s=5.0), "a real-time front busy-polled"
+    finally:
+        r.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to narrow to one")
+def test_a_front_pinned_to_one_cpu_never_busy_polls(tmp_path: Path) -> None:
+    """A front thread pinned to one CPU from outside (`taskset`, systemd's `CPUAffinity=`: what
+    `role_plans` cannot see) sleeps in recv at once after its answer: there the peer it waits
+    for could only run while it yields. Mutation: the affinity is not read (it spins out its
+    30 s window)."""
+    r = Rig(tmp_path, busy_poll_s=30.0)
+    try:
+        tid = r.front._thread.native_id
+        assert tid is not None
+        os.sched_setaffinity(tid, {min(os.sched_getaffinity(0))})
+        r.send(f.ToolCall(tool="stat", params={"path": "a"}))
+        assert r.recv().body == f.ToolResult(value={"path": "a"})
+        assert _asleep_within(tid, deadline_s=5.0), "a front on one CPU busy-polled"
+    finally:
+        r.close()
+
+
+def test_a_front_that_passed_a_frame_to_the_loop_sleeps_at_once(tmp_path: Path) -> None:
+    """After a frame it passes to the loop (here to a loop that is not even running), the front
+    blocks without a window: the loop's reply comes after the loop's work, which a spinning
+    front would only slow. Mutation: a window after every frame (it spins out its 30 s)."""
+    r = Rig(tmp_path, busy_poll_s=30.0)
+    try:
+        tid = r.front._thread.native_id
+        assert tid is not None
+        r.send(f.ListLanes())
+        wait = time.monotonic() + DEADLINE_MS / 1000
+        while r.front.forwarded == 0 and time.monotonic() < wait:
+            time.sleep(0.01)
+        assert r.front.forwarded == 1
+        assert _asleep_within(tid, deadline_s=5.0), "the front busy-polled after a forward"
     finally:
         r.close()
