@@ -77,7 +77,7 @@ rttime_s = 1.0            # RLIMIT_RTTIME: CPU seconds a real-time thread may ru
 reserved_cpus = ""        # CPUs the control plane is pinned to ("0", "0,2-3"); "": not pinned
 lanes = "nice"            # "idle": lanes in a cpu.idle cgroup, else SCHED_IDLE; "nice": as before
 busy_poll_s = 0.0002      # the custodian's front polls without sleeping this long after a frame
-                          # (not in real time, nor on one CPU); 0: it sleeps at once
+                          # (0..0.01; not in real time, nor on one CPU); 0: it sleeps at once
 
 [retention]               # what a tree keeps of what ended (coordinator/retention.py)
 plans_s = 2592000         # a finished plan's record, inbox entries and session: 30 days
