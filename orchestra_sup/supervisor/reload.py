@@ -75,7 +75,7 @@ IMMUTABLE = {
     "[cluster] keys": "its keys are read once, when the tree starts",
     **{
         f"[cpu] {key}": "the supervisor takes its CPU class, affinity and RLIMIT_RTTIME once, "
-        "when the tree starts, and ranks its children below its own (system/cpupolicy.py)"
+        'when the tree starts, and ranks its children below its own (README, "CPU policy")'
         for key in ("realtime", "rt_priority", "rttime_s", "reserved_cpus")
     },
 }
