@@ -137,12 +137,6 @@ class Front:
     def start(self, public: str) -> None:
         curve.bind(self.router, public)  # refuses tcp:// (no keys): ADR 0012
         self._thread.start()  # hands the ROUTER over: only the thread uses it from now on
-        if self.busy_poll_s:
-            log.info(
-                "%s: the front busy-polls %g us after each frame", self.name, self.busy_poll_s * 1e6
-            )
-        else:
-            log.info("%s: the front sleeps in recv between frames (no busy polling)", self.name)
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -156,6 +150,13 @@ class Front:
 
     def _run(self) -> None:
         self._enter_class()
+        # What the thread will do, found where it runs: a plan cannot see an inherited affinity.
+        if self.busy_poll_s and _may_spin():
+            log.info(
+                "%s: the front busy-polls %g us after each frame", self.name, self.busy_poll_s * 1e6
+            )
+        else:
+            log.info("%s: the front sleeps in recv between frames (no busy polling)", self.name)
         try:
             self._loop()
         except Exception:
